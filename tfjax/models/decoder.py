@@ -1,0 +1,123 @@
+"""GPT-like causal language models: GPT-2 (Radford et al., 2019) and a modern variant.
+
+Letters: B batch, T length, D model width, V vocab.
+
+GPT-2: learned positions, pre-LN blocks with biases, tanh-GELU FFN, a final LayerNorm and the
+output projection tied to the token embeddings. The modern variant (as in Llama): RMSNorm,
+SwiGLU FFN, RoPE, grouped-query attention, no biases, untied output projection.
+
+    model = decoder.Model(variant="gpt2-small", vocab_size=50257)
+    logits, aux = model.apply(variables, tokens)            # [B, T] -> [B, T, V]
+
+logits[:, t] predict tokens[:, t + 1]. For generation, initialise the cache with
+`model.init(rng, tokens_of_max_length, decode=True)` and call with one token and decode=True.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from tfjax import nn as tnn
+from tfjax.models.common import check_tokens, from_variant
+from tfjax.nn import axes, masks
+
+_MODERN = dict(position="rope", norm="rms", activation="swiglu", use_bias=False,
+               tie_embeddings=False, dropout_rate=0.0)  # fmt: skip
+VARIANTS = {
+    "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
+    "gpt2-small": dict(width=768, num_layers=12, num_heads=12),
+    "gpt2-medium": dict(width=1024, num_layers=24, num_heads=16),
+    "gpt2-large": dict(width=1280, num_layers=36, num_heads=20),
+    "gpt2-xl": dict(width=1600, num_layers=48, num_heads=25),
+    "modern-tiny": dict(width=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=96,
+                        max_len=256, **_MODERN),  # fmt: skip
+    "modern-small": dict(width=768, num_layers=12, num_heads=12, num_kv_heads=4, mlp_dim=2048,
+                         max_len=2048, **_MODERN),  # fmt: skip
+}
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+
+class Decoder(nn.Module):
+    """GPT-like decoder; see the module docstring."""
+
+    vocab_size: int  # V
+    width: int = 768  # D
+    num_layers: int = 12  # L
+    num_heads: int = 12  # N
+    num_kv_heads: int | None = None  # K; num_heads when None
+    mlp_dim: int | None = None  # 4 * width when None
+    max_len: int = 1024  # context length (size of a learned position table)
+    position: str = "learned"  # "learned", "sinusoidal", "rope" or "alibi"
+    rope_base: float = 10_000.0  # RoPE wavelength base
+    activation: str = "gelu_tanh"  # GPT-2's GELU approximation
+    norm: str = "layer"  # "layer" or "rms"
+    norm_eps: float = 1e-5  # GPT-2's LayerNorm epsilon
+    use_bias: bool = True  # biases in attention and FFN
+    tie_embeddings: bool = True  # output projection = token embeddings^T
+    dropout_rate: float = 0.1  # embeddings and residual sub-layers (GPT-2: 0.1)
+    attention_dropout_rate: float = 0.0  # on attention weights
+    init_stddev: float = 0.02  # GPT-2's init scale
+    scan_layers: bool = False  # nn.scan over layers
+    remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
+    implementation: str | None = None  # attention backend
+    dtype: Any = None  # compute dtype (float32 when None)
+    param_dtype: Any = jnp.float32  # storage dtype
+
+    def __post_init__(self):
+        if self.position not in POSITIONS:
+            raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, tokens, *, segment_ids=None, positions=None, train=False, decode=False):
+        """Args:
+          tokens: [B, T] ids.
+          segment_ids, positions: [B, T] for packed rows (attention stays within a segment).
+          decode: use the KV cache (one or more new tokens per call).
+        Returns:
+          ([B, T, V] logits, aux) with aux["pre_logits"] [B, T, D].
+        """
+        check_tokens(tokens, "tokens")
+        t = tokens.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
+        init = nn.initializers.normal(self.init_stddev)
+        embed = tnn.Embed(self.vocab_size, self.width, init_stddev=self.init_stddev,
+                          dtype=self.dtype, param_dtype=self.param_dtype, name="embed")  # fmt: skip
+        if positions is None:
+            positions = tnn.position.decode_positions(self, t) if decode else jnp.arange(t)
+        # [B, T, D]
+        x = embed(tokens)
+        if self.position == "learned":
+            x = x + tnn.LearnedPositions(self.max_len, self.width, self.init_stddev,
+                                         self.param_dtype, name="pos_embed")(positions)  # fmt: skip
+        elif self.position == "sinusoidal":
+            x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
+        x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+        block = tnn.Block(
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            mlp_dim=self.mlp_dim or 4 * self.width, activation=self.activation, norm=self.norm,
+            norm_eps=self.norm_eps, norm_position="pre", causal=True,
+            dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
+            use_bias=self.use_bias,
+            position=self.position if self.position in ("rope", "alibi") else None,
+            rope_base=self.rope_base, implementation=self.implementation, kernel_init=init,
+            dtype=self.dtype, param_dtype=self.param_dtype,
+        )  # fmt: skip
+        mask = masks.segment_mask(segment_ids) if segment_ids is not None else None
+        pos = positions if positions.ndim == 2 else positions[None]
+        x = tnn.Stack(self.num_layers, block, scan_layers=self.scan_layers,
+                      remat_policy=self.remat_policy, name="decoder")(
+            x, mask=mask, positions=pos, train=train, decode=decode)  # fmt: skip
+        if self.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = tnn.ffn.dense(self.vocab_size, (axes.EMBED, axes.VOCAB), name="output_proj",
+                                   use_bias=False, kernel_init=init, dtype=self.dtype,
+                                   param_dtype=self.param_dtype)(x)  # fmt: skip
+        logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
+        return logits, {"pre_logits": x}
+
+def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)
+    """Decoder(**VARIANTS[variant], **overrides); `vocab_size` is required."""
+    return from_variant(Decoder, VARIANTS, variant, overrides)

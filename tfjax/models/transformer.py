@@ -1,0 +1,184 @@
+"""The encoder-decoder Transformer of Vaswani et al. (2017), "Attention Is All You Need".
+
+Letters: B batch, S source length, T target length, D model width, V vocab.
+
+Post-LN blocks (LN(x + Dropout(F(x)))), ReLU FFN, sinusoidal positions added to embeddings
+scaled by sqrt(d_model), one embedding matrix shared by source, target and the pre-softmax
+projection (a shared source-target vocabulary, as in the paper), dropout on the embedding sums
+and on every sub-layer's output.
+
+    model = transformer.Model(variant="base", vocab_size=37000)
+    logits, aux = model.apply(variables, inputs, targets)   # [B, S], [B, T] -> [B, T, V]
+
+`targets` are shifted right inside the model (0 is the start token), so logits at t predict
+targets[t]. For generation call `encode` once, then `decode` token by token with decode=True.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from tfjax import nn as tnn
+from tfjax.models.common import check_tokens, from_variant, shift_right
+from tfjax.nn import axes, masks
+
+# Table 3 of the paper; "tiny" and "small" for tests and the embedded translation demo.
+VARIANTS = {
+    "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=64, dropout_rate=0.0),
+    "small": dict(width=256, num_layers=3, num_heads=4, mlp_dim=1024, dropout_rate=0.1),
+    "base": dict(width=512, num_layers=6, num_heads=8, mlp_dim=2048, dropout_rate=0.1),
+    "big": dict(width=1024, num_layers=6, num_heads=16, mlp_dim=4096, dropout_rate=0.3),
+}
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; see the module docstring."""
+
+    vocab_size: int  # V, shared by source and target
+    width: int = 512  # D = d_model
+    num_layers: int = 6  # N, in the encoder and in the decoder
+    num_heads: int = 8  # h
+    mlp_dim: int = 2048  # d_ff
+    dropout_rate: float = 0.1  # P_drop: embeddings and every residual sub-layer
+    attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
+    activation: str = "relu"  # FFN activation
+    norm_position: str = "post"  # "post" as in the paper, "pre" for stabler deep stacks
+    norm_eps: float = 1e-6  # LayerNorm epsilon
+    share_embeddings: bool = True  # one matrix for source, target and output projection
+    scan_layers: bool = False  # nn.scan over layers
+    remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
+    implementation: str | None = None  # attention backend
+    kernel_init: Callable = tnn.attention.default_kernel_init  # every projection kernel
+    dtype: Any = None  # compute dtype (float32 when None)
+    param_dtype: Any = jnp.float32  # storage dtype
+
+    def setup(self):
+        def embed(name):
+            return tnn.Embed(self.vocab_size, self.width, scale_by_sqrt_width=True,
+                             dtype=self.dtype, param_dtype=self.param_dtype, name=name)  # fmt: skip
+
+        def stack(causal, cross, name):
+            block = tnn.Block(
+                num_heads=self.num_heads, mlp_dim=self.mlp_dim, activation=self.activation,
+                norm_eps=self.norm_eps, norm_position=self.norm_position, causal=causal,
+                cross_attention=cross, dropout_rate=self.dropout_rate,
+                attention_dropout_rate=self.attention_dropout_rate,
+                implementation=self.implementation, kernel_init=self.kernel_init,
+                dtype=self.dtype, param_dtype=self.param_dtype,
+            )  # fmt: skip
+            return tnn.Stack(self.num_layers, block, scan_layers=self.scan_layers,
+                             remat_policy=self.remat_policy, name=name)  # fmt: skip
+
+        self.embed = embed("embed")
+        if not self.share_embeddings:
+            self.target_embed = embed("target_embed")
+            self.output_proj = tnn.ffn.dense(
+                self.vocab_size, (axes.EMBED, axes.VOCAB), name="output_proj", use_bias=False,
+                kernel_init=self.kernel_init, dtype=self.dtype, param_dtype=self.param_dtype,
+            )  # fmt: skip
+        self.encoder = stack(False, False, "encoder")
+        self.decoder = stack(True, True, "decoder")
+        self.dropout = nn.Dropout(self.dropout_rate)
+
+    def _embed(self, embed, tokens, positions, train):
+        # [B, T, D]
+        x = embed(tokens)
+        x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
+        return self.dropout(x, deterministic=not train)
+
+    def encode(self, inputs, *, inputs_segment_ids=None, inputs_positions=None, train=False):
+        """inputs: [B, S] source ids (0 = padding) -> [B, S, D] encoder output."""
+        check_tokens(inputs, "inputs")
+        positions = jnp.arange(inputs.shape[1]) if inputs_positions is None else inputs_positions
+        x = self._embed(self.embed, inputs, positions, train)
+        if inputs_segment_ids is not None:
+            mask = masks.segment_mask(inputs_segment_ids)
+        else:
+            mask = masks.padding_mask(inputs)
+        return self.encoder(x, mask=mask, train=train)
+
+    def decode(
+        self,
+        encoded,
+        inputs,
+        decoder_inputs,
+        *,
+        targets=None,
+        targets_segment_ids=None,
+        inputs_segment_ids=None,
+        targets_positions=None,
+        train=False,
+        decode=False,
+    ):
+        """Decoder logits for already-shifted decoder inputs.
+
+        Args:
+          encoded: [B, S, D] from `encode`.
+          inputs: [B, S] source ids (for the cross-attention padding mask).
+          decoder_inputs: [B, T] ids; one token per call when decode=True.
+          targets: [B, T] unshifted targets, for the decoder's padding mask in training.
+        Returns:
+          ([B, T, V] logits, [B, T, D] final decoder states).
+        """
+        check_tokens(decoder_inputs, "decoder_inputs")
+        t = decoder_inputs.shape[1]
+        if targets_positions is not None:
+            positions = targets_positions
+        elif decode:
+            positions = tnn.position.decode_positions(self, t)
+        else:
+            positions = jnp.arange(t)
+        embed = self.embed if self.share_embeddings else self.target_embed
+        y = self._embed(embed, decoder_inputs, positions, train)
+        if targets_segment_ids is not None:
+            self_mask = masks.segment_mask(targets_segment_ids)
+            cross_mask = masks.segment_mask(targets_segment_ids, inputs_segment_ids)
+        elif targets is not None:
+            self_mask = masks.padding_mask(targets)
+            cross_mask = masks.padding_mask(targets, inputs)
+        else:
+            self_mask = None
+            cross_mask = masks.key_padding_mask(inputs)
+        y = self.decoder(y, encoded, mask=self_mask, context_mask=cross_mask, train=train,
+                         decode=decode)  # fmt: skip
+        logits = self.embed.attend(y) if self.share_embeddings else self.output_proj(y)
+        logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
+        return logits, y
+
+    def __call__(
+        self,
+        inputs,
+        targets,
+        *,
+        inputs_segment_ids=None,
+        targets_segment_ids=None,
+        inputs_positions=None,
+        targets_positions=None,
+        train: bool = False,
+    ):
+        """Teacher-forced logits.
+
+        Args:
+          inputs: [B, S] source ids, 0 = padding.
+          targets: [B, T] target ids, 0 = padding; shifted right inside.
+          *_segment_ids, *_positions: [B, S] / [B, T] for packed rows.
+        Returns:
+          ([B, T, V] logits, aux) with aux["encoded"] [B, S, D], aux["pre_logits"] [B, T, D].
+        """
+        check_tokens(targets, "targets")
+        encoded = self.encode(inputs, inputs_segment_ids=inputs_segment_ids,
+                              inputs_positions=inputs_positions, train=train)  # fmt: skip
+        decoder_inputs = shift_right(targets, targets_segment_ids)
+        logits, y = self.decode(
+            encoded, inputs, decoder_inputs, targets=targets,
+            targets_segment_ids=targets_segment_ids, inputs_segment_ids=inputs_segment_ids,
+            targets_positions=targets_positions, train=train,
+        )  # fmt: skip
+        return logits, {"encoded": encoded, "pre_logits": y}
+
+
+def Model(variant: str | None = None, **overrides) -> Transformer:  # noqa: N802 (a factory)
+    """Transformer(**VARIANTS[variant], **overrides); `vocab_size` is required."""
+    return from_variant(Transformer, VARIANTS, variant, overrides)

@@ -1,0 +1,545 @@
+"""Scaled dot-product attention (three backends) and the multi-head attention module.
+
+Letters: B batch, T query length, S key/value length, N query heads, K key/value heads,
+G query heads per kv head (N = K * G), H head dim, D model width, C key chunk length.
+
+`dot_product_attention` computes softmax(Q K^T / sqrt(H)) V with grouped-query heads:
+- "xla": the plain formula; materialises the [B, N, T, S] weights. Fastest for short S.
+- "cudnn": cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
+- "chunked": exact online softmax over key chunks with a hand-written backward pass that
+  recomputes the weights chunk by chunk, so forward and backward memory grow linearly in S.
+  Runs on every backend.
+- None: cuDNN where it applies, else "xla" up to `CHUNKED_MIN_LENGTH` keys, else "chunked".
+"""
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from tfjax.nn import axes, position
+
+IMPLEMENTATIONS = ("xla", "cudnn", "chunked")
+# With implementation=None, key lengths from here on use "chunked" (off GPU): below it the
+# [B, N, T, S] weights are small and the plain path is faster.
+CHUNKED_MIN_LENGTH = 4096
+DEFAULT_CHUNK_SIZE = 512
+
+# Masked logits get the most negative finite value, as in jax.nn and Flax: a query with every
+# key masked then averages all values uniformly instead of producing NaN.
+_MASKED = float(jnp.finfo(jnp.float32).min)
+
+
+def _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng):
+    if implementation not in (None, *IMPLEMENTATIONS):
+        raise ValueError(
+            f"implementation={implementation!r} is unknown; allowed: None, "
+            + ", ".join(repr(i) for i in IMPLEMENTATIONS)
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have rank 4 ([B, T, N, H] / [B, S, K, H]), got {x.shape}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {q.shape} and k {k.shape} must agree on batch (B) and head dim (H)")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"the number of kv heads ({k.shape[2]}) must divide the number of query heads "
+            f"({q.shape[2]})"
+        )
+    if mask is not None and mask.dtype != jnp.bool_:
+        raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    for name, x in (("mask", mask), ("bias", bias)):
+        if x is not None and x.ndim > 4:
+            raise ValueError(f"{name} must broadcast to [B, N, T, S], got shape {x.shape}")
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+    if dropout_rate > 0.0 and dropout_rng is None:
+        raise ValueError("dropout_rate > 0 needs a dropout_rng")
+
+
+def _cudnn_unsupported_reason(q, k, dropout_rate) -> str | None:
+    """Why cuDNN cannot run this call, or None when it can."""
+    if jax.default_backend() != "gpu":
+        return f"it needs a GPU and the default backend is {jax.default_backend()!r}"
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"it needs bfloat16 or float16 inputs, got {q.dtype}"
+    if dropout_rate > 0.0:
+        return "jax.nn.dot_product_attention has no dropout"
+    if q.shape[-1] % 8 or q.shape[-1] > 128:
+        return f"it needs a head dim that is a multiple of 8 and at most 128, got {q.shape[-1]}"
+    return None
+
+
+def _group(x, num_kv_heads):
+    """Broadcastable [b, n, t, s] mask or bias -> [b, k, g, t, s] for grouped heads."""
+    if x is None:
+        return None
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    b, n, t, s = x.shape
+    if n == 1:
+        return x[:, :, None]
+    return x.reshape(b, num_kv_heads, n // num_kv_heads, t, s)
+
+
+def _masked_logits(logits, mask, bias, is_causal, q_offset=0, k_offset=0, key_length=None):
+    """Adds bias and applies masks to [B, K, G, T, C] logits whose keys start at k_offset."""
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    if mask is not None:
+        logits = jnp.where(mask, logits, _MASKED)
+    t, c = logits.shape[-2:]
+    if is_causal:
+        qpos = q_offset + jnp.arange(t)[:, None]
+        kpos = k_offset + jnp.arange(c)[None, :]
+        logits = jnp.where(kpos <= qpos, logits, _MASKED)
+    if key_length is not None:  # keys past the real length are padding: exactly zero weight
+        kpos = k_offset + jnp.arange(c)
+        logits = jnp.where(kpos < key_length, logits, -jnp.inf)
+    return logits
+
+
+def attention_weights(q, k, *, mask=None, bias=None, is_causal=False, scale=None):
+    """[B, N, T, S] softmax weights in float32 (for inspection and the "xla" path)."""
+    b, t, n, h = q.shape
+    kh = k.shape[2]
+    scale = h**-0.5 if scale is None else scale
+    # [B, T, K, G, H]
+    qg = q.reshape(b, t, kh, n // kh, h)
+    # [B, K, G, T, S]
+    logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    logits = _masked_logits(logits * scale, _group(mask, kh), _group(bias, kh), is_causal)
+    weights = jax.nn.softmax(logits, axis=-1)
+    return weights.reshape(b, n, t, k.shape[1])
+
+
+def _xla_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng):
+    b, t, n, h = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    weights = attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    if dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    # [B, K, G, T, S]
+    weights = weights.reshape(b, kh, n // kh, t, s).astype(v.dtype)
+    # [B, T, K, G, H]
+    out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
+    return out.reshape(b, t, n, h)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunked (flash-style) attention: online softmax forward, recomputing backward.
+
+
+def _chunk_keys(x, chunk, num_chunks):
+    """[B, S, K, H] -> [nc, B, C, K, H], zero-padded to nc * C keys."""
+    b, s, kh, h = x.shape
+    x = jnp.pad(x, ((0, 0), (0, num_chunks * chunk - s), (0, 0), (0, 0)))
+    return jnp.moveaxis(x.reshape(b, num_chunks, chunk, kh, h), 1, 0)
+
+
+def _chunk_last(x, chunk, num_chunks, fill):
+    """Grouped [b, k, g, t, S] mask or bias -> [nc, b, k, g, t, C]; None or S == 1 pass as is."""
+    if x is None or x.shape[-1] == 1:
+        return x
+    pad = num_chunks * chunk - x.shape[-1]
+    x = jnp.pad(x, [(0, 0)] * 4 + [(0, pad)], constant_values=fill)
+    return jnp.moveaxis(x.reshape(*x.shape[:-1], num_chunks, chunk), -2, 0)
+
+
+def _split_chunked(x):
+    """(per-chunk xs for scan, constant) for a value that is either chunked or broadcast."""
+    if x is None or x.ndim == 5:  # [b, k, g, t, 1]: the same for every chunk
+        return None, x
+    return x, None
+
+
+def _reduce_to(x, shape):
+    """Sums x over the axes where `shape` has size 1 (the reverse of broadcasting)."""
+    dims = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 and a != 1)
+    return jnp.sum(x, axis=dims, keepdims=True)
+
+
+def _chunk_probs(qg, kc, j, mask_c, bias_c, rng, statics):
+    """Scaled, masked logits [B, K, G, T, C] of chunk j and its dropout keep-mask (or None)."""
+    is_causal, scale, rate, chunk, key_length = statics
+    logits = jnp.einsum("bkgth,bckh->bkgtc", qg, kc, preferred_element_type=jnp.float32)
+    logits = _masked_logits(
+        logits * scale, mask_c, bias_c, is_causal, k_offset=j * chunk, key_length=key_length
+    )
+    keep = None
+    if rate > 0.0:
+        keep = jax.random.bernoulli(jax.random.fold_in(rng, j), 1.0 - rate, logits.shape)
+    return logits, keep
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(qg, kc, vc, mask, bias, rng, statics):
+    return _flash_fwd(qg, kc, vc, mask, bias, rng, statics)[0]
+
+
+def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
+    rate = statics[2]
+    mask_xs, mask_const = _split_chunked(mask)
+    bias_xs, bias_const = _split_chunked(bias)
+    b, kh, g, t, h = qg.shape
+
+    def body(carry, xs):
+        m, l, acc = carry
+        j, k_j, v_j, mask_j, bias_j = xs
+        mask_j = mask_const if mask_j is None else mask_j
+        bias_j = bias_const if bias_j is None else bias_j
+        logits, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
+        m_new = jnp.maximum(m, logits.max(-1))
+        alpha = jnp.exp(m - m_new)
+        # [B, K, G, T, C]
+        p = jnp.exp(logits - m_new[..., None])
+        l = alpha * l + p.sum(-1)
+        if keep is not None:
+            p = jnp.where(keep, p / (1.0 - rate), 0.0)
+        # [B, K, G, T, H]
+        pv = jnp.einsum("bkgtc,bckh->bkgth", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        return (m_new, l, alpha[..., None] * acc + pv), None
+
+    init = (
+        jnp.full((b, kh, g, t), -jnp.inf, jnp.float32),
+        jnp.zeros((b, kh, g, t), jnp.float32),
+        jnp.zeros((b, kh, g, t, h), jnp.float32),
+    )
+    xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs)
+    (m, l, acc), _ = lax.scan(body, init, xs)
+    out = (acc / l[..., None]).astype(qg.dtype)
+    lse = m + jnp.log(l)  # [B, K, G, T]
+    return out, (qg, kc, vc, mask, bias, rng, out, lse)
+
+
+def _flash_bwd(statics, residuals, dout):
+    is_causal, scale, rate, chunk, key_length = statics
+    qg, kc, vc, mask, bias, rng, out, lse = residuals
+    mask_xs, mask_const = _split_chunked(mask)
+    bias_xs, bias_const = _split_chunked(bias)
+    dout = dout.astype(jnp.float32)
+    # [B, K, G, T]: rowsum(dO * O), the softmax-backward correction term.
+    delta = jnp.sum(dout * out.astype(jnp.float32), axis=-1)
+
+    def body(carry, xs):
+        dq, dbias_acc = carry
+        j, k_j, v_j, mask_j, bias_j = xs
+        chunked_bias = bias_j is not None
+        mask_j = mask_const if mask_j is None else mask_j
+        bias_j = bias_const if bias_j is None else bias_j
+        logits, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
+        # [B, K, G, T, C]
+        p = jnp.exp(logits - lse[..., None])
+        p_drop = p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
+        # [B, C, K, H]
+        dv_j = jnp.einsum("bkgtc,bkgth->bckh", p_drop, dout)
+        # [B, K, G, T, C]
+        dp = jnp.einsum("bkgth,bckh->bkgtc", dout, v_j.astype(jnp.float32))
+        if keep is not None:
+            dp = jnp.where(keep, dp / (1.0 - rate), 0.0)
+        ds = p * (dp - delta[..., None])
+        # [B, K, G, T, H]
+        dq = dq + jnp.einsum("bkgtc,bckh->bkgth", ds, k_j.astype(jnp.float32))
+        # [B, C, K, H]
+        dk_j = jnp.einsum("bkgtc,bkgth->bckh", ds, qg.astype(jnp.float32)) * scale
+        dbias_j = None
+        if bias is not None:
+            if chunked_bias:
+                dbias_j = _reduce_to(ds, bias_j.shape)
+            else:
+                dbias_acc = dbias_acc + _reduce_to(ds, bias_j.shape)
+        return (dq, dbias_acc), (dk_j, dv_j, dbias_j)
+
+    dbias0 = None if bias is None or bias_xs is not None else jnp.zeros(bias.shape, jnp.float32)
+    xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs)
+    (dq, dbias_const), (dk, dv, dbias_xs) = lax.scan(
+        body, (jnp.zeros(qg.shape, jnp.float32), dbias0), xs
+    )
+    dbias = None
+    if bias is not None:
+        dbias = (dbias_const if bias_xs is None else dbias_xs).astype(bias.dtype)
+    return (
+        (dq * scale).astype(qg.dtype),
+        dk.astype(kc.dtype),
+        dv.astype(vc.dtype),
+        None,
+        dbias,
+        None,
+    )
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _chunked_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng, chunk_size):
+    b, t, n, h = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    chunk = min(chunk_size, s)
+    num_chunks = math.ceil(s / chunk)
+    # [B, K, G, T, H]
+    qg = jnp.transpose(q.reshape(b, t, kh, n // kh, h), (0, 2, 3, 1, 4))
+    # [nc, B, C, K, H]
+    kc, vc = _chunk_keys(k, chunk, num_chunks), _chunk_keys(v, chunk, num_chunks)
+    mask = _chunk_last(_group(mask, kh), chunk, num_chunks, False)
+    bias = _chunk_last(_group(bias, kh), chunk, num_chunks, 0.0)
+    rng = dropout_rng if dropout_rate > 0.0 else None
+    key_length = s if num_chunks * chunk != s else None
+    statics = (is_causal, scale, dropout_rate, chunk, key_length)
+    out = _flash(qg, kc, vc, mask, bias, rng, statics)
+    # [B, K, G, T, H] -> [B, T, N, H]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
+
+
+def dot_product_attention(
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    bias=None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+    implementation: str | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+):
+    """softmax(Q K^T * scale + bias, masked) V with grouped-query heads.
+
+    Args:
+      q: [B, T, N, H] queries.
+      k, v: [B, S, K, H] keys and values; K divides N (K = N: multi-head, K = 1: multi-query).
+      mask: boolean, True where a query may attend, broadcastable to [B, N, T, S].
+      bias: additive float bias broadcastable to [B, N, T, S] (ALiBi, relative positions).
+      is_causal: query t attends only keys s <= t; no [T, S] mask is materialised.
+      scale: logit scale; 1/sqrt(H) when None.
+      dropout_rate: dropout on the attention weights (needs dropout_rng).
+      implementation: "xla", "cudnn", "chunked" or None (the best available; see module doc).
+      chunk_size: key chunk length C of the "chunked" path.
+    Returns:
+      [B, T, N, H] in q's dtype.
+    """
+    _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if implementation == "cudnn":
+        reason = _cudnn_unsupported_reason(q, k, dropout_rate)
+        if reason:
+            raise ValueError(f'implementation="cudnn" is not available: {reason}')
+    if implementation in ("cudnn", None) and _cudnn_unsupported_reason(q, k, dropout_rate) is None:
+        try:
+            return jax.nn.dot_product_attention(
+                q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+                implementation="cudnn",
+            )  # fmt: skip
+        except Exception:  # an unsupported shape or cuDNN version: a slower path still works
+            if implementation == "cudnn":
+                raise
+    if implementation == "chunked" or (implementation is None and k.shape[1] >= CHUNKED_MIN_LENGTH):
+        return _chunked_attention(
+            q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng, chunk_size
+        )
+    return _xla_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng)
+
+
+# ----------------------------------------------------------------------------------------------
+# The module.
+
+default_kernel_init = nn.initializers.xavier_uniform()
+POSITIONS = (None, "rope", "alibi")
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with grouped-query heads, cross-attention and a KV cache.
+
+    Self-attention: `mha(x)`; cross-attention: `mha(x, context)`. In `decode=True` mode the
+    keys and values of self-attention are appended to a cache (collection "cache") sized by the
+    input the cache was initialised with, so each call may pass one new token (or a prompt).
+    Calling with `mutable=["intermediates"]` also stores the [B, N, T, S] attention weights as
+    "attention_weights"; the default path never computes them separately.
+    """
+
+    num_heads: int  # N
+    num_kv_heads: int | None = None  # K; num_heads when None, 1 for multi-query attention
+    head_dim: int | None = None  # H; width // num_heads when None
+    out_features: int | None = None  # output width; the input width when None
+    use_bias: bool = True  # biases on the Q, K, V and output projections
+    dropout_rate: float = 0.0  # dropout on the attention weights
+    position: str | None = None  # None, "rope" or "alibi" (self-attention only)
+    rope_base: float = 10_000.0  # RoPE wavelength base
+    implementation: str | None = None  # see dot_product_attention
+    kernel_init: Callable = default_kernel_init  # for all four projections
+    dtype: Any = None  # compute dtype; the input's when None
+    param_dtype: Any = jnp.float32  # storage dtype of the parameters
+
+    def __post_init__(self):
+        kv = self.num_kv_heads or self.num_heads
+        if self.num_heads <= 0 or self.num_heads % kv:
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
+                f"(allowed: the divisors of {self.num_heads})"
+            )
+        if self.position not in POSITIONS:
+            raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        if self.implementation not in (None, *IMPLEMENTATIONS):
+            raise ValueError(
+                f"implementation={self.implementation!r} is unknown; allowed: None, "
+                + ", ".join(repr(i) for i in IMPLEMENTATIONS)
+            )
+        super().__post_init__()
+
+    def _proj(self, name, x, heads, head_dim, head_axis):
+        d = x.shape[-1]
+        kernel = self.param(
+            f"{name}_kernel",
+            nn.with_logical_partitioning(self.kernel_init, (axes.EMBED, head_axis, axes.HEAD_DIM)),
+            (d, heads, head_dim),
+            self.param_dtype,
+        )
+        x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+        # [B, T, N|K, H]
+        y = jnp.einsum("btd,dnh->btnh", x, kernel)
+        if self.use_bias:
+            b = self.param(
+                f"{name}_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (head_axis, axes.HEAD_DIM)),
+                (heads, head_dim),
+                self.param_dtype,
+            )
+            y = y + b.astype(y.dtype)
+        return y
+
+    @nn.compact
+    def __call__(
+        self,
+        x,
+        context=None,
+        *,
+        mask=None,
+        is_causal: bool = False,
+        positions=None,
+        train: bool = False,
+        decode: bool = False,
+    ):
+        """Attends from x to itself (context None) or to context.
+
+        Args:
+          x: [B, T, D] queries' input.
+          context: [B, S, D'] keys' and values' input for cross-attention.
+          mask: boolean, broadcastable to [B, N, T, S], True where a query may attend.
+          is_causal: self-attention sees only earlier and current positions.
+          positions: [B, T] or [T] positions for RoPE / ALiBi; 0..T-1 (or the cache index
+            onwards when decoding) when None.
+          train: enables attention dropout (rng stream "dropout").
+          decode: use and update the KV cache (self-attention only).
+        Returns:
+          [B, T, out_features].
+        """
+        if x.ndim != 3:
+            raise ValueError(f"MultiHeadAttention: x must be [B, T, D], got shape {x.shape}")
+        width = x.shape[-1]
+        if self.head_dim is None and width % self.num_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must divide the width {width} (or set head_dim)"
+            )
+        n = self.num_heads
+        kh = self.num_kv_heads or n
+        h = self.head_dim or width // n
+        self_attention = context is None
+        context = x if self_attention else context
+        if context.ndim != 3:
+            raise ValueError(f"MultiHeadAttention: context must be [B, S, D], got {context.shape}")
+
+        q = self._proj("query", x, n, h, axes.HEADS)
+        k = self._proj("key", context, kh, h, axes.KV_HEADS)
+        v = self._proj("value", context, kh, h, axes.KV_HEADS)
+        q = nn.with_logical_constraint(q, (axes.BATCH, axes.LENGTH, axes.ACT_HEADS, None))
+
+        t = x.shape[1]
+        decoding = decode and self_attention
+        offset = self._cache_index() if decoding else 0
+        if positions is None:
+            positions = offset + jnp.arange(t)
+        if self_attention and self.position == "rope":
+            q = position.rope(q, positions, base=self.rope_base)
+            k = position.rope(k, positions, base=self.rope_base)
+        if decoding:
+            k, v, mask = self._update_cache(k, v, mask, offset)
+            is_causal = False  # the cache mask is causal already
+        bias = None
+        if self_attention and self.position == "alibi":
+            bias = position.alibi_bias(n, positions, jnp.arange(k.shape[1]))
+
+        dropout_rng = None
+        rate = self.dropout_rate if train else 0.0
+        if rate > 0.0:
+            dropout_rng = self.make_rng("dropout")
+        if self.is_mutable_collection("intermediates"):
+            self.sow(
+                "intermediates",
+                "attention_weights",
+                attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal),
+            )
+        out = dot_product_attention(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_rate=rate,
+            dropout_rng=dropout_rng, implementation=self.implementation,
+        )  # fmt: skip
+        out_kernel = self.param(
+            "out_kernel",
+            nn.with_logical_partitioning(self.kernel_init, (axes.HEADS, axes.HEAD_DIM, axes.EMBED)),
+            (n, h, self.out_features or width),
+            self.param_dtype,
+        )
+        out, out_kernel = nn.dtypes.promote_dtype(out, out_kernel, dtype=self.dtype)
+        # [B, T, D]
+        y = jnp.einsum("btnh,nhd->btd", out, out_kernel)
+        if self.use_bias:
+            b = self.param(
+                "out_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
+                (self.out_features or width,),
+                self.param_dtype,
+            )
+            y = y + b.astype(y.dtype)
+        return y
+
+    def _cache_index(self):
+        """Where this call's tokens go in the cache: 0 before the cache exists."""
+        if not self.has_variable("cache", "cache_index"):
+            return 0
+        return self.get_variable("cache", "cache_index")
+
+    def _update_cache(self, k, v, mask, offset):
+        """Writes this call's keys/values at `offset`; returns the whole cache and its mask.
+
+        At initialisation (no cache yet) the cache is created with the input's length, which
+        sets the maximum decode length, and the call computes ordinary causal attention.
+        """
+        initialized = self.has_variable("cache", "cached_key")
+        cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        t = k.shape[1]
+        if not initialized:
+            return k, v, combine_causal(mask, t, t, 0)
+        start = (0, offset, 0, 0)
+        cached_k.value = lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), start)
+        cached_v.value = lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), start)
+        index.value = offset + t
+        return cached_k.value, cached_v.value, combine_causal(mask, t, cached_k.value.shape[1], offset)
+
+
+def combine_causal(mask, query_length, key_length, offset):
+    """mask AND (key position <= offset + query position), as [B|1, 1, T, S]."""
+    qpos = offset + jnp.arange(query_length)[:, None]
+    kpos = jnp.arange(key_length)[None, :]
+    causal = (kpos <= qpos)[None, None]
+    return causal if mask is None else jnp.logical_and(mask, causal)

@@ -1,0 +1,25 @@
+"""Logical axis names: the one vocabulary shared by model code and sharding rules.
+
+Parameters and activations are annotated with these names; `tfjax.sharding` maps them to mesh
+axes through rules from the config, so data, FSDP and tensor parallelism are rule changes only.
+Parameter axes and activation axes have different names because they shard differently under
+FSDP: a weight's `embed` axis is split over `fsdp`, an activation's `act_embed` is not.
+"""
+
+# Activations.
+BATCH = "batch"
+LENGTH = "length"
+ACT_EMBED = "act_embed"
+ACT_HEADS = "act_heads"
+ACT_MLP = "act_mlp"
+ACT_VOCAB = "act_vocab"
+
+# Parameters.
+EMBED = "embed"
+MLP = "mlp"
+HEADS = "heads"
+KV_HEADS = "kv_heads"
+HEAD_DIM = "head_dim"
+VOCAB = "vocab"
+NORM = "norm"
+LAYERS = "layers"  # the stacked axis of scanned layers

@@ -1,0 +1,246 @@
+"""Transformer blocks and layer stacks.
+
+Letters: B batch, T length, S context length, D model width.
+
+A `Block` is self-attention (+ cross-attention when `cross_attention`) + FFN, each a residual
+sub-layer with the norm placed per `norm_position`:
+  "post": x = LN(x + Dropout(F(x)))      Vaswani et al. (2017), BERT
+  "pre":  x = x + Dropout(F(LN(x)))      GPT-2, ViT, Llama (the stack adds a final norm)
+`Stack` applies `num_layers` copies of a block, unrolled (params `layers_0`, `layers_1`, ...)
+or with `nn.scan` (params `layers`, with a leading layer axis); `unrolled_to_scanned` and
+`scanned_to_unrolled` convert the parameters, and both layouts compute the same function.
+"""
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tfjax.nn import axes
+from tfjax.nn.attention import MultiHeadAttention
+from tfjax.nn.attention import default_kernel_init as _attention_init
+from tfjax.nn.ffn import ALL_ACTIVATIONS, make_mlp
+
+NORMS = ("layer", "rms")
+NORM_POSITIONS = ("pre", "post")
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation: keep every activation
+    "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep matmul outputs
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+}
+
+
+def make_norm(kind: str, *, eps: float, dtype, param_dtype, name: str) -> nn.Module:
+    """LayerNorm (scale and bias) or RMSNorm (scale only) with logically named parameters."""
+    scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axes.NORM,))
+    if kind == "layer":
+        bias_init = nn.with_logical_partitioning(nn.initializers.zeros, (axes.NORM,))
+        return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                            scale_init=scale_init, bias_init=bias_init)  # fmt: skip
+    if kind == "rms":
+        return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                          scale_init=scale_init)  # fmt: skip
+    raise ValueError(f"norm={kind!r} is unknown; allowed: {NORMS}")
+
+
+class Block(nn.Module):
+    """One Transformer layer: self-attention, optional cross-attention, FFN."""
+
+    num_heads: int  # N
+    mlp_dim: int  # F
+    num_kv_heads: int | None = None  # K; num_heads when None (grouped-query when smaller)
+    head_dim: int | None = None  # H; width // num_heads when None
+    activation: str = "relu"  # FFN: "relu", "gelu", "gelu_tanh", "swiglu", "geglu"
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    norm_eps: float = 1e-6  # norm epsilon (BERT 1e-12, GPT-2 1e-5)
+    norm_position: str = "pre"  # "pre" (x + F(LN(x))) or "post" (LN(x + F(x)), the paper)
+    causal: bool = False  # self-attention sees only earlier positions (decoders)
+    cross_attention: bool = False  # attend to an encoder's output (encoder-decoder)
+    dropout_rate: float = 0.0  # residual dropout on each sub-layer's output (paper: 0.1)
+    attention_dropout_rate: float = 0.0  # dropout on the attention weights
+    mlp_dropout_rate: float = 0.0  # dropout on the FFN's hidden activations
+    use_bias: bool = True  # biases in attention and FFN projections
+    position: str | None = None  # None, "rope" or "alibi" in self-attention
+    rope_base: float = 10_000.0  # RoPE wavelength base
+    implementation: str | None = None  # attention backend; see dot_product_attention
+    kernel_init: Callable = _attention_init  # every projection's kernel
+    dtype: Any = None  # compute dtype; the input's when None
+    param_dtype: Any = jnp.float32  # storage dtype
+
+    def __post_init__(self):
+        for field, value, allowed in (
+            ("norm", self.norm, NORMS),
+            ("norm_position", self.norm_position, NORM_POSITIONS),
+            ("activation", self.activation, ALL_ACTIVATIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{field}={value!r} is unknown; allowed: {allowed}")
+        super().__post_init__()
+
+    def _norm(self, name):
+        return make_norm(self.norm, eps=self.norm_eps, dtype=self.dtype,
+                         param_dtype=self.param_dtype, name=name)  # fmt: skip
+
+    def _attention(self, name, position):
+        return MultiHeadAttention(
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            use_bias=self.use_bias, dropout_rate=self.attention_dropout_rate, position=position,
+            rope_base=self.rope_base, implementation=self.implementation,
+            kernel_init=self.kernel_init, dtype=self.dtype, param_dtype=self.param_dtype,
+            name=name,
+        )  # fmt: skip
+
+    def _residual(self, x, sublayer, name, train):
+        """One residual sub-layer with the norm before (pre) or after (post) it."""
+        if self.norm_position == "pre":
+            y = sublayer(self._norm(f"{name}_norm")(x))
+            return x + nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+        y = nn.Dropout(self.dropout_rate)(sublayer(x), deterministic=not train)
+        return self._norm(f"{name}_norm")(x + y)
+
+    @nn.compact
+    def __call__(
+        self,
+        x,
+        context=None,
+        *,
+        mask=None,
+        context_mask=None,
+        positions=None,
+        train: bool = False,
+        decode: bool = False,
+    ):
+        """Args:
+          x: [B, T, D].
+          context: [B, S, D] encoder output (with cross_attention).
+          mask: self-attention mask, boolean, broadcastable to [B, N, T, T].
+          context_mask: cross-attention mask, broadcastable to [B, N, T, S].
+          positions: [B, T] positions for RoPE / ALiBi.
+        Returns:
+          [B, T, D].
+        """
+        if x.ndim != 3:
+            raise ValueError(f"Block: x must be [B, T, D], got shape {x.shape}")
+        x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
+        attend = self._attention("self_attention", self.position)
+        x = self._residual(
+            x,
+            lambda y: attend(y, mask=mask, is_causal=self.causal, positions=positions,
+                             train=train, decode=decode),  # fmt: skip
+            "self_attention",
+            train,
+        )
+        if self.cross_attention:
+            if context is None:
+                raise ValueError("Block: cross_attention=True needs the encoder output `context`")
+            cross = self._attention("cross_attention", None)
+            x = self._residual(
+                x, lambda y: cross(y, context, mask=context_mask, train=train), "cross_attention",
+                train,
+            )  # fmt: skip
+        mlp = make_mlp(
+            self.activation, mlp_dim=self.mlp_dim, dropout_rate=self.mlp_dropout_rate,
+            use_bias=self.use_bias, kernel_init=self.kernel_init, dtype=self.dtype,
+            param_dtype=self.param_dtype, name="mlp",
+        )  # fmt: skip
+        x = self._residual(x, lambda y: mlp(y, train=train), "mlp", train)
+        return nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
+
+
+def _fields(module: nn.Module) -> dict:
+    """A module's dataclass fields, without Flax's parent and name."""
+    return {
+        f.name: getattr(module, f.name)
+        for f in dataclasses.fields(module)
+        if f.init and f.name not in ("parent", "name")
+    }
+
+
+class Stack(nn.Module):
+    """`num_layers` blocks of one kind, then a final norm for pre-norm blocks."""
+
+    num_layers: int  # L
+    block: Block  # the template of every layer (its name is ignored)
+    scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
+    remat_policy: str = "none"  # rematerialisation per layer; see REMAT_POLICIES
+
+    def __post_init__(self):
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"remat_policy={self.remat_policy!r} is unknown; allowed: {tuple(REMAT_POLICIES)}"
+            )
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be at least 1, got {self.num_layers}")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, context=None, *, mask=None, context_mask=None, positions=None,
+                 train: bool = False, decode: bool = False):  # fmt: skip
+        """x: [B, T, D] -> [B, T, D]; the other arguments are passed to every block."""
+
+        def layer(block, y):
+            return block(y, context, mask=mask, context_mask=context_mask, positions=positions,
+                         train=train, decode=decode)  # fmt: skip
+
+        policy = REMAT_POLICIES[self.remat_policy]
+        if self.remat_policy != "none":
+            layer = nn.remat(layer, policy=policy, prevent_cse=not self.scan_layers)
+        kwargs = _fields(self.block)
+        if self.scan_layers:
+            scanned = nn.scan(
+                lambda block, y, _: (layer(block, y), None),
+                variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
+                length=self.num_layers,
+                metadata_params={nn.PARTITION_NAME: axes.LAYERS},
+            )
+            x, _ = scanned(Block(**kwargs, name="layers"), x, None)
+        else:
+            for i in range(self.num_layers):
+                x = layer(Block(**kwargs, name=f"layers_{i}"), x)
+        if self.block.norm_position == "pre":
+            b = self.block
+            x = make_norm(b.norm, eps=b.norm_eps, dtype=b.dtype, param_dtype=b.param_dtype,
+                          name="final_norm")(x)  # fmt: skip
+        return x
+
+
+_LAYER = re.compile(r"^layers_(\d+)$")
+
+
+def unrolled_to_scanned(params):
+    """Stacks every {"layers_0": t0, "layers_1": t1, ...} into {"layers": stack(t0, t1, ...)}."""
+    if not isinstance(params, dict):
+        return params
+    out, layers = {}, {}
+    for key, value in params.items():
+        m = _LAYER.match(key)
+        if m:
+            layers[int(m.group(1))] = value
+        else:
+            out[key] = unrolled_to_scanned(value)
+    if layers:
+        if sorted(layers) != list(range(len(layers))):
+            raise ValueError(f"layer keys are not 0..n-1: {sorted(layers)}")
+        out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *(layers[i] for i in range(len(layers))))
+    return out
+
+
+def scanned_to_unrolled(params):
+    """The inverse of `unrolled_to_scanned`: {"layers": stacked} -> {"layers_i": slice i}."""
+    if not isinstance(params, dict):
+        return params
+    out = {}
+    for key, value in params.items():
+        if key == "layers":
+            n = jax.tree.leaves(value)[0].shape[0]
+            for i in range(n):
+                out[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], value)
+        else:
+            out[key] = scanned_to_unrolled(value)
+    return out

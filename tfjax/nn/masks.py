@@ -1,0 +1,56 @@
+"""Attention masks as pure functions.
+
+Every mask is boolean, True where a query may attend to a key, with shape [B, 1, T, S]
+(broadcastable to [B, N, T, S], the convention of `jax.nn.dot_product_attention` and Flax).
+Combine masks with `combine_masks`, which ANDs them and ignores `None`.
+"""
+
+import jax.numpy as jnp
+
+
+def causal_mask(length: int, *, offset=0) -> jnp.ndarray:
+    """[1, 1, T, T] lower-triangular mask: query t attends to keys 0..t (+ offset)."""
+    q = jnp.arange(length)[:, None] + offset
+    k = jnp.arange(length)[None, :]
+    return (k <= q)[None, None]
+
+
+def padding_mask(query_tokens, key_tokens=None, *, pad_id: int = 0) -> jnp.ndarray:
+    """[B, 1, T, S] mask that is False where the query or the key is padding.
+
+    Args:
+      query_tokens: [B, T] int ids.
+      key_tokens: [B, S] int ids; the query tokens when None (self-attention).
+    """
+    key_tokens = query_tokens if key_tokens is None else key_tokens
+    q = query_tokens != pad_id
+    k = key_tokens != pad_id
+    return q[:, None, :, None] & k[:, None, None, :]
+
+
+def key_padding_mask(key_tokens, *, pad_id: int = 0) -> jnp.ndarray:
+    """[B, 1, 1, S] mask that hides padded keys only (queries on padding still see real keys)."""
+    return (key_tokens != pad_id)[:, None, None, :]
+
+
+def segment_mask(query_segment_ids, key_segment_ids=None) -> jnp.ndarray:
+    """[B, 1, T, S] mask for packed sequences: attend only within the same segment.
+
+    Segment ids are 1..n for the examples packed in a row and 0 for padding; padding attends
+    to nothing and nothing attends to padding.
+    """
+    key_segment_ids = query_segment_ids if key_segment_ids is None else key_segment_ids
+    q = query_segment_ids[:, None, :, None]
+    k = key_segment_ids[:, None, None, :]
+    return (q == k) & (q != 0)
+
+
+def combine_masks(*masks):
+    """AND of the given masks (None entries skipped); None when all are None."""
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = jnp.logical_and(out, m)
+    return out
