@@ -21,9 +21,12 @@ def from_variant(cls, variants: dict, variant: str | None, overrides: dict):
     missing = sorted(
         f.name
         for f in dataclasses.fields(cls)
-        if f.init and f.name not in kwargs and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING and f.name not in ("parent", "name")
-    )  # fmt: skip
+        if f.init
+        and f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in ("parent", "name")
+    )
     if missing:
         raise ValueError(f"{cls.__name__}: missing required field(s) {missing}")
     return cls(**kwargs)

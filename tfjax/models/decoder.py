@@ -22,20 +22,35 @@ from tfjax import nn as tnn
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes, masks
 
-_MODERN = dict(position="rope", norm="rms", activation="swiglu", use_bias=False,
-               tie_embeddings=False, dropout_rate=0.0)  # fmt: skip
+_MODERN = dict(
+    position="rope",
+    norm="rms",
+    activation="swiglu",
+    use_bias=False,
+    tie_embeddings=False,
+    dropout_rate=0.0,
+)
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
     "gpt2-small": dict(width=768, num_layers=12, num_heads=12),
     "gpt2-medium": dict(width=1024, num_layers=24, num_heads=16),
     "gpt2-large": dict(width=1280, num_layers=36, num_heads=20),
     "gpt2-xl": dict(width=1600, num_layers=48, num_heads=25),
-    "modern-tiny": dict(width=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=96,
-                        max_len=256, **_MODERN),  # fmt: skip
-    "modern-small": dict(width=768, num_layers=12, num_heads=12, num_kv_heads=4, mlp_dim=2048,
-                         max_len=2048, **_MODERN),  # fmt: skip
+    "modern-tiny": dict(
+        width=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=96, max_len=256, **_MODERN
+    ),
+    "modern-small": dict(
+        width=768,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+        mlp_dim=2048,
+        max_len=2048,
+        **_MODERN,
+    ),
 }
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+
 
 class Decoder(nn.Module):
     """GPT-like decoder; see the module docstring."""
@@ -82,41 +97,68 @@ class Decoder(nn.Module):
         if t > self.max_len:
             raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
         init = nn.initializers.normal(self.init_stddev)
-        embed = tnn.Embed(self.vocab_size, self.width, init_stddev=self.init_stddev,
-                          dtype=self.dtype, param_dtype=self.param_dtype, name="embed")  # fmt: skip
+        embed = tnn.Embed(
+            self.vocab_size,
+            self.width,
+            init_stddev=self.init_stddev,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="embed",
+        )
         if positions is None:
-            positions = tnn.position.decode_positions(self, t) if decode else jnp.arange(t)
+            positions = tnn.position.DecodePositions()(t) if decode else jnp.arange(t)
         # [B, T, D]
         x = embed(tokens)
         if self.position == "learned":
-            x = x + tnn.LearnedPositions(self.max_len, self.width, self.init_stddev,
-                                         self.param_dtype, name="pos_embed")(positions)  # fmt: skip
+            x = x + tnn.LearnedPositions(
+                self.max_len, self.width, self.init_stddev, self.param_dtype, name="pos_embed"
+            )(positions)
         elif self.position == "sinusoidal":
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         block = tnn.Block(
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            mlp_dim=self.mlp_dim or 4 * self.width, activation=self.activation, norm=self.norm,
-            norm_eps=self.norm_eps, norm_position="pre", causal=True,
-            dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            mlp_dim=self.mlp_dim or 4 * self.width,
+            activation=self.activation,
+            norm=self.norm,
+            norm_eps=self.norm_eps,
+            norm_position="pre",
+            causal=True,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
             use_bias=self.use_bias,
             position=self.position if self.position in ("rope", "alibi") else None,
-            rope_base=self.rope_base, implementation=self.implementation, kernel_init=init,
-            dtype=self.dtype, param_dtype=self.param_dtype,
-        )  # fmt: skip
+            rope_base=self.rope_base,
+            implementation=self.implementation,
+            kernel_init=init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
         mask = masks.segment_mask(segment_ids) if segment_ids is not None else None
         pos = positions if positions.ndim == 2 else positions[None]
-        x = tnn.Stack(self.num_layers, block, scan_layers=self.scan_layers,
-                      remat_policy=self.remat_policy, name="decoder")(
-            x, mask=mask, positions=pos, train=train, decode=decode)  # fmt: skip
+        x = tnn.Stack(
+            self.num_layers,
+            block,
+            scan_layers=self.scan_layers,
+            remat_policy=self.remat_policy,
+            name="decoder",
+        )(x, mask=mask, positions=pos, train=train, decode=decode)
         if self.tie_embeddings:
             logits = embed.attend(x)
         else:
-            logits = tnn.ffn.dense(self.vocab_size, (axes.EMBED, axes.VOCAB), name="output_proj",
-                                   use_bias=False, kernel_init=init, dtype=self.dtype,
-                                   param_dtype=self.param_dtype)(x)  # fmt: skip
+            logits = tnn.ffn.dense(
+                self.vocab_size,
+                (axes.EMBED, axes.VOCAB),
+                name="output_proj",
+                use_bias=False,
+                kernel_init=init,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+            )(x)
         logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
         return logits, {"pre_logits": x}
+
 
 def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)
     """Decoder(**VARIANTS[variant], **overrides); `vocab_size` is required."""

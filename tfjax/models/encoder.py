@@ -69,13 +69,20 @@ class Encoder(nn.Module):
         return nn.initializers.normal(self.init_stddev)
 
     def _norm(self, name):
-        return tnn.make_norm("layer", eps=self.norm_eps, dtype=self.dtype,
-                             param_dtype=self.param_dtype, name=name)  # fmt: skip
+        return tnn.make_norm(
+            "layer", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+        )
 
     def _dense(self, features, names, name):
-        return tnn.ffn.dense(features, names, name=name, use_bias=True,
-                             kernel_init=self._kernel_init, dtype=self.dtype,
-                             param_dtype=self.param_dtype)  # fmt: skip
+        return tnn.ffn.dense(
+            features,
+            names,
+            name=name,
+            use_bias=True,
+            kernel_init=self._kernel_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
 
     @nn.compact
     def __call__(self, tokens, *, token_types=None, segment_ids=None, positions=None, train=False):
@@ -91,39 +98,74 @@ class Encoder(nn.Module):
         t = tokens.shape[1]
         if t > self.max_len:
             raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
-        embed = tnn.Embed(self.vocab_size, self.width, init_stddev=self.init_stddev,
-                          dtype=self.dtype, param_dtype=self.param_dtype, name="embed")  # fmt: skip
+        embed = tnn.Embed(
+            self.vocab_size,
+            self.width,
+            init_stddev=self.init_stddev,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="embed",
+        )
         positions = jnp.arange(t)[None] if positions is None else positions
         # [B, T, D]
-        x = embed(tokens) + tnn.LearnedPositions(self.max_len, self.width, self.init_stddev,
-                                                 self.param_dtype, name="pos_embed")(positions)  # fmt: skip
+        x = embed(tokens) + tnn.LearnedPositions(
+            self.max_len, self.width, self.init_stddev, self.param_dtype, name="pos_embed"
+        )(positions)
         if self.type_vocab_size:
             types = jnp.zeros_like(tokens) if token_types is None else token_types
-            x = x + tnn.Embed(self.type_vocab_size, self.width, init_stddev=self.init_stddev,
-                              dtype=self.dtype, param_dtype=self.param_dtype,
-                              name="type_embed")(types)  # fmt: skip
+            x = x + tnn.Embed(
+                self.type_vocab_size,
+                self.width,
+                init_stddev=self.init_stddev,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name="type_embed",
+            )(types)
         x = self._norm("embed_norm")(x)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-        mask = masks.segment_mask(segment_ids) if segment_ids is not None else masks.padding_mask(tokens)
+        mask = (
+            masks.segment_mask(segment_ids)
+            if segment_ids is not None
+            else masks.padding_mask(tokens)
+        )
         block = tnn.Block(
-            num_heads=self.num_heads, mlp_dim=self.mlp_dim, activation=self.activation,
-            norm_eps=self.norm_eps, norm_position=self.norm_position,
-            dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-            implementation=self.implementation, kernel_init=self._kernel_init, dtype=self.dtype,
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            activation=self.activation,
+            norm_eps=self.norm_eps,
+            norm_position=self.norm_position,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            implementation=self.implementation,
+            kernel_init=self._kernel_init,
+            dtype=self.dtype,
             param_dtype=self.param_dtype,
-        )  # fmt: skip
-        x = tnn.Stack(self.num_layers, block, scan_layers=self.scan_layers,
-                      remat_policy=self.remat_policy, name="encoder")(x, mask=mask, train=train)  # fmt: skip
+        )
+        x = tnn.Stack(
+            self.num_layers,
+            block,
+            scan_layers=self.scan_layers,
+            remat_policy=self.remat_policy,
+            name="encoder",
+        )(x, mask=mask, train=train)
         aux = {"encoded": x}
         if self.head == "mlm":
             # [B, T, D]
-            h = jax.nn.gelu(self._dense(self.width, (axes.EMBED, axes.MLP), "mlm_dense")(x), approximate=False)
+            h = jax.nn.gelu(
+                self._dense(self.width, (axes.EMBED, axes.MLP), "mlm_dense")(x), approximate=False
+            )
             h = self._norm("mlm_norm")(h)
-            bias = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
-                              (self.vocab_size,), self.param_dtype)  # fmt: skip
+            bias = self.param(
+                "mlm_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
+                (self.vocab_size,),
+                self.param_dtype,
+            )
             # [B, T, V]
             logits = embed.attend(h) + bias.astype(h.dtype)
-            return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB)), aux
+            return nn.with_logical_constraint(
+                logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB)
+            ), aux
         # [B, D]
         pooled = jnp.tanh(self._dense(self.width, (axes.EMBED, axes.MLP), "pooler")(x[:, 0]))
         aux["pooled"] = pooled

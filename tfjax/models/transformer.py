@@ -56,31 +56,55 @@ class Transformer(nn.Module):
 
     def setup(self):
         def embed(name):
-            return tnn.Embed(self.vocab_size, self.width, scale_by_sqrt_width=True,
-                             dtype=self.dtype, param_dtype=self.param_dtype, name=name)  # fmt: skip
+            return tnn.Embed(
+                self.vocab_size,
+                self.width,
+                scale_by_sqrt_width=True,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name=name,
+            )
 
         def stack(causal, cross, name):
             block = tnn.Block(
-                num_heads=self.num_heads, mlp_dim=self.mlp_dim, activation=self.activation,
-                norm_eps=self.norm_eps, norm_position=self.norm_position, causal=causal,
-                cross_attention=cross, dropout_rate=self.dropout_rate,
+                num_heads=self.num_heads,
+                mlp_dim=self.mlp_dim,
+                activation=self.activation,
+                norm_eps=self.norm_eps,
+                norm_position=self.norm_position,
+                causal=causal,
+                cross_attention=cross,
+                dropout_rate=self.dropout_rate,
                 attention_dropout_rate=self.attention_dropout_rate,
-                implementation=self.implementation, kernel_init=self.kernel_init,
-                dtype=self.dtype, param_dtype=self.param_dtype,
-            )  # fmt: skip
-            return tnn.Stack(self.num_layers, block, scan_layers=self.scan_layers,
-                             remat_policy=self.remat_policy, name=name)  # fmt: skip
+                implementation=self.implementation,
+                kernel_init=self.kernel_init,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+            )
+            return tnn.Stack(
+                self.num_layers,
+                block,
+                scan_layers=self.scan_layers,
+                remat_policy=self.remat_policy,
+                name=name,
+            )
 
         self.embed = embed("embed")
         if not self.share_embeddings:
             self.target_embed = embed("target_embed")
             self.output_proj = tnn.ffn.dense(
-                self.vocab_size, (axes.EMBED, axes.VOCAB), name="output_proj", use_bias=False,
-                kernel_init=self.kernel_init, dtype=self.dtype, param_dtype=self.param_dtype,
-            )  # fmt: skip
+                self.vocab_size,
+                (axes.EMBED, axes.VOCAB),
+                name="output_proj",
+                use_bias=False,
+                kernel_init=self.kernel_init,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+            )
         self.encoder = stack(False, False, "encoder")
         self.decoder = stack(True, True, "decoder")
         self.dropout = nn.Dropout(self.dropout_rate)
+        self.decode_positions = tnn.position.DecodePositions()
 
     def _embed(self, embed, tokens, positions, train):
         # [B, T, D]
@@ -127,7 +151,7 @@ class Transformer(nn.Module):
         if targets_positions is not None:
             positions = targets_positions
         elif decode:
-            positions = tnn.position.decode_positions(self, t)
+            positions = self.decode_positions(t)
         else:
             positions = jnp.arange(t)
         embed = self.embed if self.share_embeddings else self.target_embed
@@ -141,8 +165,9 @@ class Transformer(nn.Module):
         else:
             self_mask = None
             cross_mask = masks.key_padding_mask(inputs)
-        y = self.decoder(y, encoded, mask=self_mask, context_mask=cross_mask, train=train,
-                         decode=decode)  # fmt: skip
+        y = self.decoder(
+            y, encoded, mask=self_mask, context_mask=cross_mask, train=train, decode=decode
+        )
         logits = self.embed.attend(y) if self.share_embeddings else self.output_proj(y)
         logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
         return logits, y
@@ -168,14 +193,23 @@ class Transformer(nn.Module):
           ([B, T, V] logits, aux) with aux["encoded"] [B, S, D], aux["pre_logits"] [B, T, D].
         """
         check_tokens(targets, "targets")
-        encoded = self.encode(inputs, inputs_segment_ids=inputs_segment_ids,
-                              inputs_positions=inputs_positions, train=train)  # fmt: skip
+        encoded = self.encode(
+            inputs,
+            inputs_segment_ids=inputs_segment_ids,
+            inputs_positions=inputs_positions,
+            train=train,
+        )
         decoder_inputs = shift_right(targets, targets_segment_ids)
         logits, y = self.decode(
-            encoded, inputs, decoder_inputs, targets=targets,
-            targets_segment_ids=targets_segment_ids, inputs_segment_ids=inputs_segment_ids,
-            targets_positions=targets_positions, train=train,
-        )  # fmt: skip
+            encoded,
+            inputs,
+            decoder_inputs,
+            targets=targets,
+            targets_segment_ids=targets_segment_ids,
+            inputs_segment_ids=inputs_segment_ids,
+            targets_positions=targets_positions,
+            train=train,
+        )
         return logits, {"encoded": encoded, "pre_logits": y}
 
 

@@ -81,45 +81,79 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"image size {height}x{width} is not divisible by patch_size={p}")
         # [B, H/p, W/p, D]
         x = nn.Conv(
-            self.width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype,
-            param_dtype=self.param_dtype, name="patch_embed",
-            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), (None, None, None, axes.EMBED)),
+            self.width,
+            (p, p),
+            strides=(p, p),
+            padding="VALID",
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="patch_embed",
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(), (None, None, None, axes.EMBED)
+            ),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
-        )  # fmt: skip
+        )
         x = x(images)
         b, gh, gw, d = x.shape
         # [B, P, D]
         x = x.reshape(b, gh * gw, d)
-        if self.posemb == "learned":
-            pe = self.param("pos_embed", nn.with_logical_partitioning(
-                nn.initializers.normal(d**-0.5), (None, None, axes.EMBED)), (1, gh * gw, d),
-                self.param_dtype)  # fmt: skip
-        else:
-            pe = tnn.sincos_2d(gh, gw, d)[None]
-        x = x + pe.astype(x.dtype)
         if self.pool == "cls":
-            cls = self.param("cls", nn.with_logical_partitioning(nn.initializers.zeros,
-                             (None, None, axes.EMBED)), (1, 1, d), self.param_dtype)  # fmt: skip
+            cls = self.param(
+                "cls",
+                nn.with_logical_partitioning(nn.initializers.zeros, (None, None, axes.EMBED)),
+                (1, 1, d),
+                self.param_dtype,
+            )
             # [B, 1 + P, D]
             x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
+        n_cls = x.shape[1] - gh * gw
+        if self.posemb == "learned":  # one per token, the class token's included (as in the paper)
+            pe = self.param(
+                "pos_embed",
+                nn.with_logical_partitioning(
+                    nn.initializers.normal(0.02), (None, None, axes.EMBED)
+                ),
+                (1, x.shape[1], d),
+                self.param_dtype,
+            )
+        else:  # fixed; the class token gets none (as in MoCo v3)
+            pe = jnp.pad(tnn.sincos_2d(gh, gw, d), ((n_cls, 0), (0, 0)))[None]
+        x = x + pe.astype(x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         block = tnn.Block(
-            num_heads=self.num_heads, mlp_dim=self.mlp_dim, activation="gelu",
-            norm_eps=self.norm_eps, norm_position="pre", dropout_rate=self.dropout_rate,
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            activation="gelu",
+            norm_eps=self.norm_eps,
+            norm_position="pre",
+            dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
-            implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype,
-        )  # fmt: skip
-        x = tnn.Stack(self.num_layers, block, scan_layers=self.scan_layers,
-                      remat_policy=self.remat_policy, name="encoder")(x, train=train)  # fmt: skip
+            implementation=self.implementation,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
+        x = tnn.Stack(
+            self.num_layers,
+            block,
+            scan_layers=self.scan_layers,
+            remat_policy=self.remat_policy,
+            name="encoder",
+        )(x, train=train)
         # [B, D]
         pre_logits = x[:, 0] if self.pool == "cls" else x.mean(axis=1)
         aux = {"encoded": x, "pre_logits": pre_logits}
         if self.num_classes is None:
             return pre_logits, aux
         head_init = nn.initializers.zeros if self.head_zero_init else nn.initializers.lecun_normal()
-        logits = tnn.ffn.dense(self.num_classes, (axes.EMBED, None), name="head", use_bias=True,
-                               kernel_init=head_init, dtype=self.dtype,
-                               param_dtype=self.param_dtype)(pre_logits)  # fmt: skip
+        logits = tnn.ffn.dense(
+            self.num_classes,
+            (axes.EMBED, None),
+            name="head",
+            use_bias=True,
+            kernel_init=head_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )(pre_logits)
         return logits, aux
 
 

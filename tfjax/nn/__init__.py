@@ -9,9 +9,28 @@ from tfjax.nn.masks import causal_mask, combine_masks, padding_mask, segment_mas
 from tfjax.nn.position import LearnedPositions, alibi_bias, rope, sincos_2d, sinusoidal
 
 __all__ = [
-    "Block", "Embed", "GatedMlp", "LearnedPositions", "Mlp", "MultiHeadAttention", "Stack",
-    "alibi_bias", "attention_weights", "axes", "causal_mask", "combine_masks",
-    "dot_product_attention", "make_mlp", "make_norm", "masks", "padding_mask", "position",
-    "rope", "scanned_to_unrolled", "segment_mask", "sincos_2d", "sinusoidal",
+    "Block",
+    "Embed",
+    "GatedMlp",
+    "LearnedPositions",
+    "Mlp",
+    "MultiHeadAttention",
+    "Stack",
+    "alibi_bias",
+    "attention_weights",
+    "axes",
+    "causal_mask",
+    "combine_masks",
+    "dot_product_attention",
+    "make_mlp",
+    "make_norm",
+    "masks",
+    "padding_mask",
+    "position",
+    "rope",
+    "scanned_to_unrolled",
+    "segment_mask",
+    "sincos_2d",
+    "sinusoidal",
     "unrolled_to_scanned",
-]  # fmt: skip
+]

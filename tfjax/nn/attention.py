@@ -43,7 +43,9 @@ def _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng
         )
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
-            raise ValueError(f"{name} must have rank 4 ([B, T, N, H] / [B, S, K, H]), got {x.shape}")
+            raise ValueError(
+                f"{name} must have rank 4 ([B, T, N, H] / [B, S, K, H]), got {x.shape}"
+            )
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
     if k.shape != v.shape:
@@ -90,21 +92,25 @@ def _group(x, num_kv_heads):
     return x.reshape(b, num_kv_heads, n // num_kv_heads, t, s)
 
 
-def _masked_logits(logits, mask, bias, is_causal, q_offset=0, k_offset=0, key_length=None):
-    """Adds bias and applies masks to [B, K, G, T, C] logits whose keys start at k_offset."""
+def _masked_logits(logits, mask, bias, is_causal, k_offset=0, key_length=None):
+    """Bias and masks applied to [B, K, G, T, C] logits whose keys start at k_offset.
+
+    Returns (logits, allowed): `allowed` is the boolean [.., T, C] pattern of attendable
+    pairs (None when everything is), which the chunked backward pass needs, as masked logits
+    are constants that must receive no gradient.
+    """
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    if mask is not None:
-        logits = jnp.where(mask, logits, _MASKED)
+    allowed = mask
     t, c = logits.shape[-2:]
     if is_causal:
-        qpos = q_offset + jnp.arange(t)[:, None]
-        kpos = k_offset + jnp.arange(c)[None, :]
-        logits = jnp.where(kpos <= qpos, logits, _MASKED)
+        causal = (k_offset + jnp.arange(c))[None, :] <= jnp.arange(t)[:, None]
+        allowed = causal if allowed is None else jnp.logical_and(allowed, causal)
+    if allowed is not None:
+        logits = jnp.where(allowed, logits, _MASKED)
     if key_length is not None:  # keys past the real length are padding: exactly zero weight
-        kpos = k_offset + jnp.arange(c)
-        logits = jnp.where(kpos < key_length, logits, -jnp.inf)
-    return logits
+        logits = jnp.where(k_offset + jnp.arange(c) < key_length, logits, -jnp.inf)
+    return logits, allowed
 
 
 def attention_weights(q, k, *, mask=None, bias=None, is_causal=False, scale=None):
@@ -116,7 +122,7 @@ def attention_weights(q, k, *, mask=None, bias=None, is_causal=False, scale=None
     qg = q.reshape(b, t, kh, n // kh, h)
     # [B, K, G, T, S]
     logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
-    logits = _masked_logits(logits * scale, _group(mask, kh), _group(bias, kh), is_causal)
+    logits, _ = _masked_logits(logits * scale, _group(mask, kh), _group(bias, kh), is_causal)
     weights = jax.nn.softmax(logits, axis=-1)
     return weights.reshape(b, n, t, k.shape[1])
 
@@ -164,21 +170,24 @@ def _split_chunked(x):
 
 def _reduce_to(x, shape):
     """Sums x over the axes where `shape` has size 1 (the reverse of broadcasting)."""
-    dims = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 and a != 1)
+    dims = tuple(
+        i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 and a != 1
+    )
     return jnp.sum(x, axis=dims, keepdims=True)
 
 
 def _chunk_probs(qg, kc, j, mask_c, bias_c, rng, statics):
-    """Scaled, masked logits [B, K, G, T, C] of chunk j and its dropout keep-mask (or None)."""
+    """Scaled, masked logits [B, K, G, T, C] of chunk j, the allowed pattern, the dropout keep
+    mask (or None)."""
     is_causal, scale, rate, chunk, key_length = statics
     logits = jnp.einsum("bkgth,bckh->bkgtc", qg, kc, preferred_element_type=jnp.float32)
-    logits = _masked_logits(
+    logits, allowed = _masked_logits(
         logits * scale, mask_c, bias_c, is_causal, k_offset=j * chunk, key_length=key_length
     )
     keep = None
     if rate > 0.0:
         keep = jax.random.bernoulli(jax.random.fold_in(rng, j), 1.0 - rate, logits.shape)
-    return logits, keep
+    return logits, allowed, keep
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
@@ -197,7 +206,7 @@ def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
         j, k_j, v_j, mask_j, bias_j = xs
         mask_j = mask_const if mask_j is None else mask_j
         bias_j = bias_const if bias_j is None else bias_j
-        logits, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
+        logits, _, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
         m_new = jnp.maximum(m, logits.max(-1))
         alpha = jnp.exp(m - m_new)
         # [B, K, G, T, C]
@@ -206,7 +215,9 @@ def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
         if keep is not None:
             p = jnp.where(keep, p / (1.0 - rate), 0.0)
         # [B, K, G, T, H]
-        pv = jnp.einsum("bkgtc,bckh->bkgth", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        pv = jnp.einsum(
+            "bkgtc,bckh->bkgth", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32
+        )
         return (m_new, l, alpha[..., None] * acc + pv), None
 
     init = (
@@ -217,13 +228,14 @@ def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
     xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs)
     (m, l, acc), _ = lax.scan(body, init, xs)
     out = (acc / l[..., None]).astype(qg.dtype)
-    lse = m + jnp.log(l)  # [B, K, G, T]
-    return out, (qg, kc, vc, mask, bias, rng, out, lse)
+    # The softmax statistics [B, K, G, T]; kept apart (not as m + log l) because for a fully
+    # masked row m is the most negative float, which would absorb log l.
+    return out, (qg, kc, vc, mask, bias, rng, out, m, l)
 
 
 def _flash_bwd(statics, residuals, dout):
     is_causal, scale, rate, chunk, key_length = statics
-    qg, kc, vc, mask, bias, rng, out, lse = residuals
+    qg, kc, vc, mask, bias, rng, out, m, l = residuals
     mask_xs, mask_const = _split_chunked(mask)
     bias_xs, bias_const = _split_chunked(bias)
     dout = dout.astype(jnp.float32)
@@ -236,9 +248,9 @@ def _flash_bwd(statics, residuals, dout):
         chunked_bias = bias_j is not None
         mask_j = mask_const if mask_j is None else mask_j
         bias_j = bias_const if bias_j is None else bias_j
-        logits, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
+        logits, allowed, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
         # [B, K, G, T, C]
-        p = jnp.exp(logits - lse[..., None])
+        p = jnp.exp(logits - m[..., None]) / l[..., None]
         p_drop = p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
         # [B, C, K, H]
         dv_j = jnp.einsum("bkgtc,bkgth->bckh", p_drop, dout)
@@ -247,6 +259,8 @@ def _flash_bwd(statics, residuals, dout):
         if keep is not None:
             dp = jnp.where(keep, dp / (1.0 - rate), 0.0)
         ds = p * (dp - delta[..., None])
+        if allowed is not None:
+            ds = jnp.where(allowed, ds, 0.0)
         # [B, K, G, T, H]
         dq = dq + jnp.einsum("bkgtc,bckh->bkgth", ds, k_j.astype(jnp.float32))
         # [B, C, K, H]
@@ -280,7 +294,9 @@ def _flash_bwd(statics, residuals, dout):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _chunked_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng, chunk_size):
+def _chunked_attention(
+    q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng, chunk_size
+):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     chunk = min(chunk_size, s)
@@ -337,9 +353,15 @@ def dot_product_attention(
     if implementation in ("cudnn", None) and _cudnn_unsupported_reason(q, k, dropout_rate) is None:
         try:
             return jax.nn.dot_product_attention(
-                q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+                q,
+                k,
+                v,
+                bias=bias,
+                mask=mask,
+                scale=scale,
+                is_causal=is_causal,
                 implementation="cudnn",
-            )  # fmt: skip
+            )
         except Exception:  # an unsupported shape or cuDNN version: a slower path still works
             if implementation == "cudnn":
                 raise
@@ -489,9 +511,16 @@ class MultiHeadAttention(nn.Module):
                 attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal),
             )
         out = dot_product_attention(
-            q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_rate=rate,
-            dropout_rng=dropout_rng, implementation=self.implementation,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            dropout_rate=rate,
+            dropout_rng=dropout_rng,
+            implementation=self.implementation,
+        )
         out_kernel = self.param(
             "out_kernel",
             nn.with_logical_partitioning(self.kernel_init, (axes.HEADS, axes.HEAD_DIM, axes.EMBED)),
@@ -531,10 +560,18 @@ class MultiHeadAttention(nn.Module):
         if not initialized:
             return k, v, combine_causal(mask, t, t, 0)
         start = (0, offset, 0, 0)
-        cached_k.value = lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), start)
-        cached_v.value = lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), start)
+        cached_k.value = lax.dynamic_update_slice(
+            cached_k.value, k.astype(cached_k.value.dtype), start
+        )
+        cached_v.value = lax.dynamic_update_slice(
+            cached_v.value, v.astype(cached_v.value.dtype), start
+        )
         index.value = offset + t
-        return cached_k.value, cached_v.value, combine_causal(mask, t, cached_k.value.shape[1], offset)
+        return (
+            cached_k.value,
+            cached_v.value,
+            combine_causal(mask, t, cached_k.value.shape[1], offset),
+        )
 
 
 def combine_causal(mask, query_length, key_length, offset):

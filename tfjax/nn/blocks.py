@@ -31,7 +31,7 @@ REMAT_POLICIES = {
     "none": None,  # no rematerialisation: keep every activation
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
     "dots": jax.checkpoint_policies.checkpoint_dots,  # keep matmul outputs
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep x @ W
 }
 
 
@@ -40,11 +40,18 @@ def make_norm(kind: str, *, eps: float, dtype, param_dtype, name: str) -> nn.Mod
     scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axes.NORM,))
     if kind == "layer":
         bias_init = nn.with_logical_partitioning(nn.initializers.zeros, (axes.NORM,))
-        return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
-                            scale_init=scale_init, bias_init=bias_init)  # fmt: skip
+        return nn.LayerNorm(
+            epsilon=eps,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            name=name,
+            scale_init=scale_init,
+            bias_init=bias_init,
+        )
     if kind == "rms":
-        return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
-                          scale_init=scale_init)  # fmt: skip
+        return nn.RMSNorm(
+            epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=scale_init
+        )
     raise ValueError(f"norm={kind!r} is unknown; allowed: {NORMS}")
 
 
@@ -83,17 +90,25 @@ class Block(nn.Module):
         super().__post_init__()
 
     def _norm(self, name):
-        return make_norm(self.norm, eps=self.norm_eps, dtype=self.dtype,
-                         param_dtype=self.param_dtype, name=name)  # fmt: skip
+        return make_norm(
+            self.norm, eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+        )
 
     def _attention(self, name, position):
         return MultiHeadAttention(
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            use_bias=self.use_bias, dropout_rate=self.attention_dropout_rate, position=position,
-            rope_base=self.rope_base, implementation=self.implementation,
-            kernel_init=self.kernel_init, dtype=self.dtype, param_dtype=self.param_dtype,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            use_bias=self.use_bias,
+            dropout_rate=self.attention_dropout_rate,
+            position=position,
+            rope_base=self.rope_base,
+            implementation=self.implementation,
+            kernel_init=self.kernel_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
             name=name,
-        )  # fmt: skip
+        )
 
     def _residual(self, x, sublayer, name, train):
         """One residual sub-layer with the norm before (pre) or after (post) it."""
@@ -130,8 +145,9 @@ class Block(nn.Module):
         attend = self._attention("self_attention", self.position)
         x = self._residual(
             x,
-            lambda y: attend(y, mask=mask, is_causal=self.causal, positions=positions,
-                             train=train, decode=decode),  # fmt: skip
+            lambda y: attend(
+                y, mask=mask, is_causal=self.causal, positions=positions, train=train, decode=decode
+            ),
             "self_attention",
             train,
         )
@@ -140,14 +156,21 @@ class Block(nn.Module):
                 raise ValueError("Block: cross_attention=True needs the encoder output `context`")
             cross = self._attention("cross_attention", None)
             x = self._residual(
-                x, lambda y: cross(y, context, mask=context_mask, train=train), "cross_attention",
+                x,
+                lambda y: cross(y, context, mask=context_mask, train=train),
+                "cross_attention",
                 train,
-            )  # fmt: skip
+            )
         mlp = make_mlp(
-            self.activation, mlp_dim=self.mlp_dim, dropout_rate=self.mlp_dropout_rate,
-            use_bias=self.use_bias, kernel_init=self.kernel_init, dtype=self.dtype,
-            param_dtype=self.param_dtype, name="mlp",
-        )  # fmt: skip
+            self.activation,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.mlp_dropout_rate,
+            use_bias=self.use_bias,
+            kernel_init=self.kernel_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="mlp",
+        )
         x = self._residual(x, lambda y: mlp(y, train=train), "mlp", train)
         return nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
 
@@ -179,13 +202,29 @@ class Stack(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, context=None, *, mask=None, context_mask=None, positions=None,
-                 train: bool = False, decode: bool = False):  # fmt: skip
+    def __call__(
+        self,
+        x,
+        context=None,
+        *,
+        mask=None,
+        context_mask=None,
+        positions=None,
+        train: bool = False,
+        decode: bool = False,
+    ):
         """x: [B, T, D] -> [B, T, D]; the other arguments are passed to every block."""
 
         def layer(block, y):
-            return block(y, context, mask=mask, context_mask=context_mask, positions=positions,
-                         train=train, decode=decode)  # fmt: skip
+            return block(
+                y,
+                context,
+                mask=mask,
+                context_mask=context_mask,
+                positions=positions,
+                train=train,
+                decode=decode,
+            )
 
         policy = REMAT_POLICIES[self.remat_policy]
         if self.remat_policy != "none":
@@ -205,8 +244,9 @@ class Stack(nn.Module):
                 x = layer(Block(**kwargs, name=f"layers_{i}"), x)
         if self.block.norm_position == "pre":
             b = self.block
-            x = make_norm(b.norm, eps=b.norm_eps, dtype=b.dtype, param_dtype=b.param_dtype,
-                          name="final_norm")(x)  # fmt: skip
+            x = make_norm(
+                b.norm, eps=b.norm_eps, dtype=b.dtype, param_dtype=b.param_dtype, name="final_norm"
+            )(x)
         return x
 
 
@@ -227,7 +267,9 @@ def unrolled_to_scanned(params):
     if layers:
         if sorted(layers) != list(range(len(layers))):
             raise ValueError(f"layer keys are not 0..n-1: {sorted(layers)}")
-        out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *(layers[i] for i in range(len(layers))))
+        out["layers"] = jax.tree.map(
+            lambda *xs: jnp.stack(xs), *(layers[i] for i in range(len(layers)))
+        )
     return out
 
 

@@ -1,8 +1,8 @@
 """Position-wise feed-forward networks.
 
 Letters: B batch, T length, D model width, F mlp width.
-Mlp:      wo(act(wi(x)))                 act: relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2)
-GatedMlp: wo(act(wi_0(x)) * wi_1(x))     act: swiglu (Llama), geglu (Shazeer, 2020)
+Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2)
+GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020)
 """
 
 from collections.abc import Callable
@@ -60,10 +60,16 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x, *, train: bool = False):
         """x: [B, T, D] -> [B, T, D]."""
-        kw = dict(use_bias=self.use_bias, kernel_init=self.kernel_init, dtype=self.dtype,
-                  param_dtype=self.param_dtype)  # fmt: skip
+        kw = dict(
+            use_bias=self.use_bias,
+            kernel_init=self.kernel_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
         # [B, T, F]
-        h = ACTIVATIONS[self.activation](dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi", **kw)(x))
+        h = ACTIVATIONS[self.activation](
+            dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi", **kw)(x)
+        )
         h = nn.with_logical_constraint(h, (axes.BATCH, axes.LENGTH, axes.ACT_MLP))
         h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
         # [B, T, D]
@@ -92,8 +98,12 @@ class GatedMlp(nn.Module):
     @nn.compact
     def __call__(self, x, *, train: bool = False):
         """x: [B, T, D] -> [B, T, D]."""
-        kw = dict(use_bias=self.use_bias, kernel_init=self.kernel_init, dtype=self.dtype,
-                  param_dtype=self.param_dtype)  # fmt: skip
+        kw = dict(
+            use_bias=self.use_bias,
+            kernel_init=self.kernel_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
         # [B, T, F]
         gate = dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi_0", **kw)(x)
         up = dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi_1", **kw)(x)

@@ -34,7 +34,9 @@ def sinusoidal(positions, width: int, *, max_timescale: float = 10_000.0, dtype=
     return pe.reshape(*pe.shape[:-2], width).astype(dtype)
 
 
-def sincos_2d(height: int, width: int, dim: int, *, temperature: float = 10_000.0, dtype=jnp.float32):
+def sincos_2d(
+    height: int, width: int, dim: int, *, temperature: float = 10_000.0, dtype=jnp.float32
+):
     """2-D sin-cos embeddings for a [height, width] grid of image patches.
 
     The channels are [sin(y), cos(y), sin(x), cos(x)], each dim/4 wide (as in MoCo v3 and
@@ -127,15 +129,18 @@ def alibi_bias(num_heads: int, query_positions, key_positions):
     return -slopes * jnp.abs(q - k).astype(jnp.float32)
 
 
-def decode_positions(module: nn.Module, length: int):
-    """Positions of the tokens of this call when decoding with a cache: [length] ints.
+class DecodePositions(nn.Module):
+    """Positions [T] of this call's tokens when decoding with a cache.
 
-    Keeps a counter in the module's "cache" collection: 0.. at initialisation (which only sizes
-    the caches), then continuing from the tokens already decoded.
+    Keeps a counter in the "cache" collection: 0.. at initialisation (which only sizes the
+    caches), then continuing after the tokens already decoded.
     """
-    initialized = module.has_variable("cache", "position_index")
-    index = module.variable("cache", "position_index", lambda: jnp.array(0, jnp.int32))
-    start = index.value
-    if initialized:
-        index.value = start + length
-    return start + jnp.arange(length)
+
+    @nn.compact
+    def __call__(self, length: int):
+        initialized = self.has_variable("cache", "position_index")
+        index = self.variable("cache", "position_index", lambda: jnp.array(0, jnp.int32))
+        start = index.value
+        if initialized:
+            index.value = start + length
+        return start + jnp.arange(length)

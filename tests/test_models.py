@@ -1,0 +1,373 @@
+"""The four model families: parameter counts, causality, caches, layouts, learning, errors."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tfjax import nn as tnn
+from tfjax.models import decoder, encoder, transformer, vit
+
+V = 61
+
+
+def count(model, *inputs):
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes["params"])))
+
+
+def tokens(shape, seed=0, low=1):
+    return jax.random.randint(jax.random.key(seed), shape, low, V)
+
+
+# Closed forms: attention 4(d^2 + d), FFN 2 d f + f + d, LayerNorm 2 d.
+def attn(d):
+    return 4 * (d * d + d)
+
+
+def ffn(d, f):
+    return 2 * d * f + f + d
+
+
+def count_transformer(v, d, f, n):
+    enc = attn(d) + ffn(d, f) + 2 * 2 * d
+    dec = 2 * attn(d) + ffn(d, f) + 3 * 2 * d
+    return v * d + n * (enc + dec)
+
+
+def count_bert(v, d, n, f, classes, max_len=512, types=2):
+    emb = v * d + max_len * d + types * d + 2 * d
+    return emb + n * (attn(d) + ffn(d, f) + 4 * d) + (d * d + d) + (d * classes + classes)
+
+
+def count_gpt2(v, d, n, ctx=1024):
+    return v * d + ctx * d + n * (attn(d) + ffn(d, 4 * d) + 4 * d) + 2 * d
+
+
+def count_vit(p, d, n, f, classes, patches, channels=3):
+    stem = p * p * channels * d + d + d + (patches + 1) * d
+    return stem + n * (attn(d) + ffn(d, f) + 4 * d) + 2 * d + d * classes + classes
+
+
+TOK = jnp.ones((1, 8), jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "name,model,inputs,closed_form,published,tolerance",
+    [
+        (
+            "transformer base",
+            transformer.Model(variant="base", vocab_size=37000),
+            (TOK, TOK),
+            count_transformer(37000, 512, 2048, 6),
+            65e6,
+            0.05,
+        ),
+        (
+            "transformer big",
+            transformer.Model(variant="big", vocab_size=37000),
+            (TOK, TOK),
+            count_transformer(37000, 1024, 4096, 6),
+            213e6,
+            0.01,
+        ),
+        (
+            "bert-base",
+            encoder.Model(variant="bert-base", vocab_size=30522, head="classifier"),
+            (TOK,),
+            count_bert(30522, 768, 12, 3072, 2),
+            110e6,
+            0.01,
+        ),
+        (
+            "gpt2-small",
+            decoder.Model(variant="gpt2-small", vocab_size=50257),
+            (TOK,),
+            count_gpt2(50257, 768, 12),
+            124e6,
+            0.01,
+        ),
+        (
+            "vit B/16",
+            vit.Model(variant="B/16", num_classes=1000),
+            (jnp.ones((1, 224, 224, 3)),),
+            count_vit(16, 768, 12, 3072, 1000, 196),
+            86e6,
+            0.01,
+        ),
+    ],
+)
+def test_parameter_counts(name, model, inputs, closed_form, published, tolerance):
+    n = count(model, *inputs)
+    assert n == closed_form, name
+    assert abs(n - published) / published <= tolerance, (name, n)
+
+
+def test_modern_decoder_count():
+    m = decoder.Model(variant="modern-tiny", vocab_size=V)  # d 32, 4 heads of 8, 2 kv heads, f 96
+    d, f, n, kv = 32, 96, 2, 2 * 8
+    layer = d * d + 2 * d * kv + d * d + 3 * d * f + 2 * d  # no biases; two RMSNorm scales
+    assert count(m, TOK) == V * d + n * layer + d + d * V
+
+
+# ----------------------------------------------------------------------------------------------
+# Causality, padding, caches.
+
+FAMILIES = {
+    "decoder": lambda **kw: decoder.Model(variant="tiny", vocab_size=V, **kw),
+    "modern": lambda **kw: decoder.Model(variant="modern-tiny", vocab_size=V, **kw),
+    "alibi": lambda **kw: decoder.Model(variant="tiny", vocab_size=V, position="alibi", **kw),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_is_causal(family):
+    m = FAMILIES[family]()
+    x = tokens((2, 10))
+    v = m.init(jax.random.key(0), x)
+    y, _ = m.apply(v, x)
+    x2 = x.at[:, 6:].set(tokens((2, 4), seed=5))
+    y2, _ = m.apply(v, x2)
+    np.testing.assert_allclose(y[:, :6], y2[:, :6], atol=1e-5)
+    assert not np.allclose(y[:, 6:], y2[:, 6:], atol=1e-3)
+
+
+def test_transformer_decoder_is_causal_and_ignores_source_padding():
+    m = transformer.Model(variant="tiny", vocab_size=V)
+    src, tgt = tokens((2, 9)), tokens((2, 8), seed=1)
+    v = m.init(jax.random.key(0), src, tgt)
+    y, _ = m.apply(v, src, tgt)
+    # targets[t] enters the decoder at t + 1: logits up to t do not depend on it.
+    tgt2 = tgt.at[:, 5:].set(tokens((2, 3), seed=7))
+    y2, _ = m.apply(v, src, tgt2)
+    np.testing.assert_allclose(y[:, :6], y2[:, :6], atol=1e-5)
+    assert not np.allclose(y[:, 6:], y2[:, 6:], atol=1e-3)
+    # Appending padding to the source changes nothing.
+    src_padded = jnp.pad(src, ((0, 0), (0, 4)))
+    y3, _ = m.apply(v, src_padded, tgt)
+    np.testing.assert_allclose(y, y3, atol=1e-5)
+
+
+def test_encoder_ignores_padded_keys():
+    m = encoder.Model(variant="tiny", vocab_size=V)
+    x = tokens((2, 6))
+    v = m.init(jax.random.key(0), x)
+    y, _ = m.apply(v, x)
+    y2, _ = m.apply(v, jnp.pad(x, ((0, 0), (0, 5))))
+    np.testing.assert_allclose(y, y2[:, :6], atol=1e-5)
+
+
+def test_encoder_without_positions_is_permutation_equivariant():
+    """Self-attention alone is permutation-equivariant; the learned positions break it."""
+    m = encoder.Model(variant="tiny", vocab_size=V, type_vocab_size=0)
+    x = tokens((1, 8))
+    v = nn.unbox(m.init(jax.random.key(0), x))
+    perm = np.array([3, 1, 7, 0, 5, 2, 6, 4])
+    y, _ = m.apply(v, x)
+    yp, _ = m.apply(v, x[:, perm])
+    assert not np.allclose(y[:, perm], yp, atol=1e-3)
+    flat = jax.tree_util.tree_map_with_path(
+        lambda p, a: jnp.zeros_like(a) if "pos_embed" in str(p) else a, v
+    )
+    y, _ = m.apply(flat, x)
+    yp, _ = m.apply(flat, x[:, perm])
+    np.testing.assert_allclose(y[:, perm], yp, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("scan", [False, True])
+def test_decoder_kv_cache_matches_full_forward(family, scan):
+    m = FAMILIES[family](scan_layers=scan)
+    x = tokens((2, 9))
+    params = m.init(jax.random.key(0), x)["params"]
+    full, _ = m.apply({"params": params}, x)
+    cache = m.init(jax.random.key(0), x, decode=True)["cache"]
+    steps = []
+    for lo, hi in [(0, 4)] + [(i, i + 1) for i in range(4, 9)]:  # a prompt, then single tokens
+        (logits, _), mut = m.apply(
+            {"params": params, "cache": cache}, x[:, lo:hi], decode=True, mutable=["cache"]
+        )
+        cache = mut["cache"]
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
+
+
+def test_transformer_kv_cache_matches_full_forward():
+    m = transformer.Model(variant="tiny", vocab_size=V)
+    src, tgt = tokens((2, 7)), tokens((2, 6), seed=1)
+    params = m.init(jax.random.key(0), src, tgt)["params"]
+    full, _ = m.apply({"params": params}, src, tgt)
+    encoded = m.apply({"params": params}, src, method="encode")
+    dec_in = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+    cache = m.init(jax.random.key(0), encoded, src, dec_in, decode=True, method="decode")["cache"]
+    steps = []
+    for t in range(6):
+        (logits, _), mut = m.apply(
+            {"params": params, "cache": cache},
+            encoded,
+            src,
+            dec_in[:, t : t + 1],
+            decode=True,
+            method="decode",
+            mutable=["cache"],
+        )
+        cache = mut["cache"]
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
+
+
+def test_packed_rows_equal_separate_examples():
+    """Two examples packed in one row with segment ids give each example's own logits."""
+    m = decoder.Model(variant="modern-tiny", vocab_size=V)
+    a, b = tokens((1, 5), seed=1), tokens((1, 4), seed=2)
+    v = m.init(jax.random.key(0), a)
+    packed = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], 1)
+    segs = jnp.array([[1] * 5 + [2] * 4 + [0] * 3])
+    pos = jnp.array([list(range(5)) + list(range(4)) + [0] * 3])
+    y, _ = m.apply(v, packed, segment_ids=segs, positions=pos)
+    np.testing.assert_allclose(y[:, :5], m.apply(v, a)[0], atol=1e-5)
+    np.testing.assert_allclose(y[:, 5:9], m.apply(v, b)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make,inputs",
+    [
+        (lambda **kw: vit.Model(variant="tiny/4", num_classes=5, **kw), (jnp.ones((2, 8, 8, 3)),)),
+        (lambda **kw: encoder.Model(variant="tiny", vocab_size=V, **kw), (tokens((2, 6)),)),
+        (
+            lambda **kw: transformer.Model(variant="tiny", vocab_size=V, **kw),
+            (tokens((2, 6)), tokens((2, 5), seed=3)),
+        ),
+    ],
+    ids=["vit", "encoder", "transformer"],
+)
+def test_scanned_and_unrolled_models_agree(make, inputs):
+    scanned, unrolled = make(scan_layers=True), make()
+    p = nn.unbox(scanned.init(jax.random.key(0), *inputs)["params"])
+    if isinstance(scanned, vit.VisionTransformer):  # a zero head would hide differences
+        p["head"]["kernel"] = jax.random.normal(jax.random.key(1), p["head"]["kernel"].shape)
+    a, _ = scanned.apply({"params": p}, *inputs)
+    b, _ = unrolled.apply({"params": tnn.scanned_to_unrolled(p)}, *inputs)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_bf16_compute_with_fp32_params():
+    m32 = decoder.Model(variant="modern-tiny", vocab_size=V)
+    m16 = decoder.Model(variant="modern-tiny", vocab_size=V, dtype=jnp.bfloat16)
+    x = tokens((2, 8))
+    v = m32.init(jax.random.key(0), x)
+    assert all(
+        a.dtype == jnp.float32 for a in jax.tree.leaves(nn.unbox(m16.init(jax.random.key(0), x)))
+    )
+    y32, _ = m32.apply(v, x)
+    y16, _ = m16.apply(v, x)
+    assert y16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.1)
+
+
+def test_vit_aux_and_pooling():
+    for pool, posemb in (("cls", "learned"), ("gap", "sincos2d")):
+        m = vit.Model(variant="tiny/4", num_classes=None, pool=pool, posemb=posemb)
+        x = jnp.ones((2, 8, 12, 1))
+        out, aux = m.apply(m.init(jax.random.key(0), x), x)
+        assert out.shape == (2, 32) and aux["encoded"].shape == (2, 6 + (pool == "cls"), 32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Learning: a few Adam steps on one fixed batch drive the loss down.
+
+
+def _fit(model, inputs, loss_fn, steps=30):
+    params = model.init(jax.random.key(0), *inputs)["params"]
+    opt = optax.adam(3e-3)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state):
+        loss, g = jax.value_and_grad(lambda p: loss_fn(model.apply({"params": p}, *inputs)[0]))(
+            params
+        )
+        updates, state = opt.update(g, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    losses = []
+    for _ in range(steps):
+        params, state, loss = step(params, state)
+        losses.append(float(loss))
+    return losses
+
+
+def xent(logits, labels):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+@pytest.mark.parametrize(
+    "family", ["transformer", "encoder", "classifier", "decoder", "modern", "vit"]
+)
+def test_few_steps_drive_the_loss_down(family):
+    x = tokens((4, 8))
+    if family == "transformer":
+        m, inputs = transformer.Model(variant="tiny", vocab_size=V), (x, tokens((4, 7), seed=2))
+        loss = lambda lg: xent(lg, inputs[1])  # noqa: E731
+    elif family == "encoder":
+        m, inputs = encoder.Model(variant="tiny", vocab_size=V, dropout_rate=0.0), (x,)
+        loss = lambda lg: xent(lg, x)  # noqa: E731
+    elif family == "classifier":
+        m = encoder.Model(variant="tiny", vocab_size=V, head="classifier", num_classes=3)
+        inputs = (x,)
+        loss = lambda lg: xent(lg, jnp.array([0, 1, 2, 1]))  # noqa: E731
+    elif family in ("decoder", "modern"):
+        m = decoder.Model(variant="tiny" if family == "decoder" else "modern-tiny", vocab_size=V)
+        inputs = (x,)
+        loss = lambda lg: xent(lg[:, :-1], x[:, 1:])  # noqa: E731
+    else:
+        m = vit.Model(variant="tiny/4", num_classes=3)
+        inputs = (jax.random.normal(jax.random.key(1), (4, 8, 8, 3)),)
+        loss = lambda lg: xent(lg, jnp.array([0, 1, 2, 1]))  # noqa: E731
+    losses = _fit(m, inputs, loss)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input.
+
+
+def test_unknown_variant_lists_the_known_ones():
+    with pytest.raises(ValueError, match="variant='gpt5'.*allowed: tiny, gpt2-small"):
+        decoder.Model(variant="gpt5", vocab_size=10)
+    with pytest.raises(ValueError, match="variant='Z/16'.*B/16"):
+        vit.Model(variant="Z/16")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['num_layer'\]"):
+        encoder.Model(variant="tiny", vocab_size=10, num_layer=3)
+    with pytest.raises(ValueError, match=r"missing required field\(s\) \['vocab_size'\]"):
+        transformer.Model(variant="base")
+
+
+def test_bad_inputs_raise_value_errors():
+    d = decoder.Model(variant="tiny", vocab_size=V)
+    v = d.init(jax.random.key(0), TOK)
+    with pytest.raises(ValueError, match="tokens must be \\[B, T\\] integer"):
+        d.apply(v, TOK.astype(jnp.float32))
+    with pytest.raises(ValueError, match="tokens must be \\[B, T\\] integer"):
+        d.apply(v, TOK[0])
+    with pytest.raises(ValueError, match="max_len=256"):
+        d.apply(v, jnp.ones((1, 300), jnp.int32))
+    m = vit.Model(variant="tiny/4", num_classes=3)
+    with pytest.raises(ValueError, match="images must be \\[B, H, W, C\\] floats"):
+        m.init(jax.random.key(0), jnp.ones((2, 8, 8), jnp.float32))
+    with pytest.raises(ValueError, match="not divisible by patch_size=4"):
+        m.init(jax.random.key(0), jnp.ones((2, 9, 8, 3)))
+    with pytest.raises(ValueError, match="num_heads=5 must divide the width 32"):
+        decoder.Model(variant="tiny", vocab_size=V, num_heads=5).init(jax.random.key(0), TOK)
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        decoder.Model(variant="tiny", vocab_size=V, num_kv_heads=3).init(jax.random.key(0), TOK)
+    with pytest.raises(ValueError, match="implementation='fast' is unknown"):
+        decoder.Model(variant="tiny", vocab_size=V, implementation="fast").init(
+            jax.random.key(0), TOK
+        )
+    with pytest.raises(ValueError, match="head='pool' is unknown"):
+        encoder.Model(variant="tiny", vocab_size=V, head="pool")
+    with pytest.raises(ValueError, match="position='t5' is unknown"):
+        decoder.Model(variant="tiny", vocab_size=V, position="t5")
