@@ -13,6 +13,11 @@ from tfjax.models import decoder, encoder, transformer, vit
 V = 61
 
 
+def jit_apply(model):
+    """model.apply compiled once (eager Flax re-traces every scan and is slow on 2 cores)."""
+    return jax.jit(model.apply, static_argnames=("decode", "method", "mutable", "train"))
+
+
 def count(model, *inputs):
     shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes["params"])))
@@ -127,9 +132,9 @@ def test_decoder_is_causal(family):
     m = FAMILIES[family]()
     x = tokens((2, 10))
     v = m.init(jax.random.key(0), x)
-    y, _ = m.apply(v, x)
+    y, _ = jit_apply(m)(v, x)
     x2 = x.at[:, 6:].set(tokens((2, 4), seed=5))
-    y2, _ = m.apply(v, x2)
+    y2, _ = jit_apply(m)(v, x2)
     np.testing.assert_allclose(y[:, :6], y2[:, :6], atol=1e-5)
     assert not np.allclose(y[:, 6:], y2[:, 6:], atol=1e-3)
 
@@ -138,15 +143,15 @@ def test_transformer_decoder_is_causal_and_ignores_source_padding():
     m = transformer.Model(variant="tiny", vocab_size=V)
     src, tgt = tokens((2, 9)), tokens((2, 8), seed=1)
     v = m.init(jax.random.key(0), src, tgt)
-    y, _ = m.apply(v, src, tgt)
+    y, _ = jit_apply(m)(v, src, tgt)
     # targets[t] enters the decoder at t + 1: logits up to t do not depend on it.
     tgt2 = tgt.at[:, 5:].set(tokens((2, 3), seed=7))
-    y2, _ = m.apply(v, src, tgt2)
+    y2, _ = jit_apply(m)(v, src, tgt2)
     np.testing.assert_allclose(y[:, :6], y2[:, :6], atol=1e-5)
     assert not np.allclose(y[:, 6:], y2[:, 6:], atol=1e-3)
     # Appending padding to the source changes nothing.
     src_padded = jnp.pad(src, ((0, 0), (0, 4)))
-    y3, _ = m.apply(v, src_padded, tgt)
+    y3, _ = jit_apply(m)(v, src_padded, tgt)
     np.testing.assert_allclose(y, y3, atol=1e-5)
 
 
@@ -154,8 +159,8 @@ def test_encoder_ignores_padded_keys():
     m = encoder.Model(variant="tiny", vocab_size=V)
     x = tokens((2, 6))
     v = m.init(jax.random.key(0), x)
-    y, _ = m.apply(v, x)
-    y2, _ = m.apply(v, jnp.pad(x, ((0, 0), (0, 5))))
+    y, _ = jit_apply(m)(v, x)
+    y2, _ = jit_apply(m)(v, jnp.pad(x, ((0, 0), (0, 5))))
     np.testing.assert_allclose(y, y2[:, :6], atol=1e-5)
 
 
@@ -165,14 +170,14 @@ def test_encoder_without_positions_is_permutation_equivariant():
     x = tokens((1, 8))
     v = nn.unbox(m.init(jax.random.key(0), x))
     perm = np.array([3, 1, 7, 0, 5, 2, 6, 4])
-    y, _ = m.apply(v, x)
-    yp, _ = m.apply(v, x[:, perm])
+    y, _ = jit_apply(m)(v, x)
+    yp, _ = jit_apply(m)(v, x[:, perm])
     assert not np.allclose(y[:, perm], yp, atol=1e-3)
     flat = jax.tree_util.tree_map_with_path(
         lambda p, a: jnp.zeros_like(a) if "pos_embed" in str(p) else a, v
     )
-    y, _ = m.apply(flat, x)
-    yp, _ = m.apply(flat, x[:, perm])
+    y, _ = jit_apply(m)(flat, x)
+    yp, _ = jit_apply(m)(flat, x[:, perm])
     np.testing.assert_allclose(y[:, perm], yp, atol=1e-5)
 
 
@@ -182,12 +187,13 @@ def test_decoder_kv_cache_matches_full_forward(family, scan):
     m = FAMILIES[family](scan_layers=scan)
     x = tokens((2, 9))
     params = m.init(jax.random.key(0), x)["params"]
-    full, _ = m.apply({"params": params}, x)
+    apply = jit_apply(m)
+    full, _ = apply({"params": params}, x)
     cache = m.init(jax.random.key(0), x, decode=True)["cache"]
     steps = []
     for lo, hi in [(0, 4)] + [(i, i + 1) for i in range(4, 9)]:  # a prompt, then single tokens
-        (logits, _), mut = m.apply(
-            {"params": params, "cache": cache}, x[:, lo:hi], decode=True, mutable=["cache"]
+        (logits, _), mut = apply(
+            {"params": params, "cache": cache}, x[:, lo:hi], decode=True, mutable=("cache",)
         )
         cache = mut["cache"]
         steps.append(logits)
@@ -198,20 +204,21 @@ def test_transformer_kv_cache_matches_full_forward():
     m = transformer.Model(variant="tiny", vocab_size=V)
     src, tgt = tokens((2, 7)), tokens((2, 6), seed=1)
     params = m.init(jax.random.key(0), src, tgt)["params"]
-    full, _ = m.apply({"params": params}, src, tgt)
-    encoded = m.apply({"params": params}, src, method="encode")
+    apply = jit_apply(m)
+    full, _ = apply({"params": params}, src, tgt)
+    encoded = apply({"params": params}, src, method="encode")
     dec_in = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
     cache = m.init(jax.random.key(0), encoded, src, dec_in, decode=True, method="decode")["cache"]
     steps = []
     for t in range(6):
-        (logits, _), mut = m.apply(
+        (logits, _), mut = apply(
             {"params": params, "cache": cache},
             encoded,
             src,
             dec_in[:, t : t + 1],
             decode=True,
             method="decode",
-            mutable=["cache"],
+            mutable=("cache",),
         )
         cache = mut["cache"]
         steps.append(logits)
@@ -226,9 +233,9 @@ def test_packed_rows_equal_separate_examples():
     packed = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], 1)
     segs = jnp.array([[1] * 5 + [2] * 4 + [0] * 3])
     pos = jnp.array([list(range(5)) + list(range(4)) + [0] * 3])
-    y, _ = m.apply(v, packed, segment_ids=segs, positions=pos)
-    np.testing.assert_allclose(y[:, :5], m.apply(v, a)[0], atol=1e-5)
-    np.testing.assert_allclose(y[:, 5:9], m.apply(v, b)[0], atol=1e-5)
+    y, _ = jit_apply(m)(v, packed, segment_ids=segs, positions=pos)
+    np.testing.assert_allclose(y[:, :5], jit_apply(m)(v, a)[0], atol=1e-5)
+    np.testing.assert_allclose(y[:, 5:9], jit_apply(m)(v, b)[0], atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -248,8 +255,8 @@ def test_scanned_and_unrolled_models_agree(make, inputs):
     p = nn.unbox(scanned.init(jax.random.key(0), *inputs)["params"])
     if isinstance(scanned, vit.VisionTransformer):  # a zero head would hide differences
         p["head"]["kernel"] = jax.random.normal(jax.random.key(1), p["head"]["kernel"].shape)
-    a, _ = scanned.apply({"params": p}, *inputs)
-    b, _ = unrolled.apply({"params": tnn.scanned_to_unrolled(p)}, *inputs)
+    a, _ = jit_apply(scanned)({"params": p}, *inputs)
+    b, _ = jit_apply(unrolled)({"params": tnn.scanned_to_unrolled(p)}, *inputs)
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
@@ -261,8 +268,8 @@ def test_bf16_compute_with_fp32_params():
     assert all(
         a.dtype == jnp.float32 for a in jax.tree.leaves(nn.unbox(m16.init(jax.random.key(0), x)))
     )
-    y32, _ = m32.apply(v, x)
-    y16, _ = m16.apply(v, x)
+    y32, _ = jit_apply(m32)(v, x)
+    y16, _ = jit_apply(m16)(v, x)
     assert y16.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.1)
 
@@ -371,3 +378,39 @@ def test_bad_inputs_raise_value_errors():
         encoder.Model(variant="tiny", vocab_size=V, head="pool")
     with pytest.raises(ValueError, match="position='t5' is unknown"):
         decoder.Model(variant="tiny", vocab_size=V, position="t5")
+
+
+# ----------------------------------------------------------------------------------------------
+# Packaging and sharding metadata.
+
+
+def test_import_needs_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tfjax, tfjax.nn\n"
+        "from tfjax.models import transformer, encoder, decoder, vit\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "model,inputs",
+    [
+        (transformer.Model(variant="tiny", vocab_size=V, share_embeddings=False), (TOK, TOK)),
+        (encoder.Model(variant="tiny", vocab_size=V), (TOK,)),
+        (encoder.Model(variant="tiny", vocab_size=V, head="classifier"), (TOK,)),
+        (decoder.Model(variant="modern-tiny", vocab_size=V, scan_layers=True), (TOK,)),
+        (vit.Model(variant="tiny/4", num_classes=3), (jnp.ones((1, 8, 8, 3)),)),
+    ],
+    ids=["transformer", "encoder", "classifier", "decoder", "vit"],
+)
+def test_every_parameter_has_logical_axis_names(model, inputs):
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]
+    boxed = jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    assert boxed and all(isinstance(b, nn.LogicallyPartitioned) for b in boxed)
+    for b in boxed:
+        assert len(b.names) == len(b.value.shape), b
