@@ -1,0 +1,180 @@
+"""Greedy, sampling and beam search: equivalences, the KV cache, EOS handling, bad input."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import decode
+from tfjax.models import decoder, transformer
+
+V, EOS = 40, 3
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    m = decoder.Model(variant="modern-tiny", vocab_size=V)
+    return m, m.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+
+
+@pytest.fixture(scope="module")
+def encdec():
+    m = transformer.Model(variant="tiny", vocab_size=V)
+    src = jnp.ones((1, 5), jnp.int32)
+    return m, m.init(jax.random.key(1), src, src)["params"]
+
+
+PROMPTS = jnp.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 12, 13, 0]])
+SOURCES = jnp.array([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0]])
+
+
+def both(gpt, encdec):
+    return [(gpt[0], gpt[1], PROMPTS), (encdec[0], encdec[1], SOURCES)]
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["decoder", "encoder-decoder"])
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_cache_equals_recomputing_the_prefix(gpt, encdec, kind, method):
+    model, params, inputs = both(gpt, encdec)[kind]
+    if method == "beam" and kind == 0:
+        inputs = PROMPTS[:, :2]  # beam search takes equal-length prompts
+    kw = dict(max_new_tokens=7, eos_id=EOS, method=method)
+    t1, s1 = decode.generate(model, params, inputs, use_cache=True, **kw)
+    t2, s2 = decode.generate(model, params, inputs, use_cache=False, **kw)
+    np.testing.assert_array_equal(t1, t2)
+    np.testing.assert_allclose(s1, s2, atol=1e-4)
+
+
+def test_greedy_continues_each_prompt_by_its_own_argmax(gpt):
+    """Row by row, the continuation is the argmax of the full forward pass at every step."""
+    model, params = gpt
+    tokens, _ = decode.generate(model, params, PROMPTS, max_new_tokens=5, eos_id=EOS)
+    for row, length in zip(PROMPTS, (4, 2, 3), strict=True):
+        seq = list(np.asarray(row[:length]))
+        for _ in range(5):
+            logits, _ = model.apply({"params": params}, jnp.array([seq]))
+            nxt = int(jnp.argmax(logits[0, -1]))
+            seq.append(nxt)
+            if nxt == EOS:
+                break
+        got = [int(t) for t in tokens[list(map(list, PROMPTS)).index(list(row))]][
+            : len(seq) - length
+        ]
+        assert got == seq[length:]
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["decoder", "encoder-decoder"])
+def test_beam_of_one_and_top_k_of_one_equal_greedy(gpt, encdec, kind):
+    model, params, inputs = both(gpt, encdec)[kind]
+    inputs = inputs[:, :2] if kind == 0 else inputs
+    kw = dict(max_new_tokens=6, eos_id=EOS)
+    greedy, g_scores = decode.generate(model, params, inputs, **kw)
+    beam, _ = decode.generate(model, params, inputs, method="beam", beam_size=1, alpha=0.0, **kw)
+    np.testing.assert_array_equal(greedy, beam)
+    top1, t_scores = decode.generate(
+        model, params, inputs, method="sample", top_k=1, rng=jax.random.key(3), **kw
+    )
+    np.testing.assert_array_equal(greedy, top1)
+    np.testing.assert_allclose(g_scores, t_scores, atol=1e-5)
+
+
+def test_sampling_is_reproducible(gpt):
+    model, params = gpt
+    kw = dict(max_new_tokens=8, eos_id=EOS, method="sample", temperature=2.0, top_p=0.95)
+    a, _ = decode.generate(model, params, PROMPTS, rng=jax.random.key(1), **kw)
+    b, _ = decode.generate(model, params, PROMPTS, rng=jax.random.key(1), **kw)
+    c, _ = decode.generate(model, params, PROMPTS, rng=jax.random.key(2), **kw)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_top_p_keeps_the_nucleus():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = decode._filter_logits(logits, 1.0, 0, 0.7) > -1e29
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = decode._filter_logits(logits, 1.0, 0, 0.85) > -1e29
+    assert kept.tolist() == [[True, True, True, False]]
+    kept = decode._filter_logits(logits, 1.0, 2, 1.0) > -1e29
+    assert kept.tolist() == [[True, True, False, False]]
+
+
+class Bigram(nn.Module):
+    """next-token log-probs = table[current token]: a model whose sequence scores are known."""
+
+    table: tuple  # [V, V] log-probabilities, as nested tuples (jit needs a hashable model)
+    vocab_size: int = 6
+    max_len: int = 16
+
+    @nn.compact
+    def __call__(self, tokens, *, decode=False, train=False):
+        if decode:  # a cache collection like the real models' (the bigram needs no state)
+            self.variable("cache", "steps", lambda: jnp.zeros((), jnp.int32))
+        return jnp.asarray(self.table)[tokens], {}
+
+
+def bigram_table():
+    """From token 1: A=4 (p 0.6) or B=5 (p 0.4). After A, four tokens at 0.25 each, EOS among
+    them; after B, EOS with 0.97. Greedy takes A then EOS (0.15); beam finds B, EOS (0.388)."""
+    p = np.full((6, 6), 1e-9)
+    p[1, 4], p[1, 5] = 0.6, 0.4
+    p[4, [1, 2, EOS, 4]] = 0.25
+    p[5, EOS], p[5, 2] = 0.97, 0.03
+    p[EOS, EOS] = p[2, EOS] = 1.0  # anything after the end
+    return tuple(map(tuple, np.log(p / p.sum(1, keepdims=True)).astype(np.float32).tolist()))
+
+
+def test_beam_search_finds_the_more_probable_sequence():
+    model = Bigram(table=bigram_table())
+    prompt = jnp.array([[1]])
+    greedy, g_score = decode.generate(model, {}, prompt, max_new_tokens=4, eos_id=EOS)
+    beam, b_score = decode.generate(
+        model, {}, prompt, max_new_tokens=4, eos_id=EOS, method="beam", beam_size=2, alpha=0.0
+    )
+    assert greedy[0, 0] == 4 and beam[0].tolist()[:2] == [5, EOS]
+    assert float(b_score[0]) == pytest.approx(np.log(0.4 * 0.97), abs=1e-4)
+    assert float(b_score[0]) > float(g_score[0])
+
+
+def test_finished_sequences_are_padded_and_stop_scoring():
+    model = Bigram(table=bigram_table())
+    tokens, score = decode.generate(model, {}, jnp.array([[5]]), max_new_tokens=6, eos_id=EOS)
+    assert tokens[0].tolist() == [EOS, 0, 0, 0, 0, 0]
+    assert float(score[0]) == pytest.approx(np.log(0.97), abs=1e-4)
+    beam, b_score = decode.generate(
+        model,
+        {},
+        jnp.array([[5]]),
+        max_new_tokens=6,
+        eos_id=EOS,
+        method="beam",
+        beam_size=3,
+        alpha=0.6,
+    )
+    assert beam[0].tolist() == [EOS, 0, 0, 0, 0, 0]
+    # Length 1 -> penalty ((5 + 1) / 6)^0.6 = 1.
+    assert float(b_score[0]) == pytest.approx(np.log(0.97), abs=1e-4)
+
+
+def test_bad_options_name_themselves(gpt):
+    model, params = gpt
+    kw = dict(max_new_tokens=4, eos_id=EOS)
+    with pytest.raises(ValueError, match="exceeds the model's max_len=256"):
+        decode.generate(model, params, PROMPTS, max_new_tokens=300, eos_id=EOS)
+    with pytest.raises(ValueError, match="row 1 is empty"):
+        decode.generate(model, params, jnp.array([[5, 6], [0, 0]]), **kw)
+    with pytest.raises(ValueError, match="token id 99, outside the vocabulary"):
+        decode.generate(model, params, jnp.array([[5, 99]]), **kw)
+    with pytest.raises(ValueError, match="beam_size must be at least 1, got 0"):
+        decode.generate(model, params, PROMPTS, method="beam", beam_size=0, **kw)
+    for top_p in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+            decode.generate(
+                model, params, PROMPTS, method="sample", top_p=top_p, rng=jax.random.key(0), **kw
+            )
+    with pytest.raises(ValueError, match="method='nucleus' is unknown"):
+        decode.generate(model, params, PROMPTS, method="nucleus", **kw)
+    with pytest.raises(ValueError, match="needs an rng"):
+        decode.generate(model, params, PROMPTS, method="sample", **kw)
+    with pytest.raises(ValueError, match="equal length"):
+        decode.generate(model, params, PROMPTS, method="beam", **kw)

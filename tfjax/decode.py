@@ -1,0 +1,421 @@
+"""Generation: greedy, temperature / top-k / top-p sampling and beam search, with a KV cache.
+
+Letters: B batch, K beams, L buffer length, P prompt length, V vocab.
+
+    tokens, scores = decode.generate(model, params, inputs, max_new_tokens=50, eos_id=eos)
+
+`model` is a `tfjax.models.decoder` model (inputs: prompts [B, P], right-padded with 0; the
+result continues each prompt) or a `tfjax.models.transformer` model (inputs: source ids
+[B, S]; the result is the target sequence). `tokens` [B, max_new_tokens] holds the generated
+ids, 0 (padding) after an EOS; `scores` [B] the sum of their log-probabilities under the model
+(for beam search divided by the length penalty ((5 + length) / 6)^alpha of Wu et al., 2016,
+which the paper uses with beam 4 and alpha 0.6).
+
+Everything after the argument checks is one jitted `lax.while_loop`. With `use_cache=True`
+each step feeds one token through the model's KV cache; `use_cache=False` recomputes the whole
+prefix every step (the reference the tests compare against, and the benchmark's baseline).
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+METHODS = ("greedy", "sample", "beam")
+_NEG = -1e30  # a finite "minus infinity": keeps arithmetic on dead beams NaN-free
+
+
+def _is_encoder_decoder(model) -> bool:
+    return hasattr(model, "encode")
+
+
+def _check(model, inputs, *, method, max_new_tokens, eos_id, beam_size, temperature, top_k, top_p):
+    """Host-side validation: every message names the option and what is allowed."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is unknown; allowed: {METHODS}")
+    inputs = np.asarray(inputs)
+    if inputs.ndim != 2 or not np.issubdtype(inputs.dtype, np.integer):
+        raise ValueError(f"inputs must be [B, P] integer ids, got {inputs.shape} {inputs.dtype}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    vocab = model.vocab_size
+    if inputs.size and (inputs.min() < 0 or inputs.max() >= vocab):
+        bad = inputs[(inputs < 0) | (inputs >= vocab)][0]
+        raise ValueError(f"inputs hold token id {bad}, outside the vocabulary [0, {vocab})")
+    if not 0 <= eos_id < vocab:
+        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab})")
+    lengths = _lengths(inputs)
+    if (lengths == 0).any():
+        row = int(np.argmax(lengths == 0))
+        raise ValueError(f"inputs row {row} is empty (all padding); give at least one token")
+    if method == "beam" and beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if method == "sample":
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not _is_encoder_decoder(model):
+        total = inputs.shape[1] + max_new_tokens
+        if total > model.max_len:
+            raise ValueError(
+                f"prompt length {inputs.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
+                f"exceeds the model's max_len={model.max_len}"
+            )
+        if method == "beam" and (lengths != inputs.shape[1]).any():
+            raise ValueError("beam search needs prompts of equal length (no padding)")
+    return lengths
+
+
+def _lengths(inputs):
+    """Length of each right-padded row: one past its last non-zero id."""
+    nonzero = np.asarray(inputs) != 0
+    return np.where(nonzero.any(1), nonzero.shape[1] - np.argmax(nonzero[:, ::-1], 1), 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model side: a step function mapping the tokens at one position to next-token logits.
+
+
+class _Stepper:
+    """Wraps a model into init_state(batch) and step(state, tokens [B, T], i) -> logits.
+
+    With the cache the state is the model's "cache" collection; without it the state is unused
+    and `step` reruns the model on the whole buffer (given as `buffer`) and reads position i.
+    """
+
+    def __init__(self, model, params, length, use_cache, inputs=None, encoded=None):
+        self.model, self.params, self.length, self.use_cache = model, params, length, use_cache
+        self.enc_dec = _is_encoder_decoder(model)
+        self.inputs = inputs  # [B, S] source ids (encoder-decoder only)
+        self.encoded = encoded  # [B, S, D] encoder output, computed once
+        if self.enc_dec and encoded is None:
+            self.encoded = model.apply({"params": params}, inputs, method="encode")
+
+    def repeat(self, k):
+        """The same stepper for K beams per row (source and encoder output repeated)."""
+        if not self.enc_dec:
+            return self
+        rep = functools.partial(jnp.repeat, repeats=k, axis=0)
+        return _Stepper(
+            self.model,
+            self.params,
+            self.length,
+            self.use_cache,
+            rep(self.inputs),
+            rep(self.encoded),
+        )
+
+    def _call(self, variables, tokens, decode, mutable=False):
+        if self.enc_dec:
+            return self.model.apply(
+                variables,
+                self.encoded,
+                self.inputs,
+                tokens,
+                decode=decode,
+                method="decode",
+                mutable=mutable,
+            )
+        return self.model.apply(variables, tokens, decode=decode, mutable=mutable)
+
+    def init_state(self, batch):
+        if not self.use_cache:
+            return jnp.zeros((), jnp.int32)
+        tokens = jnp.zeros((batch, self.length), jnp.int32)
+        shapes = jax.eval_shape(
+            lambda: self._call({"params": self.params}, tokens, True, mutable=["cache"])[1]
+        )
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
+
+    def prefill(self, state, tokens):
+        """Feeds a prompt's first tokens [B, T] into the cache (nothing to do without one)."""
+        if not self.use_cache or tokens.shape[1] == 0:
+            return state
+        return self.step(state, tokens, 0, None)[1]
+
+    def step(self, state, tokens, i, buffer):
+        """Logits [B, T, V] for `tokens` at positions i.. (cached) or for buffer[:, i]."""
+        if self.use_cache:
+            (logits, _), mut = self._call(
+                {"params": self.params, "cache": state}, tokens, True, mutable=["cache"]
+            )
+            return logits, mut["cache"]
+        logits, _ = self._call({"params": self.params}, buffer, False)
+        return lax.dynamic_slice_in_dim(logits, i, tokens.shape[1], axis=1), state
+
+
+# ----------------------------------------------------------------------------------------------
+# Greedy and sampling.
+
+
+def _filter_logits(logits, temperature, top_k, top_p):
+    """Temperature, then top-k, then nucleus (top-p) filtering of [B, V] logits."""
+    logits = logits / temperature
+    if top_k:
+        kth = lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, _NEG, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+        cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        cutoff_index = jnp.sum(cum < top_p, axis=-1, keepdims=True)
+        cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
+        logits = jnp.where(logits < cutoff, _NEG, logits)
+    return logits
+
+
+def _sample_loop(
+    stepper, buffer, lengths, min_length, *, eos_id, method, temperature, top_k, top_p, rng
+):
+    """Token-by-token loop; buffer [B, L] holds each prompt (lengths [B]), right-padded."""
+    b, total = buffer.shape
+    start = min_length - 1  # the first position whose next token is not forced in every row
+    state = stepper.init_state(b)
+    state = stepper.prefill(state, buffer[:, :start])  # the prompts' shared part, in one call
+
+    def cond(c):
+        i, _, _, done, _ = c
+        return (i < total - 1) & ~jnp.all(done & (i + 1 >= lengths))
+
+    def body(c):
+        i, buffer, state, done, scores = c
+        logits, state = stepper.step(state, lax.dynamic_slice_in_dim(buffer, i, 1, 1), i, buffer)
+        logits = logits[:, 0].astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits)
+        if method == "greedy":
+            nxt = jnp.argmax(logits, -1)
+        else:
+            filtered = _filter_logits(logits, temperature, top_k, top_p)
+            nxt = jax.random.categorical(jax.random.fold_in(rng, i), filtered)
+        forced = i + 1 < lengths
+        prompt_next = lax.dynamic_slice_in_dim(buffer, i + 1, 1, 1)[:, 0]
+        nxt = jnp.where(forced, prompt_next, jnp.where(done, 0, nxt)).astype(buffer.dtype)
+        gained = jnp.take_along_axis(logp, nxt[:, None], -1)[:, 0]
+        scores = scores + jnp.where(forced | done, 0.0, gained)
+        done = done | (~forced & (nxt == eos_id))
+        buffer = lax.dynamic_update_slice_in_dim(buffer, nxt[:, None], i + 1, 1)
+        return i + 1, buffer, state, done, scores
+
+    init = (jnp.asarray(start), buffer, state, jnp.zeros(b, bool), jnp.zeros(b))
+    _, buffer, _, _, scores = lax.while_loop(cond, body, init)
+    return buffer, scores
+
+
+# ----------------------------------------------------------------------------------------------
+# Beam search.
+
+
+def _length_penalty(length, alpha):
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _gather_beams(tree, index, batch, beams, scanned):
+    """Reorders every batched leaf of [B * K, ...] (or [layers, B * K, ...]) by index [B, K]."""
+    flat = (index + beams * jnp.arange(batch)[:, None]).reshape(-1)
+
+    def gather(path, x):
+        axis = 1 if scanned and any(getattr(p, "key", None) == "layers" for p in path) else 0
+        if x.ndim <= axis or x.shape[axis] != batch * beams:
+            return x  # cache indices: not per example
+        return jnp.take(x, flat, axis=axis)
+
+    return jax.tree_util.tree_map_with_path(gather, tree)
+
+
+def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens):
+    b, p = prompt.shape
+    k, total = beam_size, p + max_new_tokens
+    scanned = getattr(stepper.model, "scan_layers", False)
+    stepper = stepper.repeat(k)
+    # [B, K, L]: every beam starts as the prompt; only beam 0 is alive at first.
+    seqs = jnp.zeros((b, k, total), jnp.int32).at[:, :, :p].set(prompt[:, None])
+    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (k - 1)), (b, 1))
+    state = stepper.init_state(b * k)
+    state = stepper.prefill(state, seqs[:, :, : p - 1].reshape(b * k, -1))
+    fin_seqs = jnp.zeros_like(seqs)
+    fin_scores = jnp.full((b, k), _NEG)
+    max_penalty = _length_penalty(max_new_tokens, alpha)
+
+    def cond(c):
+        i, _, live_logp, _, fin_scores, _ = c
+        # Stop early once no live beam can beat the worst finished one, even at full length.
+        best_possible = live_logp[:, 0] / max_penalty
+        hopeless = jnp.all(fin_scores[:, -1] >= best_possible)
+        return (i < total - 1) & ~hopeless
+
+    def body(c):
+        i, seqs, live_logp, fin_seqs, fin_scores, state = c
+        flat = seqs.reshape(b * k, total)
+        logits, state = stepper.step(state, lax.dynamic_slice_in_dim(flat, i, 1, 1), i, flat)
+        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(b, k, -1)
+        vocab = logp.shape[-1]
+        # [B, K * V] candidate scores; the best 2K always hold K that do not end in EOS.
+        cand = (live_logp[..., None] + logp).reshape(b, k * vocab)
+        top_logp, top_idx = lax.top_k(cand, 2 * k)
+        origin, token = top_idx // vocab, top_idx % vocab
+        top_seqs = jnp.take_along_axis(seqs, origin[..., None], axis=1)
+        top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, token[..., None], i + 1, 2)
+        is_eos = token == eos_id
+        # Finished: EOS candidates, scored with the length penalty, merged with earlier ones.
+        length = (i + 2 - p).astype(jnp.float32)
+        fin_cand = jnp.where(is_eos, top_logp / _length_penalty(length, alpha), _NEG)
+        all_scores = jnp.concatenate([fin_scores, fin_cand], 1)
+        all_seqs = jnp.concatenate([fin_seqs, top_seqs], 1)
+        fin_scores, keep = lax.top_k(all_scores, k)
+        fin_seqs = jnp.take_along_axis(all_seqs, keep[..., None], axis=1)
+        # Live: the best K candidates that did not end.
+        live_logp, keep = lax.top_k(jnp.where(is_eos, _NEG, top_logp), k)
+        seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
+        state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, scanned)
+        return i + 1, seqs, live_logp, fin_seqs, fin_scores, state
+
+    init = (jnp.asarray(p - 1), seqs, live_logp, fin_seqs, fin_scores, state)
+    _, seqs, live_logp, fin_seqs, fin_scores, _ = lax.while_loop(cond, body, init)
+    # Rows where no beam finished return their best live beam, scored at full length.
+    none_finished = fin_scores[:, 0] <= _NEG / 2
+    best = jnp.where(none_finished[:, None], seqs[:, 0], fin_seqs[:, 0])
+    score = jnp.where(none_finished, live_logp[:, 0] / max_penalty, fin_scores[:, 0])
+    return best, score
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "model",
+        "max_new_tokens",
+        "eos_id",
+        "method",
+        "beam_size",
+        "alpha",
+        "temperature",
+        "top_k",
+        "top_p",
+        "use_cache",
+        "min_length",
+    ),
+)
+def _generate(
+    model,
+    params,
+    inputs,
+    lengths,
+    rng,
+    *,
+    max_new_tokens,
+    eos_id,
+    method,
+    beam_size,
+    alpha,
+    temperature,
+    top_k,
+    top_p,
+    use_cache,
+    min_length,
+):
+    b, width = inputs.shape
+    if _is_encoder_decoder(model):
+        prompt_len = 1  # the start token 0
+        stepper = _Stepper(model, params, max_new_tokens + 1, use_cache, inputs)
+        prompt = jnp.zeros((b, 1), jnp.int32)
+        lengths = jnp.ones(b, jnp.int32)
+    else:
+        prompt_len = width
+        stepper = _Stepper(model, params, width + max_new_tokens, use_cache)
+        prompt = inputs.astype(jnp.int32)
+    if method == "beam":
+        seqs, scores = _beam_loop(
+            stepper,
+            prompt,
+            eos_id=eos_id,
+            beam_size=beam_size,
+            alpha=alpha,
+            max_new_tokens=max_new_tokens,
+        )
+        return seqs[:, prompt_len:], scores
+    buffer = jnp.pad(prompt, ((0, 0), (0, max_new_tokens)))
+    buffer, scores = _sample_loop(
+        stepper,
+        buffer,
+        lengths,
+        min_length,
+        eos_id=eos_id,
+        method=method,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        rng=rng,
+    )
+    # Each row's continuation starts right after its own prompt: [B, max_new_tokens].
+    idx = lengths[:, None] + jnp.arange(max_new_tokens)[None]
+    return jnp.take_along_axis(buffer, idx, axis=1), scores
+
+
+def generate(
+    model: nn.Module,
+    params: Any,
+    inputs,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    method: str = "greedy",
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    rng=None,
+    use_cache: bool = True,
+):
+    """Generates up to `max_new_tokens` tokens per row; see the module docstring.
+
+    Args:
+      model: a decoder (prompt -> continuation) or transformer (source -> target) model.
+      params: its parameters (plain arrays or logically boxed).
+      inputs: [B, P] prompts right-padded with 0, or [B, S] source ids.
+      method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha).
+      rng: a PRNG key for sampling (the same key gives the same samples).
+      use_cache: feed one token per step through the KV cache (False recomputes the prefix).
+    Returns:
+      (tokens [B, max_new_tokens] int32, scores [B] float32).
+    """
+    lengths = _check(
+        model,
+        inputs,
+        method=method,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        beam_size=beam_size,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
+    if method == "sample" and rng is None:
+        raise ValueError('method="sample" needs an rng')
+    rng = jax.random.key(0) if rng is None else rng
+    return _generate(
+        model,
+        nn.unbox(params),
+        jnp.asarray(inputs),
+        jnp.asarray(lengths, jnp.int32),
+        rng,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        method=method,
+        beam_size=beam_size,
+        alpha=alpha,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        use_cache=use_cache,
+        min_length=int(lengths.min()) if not _is_encoder_decoder(model) else 1,
+    )
