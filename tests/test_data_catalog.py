@@ -1,0 +1,77 @@
+"""Each catalog dataset's config builds batches of the right shapes from TFDS mock data (nothing
+is downloaded), and importing tfjax never pulls in TensorFlow."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+import tfjax.data as td
+from tfjax.data import embedded
+
+CATALOG = [name for name in td.CATALOG if name not in embedded.BUILDERS]
+
+
+def test_the_issue_catalog_is_there():
+    expected = {"mnist", "cifar10", "imagenet2012", "wmt14_translate/de-en", "lm1b", "glue/sst2"}
+    assert set(CATALOG) == expected
+
+
+@pytest.mark.parametrize("name", CATALOG)
+def test_catalog_config_builds_batches_from_mock_data(name, tmp_path):
+    config = td.default_dataset_config(name)
+    if "seq_len" in config:  # smaller than the real settings: quick, same code path
+        config.seq_len, config.vocab_size = 32, 300
+    batch_size = 4
+    with tfds.testing.mock_data(num_examples=10):
+        for split, train in ((config.train_split, True), (config.eval_split, False)):
+            with td.make_loader(
+                config,
+                split=split,
+                batch_size=batch_size,
+                seed=0,
+                shuffle=train,
+                num_epochs=1,
+                data_dir=tmp_path,
+            ) as loader:
+                batches = list(loader)
+            spec = loader.element_spec
+            assert batches and (loader.num_batches in (None, len(batches)))
+            for batch in batches:
+                assert batch.keys() == spec.keys()
+                for k, v in batch.items():
+                    assert (v.shape, v.dtype) == (spec[k].shape, spec[k].dtype), k
+    if "image" in spec:
+        b, h, w, c = spec["image"].shape
+        assert (b, h, w, c) == (
+            batch_size,
+            config.image_size,
+            config.image_size,
+            config.num_channels,
+        )
+        images = np.concatenate([b["image"] for b in batches])
+        assert images.min() >= -1 and images.max() <= 1 and images.std() > 0.1
+    if "label" in spec:
+        labels = np.concatenate([b["label"] for b in batches])
+        assert ((labels >= 0) & (labels < config.num_classes)).all()
+    if "image" not in spec:
+        vocab = loader.tokenizer.vocab_size
+        assert isinstance(loader.tokenizer, td.SentencePieceTokenizer)  # trained on mock text
+        for batch in batches:
+            for key in ("tokens", "inputs", "targets"):
+                if key in batch:
+                    assert batch[key].max() < vocab and (batch[key] > 0).any()
+
+
+def test_import_tfjax_does_not_import_tensorflow():
+    code = (
+        "import sys, tfjax\n"
+        "import tfjax.models\n"
+        "heavy = ('tensorflow', 'tensorflow_datasets', 'grain', 'sentencepiece')\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in heavy], 'tfjax'\n"
+        "import tfjax.data\n"
+        "assert 'tensorflow' not in sys.modules, 'tfjax.data imported TensorFlow'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

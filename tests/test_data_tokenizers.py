@@ -1,0 +1,97 @@
+"""Tokenizers: round trips, the shared special ids, SentencePiece trained once and reused."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import tfjax.data as td
+from tfjax.data import catalog, tokenizers
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading and  double  spaces,\ttabs and\nnewlines\n",
+    "naïve café — 数字 ✓ 🙂",
+    "",
+]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    path = tmp_path_factory.getbasetemp() / "tfjax_data"  # shared with the other data tests
+    td.prepare("pydoc", path)
+    return path
+
+
+def test_byte_tokenizer_round_trips_and_special_ids():
+    tok = td.ByteTokenizer()
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert tok.vocab_size == 261
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids.dtype == np.int32 and (ids >= 5).all() and (ids < tok.vocab_size).all()
+        assert tok.decode(ids) == text
+    ids = tok.encode("ab")
+    # decode reads model output: skips pad/bos/mask and stops at the first eos
+    assert tok.decode([td.BOS_ID, *ids, td.MASK_ID, td.EOS_ID, *tok.encode("junk"), 0]) == "ab"
+
+
+def test_sentencepiece_is_trained_once_and_reused(data_dir, monkeypatch):
+    config = {"name": "pydoc", "tokenizer": "sentencepiece", "vocab_size": 700}
+    path = td.tokenizer_path(config, data_dir)
+    assert path.startswith(str(data_dir)) and not os.path.exists(path)
+    tok = td.get_tokenizer(config, data_dir)
+    assert os.path.exists(path) and tok.path == path
+    assert 300 < tok.vocab_size <= 700
+    mtime = os.path.getmtime(path)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("SentencePiece was trained a second time")
+
+    monkeypatch.setattr(catalog, "train_sentencepiece", no_training)
+    again = td.get_tokenizer(config, data_dir)
+    with td.make_loader(
+        config,
+        split="test",
+        batch_size=2,
+        seed=0,
+        shuffle=False,
+        num_epochs=1,
+        data_dir=data_dir,
+    ) as loader:
+        batch = next(loader)
+    assert os.path.getmtime(path) == mtime
+    assert again.vocab_size == loader.tokenizer.vocab_size == tok.vocab_size
+    assert batch["tokens"].max() < tok.vocab_size
+
+    # Round trips, on the corpus and on text it never saw (bytes fall back).
+    paragraphs = [
+        r["text"].decode() for r in td.open_source("pydoc", "test", data_dir).read(range(50))
+    ]
+    for text in TEXTS + paragraphs:
+        assert tok.decode(tok.encode(text)) == text
+    long_text = " ".join(paragraphs)
+    assert len(tok.encode(long_text)) < 0.5 * len(long_text.encode())  # it learnt pieces
+
+    # The shared special ids, and the tokenizer travels to worker processes.
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert tok.decode([td.BOS_ID, *tok.encode("x = 1"), td.EOS_ID, 77]) == "x = 1"
+    copy = pickle.loads(pickle.dumps(tok))
+    np.testing.assert_array_equal(copy.encode(long_text), tok.encode(long_text))
+
+
+def test_translation_vocabulary_is_shared(tmp_path_factory):
+    data_dir = tmp_path_factory.getbasetemp() / "tfjax_data"
+    td.prepare("numbers_translate", data_dir)
+    tok = td.get_tokenizer({"name": "numbers_translate"}, data_dir)
+    for text in ("905017", "nine hundred five thousand seventeen"):
+        assert tok.decode(tok.encode(text)) == text
+    # Digits are single pieces (numbers are spelled digit by digit), words whole pieces.
+    assert len(tok.encode("905017")) <= 7
+    assert len(tok.encode("nine hundred five thousand seventeen")) == 5
+
+
+def test_sentencepiece_vocab_size_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="vocab_size=100 is too small"):
+        tokenizers.train_sentencepiece(["some text"], str(tmp_path / "m.model"), vocab_size=100)

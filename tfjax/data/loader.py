@@ -1,0 +1,466 @@
+"""Grain loaders: records -> examples -> fixed-shape numpy batches, with a checkpointable position.
+
+The order of examples is a pure function of (seed, epoch, process): every epoch the whole split
+is shuffled with the seed and dealt round-robin to the processes (process i takes positions
+i, i + P, i + 2P, ... of the shuffled epoch), so the shards are disjoint and cover the epoch.
+Random augmentation and MLM masking are keyed by (seed, epoch, record), so they do not depend
+on the number of processes either.
+
+Images (fixed size once fitted) are cut into batches first, then each batch reads its records
+together, fits each image and shifts, flips and normalises them at once:
+
+  positions epoch*n+record -> shuffle per epoch, shard, repeat -> batch(read, fit, augment)
+
+Text is variable-length, so it goes example by example through packing:
+
+  records -> tokenise, mask (random_map) -> shuffle, shard, repeat -> split or truncate
+    -> pack (segment ids, positions) or not -> batch(pad rows to seq_len)
+
+Every batch has the same shapes: the last partial batch is padded with zero rows. Worker
+processes (num_workers) each build whole batches: image batches are cut before the workers and
+come out exactly as without them; text batches are packed per worker from every k-th example,
+so they depend on num_workers (a saved position resumes only with the same number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import grain
+import jax
+import numpy as np
+
+from tfjax.data import catalog, preprocess
+from tfjax.data.tokenizers import BOS_ID, EOS_ID
+
+_STATE_VERSION = 1
+
+
+# --------------------------------------------------------------------------- per-record transforms
+def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size):
+    """Stream positions [b <= B] (epoch * n + record) -> {"image": f32 [B, S, S, C],
+    "label": i32 [B], "weights": f32 [B] (0 on the padding rows of a last partial batch)}.
+
+    Images are decoded and fitted one by one (their sizes differ), then shifted, flipped and
+    normalised together; every random choice is keyed by (seed, position).
+    """
+    positions = np.asarray(positions, np.int64)
+    b, size, channels = len(positions), cfg["image_size"], cfg["num_channels"]
+    images = np.zeros((batch_size, size, size, channels), np.uint8)
+    labels = np.zeros(batch_size, np.int32)
+    weights = (np.arange(batch_size) < b).astype(np.float32)
+    records = source.read((positions % len(source)).tolist())
+    for i, (position, record) in enumerate(zip(positions.tolist(), records, strict=True)):
+        rng = np.random.default_rng([seed, position]) if cfg["crop"] == "inception" else None
+        image = np.asarray(record[fields["image"]])
+        images[i] = preprocess.fit_image(image, size=size, crop=cfg["crop"], train=train, rng=rng)
+        labels[i] = record[fields["label"]]
+    shifts, flips = np.zeros((batch_size, 2), np.int32), np.zeros(batch_size, bool)
+    padding = cfg["crop_padding"] if cfg["crop"] == "pad" else 0
+    if train:
+        u = preprocess.keyed_uniform(seed, positions, 3)  # [b, 3]
+        shifts[:b], flips[:b] = preprocess.draw_augmentations(
+            u, padding=padding, random_flip=cfg["random_flip"]
+        )
+    image = preprocess.augment_batch(images, shifts, flips, padding)
+    image[b:] = 0  # padding rows: zeros, as in every other key
+    return {"image": image, "label": labels, "weights": weights}
+
+
+def _classification_text_example(record, rng, *, fields, tokenizer, seq_len):
+    """Record -> {"tokens": i32 [<= T] (bos, text ids cut to fit, eos), "label", "weights"}."""
+    del rng
+    ids = tokenizer.encode(catalog.as_text(record[fields["text"]]))[: seq_len - 2]
+    return {
+        "tokens": np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32),
+        "label": np.int32(record[fields["label"]]),
+        "weights": np.float32(1),
+    }
+
+
+def _lm_example(record, rng, *, fields, tokenizer, mlm_probability):
+    """Record -> {"tokens": i32 [L] = bos, text ids, eos}; for MLM also "targets" (the original
+    ids) and "weights" f32 [L], with "tokens" corrupted."""
+    ids = tokenizer.encode(catalog.as_text(record[fields["text"]]))
+    tokens = np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32)
+    if mlm_probability is None:
+        return {"tokens": tokens}
+    corrupted, weights = preprocess.mask_tokens(
+        tokens, rng=rng, vocab_size=tokenizer.vocab_size, probability=mlm_probability
+    )
+    return {"tokens": corrupted, "targets": tokens, "weights": weights}
+
+
+def _translation_example(record, rng, *, source, target, tokenizer, seq_len):
+    """Record -> {"inputs": i32 [<= T], "targets": i32 [<= T]}: ids then eos, truncated."""
+    del rng
+
+    def encode(field):
+        ids = tokenizer.encode(catalog.as_text(record[field]))
+        return np.concatenate([ids, [EOS_ID]]).astype(np.int32)[:seq_len]
+
+    return {"inputs": encode(source), "targets": encode(target)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitLong(grain.experimental.FlatMapTransform):
+    """Cuts long LM examples into pieces of at most `length` tokens."""
+
+    length: int
+    max_fan_out: int = 1 << 30  # only bounds MapDataset flat maps; ours runs on an IterDataset
+
+    def flat_map(self, example):
+        return preprocess.split_example(example, self.length)
+
+
+def _keep(batch, *, keys):
+    return {k: batch[k] for k in keys}
+
+
+# --------------------------------------------------------------------------------------- shapes
+def element_spec(dataset_config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of the batches of a loader for this config (B = batch_size)."""
+    cfg = catalog.resolve_config(dataset_config)
+    b, i32, f32 = batch_size, np.int32, np.float32
+    s = jax.ShapeDtypeStruct
+    if cfg.task == "image_classification":
+        size, c = cfg.image_size, cfg.num_channels
+        return {"image": s((b, size, size, c), f32), "label": s((b,), i32), "weights": s((b,), f32)}
+    t = cfg.seq_len
+    if cfg.task == "text_classification":
+        return {"tokens": s((b, t), i32), "label": s((b,), i32), "weights": s((b,), f32)}
+    names = {"lm": ["tokens"], "mlm": ["tokens", "targets"], "translation": ["inputs", "targets"]}
+    spec = {k: s((b, t), i32) for k in names[cfg.task]}
+    if cfg.task == "mlm":
+        spec["weights"] = s((b, t), f32)
+    if cfg.packing:
+        for k in ("tokens",) if cfg.task in ("lm", "mlm") else ("inputs", "targets"):
+            spec[f"{k}_segment_ids"] = s((b, t), i32)
+            spec[f"{k}_positions"] = s((b, t), i32)
+    return spec
+
+
+# --------------------------------------------------------------------------------------- loader
+class Loader:
+    """Iterates over numpy batch dicts of fixed shapes (`element_spec`) and can save and restore
+    its exact position (`get_state` / `set_state`, a small JSON-serialisable dict).
+
+    Attributes:
+      element_spec: {key: jax.ShapeDtypeStruct} of every batch.
+      num_batches: batches this process yields for a finite number of epochs when rows hold
+        one example each (equal on every process: the shorter shards end with padding
+        batches); None when infinite or unknowable ahead (packing, split examples).
+      tokenizer: the text tokenizer, None for images.
+    """
+
+    def __init__(self, dataset, *, element_spec, num_batches, tokenizer, identity):
+        self._dataset = dataset
+        self.element_spec = element_spec
+        self.num_batches = num_batches
+        self.tokenizer = tokenizer
+        self._identity = identity  # what a saved position is only valid for
+        self._iterator = None
+        self._batches = 0  # batches yielded so far, padding batches included
+
+    def _iter(self):
+        if self._iterator is None:  # lazy: worker processes start on first use
+            self._iterator = iter(self._dataset)
+        return self._iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        try:
+            batch = next(self._iter())
+        except StopIteration:
+            if self.num_batches is None or self._batches >= self.num_batches:
+                raise
+            # This shard is shorter than the longest one: keep step counts equal across hosts.
+            batch = {k: np.zeros(v.shape, v.dtype) for k, v in self.element_spec.items()}
+        self._batches += 1
+        return batch
+
+    def get_state(self) -> dict:
+        return {
+            "version": _STATE_VERSION,
+            **self._identity,
+            "batches": self._batches,
+            "iterator": self._iter().get_state(),
+        }
+
+    def set_state(self, state: dict) -> None:
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not supported")
+        for key, value in self._identity.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"loader state was saved with {key}={state.get(key)!r}, but this loader has "
+                    f"{key}={value!r}; resume with the data settings the state was saved with"
+                )
+        self._iter().set_state(state["iterator"])
+        self._batches = state["batches"]
+
+    def reset(self) -> None:
+        """Back to the first batch (e.g. before each evaluation)."""
+        self.close()
+        self._batches = 0
+
+    def close(self) -> None:
+        """Stops worker processes and threads (also done when garbage collected)."""
+        if self._iterator is not None and hasattr(self._iterator, "close"):
+            self._iterator.close()
+        self._iterator = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Loader({self._identity}, num_batches={self.num_batches})"
+
+
+class _Positions(grain.MapDataset):
+    """The records of an n-record split as stream positions: element `epoch * n + record` is
+    that number itself (a source would wrap it to `record` and lose the epoch). Image batches
+    are read from these, a batch at a time."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __str__(self) -> str:
+        return f"Positions({self._n})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return index
+
+    def _getitems(self, indices):
+        return list(indices)
+
+
+class _EpochShuffle(grain.MapDataset):
+    """Reshuffles its parent every epoch with a numpy permutation.
+
+    Grain's `shuffle` computes each position with a Feistel network, ~30 us per element on a
+    small CPU: as much as all of the digits preprocessing. A cached permutation per epoch is an
+    array lookup. Index `epoch * n + i` maps to `epoch * n + perm_epoch[i]`, as with Grain, so
+    downstream random maps still see (epoch, record).
+    """
+
+    def __init__(self, parent: grain.MapDataset, seed: int):
+        super().__init__(parent)
+        self._seed = seed
+        self._cache = (-1, None)  # (epoch, permutation); replaced whole, so threads stay safe
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __str__(self) -> str:
+        return f"EpochShuffle(seed={self._seed})"
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        cached_epoch, perm = self._cache
+        if cached_epoch != epoch:
+            n = len(self._parent)
+            perm = np.random.default_rng([self._seed, epoch]).permutation(n).astype(np.uint32)
+            self._cache = (epoch, perm)
+        return perm
+
+    def _shuffled(self, index: int) -> int:
+        n = len(self._parent)
+        epoch, i = divmod(index, n)
+        return epoch * n + int(self._permutation(epoch)[i])
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[self._shuffled(index)]
+
+    def _getitems(self, indices):
+        return self._parent._getitems([self._shuffled(i) for i in indices])
+
+
+def _shuffle(ds: grain.MapDataset, seed: int) -> grain.MapDataset:
+    # A permutation of up to 2**24 records is at most 64 MiB per process; beyond, Grain's
+    # memory-free shuffle (large datasets are bound by reading anyway).
+    return _EpochShuffle(ds, seed) if len(ds) <= 1 << 24 else ds.shuffle(seed=seed)
+
+
+def _seed(seed: int, purpose: int) -> int:
+    """Independent 32-bit seeds for shuffling and for per-example randomness."""
+    return int(np.random.SeedSequence([seed, purpose]).generate_state(1)[0])
+
+
+def make_loader(
+    dataset_config,
+    *,
+    split: str,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
+    num_epochs: int | None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+    augment: bool | None = None,
+) -> Loader:
+    """A loader over `split` of the configured dataset for this process.
+
+    Args:
+      dataset_config: ConfigDict or dict with `name` and any fields to override
+        (see `default_dataset_config`).
+      split: TFDS split, e.g. "train", "test", "train[:90%]".
+      batch_size: per-process batch size B.
+      seed: fixes the shuffle order, augmentation and masking.
+      shuffle: reshuffle every epoch.
+      num_epochs: passes over the split; None repeats forever.
+      process_index, process_count: this process's shard; default jax.process_index/count().
+      data_dir: where prepared datasets live; default $TFJAX_DATA_DIR or ~/tensorflow_datasets.
+      augment: random crops/flips (images); default: the same as `shuffle` (training).
+    """
+    cfg = catalog.resolve_config(dataset_config)
+    if process_index is None:
+        process_index = jax.process_index()
+    if process_count is None:
+        process_count = jax.process_count()
+    if batch_size < 1:
+        raise ValueError(f"dataset {cfg.name!r}: batch_size must be >= 1, got {batch_size}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} is not in [0, {process_count})")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
+    if augment is None:
+        augment = shuffle
+
+    source = catalog.open_source(cfg.name, split, data_dir, cache=cfg.cache)
+    if len(source) < process_count:
+        raise ValueError(
+            f"split {split!r} of dataset {cfg.name!r} has {len(source)} examples, fewer than the "
+            f"{process_count} processes reading it"
+        )
+    fields = catalog.features(cfg.name)
+    spec = element_spec(cfg, batch_size)
+    read_options = grain.ReadOptions(
+        num_threads=cfg.read_threads, prefetch_buffer_size=4 * batch_size
+    )
+
+    def order(ds):
+        # Elements of `ds` are indexed epoch * n + record below this point, so the random
+        # maps above it see (epoch, record) whatever the shard.
+        if shuffle:
+            ds = _shuffle(ds, _seed(seed, 0))
+        return ds[process_index::process_count].repeat(num_epochs)
+
+    tokenizer = None
+    if cfg.task == "image_classification":
+        # Whole batches from the start: one Python step per image, the rest vectorised.
+        positions = order(_Positions(len(source)))
+        make_batch = functools.partial(
+            _image_batch,
+            source=source,
+            fields=fields,
+            cfg=cfg.to_dict(),
+            train=augment,
+            seed=_seed(seed, 1),
+            batch_size=batch_size,
+        )
+        it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
+    else:
+        tokenizer = catalog.get_tokenizer(cfg, data_dir)
+        it = order(
+            grain.MapDataset.source(source).random_map(
+                _text_transform(cfg, fields, tokenizer), seed=_seed(seed, 1)
+            )
+        ).to_iter_dataset(read_options)
+        if cfg.long_examples == "split":
+            it = grain.experimental.FlatMapIterDataset(it, _SplitLong(cfg.seq_len))
+        elif cfg.task in ("lm", "mlm"):  # the others are truncated per record
+            it = it.map(functools.partial(preprocess.truncate_example, length=cfg.seq_len))
+        if cfg.packing:
+            lengths = {
+                k: cfg.seq_len for k in ("tokens", "targets", "weights", "inputs") if k in spec
+            }
+            it = grain.experimental.FirstFitPackIterDataset(
+                it, length_struct=lengths, num_packing_bins=batch_size, shuffle_bins=False
+            )
+            # MLM packs targets and weights alongside tokens; keep one set of segment ids.
+            it = it.map(functools.partial(_keep, keys=tuple(spec)))
+        # Fixed shapes: rows padded to seq_len, the last partial batch padded to batch_size.
+        collate = functools.partial(preprocess.collate, batch_size=batch_size, length=cfg.seq_len)
+        it = it.batch(batch_size, drop_remainder=False, batch_fn=collate)
+    if cfg.num_workers:
+        _allow_grain_flags_defaults()
+        # Workers build whole batches (shipping single examples costs more than making them).
+        # Image batches are cut before the workers, so they come out as without workers; text
+        # batches are packed per worker from every k-th example, so they depend on num_workers.
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
+    if cfg.prefetch_batches:
+        it = grain.experimental.ThreadPrefetchIterDataset(
+            it, prefetch_buffer_size=cfg.prefetch_batches
+        )
+
+    one_example_per_row = not cfg.get("packing", False) and cfg.get("long_examples") != "split"
+    num_batches = None
+    if num_epochs is not None and one_example_per_row:
+        # The longest shard sets the count; each worker batches its own every k-th example.
+        examples = num_epochs * math.ceil(len(source) / process_count)
+        workers = max(cfg.num_workers, 1) if cfg.task != "image_classification" else 1
+        num_batches = sum(
+            math.ceil(len(range(w, examples, workers)) / batch_size) for w in range(workers)
+        )
+    # Everything that changes which batches come out (speed-only fields may change on resume).
+    speed_only = ("read_threads", "prefetch_batches", "cache", "train_split", "eval_split")
+    identity = dict(
+        split=split,
+        seed=seed,
+        shuffle=shuffle,
+        augment=augment,
+        num_epochs=num_epochs,
+        batch_size=batch_size,
+        process_index=process_index,
+        process_count=process_count,
+        **{f"config.{k}": v for k, v in cfg.to_dict().items() if k not in speed_only},
+    )
+    return Loader(
+        it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
+    )
+
+
+def _text_transform(cfg, fields, tokenizer):
+    """The per-record transform of a text task, as a picklable partial."""
+    if cfg.task == "text_classification":
+        return functools.partial(
+            _classification_text_example, fields=fields, tokenizer=tokenizer, seq_len=cfg.seq_len
+        )
+    if cfg.task == "translation":
+        return functools.partial(
+            _translation_example,
+            source=cfg.source_lang,
+            target=cfg.target_lang,
+            tokenizer=tokenizer,
+            seq_len=cfg.seq_len,
+        )
+    mlm_probability = cfg.mlm_probability if cfg.task == "mlm" else None
+    return functools.partial(
+        _lm_example, fields=fields, tokenizer=tokenizer, mlm_probability=mlm_probability
+    )
+
+
+def _allow_grain_flags_defaults() -> None:
+    # Grain's worker processes read absl flags; outside an absl app (tests, notebooks) they are
+    # unparsed and reading them fails, so take their defaults.
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()

@@ -1,0 +1,151 @@
+"""Tokenizers: a byte-level one that needs no training and SentencePiece trained on the data.
+
+Both share one id scheme so that models, losses and masks never need to know which is used:
+
+  0 pad   (everywhere: padding, and the start token the decoder shifts in)
+  1 bos   (starts each language-modelling / masked-LM / classification example)
+  2 eos   (ends each example; appended to translation inputs and targets)
+  3 unk   (SentencePiece only; bytes cover everything)
+  4 mask  (the [MASK] of the masked-LM task)
+  5..     real tokens: the 256 bytes for `ByteTokenizer` (vocab_size 261), pieces for SentencePiece.
+
+`encode` returns the ids of the text alone (no bos/eos: the pipeline adds them per task);
+`decode` stops at the first eos and drops the other special ids, so it can be fed raw model
+output.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
+NUM_SPECIAL = 5  # ids below this never stand for text
+MASK_PIECE = "<mask>"
+
+
+def _strip_special(ids: Iterable[int]) -> list[int]:
+    """Ids up to the first eos, without pad/bos/unk/mask."""
+    out = []
+    for i in np.asarray(ids).reshape(-1).tolist():
+        if i == EOS_ID:
+            break
+        if i >= NUM_SPECIAL:
+            out.append(i)
+    return out
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past the special ids: exact round trip, no training, no files."""
+
+    pad_id, bos_id, eos_id, unk_id, mask_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID
+    vocab_size = 256 + NUM_SPECIAL
+
+    def encode(self, text: str) -> np.ndarray:
+        """Text -> int32 ids [len(utf-8 bytes)]."""
+        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + NUM_SPECIAL
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        data = bytes(i - NUM_SPECIAL for i in _strip_special(ids) if i < self.vocab_size)
+        # Model output may cut a multi-byte character; show it rather than fail.
+        return data.decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
+class SentencePieceTokenizer:
+    """A trained SentencePiece model with the shared special ids (see the module docstring)."""
+
+    pad_id, bos_id, eos_id, unk_id, mask_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID
+
+    def __init__(self, model_proto: bytes, path: str | None = None):
+        self.path = path  # where it was loaded from, for messages
+        self._proto = model_proto
+        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        ids = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
+        if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID) or self._sp.piece_to_id(MASK_PIECE) != MASK_ID:
+            raise ValueError(
+                f"SentencePiece model {path or ''} does not use the tfjax special ids "
+                f"(pad, bos, eos, unk, mask = 0..4); retrain it with train_sentencepiece()."
+            )
+
+    @classmethod
+    def load(cls, path: str) -> SentencePieceTokenizer:
+        with open(path, "rb") as f:
+            return cls(f.read(), path=path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        """Text -> int32 ids [n]."""
+        return np.asarray(self._sp.encode(text), np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._sp.decode(_strip_special(ids))
+
+    # The C++ processor does not pickle; worker processes rebuild it from the model bytes.
+    def __getstate__(self):
+        return {"proto": self._proto, "path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["proto"], path=state["path"])
+
+    def __repr__(self) -> str:
+        return f"SentencePieceTokenizer(vocab_size={self.vocab_size}, path={self.path!r})"
+
+
+def train_sentencepiece(texts: Iterable[str], path: str, *, vocab_size: int) -> None:
+    """Trains a unigram SentencePiece model on `texts` and writes it to `path` atomically.
+
+    Byte fallback, identity normalisation and kept whitespace make decode(encode(s)) == s for
+    any text. Digits are split into single pieces so numbers are spelled digit by digit.
+    `vocab_size` is an upper bound: a small corpus yields fewer pieces instead of an error.
+    """
+    if vocab_size < NUM_SPECIAL + 256 + 1:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for SentencePiece with byte fallback; "
+            f"use at least {NUM_SPECIAL + 256 + 1} or tokenizer='bytes'."
+        )
+
+    def lines():  # SentencePiece skips "sentences" longer than max_sentence_length bytes.
+        for text in texts:
+            for line in text.splitlines():
+                if line.strip():
+                    yield line
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines(),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        user_defined_symbols=[MASK_PIECE],
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        hard_vocab_limit=False,
+        character_coverage=0.9995,
+        input_sentence_size=2_000_000,
+        shuffle_input_sentence=True,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    # Write then rename: a concurrent reader never sees half a model.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(model.getvalue())
+    os.replace(tmp, path)
