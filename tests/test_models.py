@@ -391,7 +391,8 @@ def test_import_needs_no_tensorflow():
     code = (
         "import sys, tfjax, tfjax.nn\n"
         "from tfjax.models import transformer, encoder, decoder, vit\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')]\n"
+        "tf = ('tensorflow', 'tensorflow_datasets')\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in tf]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -375,6 +375,7 @@ def generate(
     top_p: float = 1.0,
     rng=None,
     use_cache: bool = True,
+    check: bool = True,
 ):
     """Generates up to `max_new_tokens` tokens per row; see the module docstring.
 
@@ -385,12 +386,13 @@ def generate(
       method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha).
       rng: a PRNG key for sampling (the same key gives the same samples).
       use_cache: feed one token per step through the KV cache (False recomputes the prefix).
+      check: validate the inputs on the host first. False is for inputs that are global arrays
+        sharded over processes (the runner's eval), which no host can read whole; the options
+        are still checked, the ids are then the caller's responsibility.
     Returns:
       (tokens [B, max_new_tokens] int32, scores [B] float32).
     """
-    lengths = _check(
-        model,
-        inputs,
+    options = dict(
         method=method,
         max_new_tokens=max_new_tokens,
         eos_id=eos_id,
@@ -399,6 +401,14 @@ def generate(
         top_k=top_k,
         top_p=top_p,
     )
+    if check:
+        lengths = _check(model, inputs, **options)
+        min_length = int(lengths.min())
+    else:
+        _check(model, np.ones((1, inputs.shape[1]), np.int32), **options)
+        nonzero = inputs != 0  # _lengths on the devices
+        lengths = jnp.where(nonzero.any(1), inputs.shape[1] - jnp.argmax(nonzero[:, ::-1], 1), 0)
+        min_length = 1  # unknown on the host: prompts are fed token by token from the start
     if method == "sample" and rng is None:
         raise ValueError('method="sample" needs an rng')
     rng = jax.random.key(0) if rng is None else rng
@@ -417,5 +427,5 @@ def generate(
         top_k=top_k,
         top_p=top_p,
         use_cache=use_cache,
-        min_length=int(lengths.min()) if not _is_encoder_decoder(model) else 1,
+        min_length=min_length if not _is_encoder_decoder(model) else 1,
     )

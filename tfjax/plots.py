@@ -9,7 +9,6 @@
 Or from the shell: `make plot WORKDIR=...` (python -m tfjax.plots WORKDIR).
 """
 
-import json
 import math
 import os
 import sys
@@ -19,6 +18,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from tfjax.metrics import read_metrics
+
 
 def _pyplot():
     import matplotlib
@@ -27,15 +28,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def read_metrics(workdir: str) -> list[dict]:
-    """The rows of WORKDIR/metrics.jsonl (one JSON object per logged step and split)."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} does not exist: is {workdir!r} the workdir of a run?")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def plot_metrics(workdir: str, out: str | None = None) -> tuple[str, int]:

@@ -1,0 +1,130 @@
+r"""Generates with a trained run: translations or continuations of the given text.
+
+    python experiments/decode.py --config=configs/translate.py:demo --workdir=/tmp/translate_demo \
+        --input="4021" [--input="17" ...]
+    python experiments/decode.py --config=configs/lm.py:pydoc --workdir=/tmp/lm_pydoc \
+        --input_file=prompts.txt --method=sample --temperature=0.7
+    echo "def main(" | python experiments/decode.py --config=configs/lm.py:pydoc --workdir=...
+
+Give the same --config (and overrides) the run was trained with. The newest checkpoint is
+loaded (--average_last=N averages the newest N, as the paper does with 5). Decoding options
+default to the config's `decode` section; flags override them. One input per --input flag, per
+line of --input_file, or per line of stdin when neither is given. Prints one line per input:
+`input<TAB>output`.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "The run's config file (configs/<family>.py[:preset,...]).", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory (its checkpoints/).")
+_INPUT = flags.DEFINE_multi_string("input", [], "A source sentence or prompt (repeatable).")
+_INPUT_FILE = flags.DEFINE_string("input_file", None, "A file with one input per line.")
+_METHOD = flags.DEFINE_enum("method", None, ["greedy", "sample", "beam"], "Decoding method.")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beams (method=beam).")
+_ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (method=beam).")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Softmax temperature (method=sample).")
+_TOP_K = flags.DEFINE_integer("top_k", None, "Keep the k most likely tokens (0: off).")
+_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus: the smallest set of mass p (1: off).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per input.")
+_AVERAGE = flags.DEFINE_integer("average_last", None, "Average the newest N checkpoints.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _inputs() -> list[str]:
+    if _INPUT.value and _INPUT_FILE.value:
+        raise app.UsageError("give --input or --input_file, not both")
+    if _INPUT_FILE.value:
+        if not os.path.isfile(_INPUT_FILE.value):
+            raise app.UsageError(f"--input_file={_INPUT_FILE.value!r} does not exist")
+        with open(_INPUT_FILE.value) as f:
+            lines = f.read().splitlines()
+    elif _INPUT.value:
+        lines = _INPUT.value
+    else:
+        lines = sys.stdin.read().splitlines()
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        raise app.UsageError("no input: give --input, --input_file or text on stdin")
+    return lines
+
+
+def _option(flag, config_value):
+    return config_value if flag.value is None else flag.value
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    if config.task not in ("translation", "lm"):
+        raise app.UsageError(
+            f"task={config.task!r} does not generate text; decode.py runs translation and lm"
+        )
+    texts = _inputs()
+    d = config.decode
+    method = _option(_METHOD, d.method)
+    average_last = _option(_AVERAGE, d.average_last)
+
+    import jax
+    import numpy as np
+
+    from tfjax import decode, train
+
+    model, params, tokenizer = train.restore_model(
+        config, _WORKDIR.value, average_last=average_last
+    )
+    ids = [tokenizer.encode(t) for t in texts]
+    encoder_decoder = config.task == "translation"
+    if encoder_decoder:
+        ids = [np.append(x, tokenizer.eos_id) for x in ids]  # sources end with eos, as in training
+        default_new = config.dataset.seq_len + 50  # the paper: input length + 50
+    else:
+        ids = [np.insert(x, 0, tokenizer.bos_id) for x in ids]  # rows start with bos
+        default_new = 32
+    max_new = _option(_MAX_NEW, d.max_new_tokens) or default_new
+    if not encoder_decoder:
+        max_new = min(max_new, model.max_len - max(len(x) for x in ids))
+        if max_new < 1:
+            raise app.UsageError(
+                f"the longest prompt has {max(len(x) for x in ids)} tokens; the model's "
+                f"max_len={model.max_len} leaves no room to generate"
+            )
+    options = dict(
+        method=method,
+        beam_size=_option(_BEAM_SIZE, d.beam_size),
+        alpha=_option(_ALPHA, d.alpha),
+        temperature=_option(_TEMPERATURE, d.temperature),
+        top_k=_option(_TOP_K, d.top_k),
+        top_p=_option(_TOP_P, d.top_p),
+    )
+    # Beam search over prompts needs equal lengths: decode groups of equal length together.
+    groups = {}
+    for i, x in enumerate(ids):
+        groups.setdefault(len(x) if method == "beam" and not encoder_decoder else 0, []).append(i)
+    outputs = [None] * len(ids)
+    for members in groups.values():
+        width = max(len(ids[i]) for i in members)
+        batch = np.zeros((len(members), width), np.int32)
+        for row, i in enumerate(members):
+            batch[row, : len(ids[i])] = ids[i]
+        tokens, _ = decode.generate(
+            model, params, batch, max_new_tokens=max_new, eos_id=tokenizer.eos_id,
+            rng=jax.random.key(_SEED.value), **options,
+        )  # fmt: skip
+        for row, i in enumerate(members):
+            outputs[i] = tokenizer.decode(np.asarray(tokens[row]))
+    for text, out in zip(texts, outputs, strict=True):
+        print(f"{text}\t{out}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,146 @@
+"""Decoding in the runner: BLEU and samples in eval, experiments/decode.py, checkpoint averaging."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from tfjax import checkpoint, decode, metrics, train
+from tfjax.models import decoder, transformer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
+
+
+def tiny(spec, data_dir, **fields):
+    config = train.load_config(os.path.join(ROOT, spec))
+    config.data_dir = data_dir
+    config.update(fields)
+    return config
+
+
+@pytest.fixture(scope="module")
+def translate_run(data_dir, tmp_path_factory):
+    """The tiny translation config on a data=4 mesh, checkpoints at steps 2, 3 and 4."""
+    workdir = str(tmp_path_factory.mktemp("translate"))
+    config = tiny("configs/translate.py:tiny", data_dir, num_train_steps=4, eval_every=2)
+    config.mesh.data = 4
+    config.checkpoint.update(every=1, keep=3, best_metric="")
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:4])
+    return config, workdir
+
+
+def test_translation_eval_logs_bleu_and_samples(translate_run):
+    config, workdir = translate_run
+    evals = metrics.read_metrics(workdir, "eval")
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(0.0 <= r["bleu"] <= 100.0 for r in evals)
+    with open(os.path.join(workdir, "samples.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == 2 * config.decode.num_samples
+    assert {"step", "output", "reference"} <= set(samples[0])
+    assert all(s["reference"] for s in samples)  # detokenised real rows, not padding
+
+
+def test_corpus_bleu_bounds():
+    refs = ["four thousand two hundred twenty-one", "seventeen", "one hundred two thousand five"]
+    assert train.corpus_bleu(refs, refs) == pytest.approx(100.0)
+    assert train.corpus_bleu(["x y z"] * 3, refs) == 0.0
+
+
+def test_lm_eval_writes_samples(data_dir, tmp_path):
+    config = tiny("configs/lm.py:tiny", data_dir)
+    train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+    with open(tmp_path / "samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == config.decode.num_samples
+    assert all(s["step"] == 2 and s["prompt"] for s in samples)
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_unchecked_generate_matches_checked(method):
+    """check=False (global arrays in the runner) gives the tokens of the checked path."""
+    rng = np.random.default_rng(0)
+    for model in (transformer.Model(variant="tiny", vocab_size=40),
+                  decoder.Model(variant="tiny", vocab_size=40, max_len=32)):  # fmt: skip
+        inputs = rng.integers(5, 40, size=(3, 6)).astype(np.int32)
+        if method == "greedy" and not hasattr(model, "encode"):
+            inputs[1, 4:] = 0  # a shorter prompt: lengths found on the device
+        args = (inputs, inputs) if hasattr(model, "encode") else (inputs,)
+        params = model.init(jax.random.key(1), *args)["params"]
+        kw = dict(max_new_tokens=5, eos_id=2, method=method, beam_size=2)
+        want = decode.generate(model, params, inputs, **kw)
+        got = decode.generate(model, params, jax.numpy.asarray(inputs), check=False, **kw)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+
+
+def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):
+    config, workdir = translate_run
+    model, newest, _ = train.restore_model(config, workdir, devices=jax.devices()[:4])
+    _, averaged, _ = train.restore_model(config, workdir, average_last=2, devices=jax.devices()[:4])
+    manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
+    assert sorted(manager.all_steps()) == [2, 3, 4]
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          newest)  # fmt: skip
+    step3 = manager.restore(3, args=checkpoint.ocp.args.Composite(
+        params=checkpoint.ocp.args.PyTreeRestore(
+            target, restore_args=checkpoint.ocp.checkpoint_utils.construct_restore_args(target))
+    ))["params"]  # fmt: skip
+    manager.close()
+    for a, b, c in zip(*map(jax.tree.leaves, (averaged, newest, step3)), strict=True):
+        np.testing.assert_allclose(a, (np.asarray(b) + np.asarray(c)) / 2, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="average_last=4 but .* keeps only 3"):
+        train.restore_model(config, workdir, average_last=4, devices=jax.devices()[:4])
+
+
+def decode_cli(workdir, data_dir, *args, stdin=None):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments/decode.py"),
+         "--config=" + os.path.join(ROOT, "configs/translate.py:tiny"),
+         f"--config.data_dir={data_dir}", f"--workdir={workdir}", *args],
+        capture_output=True, text=True, input=stdin, timeout=300,
+    )  # fmt: skip
+
+
+def test_decode_cli_translates_each_input(translate_run, data_dir, tmp_path):
+    _, workdir = translate_run
+    out = decode_cli(workdir, data_dir, "--input=4021", "--input=17", "--max_new_tokens=6")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["4021", "17"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("5\n\n12\n")
+    out = decode_cli(workdir, data_dir, f"--input_file={prompts}", "--method=sample")
+    assert out.returncode == 0, out.stderr
+    assert [line.split("\t")[0] for line in out.stdout.splitlines()] == ["5", "12"]
+    out = decode_cli(workdir, data_dir, stdin="99\n")
+    assert out.returncode == 0 and out.stdout.startswith("99\t"), out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input=1", "--method=sample", "--top_p=1.5"], "top_p must be in"),
+        (["--input=1", "--method=beam", "--beam_size=0"], "beam_size must be at least 1"),
+        (["--input_file=/nonexistent.txt"], "--input_file='/nonexistent.txt' does not exist"),
+        (["--input=1", "--average_last=9"], "average_last=9"),
+    ],
+)
+def test_decode_cli_bad_input_names_the_option(translate_run, data_dir, args, message):
+    out = decode_cli(translate_run[1], data_dir, *args)
+    assert out.returncode != 0
+    assert message in out.stderr
+
+
+def test_decode_cli_without_checkpoint_names_the_workdir(data_dir, tmp_path):
+    out = decode_cli(str(tmp_path), data_dir, "--input=1")
+    assert out.returncode != 0 and "no checkpoint in" in out.stderr

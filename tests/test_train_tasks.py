@@ -1,0 +1,83 @@
+"""tfjax.tasks: losses against plain numpy formulas, and which tokens count."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import tasks
+from tfjax.tasks import losses
+
+
+def reference(logits, labels, weights, eps, z):
+    """Plain numpy: smoothed cross-entropy + z * log(Z)^2, weighted sums."""
+    logits = np.asarray(logits, np.float64)
+    log_z = np.log(np.exp(logits).sum(-1))
+    log_p = logits - log_z[..., None]
+    v = logits.shape[-1]
+    target = np.eye(v)[labels] * (1 - eps) + eps / v
+    ce = -(target * log_p).sum(-1) + z * log_z**2
+    nll = -np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+    return (ce * weights).sum(), (nll * weights).sum()
+
+
+@pytest.mark.parametrize("eps, z", [(0.0, 0.0), (0.1, 0.0), (0.1, 1e-2)])
+def test_cross_entropy_matches_the_formula(eps, z):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 7)).astype(np.float32) * 3
+    labels = rng.integers(0, 7, size=(3, 5))
+    weights = (rng.random((3, 5)) > 0.3).astype(np.float32)
+    got = losses.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(weights),
+                                    label_smoothing=eps, z_loss=z)  # fmt: skip
+    loss, nll = reference(logits, labels, weights, eps, z)
+    np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(got["nll"], nll, rtol=1e-5)
+    assert float(got["weight"]) == weights.sum()
+    correct = ((logits.argmax(-1) == labels) * weights).sum()
+    assert float(got["correct"]) == correct
+
+
+def test_lm_predicts_next_tokens_within_segments():
+    task = tasks.get("lm")
+    # two packed examples [1 5 6 2] [1 7 2] then padding
+    tokens = jnp.array([[1, 5, 6, 2, 1, 7, 2, 0]])
+    seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]])
+    pos = jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]])
+    batch = {"tokens": tokens, "tokens_segment_ids": seg, "tokens_positions": pos}
+    args, kwargs = task.model_inputs(batch)
+    assert args[0] is tokens and kwargs["segment_ids"] is seg and kwargs["positions"] is pos
+    # logits that put all mass on the true next token where it is predicted
+    logits = jnp.full((1, 8, 10), -1e4).at[0, jnp.arange(7), tokens[0, 1:]].set(0.0)
+    _, stats = task.loss_and_stats(logits, batch)
+    # predicted: 5, 6, 2 (first example) and 7, 2 (second); not the 1 after 2, nor padding
+    assert float(stats["weight"]) == 5
+    assert float(stats["correct"]) == 5 and float(stats["nll"]) < 1e-3
+    assert task.summarize(stats)["perplexity"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_translation_and_mlm_and_classification_weights():
+    t = tasks.get("translation")
+    batch = {"inputs": jnp.array([[4, 5, 2, 0]]), "targets": jnp.array([[6, 2, 0, 0]])}
+    args, kwargs = t.model_inputs(batch)
+    assert len(args) == 2 and kwargs == {}
+    _, stats = t.loss_and_stats(jnp.zeros((1, 4, 8)), batch)
+    assert float(stats["weight"]) == 2  # 6 and eos
+    np.testing.assert_allclose(float(stats["nll"]), 2 * np.log(8), rtol=1e-6)
+
+    m = tasks.get("mlm")
+    batch = {"tokens": jnp.array([[1, 4, 9, 2]]), "targets": jnp.array([[1, 8, 9, 2]]),
+             "weights": jnp.array([[0.0, 1.0, 1.0, 0.0]])}  # fmt: skip
+    _, stats = m.loss_and_stats(jnp.zeros((1, 4, 12)), batch)
+    assert float(stats["weight"]) == 2
+
+    c = tasks.get("classification")
+    batch = {"image": jnp.zeros((3, 4, 4, 1)), "label": jnp.array([1, 0, 0]),
+             "weights": jnp.array([1.0, 1.0, 0.0])}  # fmt: skip
+    logits = jnp.array([[0.0, 5.0], [0.0, 5.0], [5.0, 0.0]])
+    _, stats = c.loss_and_stats(logits, batch)
+    assert c.summarize(stats)["accuracy"] == 0.5  # the padding row does not count
+    assert c.units_per_batch(batch) == 3
+
+
+def test_unknown_task():
+    with pytest.raises(ValueError, match="task='seq2seq' is unknown"):
+        tasks.get("seq2seq")

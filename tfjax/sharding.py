@@ -1,0 +1,215 @@
+"""Logical axis names, rules -> NamedSharding, and the device mesh from the config.
+
+Model code names the axes of every parameter and of the activations at block boundaries with
+the logical names below (defined in `tfjax.nn.axes`, which model code imports). A run maps them
+onto a mesh with three axes through `config.logical_axis_rules`:
+
+  data    pure data parallelism: the batch is split, parameters are replicated
+  fsdp    the batch is split and so are parameters and optimizer state (ZeRO-3 / FSDP)
+  tensor  Megatron-style tensor parallelism: heads, MLP and vocab dimensions are split
+
+Data parallel, FSDP and tensor parallel runs differ only in `config.mesh` (and, if wanted, the
+rules); the model never sees a mesh. With the default rules a weight [embed, mlp] is sharded
+as P("fsdp", "tensor") and a batch [batch, length] as P(("data", "fsdp"), None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from tfjax.nn.axes import (
+    ACT_EMBED,
+    ACT_HEADS,
+    ACT_MLP,
+    ACT_VOCAB,
+    BATCH,
+    EMBED,
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    LENGTH,
+    MLP,
+    NORM,
+    VOCAB,
+)
+
+__all__ = [
+    "ACT_EMBED", "ACT_HEADS", "ACT_MLP", "ACT_VOCAB", "BATCH", "DEFAULT_RULES", "EMBED",
+    "HEAD_DIM", "HEADS", "KV_HEADS", "LAYERS", "LENGTH", "MESH_AXES", "MLP", "NORM", "VOCAB",
+    "batch_sharding", "check_divisible", "check_rules", "data_parallel_size", "data_shard",
+    "logical_context", "logical_shardings", "make_mesh", "replicated", "shard_batch",
+]  # fmt: skip
+
+# Outermost to innermost: neighbouring devices (the fastest links) form the tensor axis.
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# (logical name, mesh axis or axes or None). A name absent from the rules is not sharded.
+DEFAULT_RULES = (
+    (BATCH, ("data", "fsdp")),
+    (LENGTH, None),
+    (ACT_EMBED, None),
+    (ACT_HEADS, "tensor"),
+    (ACT_MLP, "tensor"),
+    (ACT_VOCAB, "tensor"),
+    (EMBED, "fsdp"),
+    (MLP, "tensor"),
+    (HEADS, "tensor"),
+    (KV_HEADS, "tensor"),
+    (VOCAB, "tensor"),
+    (HEAD_DIM, None),
+    (NORM, None),
+    (LAYERS, None),
+)
+
+
+def make_mesh(mesh_config: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
+    """A mesh with axes MESH_AXES whose sizes come from `mesh_config` ({"data": -1, ...}).
+
+    One size may be -1: it takes the devices the others leave. The sizes must multiply to the
+    number of devices (all processes' devices in a multi-host run), so that no device idles.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    unknown = sorted(set(mesh_config) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"mesh: unknown axis {unknown}; the axes are {MESH_AXES}")
+    sizes = {axis: int(mesh_config.get(axis, 1)) for axis in MESH_AXES}
+    free = [axis for axis, size in sizes.items() if size == -1]
+    bad = [axis for axis, size in sizes.items() if size == 0 or size < -1]
+    if bad or len(free) > 1:
+        raise ValueError(
+            f"mesh {sizes}: sizes must be positive, with at most one -1 (the remaining devices)"
+        )
+    known = math.prod(size for size in sizes.values() if size != -1)
+    if free:
+        if n % known:
+            raise ValueError(
+                f"mesh {sizes}: the fixed sizes multiply to {known}, which does not divide the "
+                f"{n} devices"
+            )
+        sizes[free[0]] = n // known
+    if math.prod(sizes.values()) != n:
+        raise ValueError(
+            f"mesh {sizes} has {math.prod(sizes.values())} devices but there are {n}; the sizes "
+            "must multiply to the device count (use -1 for one axis to take the rest)"
+        )
+    shape = tuple(sizes[axis] for axis in MESH_AXES)
+    # Auto axes: XLA's partitioner propagates shardings from our annotations (GSPMD style).
+    return jax.make_mesh(
+        shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
+
+
+def check_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """Rules as a tuple of (name, mesh axes) pairs; an unknown mesh axis is an error naming it.
+
+    Accepts what a config holds (lists from JSON or the command line as well as tuples).
+    """
+    out = []
+    for rule in rules:
+        if len(rule) != 2 or not isinstance(rule[0], str):
+            raise ValueError(f"logical_axis_rules: {rule!r} is not a (name, mesh axes) pair")
+        name, target = rule
+        if isinstance(target, (list, tuple)):
+            target = tuple(target)
+            axes = target
+        else:
+            axes = () if target is None else (target,)
+        for axis in axes:
+            if axis not in MESH_AXES:
+                raise ValueError(
+                    f"logical_axis_rules: rule for {name!r} names mesh axis {axis!r}; the mesh "
+                    f"axes are {MESH_AXES}"
+                )
+        out.append((name, target))
+    return tuple(out)
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules):
+    """NamedShardings for a tree of nn.LogicallyPartitioned leaves (e.g. from jax.eval_shape of
+    `model.init`); leaves without names are replicated."""
+    specs = nn.get_partition_spec(abstract_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+@contextlib.contextmanager
+def logical_context(mesh: Mesh, rules):
+    """Inside a function being traced for jit: the model's logical activation constraints take
+    effect (flax reads the rules and the abstract mesh from the context)."""
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+        yield
+
+
+def check_divisible(abstract_tree, shardings, what: str = "parameter") -> None:
+    """Every sharded dimension must divide evenly over its mesh axes (JAX requires it for
+    parameters); the error names the array, its shape and the offending dimension."""
+    flat = jax.tree_util.tree_flatten_with_path(abstract_tree)[0]
+    for (path, leaf), sharding in zip(flat, jax.tree.leaves(shardings), strict=True):
+        for dim, axes in enumerate(sharding.spec):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+            parts = math.prod(sharding.mesh.shape[a] for a in axes)
+            if leaf.shape[dim] % parts:
+                name = "/".join(str(getattr(k, "key", k)) for k in path)
+                raise ValueError(
+                    f"{what} {name!r} of shape {tuple(leaf.shape)} cannot be sharded as "
+                    f"{sharding.spec} on mesh {dict(sharding.mesh.shape)}: dimension {dim} "
+                    f"({leaf.shape[dim]}) is not divisible by {parts}. Change the mesh, the "
+                    "model size or config.logical_axis_rules."
+                )
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
+    """How an input array [B, ...] is laid out: its batch axis by the `batch` rule."""
+    return NamedSharding(mesh, nn.logical_to_mesh_axes((BATCH,) + (None,) * (ndim - 1), rules))
+
+
+def data_parallel_size(mesh: Mesh, rules) -> int:
+    """Number of shards of the batch axis (data x fsdp with the default rules)."""
+    spec = nn.logical_to_mesh_axes((BATCH,), rules)[0]
+    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+    return math.prod(mesh.shape[axis] for axis in axes)
+
+
+@functools.lru_cache(maxsize=16)
+def data_shard(mesh: Mesh, rules) -> tuple[int, int]:
+    """(index, count): which distinct part of the global batch this process loads.
+
+    Processes whose devices hold the same batch rows (when an axis that does not split the
+    batch, e.g. `tensor`, spans processes) must load the same examples, so the loader is
+    sharded over the distinct row sets, not over processes.
+    """
+    sharding = batch_sharding(mesh, rules, 1)
+    rows_of = {}  # process -> the set of rows its devices hold, with one row per batch shard
+    for device, index in sharding.devices_indices_map((data_parallel_size(mesh, rules),)).items():
+        r = index[0]
+        rows_of.setdefault(device.process_index, set()).add((r.start or 0, r.stop))
+    groups = sorted({tuple(sorted(rows)) for rows in rows_of.values()})
+    return groups.index(tuple(sorted(rows_of[jax.process_index()]))), len(groups)
+
+
+def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh, rules) -> dict[str, jax.Array]:
+    """This process's rows of the global batch -> global arrays sharded by the `batch` rule.
+
+    Each process passes only the rows it loaded (global batch / `data_shard` count); on one
+    process this is a plain device_put.
+    """
+    out = {}
+    for key, local in batch.items():
+        local = np.asarray(local)
+        sharding = batch_sharding(mesh, rules, local.ndim)
+        rows = local.shape[0] * data_shard(mesh, rules)[1]
+        out[key] = jax.make_array_from_process_local_data(sharding, local, (rows, *local.shape[1:]))
+    return out

@@ -1,0 +1,39 @@
+"""Classification of images (ViT) or token sequences (an encoder with head="classifier").
+
+Batch: "image" f32 [B, H, W, C] or "tokens" i32 [B, T], "label" i32 [B], optionally "weights"
+f32 [B] (0 on the padding rows of a last partial batch). Model output: logits [B, C].
+Metrics: loss, accuracy.
+"""
+
+import jax.numpy as jnp
+
+from tfjax.tasks import losses
+
+UNIT = "examples"
+DATA_TASKS = ("image_classification", "text_classification")
+
+
+def model_inputs(batch):
+    return ((batch["image"] if "image" in batch else batch["tokens"]),), {}
+
+
+def _weights(batch):
+    if "weights" in batch:
+        return batch["weights"]
+    return jnp.ones(batch["label"].shape, jnp.float32)
+
+
+def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
+    """logits [B, C] against batch["label"] [B]."""
+    stats = losses.cross_entropy_sums(
+        logits, batch["label"], _weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
+    )
+    return stats["loss"], stats
+
+
+def summarize(stats):
+    return {"loss": losses.ratio(stats, "loss"), "accuracy": losses.ratio(stats, "correct")}
+
+
+def units_per_batch(batch):
+    return batch["label"].shape[0]

@@ -1,0 +1,45 @@
+"""Causal language modelling (GPT-like decoders): predict every next token.
+
+Batch: "tokens" i32 [B, T] (0 = padding), with packing also "tokens_segment_ids" and
+"tokens_positions" [B, T]. Model output: logits [B, T, V], logits[:, t] predicting
+tokens[:, t + 1]. A position is predicted when the next token is real and, in packed rows,
+belongs to the same example. Metrics: loss, perplexity (from the unsmoothed NLL), accuracy.
+"""
+
+from tfjax.tasks import losses
+
+UNIT = "tokens"
+DATA_TASKS = ("lm",)
+
+
+def model_inputs(batch):
+    kwargs = {}
+    if "tokens_segment_ids" in batch:
+        kwargs = dict(segment_ids=batch["tokens_segment_ids"], positions=batch["tokens_positions"])
+    return (batch["tokens"],), kwargs
+
+
+def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
+    tokens = batch["tokens"]
+    # [B, T - 1]: what logits[:, :-1] predict
+    labels = tokens[:, 1:]
+    weights = labels != 0
+    if "tokens_segment_ids" in batch:
+        seg = batch["tokens_segment_ids"]
+        weights = weights & (seg[:, 1:] == seg[:, :-1])
+    stats = losses.cross_entropy_sums(
+        logits[:, :-1], labels, weights, label_smoothing=label_smoothing, z_loss=z_loss
+    )
+    return stats["loss"], stats
+
+
+def summarize(stats):
+    return {
+        "loss": losses.ratio(stats, "loss"),
+        "perplexity": losses.perplexity(stats),
+        "accuracy": losses.ratio(stats, "correct"),
+    }
+
+
+def units_per_batch(batch):
+    return batch["tokens"].shape[0] * batch["tokens"].shape[1]

@@ -1,0 +1,57 @@
+"""Losses and counts shared by the tasks. Everything returns sums, never means, so that
+micro-batches, steps and evaluation batches add up exactly before one final division.
+
+Letters: B batch, T length, V vocab (or classes C).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def cross_entropy_sums(logits, labels, weights, *, label_smoothing=0.0, z_loss=0.0):
+    """Weighted cross-entropy sums for integer labels.
+
+    Args:
+      logits: [..., V] (any float dtype; computed in float32).
+      labels: [...] ints in [0, V).
+      weights: [...] floats, 0 where nothing is predicted (padding).
+      label_smoothing: eps of Szegedy et al.: the target puts 1 - eps on the label and eps / V
+        on every class (Vaswani et al. use 0.1).
+      z_loss: coefficient of log(Z)^2, which keeps the softmax normaliser near 1 (PaLM: 1e-4).
+    Returns:
+      {"loss": sum of w * (smoothed CE + z_loss * log(Z)^2) (the training objective),
+       "nll": sum of w * CE against the true label, "correct": sum of w * [argmax == label],
+       "weight": sum of w}.
+    """
+    logits = logits.astype(jnp.float32)
+    # [..., V]
+    log_z = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    log_probs = logits - log_z
+    # [...]
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    loss = nll
+    if label_smoothing:
+        smooth = -log_probs.mean(axis=-1)  # CE against the uniform distribution over V
+        loss = (1.0 - label_smoothing) * nll + label_smoothing * smooth
+    if z_loss:
+        loss = loss + z_loss * jnp.square(log_z[..., 0])
+    weights = weights.astype(jnp.float32)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return {
+        "loss": jnp.sum(loss * weights),
+        "nll": jnp.sum(nll * weights),
+        "correct": jnp.sum(correct * weights),
+        "weight": jnp.sum(weights),
+    }
+
+
+def ratio(stats, key, denominator="weight") -> float:
+    """stats[key] / stats[denominator] as a float (0 when nothing was counted)."""
+    d = float(stats[denominator])
+    return float(stats[key]) / d if d else float("nan")
+
+
+def perplexity(stats) -> float:
+    """exp of the mean negative log-likelihood (no label smoothing, no z-loss)."""
+    return float(np.exp(min(ratio(stats, "nll"), 700.0)))

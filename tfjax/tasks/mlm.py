@@ -1,0 +1,38 @@
+"""Masked language modelling (BERT-like encoders): recover the picked tokens.
+
+Batch: "tokens" i32 [B, T] (corrupted), "targets" i32 [B, T] (original), "weights" f32 [B, T]
+(1 where picked for prediction), with packing also "tokens_segment_ids" and "tokens_positions".
+Model output: logits [B, T, V]. Metrics: loss, accuracy on the picked tokens (masked-token
+accuracy), perplexity.
+"""
+
+from tfjax.tasks import losses
+
+UNIT = "tokens"
+DATA_TASKS = ("mlm",)
+
+
+def model_inputs(batch):
+    kwargs = {}
+    if "tokens_segment_ids" in batch:
+        kwargs = dict(segment_ids=batch["tokens_segment_ids"], positions=batch["tokens_positions"])
+    return (batch["tokens"],), kwargs
+
+
+def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
+    stats = losses.cross_entropy_sums(
+        logits, batch["targets"], batch["weights"], label_smoothing=label_smoothing, z_loss=z_loss
+    )
+    return stats["loss"], stats
+
+
+def summarize(stats):
+    return {
+        "loss": losses.ratio(stats, "loss"),
+        "accuracy": losses.ratio(stats, "correct"),
+        "perplexity": losses.perplexity(stats),
+    }
+
+
+def units_per_batch(batch):
+    return batch["tokens"].shape[0] * batch["tokens"].shape[1]
