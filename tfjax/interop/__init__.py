@@ -1,0 +1,119 @@
+"""Converters between PyTorch / Hugging Face checkpoints and tfjax parameter trees.
+
+    from tfjax import interop
+    model, params = interop.load("path/to/checkpoint")   # config.json + safetensors / .bin
+    logits, aux = model.apply({"params": params}, tokens)
+    interop.save(model, params, "path/to/out")           # model.safetensors + config.json
+
+`load` picks the converter from the config's "architectures": GPT2LMHeadModel,
+LlamaForCausalLM, BertForMaskedLM, BertForSequenceClassification, ViTForImageClassification,
+MarianMTModel. Each family module also converts a state dict plus a config
+(`decoder.from_gpt2(state, cfg)`); `transformer.from_torch_transformer` converts a
+`torch.nn.Transformer` with its embeddings and `attention.from_torch_mha` a
+`torch.nn.MultiheadAttention`. Every converter
+checks every key and shape before returning: nothing is loaded half-way. Parameters come back
+as the plain "params" collection, stacked when the model has `scan_layers=True`.
+
+Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `transformers`.
+"""
+
+import functools
+import os
+
+from tfjax.interop import attention, core, decoder, encoder, transformer, vit
+from tfjax.interop.attention import from_torch_mha, to_torch_mha
+from tfjax.interop.core import read_config, read_state_dict, write_safetensors
+from tfjax.interop.decoder import from_gpt2, from_llama, to_gpt2, to_llama
+from tfjax.interop.encoder import from_bert, to_bert
+from tfjax.interop.transformer import (
+    from_marian,
+    from_torch_transformer,
+    to_marian,
+    to_torch_transformer,
+)
+from tfjax.interop.vit import from_hf_vit, from_timm_vit, resample_posemb, to_hf_vit
+from tfjax.models import decoder as _decoder
+from tfjax.models import encoder as _encoder
+from tfjax.models import transformer as _transformer
+from tfjax.models import vit as _vit
+
+ARCHITECTURES = {
+    "GPT2LMHeadModel": from_gpt2,
+    "LlamaForCausalLM": from_llama,
+    "BertForMaskedLM": functools.partial(from_bert, head="mlm"),
+    "BertForSequenceClassification": functools.partial(from_bert, head="classifier"),
+    "ViTForImageClassification": from_hf_vit,
+    "MarianMTModel": from_marian,
+}
+
+
+def load(directory, **overrides):
+    """(model, params) from a local Hugging Face checkpoint directory (no hub access).
+
+    `overrides` go to the converter (e.g. scan_layers=True, dtype, image_size for ViT).
+    """
+    config = read_config(directory)
+    archs = config.get("architectures") or []
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch](directory, config, **overrides)
+    raise ValueError(
+        f"{os.path.join(os.fspath(directory), core.CONFIG)}: architectures={archs} has no "
+        f"converter; supported: {', '.join(ARCHITECTURES)}"
+    )
+
+
+def export(model, params):
+    """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
+    if isinstance(model, _decoder.Decoder):
+        return (to_gpt2 if model.position == "learned" else to_llama)(model, params)
+    if isinstance(model, _encoder.Encoder):
+        return to_bert(model, params)
+    if isinstance(model, _vit.VisionTransformer):
+        return to_hf_vit(model, params)
+    if isinstance(model, _transformer.Transformer):
+        return to_marian(model, params)
+    raise ValueError(f"no exporter for {type(model).__name__}")
+
+
+def save(model, params, directory) -> str:
+    """Writes model.safetensors and config.json (Hugging Face layout); returns the weights path.
+
+    `load(directory)` gives the same params back bit for bit, and transformers'
+    `from_pretrained(directory)` reads it.
+    """
+    state, config = export(model, params)
+    return write_safetensors(state, directory, config)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "attention",
+    "core",
+    "decoder",
+    "encoder",
+    "export",
+    "from_bert",
+    "from_gpt2",
+    "from_hf_vit",
+    "from_llama",
+    "from_marian",
+    "from_timm_vit",
+    "from_torch_mha",
+    "from_torch_transformer",
+    "load",
+    "read_config",
+    "read_state_dict",
+    "resample_posemb",
+    "save",
+    "to_bert",
+    "to_gpt2",
+    "to_hf_vit",
+    "to_llama",
+    "to_marian",
+    "to_torch_mha",
+    "to_torch_transformer",
+    "transformer",
+    "vit",
+    "write_safetensors",
+]

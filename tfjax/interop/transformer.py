@@ -1,0 +1,548 @@
+"""The paper's encoder-decoder (`tfjax.models.transformer`) <-> Hugging Face `MarianMTModel` and
+`torch.nn.Transformer` with embeddings.
+
+    model, params = from_marian("path/to/opus-mt")           # config.json + weights
+    model, params = from_torch_transformer(module, num_heads=8)   # or a state dict / directory
+    logits, _ = model.apply({"params": params}, inputs, targets)  # [B, S], [B, T] -> [B, T, V]
+    state, config = to_marian(model, params)
+    state = to_torch_transformer(model, params)
+
+Both references are the paper's layout: post-LN blocks, sinusoidal positions added to token
+embeddings scaled by sqrt(d_model), a FFN with one activation (ReLU in the paper). tfjax uses
+token id 0 for padding and as the decoder's start token, and masks padding by that id.
+
+Key mapping, layer i (Marian under "model.", torch.nn.Transformer under `prefix`):
+  Marian  shared [V, D]  (encoder/decoder embed_tokens, lm_head tied)   -> embed/embedding
+          encoder.embed_tokens, decoder.embed_tokens, lm_head (not shared)
+                                                   -> embed, target_embed, output_proj
+          {en,de}coder.layers.i.self_attn.{q,k,v}_proj [N*H, D]
+                                                   -> {en,de}coder/layers_i/self_attention/
+                                                      {query,key,value}_kernel [D, N, H]
+          decoder.layers.i.encoder_attn.*           -> decoder/layers_i/cross_attention/*
+          *.self_attn_layer_norm, encoder_attn_layer_norm, final_layer_norm
+                                                   -> self_attention_norm, cross_attention_norm,
+                                                      mlp_norm
+          *.fc1, fc2                               -> mlp/wi, mlp/wo
+          final_logits_bias [1, V]                 -> must be zero (tfjax has no output bias)
+  torch   {en,de}coder.layers.i.self_attn.in_proj_weight [3D, D] (rows q, k, v)
+                                                   -> self_attention/{query,key,value}_kernel
+          decoder.layers.i.multihead_attn.*         -> cross_attention/*
+          encoder norm1, norm2 / decoder norm1, norm2, norm3
+                                                   -> self_attention_norm, (cross_attention_norm,)
+                                                      mlp_norm
+          linear1, linear2                         -> mlp/wi, mlp/wo
+          `embed`, `target_embed`, `output` keys (outside nn.Transformer) -> embed, target_embed,
+                                                      output_proj
+
+Sinusoid layout. The paper (and tfjax.nn.sinusoidal, and PyTorch's tutorial) interleaves the
+channels: sin at even, cos at odd indices. Marian puts every sin in the first half and every cos
+in the second, with the same frequencies. That is a fixed permutation of the model-width
+channels, and a post-LN Transformer is equivariant under any such permutation (LayerNorm
+statistics, residual sums and dot products do not depend on channel order). So `from_marian`
+permutes the width axis of every parameter that has one (embeddings' columns, norms, the
+attention and FFN projections' input rows and output columns) from Marian's order into the
+interleaved one, and `to_marian` permutes back: an exact relabelling, so the logits agree and
+round trips are bitwise, but tfjax's embedding columns are not Marian's column for column.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from tfjax.interop import core
+from tfjax.interop.decoder import _load
+from tfjax.models import transformer
+
+_QKV = ("query", "key", "value")
+MARIAN = "MarianMTModel"
+TORCH = "torch.nn.Transformer"
+
+# Hugging Face activation_function -> tfjax.nn.ffn activation (one-projection FFNs only).
+MARIAN_ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
+MARIAN_NORM_EPS = 1e-5  # Marian's nn.LayerNorm default; not in its config
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The key names of one family's layers (after "{prefix}{en,de}coder.layers.{i}.")."""
+
+    fused_qkv: bool  # torch.nn.MultiheadAttention's in_proj_weight vs q_proj / k_proj / v_proj
+    self_attn: str
+    cross_attn: str
+    fc1: str
+    fc2: str
+    encoder_norms: tuple[str, str]  # after self-attention, after the FFN
+    decoder_norms: tuple[str, str, str]  # after self-attention, cross-attention, the FFN
+
+
+MARIAN_LAYOUT = _Layout(
+    fused_qkv=False,
+    self_attn="self_attn",
+    cross_attn="encoder_attn",
+    fc1="fc1",
+    fc2="fc2",
+    encoder_norms=("self_attn_layer_norm", "final_layer_norm"),
+    decoder_norms=("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
+)
+TORCH_LAYOUT = _Layout(
+    fused_qkv=True,
+    self_attn="self_attn",
+    cross_attn="multihead_attn",
+    fc1="linear1",
+    fc2="linear2",
+    encoder_norms=("norm1", "norm2"),
+    decoder_norms=("norm1", "norm2", "norm3"),
+)
+
+
+def _tokens():
+    return jnp.zeros((1, 1), jnp.int32)
+
+
+def _attention(key: str, path: core.Path, fused: bool) -> list[core.Rule]:
+    if fused:
+        rules = [
+            core.stacked_linear(f"{key}.in_proj_weight", [(*path, f"{n}_kernel") for n in _QKV]),
+            core.stacked_linear(f"{key}.in_proj_bias", [(*path, f"{n}_bias") for n in _QKV]),
+        ]
+    else:
+        rules = []
+        for t, n in zip("qkv", _QKV, strict=True):
+            rules += [
+                core.linear(f"{key}.{t}_proj.weight", (*path, f"{n}_kernel")),
+                core.reshaped(f"{key}.{t}_proj.bias", (*path, f"{n}_bias")),
+            ]
+    return rules + [
+        core.linear_out(f"{key}.out_proj.weight", (*path, "out_kernel")),
+        core.identity(f"{key}.out_proj.bias", (*path, "out_bias")),
+    ]
+
+
+def _norm(key: str, path: core.Path) -> list[core.Rule]:
+    return [
+        core.identity(f"{key}.weight", (*path, "scale")),
+        core.identity(f"{key}.bias", (*path, "bias")),
+    ]
+
+
+def _dense(key: str, path: core.Path) -> list[core.Rule]:
+    return [
+        core.linear(f"{key}.weight", (*path, "kernel")),
+        core.identity(f"{key}.bias", (*path, "bias")),
+    ]
+
+
+def _stack_rules(num_layers: int, layout: _Layout, prefix: str) -> list[core.Rule]:
+    """The rules of both stacks' layers (keys under {prefix}encoder. and {prefix}decoder.)."""
+    rules = []
+    for side in ("encoder", "decoder"):
+        for i in range(num_layers):
+            k, layer = f"{prefix}{side}.layers.{i}.", (side, f"layers_{i}")
+            norms = layout.encoder_norms if side == "encoder" else layout.decoder_norms
+            rules += _attention(
+                k + layout.self_attn, (*layer, "self_attention"), layout.fused_qkv
+            ) + _norm(k + norms[0], (*layer, "self_attention_norm"))
+            if side == "decoder":
+                rules += _attention(
+                    k + layout.cross_attn, (*layer, "cross_attention"), layout.fused_qkv
+                ) + _norm(k + norms[1], (*layer, "cross_attention_norm"))
+            rules += [
+                *_dense(k + layout.fc1, (*layer, "mlp", "wi")),
+                *_dense(k + layout.fc2, (*layer, "mlp", "wo")),
+                *_norm(k + norms[-1], (*layer, "mlp_norm")),
+            ]
+    return rules
+
+
+def _check_model(model, what: str):
+    if not isinstance(model, transformer.Transformer):
+        raise ValueError(f"{what}: expected a tfjax.models.transformer model, got {type(model)}")
+    if model.norm_position != "post":
+        raise ValueError(
+            f"{what} is post-LN; the model has norm_position={model.norm_position!r} (its "
+            "pre-LN stacks end in a final norm the reference has no key for)"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# The width permutation between Marian's half-split sinusoids and the interleaved ones.
+
+
+def half_to_interleaved(width: int) -> np.ndarray:
+    """perm with interleaved[..., c] = half_split[..., perm[c]]: [0, D/2, 1, D/2 + 1, ...]."""
+    if width % 2:
+        raise ValueError(f"sinusoidal positions need an even width, got {width}")
+    half = np.arange(width // 2)
+    return np.stack([half, half + width // 2], axis=1).reshape(-1)
+
+
+def _width_axis(path: core.Path) -> int | None:
+    """The axis of a transformer parameter that runs over the model width D (None: none)."""
+    parent, name = (path[-2] if len(path) > 1 else ""), path[-1]
+    if name == "embedding":  # [V, D]
+        return 1
+    if parent == "output_proj" or parent.endswith("_norm"):  # [D, V]; [D]
+        return 0
+    if name in ("query_kernel", "key_kernel", "value_kernel", "out_bias"):  # [D, N, H]; [D]
+        return 0
+    if name == "out_kernel":  # [N, H, D]
+        return 2
+    if parent == "wi":  # kernel [D, F]; bias [F]
+        return 0 if name == "kernel" else None
+    if parent == "wo":  # kernel [F, D]; bias [D]
+        return 1 if name == "kernel" else 0
+    return None  # query/key/value biases [N, H]
+
+
+def _take(x, axis: int, index):
+    return x[(slice(None),) * axis + (index,)]
+
+
+def _permute_width(rules: list[core.Rule], perm: np.ndarray) -> list[core.Rule]:
+    """The rules with the width axis of every tfjax-side array permuted by `perm` on import
+    (and by its inverse on export); exact, so round trips stay bitwise."""
+    inv = np.argsort(perm)
+    out = []
+    for rule in rules:
+        axes = [_width_axis(p) for p in rule.paths]
+        if all(a is None for a in axes):
+            out.append(rule)
+            continue
+
+        def to_jax(*args, rule=rule, axes=axes):
+            outs = rule.to_jax(*args)
+            return tuple(
+                o if a is None else _take(np.asarray(o), a, perm)
+                for o, a in zip(outs, axes, strict=True)
+            )
+
+        def to_torch(*ys, rule=rule, axes=axes):
+            return rule.to_torch(
+                *(y if a is None else _take(y, a, inv) for y, a in zip(ys, axes, strict=True))
+            )
+
+        out.append(dataclasses.replace(rule, to_jax=to_jax, to_torch=to_torch))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Marian.
+
+
+def marian_model(config, **overrides) -> transformer.Transformer:
+    """The tfjax transformer with a MarianConfig's sizes, activation and embedding sharing."""
+    c, what = core.as_config(config), MARIAN
+    sizes = {}
+    for name in ("layers", "attention_heads", "ffn_dim"):
+        enc = core.get(c, f"encoder_{name}", what=what)
+        dec = core.get(c, f"decoder_{name}", what=what)
+        if enc != dec:
+            raise ValueError(
+                f"{what}: encoder_{name}={enc} differs from decoder_{name}={dec}; tfjax's "
+                "transformer has one size for both stacks"
+            )
+        sizes[name] = enc
+    act = c.get("activation_function", "gelu")
+    if act not in MARIAN_ACTIVATIONS:
+        raise ValueError(
+            f"{what}: activation_function={act!r} is not supported; allowed: "
+            f"{tuple(MARIAN_ACTIVATIONS)} (tfjax.nn.ffn.Mlp has no {act!r})"
+        )
+    if not c.get("scale_embedding", False):
+        raise ValueError(
+            f"{what}: scale_embedding=False is not supported; tfjax's transformer multiplies "
+            "token embeddings by sqrt(d_model), as the paper and Opus-MT models do"
+        )
+    pad = c.get("pad_token_id")
+    start = c.get("decoder_start_token_id")
+    start = pad if start is None else start
+    if pad != 0 or start != 0:
+        raise ValueError(
+            f"{what}: pad_token_id={pad} and decoder_start_token_id={start}; tfjax's transformer "
+            "uses token id 0 for both (padding masks and the decoder's start token)"
+        )
+    vocab = core.get(c, "vocab_size", what=what)
+    if c.get("decoder_vocab_size") not in (None, vocab):
+        raise ValueError(
+            f"{what}: decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size="
+            f"{vocab}; tfjax's transformer has one vocabulary"
+        )
+    share = bool(c.get("share_encoder_decoder_embeddings", True))
+    tie = bool(c.get("tie_word_embeddings", True))
+    if share != tie:
+        raise ValueError(
+            f"{what}: share_encoder_decoder_embeddings={share} with tie_word_embeddings={tie} is "
+            "not supported; tfjax shares one matrix three ways or none (both True or both False)"
+        )
+    fields = dict(
+        vocab_size=vocab,
+        width=core.get(c, "d_model", what=what),
+        num_layers=sizes["layers"],
+        num_heads=sizes["attention_heads"],
+        mlp_dim=sizes["ffn_dim"],
+        dropout_rate=c.get("dropout", 0.1),
+        attention_dropout_rate=c.get("attention_dropout", 0.0),
+        activation=MARIAN_ACTIVATIONS[act],
+        norm_position="post",
+        norm_eps=MARIAN_NORM_EPS,
+        share_embeddings=share,
+    )
+    return transformer.Model(**{**fields, **overrides})
+
+
+def marian_rules(model: transformer.Transformer) -> list[core.Rule]:
+    if model.share_embeddings:
+        rules = [core.identity("model.shared.weight", ("embed", "embedding"))]
+    else:
+        rules = [
+            core.identity("model.encoder.embed_tokens.weight", ("embed", "embedding")),
+            core.identity("model.decoder.embed_tokens.weight", ("target_embed", "embedding")),
+            core.linear("lm_head.weight", ("output_proj", "kernel")),
+        ]
+    rules += _stack_rules(model.num_layers, MARIAN_LAYOUT, "model.")
+    return _permute_width(rules, half_to_interleaved(model.width))
+
+
+def _check_logits_bias(state: core.StateDict, vocab: int):
+    key = "final_logits_bias"
+    if key not in state:
+        return
+    bias = state[key]
+    if tuple(bias.shape) != (1, vocab):
+        raise ValueError(
+            f"{MARIAN}: {key!r} in {state.where(key)} has shape {tuple(bias.shape)}, but the "
+            f"model built from the config expects (1, {vocab})"
+        )
+    if np.any(bias != 0):
+        raise ValueError(
+            f"{MARIAN}: {key!r} in {state.where(key)} has {int(np.sum(bias != 0))} non-zero "
+            "entries; tfjax's transformer has no output bias, so these logits would differ"
+        )
+
+
+def from_marian(source, config=None, **overrides):
+    """(tfjax transformer, params) from a MarianMTModel directory or (state dict, config).
+
+    `overrides` set model fields (scan_layers=True, dtype, implementation, ...).
+    """
+    state, c = _load(source, config)
+    model = marian_model(c, **overrides)
+    _check_logits_bias(state, model.vocab_size)
+    tied = None
+    if model.share_embeddings:  # older files and in-memory state dicts hold the tied copies
+        tied = {
+            k: "model.shared.weight"
+            for k in (
+                "model.encoder.embed_tokens.weight",
+                "model.decoder.embed_tokens.weight",
+                "lm_head.weight",
+            )
+        }
+    params = core.import_state(
+        state,
+        marian_rules(model),
+        core.param_shapes(model, _tokens(), _tokens()),
+        what=MARIAN,
+        ignore=("final_logits_bias", "model.*.embed_positions.weight"),
+        tied=tied,
+    )
+    return model, core.finish(model, params)
+
+
+def marian_config(model: transformer.Transformer) -> dict:
+    """A MarianConfig dict for a tfjax transformer."""
+    _check_model(model, MARIAN)
+    act = {v: k for k, v in MARIAN_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}.get(
+        model.activation
+    )
+    if act is None:
+        raise ValueError(f"{MARIAN} has no activation {model.activation!r}")
+    if model.norm_eps != MARIAN_NORM_EPS:
+        raise ValueError(
+            f"{MARIAN}'s LayerNorm epsilon is {MARIAN_NORM_EPS}; the model has norm_eps="
+            f"{model.norm_eps}, so the exported model would compute other numbers"
+        )
+    return {
+        "architectures": [MARIAN],
+        "model_type": "marian",
+        "is_encoder_decoder": True,
+        "vocab_size": model.vocab_size,
+        "decoder_vocab_size": model.vocab_size,
+        "d_model": model.width,
+        "encoder_layers": model.num_layers,
+        "decoder_layers": model.num_layers,
+        "encoder_attention_heads": model.num_heads,
+        "decoder_attention_heads": model.num_heads,
+        "encoder_ffn_dim": model.mlp_dim,
+        "decoder_ffn_dim": model.mlp_dim,
+        "activation_function": act,
+        "dropout": model.dropout_rate,
+        "attention_dropout": model.attention_dropout_rate,
+        "activation_dropout": 0.0,
+        "scale_embedding": True,
+        "share_encoder_decoder_embeddings": model.share_embeddings,
+        "tie_word_embeddings": model.share_embeddings,
+        "pad_token_id": 0,
+        "decoder_start_token_id": 0,
+        "max_position_embeddings": 1024,  # the sinusoid table's length; tfjax's has no limit
+    }
+
+
+def to_marian(model: transformer.Transformer, params):
+    """({Hugging Face key: numpy array}, config dict) for a tfjax transformer."""
+    config = marian_config(model)
+    p = core.unrolled(model, params)
+    state = core.export_state(p, marian_rules(model))
+    dtype = np.asarray(p["embed"]["embedding"]).dtype
+    state["final_logits_bias"] = np.zeros((1, model.vocab_size), dtype)
+    return state, config
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.nn.Transformer with embeddings.
+
+
+def _count_layers(state, prefix: str) -> int:
+    ids = {k[len(prefix) :].split(".", 1)[0] for k in state if k.startswith(prefix)}
+    return len({int(i) for i in ids if i.isdigit()})
+
+
+def _torch_state(source) -> core.StateDict:
+    if isinstance(source, dict):
+        return core.as_state_dict(source)
+    if hasattr(source, "state_dict"):
+        return core.as_state_dict(source.state_dict(), origin=type(source).__name__)
+    return core.read_state_dict(source)
+
+
+def torch_transformer_rules(
+    model: transformer.Transformer,
+    *,
+    prefix: str = "transformer.",
+    embed: str = "embed.weight",
+    target_embed: str = "target_embed.weight",
+    output: str = "output.weight",
+) -> list[core.Rule]:
+    rules = [core.identity(embed, ("embed", "embedding"))]
+    if not model.share_embeddings:
+        rules += [
+            core.identity(target_embed, ("target_embed", "embedding")),
+            core.linear(output, ("output_proj", "kernel")),
+        ]
+    return rules + _stack_rules(model.num_layers, TORCH_LAYOUT, prefix)
+
+
+def from_torch_transformer(
+    source,
+    *,
+    num_heads: int,
+    prefix: str = "transformer.",
+    embed: str = "embed.weight",
+    target_embed: str = "target_embed.weight",
+    output: str = "output.weight",
+    activation: str = "relu",
+    norm_eps: float = 1e-5,
+    ignore=(),
+    **overrides,
+):
+    """(tfjax transformer, params) from a module holding a post-LN `torch.nn.Transformer` and
+    its embeddings, its state dict, or a directory with its weights.
+
+    The nn.Transformer's keys are under `prefix`; `embed` is the [V, D] token embedding (the
+    source's, and the target's and the output projection's when `target_embed` is absent);
+    with `target_embed` present, `output` is the nn.Linear(D, V, bias=False) output projection.
+    A tied `output` equal to `embed` is accepted. Sizes come from the weights; `num_heads`,
+    `activation` and `norm_eps` (nn.Transformer's defaults: relu, 1e-5) are not stored in a
+    state dict. Positions are the paper's interleaved sinusoids added to embeddings scaled by
+    sqrt(D). `ignore`: fnmatch patterns of keys that hold no parameters (buffers).
+    """
+    what = TORCH
+    state = _torch_state(source)
+    if embed not in state:
+        raise ValueError(
+            f"{what}: no token embedding {embed!r} in {state.origin} (it holds {len(state)} keys "
+            f"such as {core._listing(state, 4)}); pass embed= the key of the [V, D] embedding"
+        )
+    vocab, width = state[embed].shape
+    layers = _count_layers(state, f"{prefix}encoder.layers.")
+    if not layers:
+        raise ValueError(
+            f"{what}: no keys under {prefix}encoder.layers. in {state.origin}; is it a "
+            f"torch.nn.Transformer state dict (prefix={prefix!r})?"
+        )
+    decoder_layers = _count_layers(state, f"{prefix}decoder.layers.")
+    if decoder_layers != layers:
+        raise ValueError(
+            f"{what}: {state.origin} has {layers} encoder and {decoder_layers} decoder layers; "
+            "tfjax's transformer has one num_layers for both"
+        )
+    for side in ("encoder", "decoder"):
+        key = f"{prefix}{side}.norm.weight"
+        if key in state:
+            raise ValueError(
+                f"{what}: {key!r} in {state.where(key)} is a LayerNorm after the last {side} "
+                "layer, which the paper's post-LN layout (tfjax.models.transformer) does not "
+                "have; build the reference with custom_encoder=nn.TransformerEncoder(layer, N, "
+                "norm=None) and custom_decoder=nn.TransformerDecoder(layer, N, norm=None)"
+            )
+    if width % num_heads:
+        raise ValueError(
+            f"{what}: num_heads={num_heads} does not divide the width {width} of {embed!r} in "
+            f"{state.where(embed)}"
+        )
+    share = target_embed not in state
+    tied = None
+    if share and output in state:
+        if not np.array_equal(state[output], state[embed]):
+            raise ValueError(
+                f"{what}: {output!r} in {state.where(output)} differs from {embed!r}; an output "
+                "projection of its own needs a separate target embedding (target_embed=)"
+            )
+        tied = {output: embed}
+    mlp_key = f"{prefix}encoder.layers.0.linear1.weight"
+    if mlp_key not in state:
+        raise ValueError(f"{what}: {mlp_key!r} is missing from {state.origin}")
+    fields = dict(
+        vocab_size=vocab,
+        width=width,
+        num_layers=layers,
+        num_heads=num_heads,
+        mlp_dim=state[mlp_key].shape[0],
+        activation=activation,
+        norm_position="post",
+        norm_eps=norm_eps,
+        share_embeddings=share,
+    )
+    model = transformer.Model(**{**fields, **overrides})
+    names = dict(prefix=prefix, embed=embed, target_embed=target_embed, output=output)
+    params = core.import_state(
+        state,
+        torch_transformer_rules(model, **names),
+        core.param_shapes(model, _tokens(), _tokens()),
+        what=what,
+        ignore=ignore,
+        tied=tied,
+    )
+    return model, core.finish(model, params)
+
+
+def to_torch_transformer(
+    model: transformer.Transformer,
+    params,
+    *,
+    prefix: str = "transformer.",
+    embed: str = "embed.weight",
+    target_embed: str = "target_embed.weight",
+    output: str = "output.weight",
+) -> dict:
+    """{torch key: numpy array} for a module like the one `from_torch_transformer` reads (the
+    output projection is left out when embeddings are shared)."""
+    _check_model(model, TORCH)
+    names = dict(prefix=prefix, embed=embed, target_embed=target_embed, output=output)
+    return core.export_state(core.unrolled(model, params), torch_transformer_rules(model, **names))
