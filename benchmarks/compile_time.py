@@ -1,0 +1,269 @@
+r"""Compile time of the train step against depth (unrolled vs scanned layers), and the runner's
+cold vs warm start with JAX's persistent compilation cache.
+
+    .venv/bin/python benchmarks/compile_time.py [--depths=2,4,8,16,32] [--reps=2]
+        [--parts=depth,cache] [--runner_config=configs/vit.py:tiny] [--tiny]
+
+depth: the GPT-like decoder of benchmarks/train_step_vs_torch.py (d=512, 8 heads, F=2048,
+V=8192, T=256, batch 4, float32) at each depth, `scan_layers` False and True; the whole train
+step (tfjax.train.make_train_step, AdamW) is traced and lowered (`jit(...).lower`), then
+compiled by XLA (`.compile()`), nothing executed. In-process and persistent caches are off;
+each measurement builds a new model and a new jitted function. The configurations run in
+rounds, each round every configuration once in a rotated order; medians over rounds.
+
+cache: `experiments/run.py --config=<runner_config>` launched in subprocesses, each with a
+fresh workdir, twice in a row (cold, then warm) for each mode:
+  runner     as shipped: no cache settings from outside; HOME and XDG_CACHE_HOME point at a
+             fresh directory per pair, so a default cache location of the runner starts empty
+  env_cache  JAX_COMPILATION_CACHE_DIR=<fresh dir> and
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 in the environment: what the runner
+             gets when it enables the cache (see the patch in the benchmark's report)
+Timed: the runner's own "First step (compilation included)" log line (the train step's
+compilation plus one tiny step), the wall time from launch to that line, and the whole run.
+
+Prints the tables and ratios (scanned L=32 / L=2; warm / cold) and writes
+benchmarks/results/compile_time.json (or --out). --tiny: depths 1,2 of a toy model, one round.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SPEC = dict(width=512, heads=8, mlp=2048, vocab=8192, length=256, batch=4)
+TINY_SPEC = dict(width=32, heads=4, mlp=64, vocab=128, length=16, batch=2)
+SCAN_TARGET = 1.25  # scanned deepest / scanned shallowest compile time, at most
+CACHE_TARGET = 3.0  # cold / warm first-step (compile) time, at least
+FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
+
+
+def compile_once(spec, depth, scan):
+    """(trace + lower seconds, XLA compile seconds) of one fresh train step."""
+    import jax
+    import ml_collections
+
+    from tfjax import optim, sharding, tasks, train
+    from tfjax.models import decoder
+
+    model = decoder.Model(variant="gpt2-small", vocab_size=spec["vocab"], width=spec["width"],
+                          num_layers=depth, num_heads=spec["heads"], mlp_dim=spec["mlp"],
+                          max_len=spec["length"], dropout_rate=0.0,
+                          scan_layers=scan)  # fmt: skip
+    task = tasks.get("lm")
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    rules = sharding.check_rules(sharding.DEFAULT_RULES)
+    optim_config = ml_collections.ConfigDict(dict(
+        name="adamw", learning_rate=1e-4, schedule="constant", warmup_steps=0,
+        end_learning_rate_fraction=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01,
+        grad_clip_norm=0.0, ema_decay=0.0,
+    ))  # fmt: skip
+    tx = optim.make_optimizer(optim_config, d_model=spec["width"], num_train_steps=10**6)
+    element_spec = {
+        "tokens": jax.ShapeDtypeStruct((spec["batch"], spec["length"]), jax.numpy.int32)
+    }
+    _, abstract, _ = train.abstract_train_state(
+        model, tx, task, element_spec, mesh=mesh, rules=rules, ema=False
+    )
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    repl = sharding.replicated(mesh)
+    batch_sh = {"tokens": sharding.batch_sharding(mesh, rules, 2)}
+    batch = {"tokens": jax.ShapeDtypeStruct(element_spec["tokens"].shape, jax.numpy.int32,
+                                            sharding=batch_sh["tokens"])}  # fmt: skip
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=repl)
+    step = jax.jit(
+        train.make_train_step(model, task, tx, mesh=mesh, rules=rules),
+        in_shardings=(shardings, batch_sh, repl),
+        out_shardings=(shardings, repl),
+        donate_argnums=0,
+    )
+    start = time.perf_counter()
+    lowered = step.lower(abstract, batch, key)
+    lower_s = time.perf_counter() - start
+    start = time.perf_counter()
+    lowered.compile()
+    return lower_s, time.perf_counter() - start
+
+
+def depth_part(spec, depths, reps, log):
+    configs = [(d, s) for d in depths for s in (False, True)]
+    times = {c: [] for c in configs}
+    for r in range(reps):
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
+        for depth, scan in order:
+            times[(depth, scan)].append(compile_once(spec, depth, scan))
+            lo, co = times[(depth, scan)][-1]
+            log(f"  round {r + 1}: L={depth:<3} {'scan' if scan else 'unrolled':8} "
+                f"lower {lo:6.2f} s, compile {co:6.2f} s")  # fmt: skip
+    rows = {}
+    for (depth, scan), t in times.items():
+        rows[f"{depth}/{'scan' if scan else 'unrolled'}"] = dict(
+            depth=depth,
+            scan=scan,
+            lower_s=statistics.median(x[0] for x in t),
+            compile_s=statistics.median(x[1] for x in t),
+            total_s=statistics.median(x[0] + x[1] for x in t),
+            runs=t,
+        )
+    return rows
+
+
+def launch(config, env, log):
+    """Runs the runner once in a fresh workdir; returns its timings."""
+    workdir = tempfile.mkdtemp(prefix="tfjax_compile_bench_")
+    cmd = [sys.executable, os.path.join(ROOT, "experiments/run.py"), f"--config={config}",
+           f"--workdir={workdir}"]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    first_step = to_first = None
+    tail = []
+    for line in proc.stdout:
+        tail = (tail + [line])[-30:]
+        m = FIRST_STEP.search(line)
+        if m and first_step is None:
+            first_step, to_first = float(m.group(1)), time.perf_counter() - start
+    rc = proc.wait()
+    total = time.perf_counter() - start
+    shutil.rmtree(workdir, ignore_errors=True)
+    if rc != 0 or first_step is None:
+        log("".join(tail))
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc})")
+    return dict(first_step_s=first_step, to_first_step_s=to_first, total_s=total)
+
+
+def cache_part(config, modes, reps, log):
+    base = dict(os.environ)
+    for k in list(base):
+        if k.startswith("JAX_COMPILATION_CACHE") or k.startswith("JAX_PERSISTENT_CACHE"):
+            del base[k]
+    # The real data and matplotlib caches, whatever HOME the child gets.
+    base.setdefault("TFJAX_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+    base.setdefault("MPLCONFIGDIR", os.path.expanduser("~/.config/matplotlib"))
+    runs = {m: {"cold": [], "warm": []} for m in modes}
+    for r in range(reps):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
+        for mode in order:
+            scratch = tempfile.mkdtemp(prefix="tfjax_cache_bench_")
+            env = dict(base)
+            if mode == "runner":
+                env.update(HOME=scratch, XDG_CACHE_HOME=os.path.join(scratch, ".cache"))
+            else:
+                env.update(JAX_COMPILATION_CACHE_DIR=os.path.join(scratch, "jax_cache"),
+                           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+            for phase in ("cold", "warm"):
+                result = launch(config, env, log)
+                runs[mode][phase].append(result)
+                log(f"  round {r + 1}: {mode:9} {phase}: first step {result['first_step_s']:5.1f}"
+                    f" s, launch to first step {result['to_first_step_s']:5.1f} s, "
+                    f"whole run {result['total_s']:5.1f} s")  # fmt: skip
+            entries = 0
+            for _, _, files in os.walk(scratch):
+                entries += len(files)
+            runs[mode].setdefault("cache_files", []).append(entries)
+            shutil.rmtree(scratch, ignore_errors=True)
+    out = {}
+    for mode, r in runs.items():
+        med = {
+            phase: {k: statistics.median(x[k] for x in r[phase]) for k in r[phase][0]}
+            for phase in ("cold", "warm")
+        }
+        out[mode] = dict(runs=r, median=med)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", default=None, help="default 2,4,8,16,32 (tiny: 1,2)")
+    parser.add_argument("--reps", type=int, default=None, help="rounds (default 2, tiny 1)")
+    parser.add_argument("--parts", default="depth,cache")
+    parser.add_argument("--cache_modes", default="runner,env_cache")
+    parser.add_argument("--runner_config", default="configs/vit.py:tiny")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
+                                                      "compile_time.json"))  # fmt: skip
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    depths = [int(x) for x in (args.depths or ("1,2" if args.tiny else "2,4,8,16,32")).split(",")]
+    reps = args.reps or (1 if args.tiny else 2)
+    spec = TINY_SPEC if args.tiny else SPEC
+
+    import jax
+    import jaxlib
+
+    jax.config.update("jax_enable_compilation_cache", False)  # every compile is a real one
+
+    def log(msg):
+        print(msg, flush=True)
+
+    info = dict(python=platform.python_version(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                platform=platform.platform(), cores=len(os.sched_getaffinity(0)),
+                backend=jax.default_backend(), XLA_FLAGS=os.environ.get("XLA_FLAGS", ""),
+                load_average=os.getloadavg())  # fmt: skip
+    log("compile time; " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    result = dict(benchmark="compile_time", tiny=args.tiny, machine=info)
+    if "depth" in parts:
+        log(f"\n[depth] train step of a decoder {spec}, {reps} round(s)")
+        rows = depth_part(spec, depths, reps, log)
+        head = f"{'scanned lower':>13} {'compile':>8} {'total':>7}   {'unrolled/scan':>13}"
+        log(f"\n  {'layers':>6} {'unrolled lower':>14} {'compile':>8} {'total':>7}   {head}")
+        for d in depths:
+            u, s = rows[f"{d}/unrolled"], rows[f"{d}/scan"]
+            log(f"  {d:>6} {u['lower_s']:>14.2f} {u['compile_s']:>8.2f} {u['total_s']:>7.2f}   "
+                f"{s['lower_s']:>13.2f} {s['compile_s']:>8.2f} {s['total_s']:>7.2f}   "
+                f"{u['total_s'] / s['total_s']:>13.2f}")  # fmt: skip
+        lo, hi = min(depths), max(depths)
+        ratios = {
+            f"scan L={hi}/L={lo}": rows[f"{hi}/scan"]["total_s"] / rows[f"{lo}/scan"]["total_s"],
+            f"unrolled L={hi}/L={lo}": rows[f"{hi}/unrolled"]["total_s"]
+            / rows[f"{lo}/unrolled"]["total_s"],
+        }
+        for k, v in ratios.items():
+            note = ""
+            if k.startswith("scan") and not args.tiny:
+                note = f"  (target <= {SCAN_TARGET}: {'met' if v <= SCAN_TARGET else 'MISSED'})"
+            log(f"  ratio {k} (lower + compile) = {v:.2f}{note}")
+        result["depth"] = dict(spec=spec, rows=rows, ratios=ratios)
+    if "cache" in parts:
+        modes = args.cache_modes.split(",")
+        log(f"\n[cache] experiments/run.py --config={args.runner_config}, fresh workdirs, "
+            f"{reps} round(s) of cold + warm per mode")  # fmt: skip
+        if not args.tiny:
+            launch(args.runner_config, dict(os.environ), log)  # untimed: data, page cache
+        runs = cache_part(args.runner_config, modes, reps, log)
+        log(f"\n  {'mode':10} {'first step cold s':>17} {'warm s':>7} {'cold/warm':>9}   "
+            f"{'to first step cold s':>20} {'warm s':>7} {'cold/warm':>9}")  # fmt: skip
+        ratios = {}
+        for mode, r in runs.items():
+            c, w = r["median"]["cold"], r["median"]["warm"]
+            ratio = c["first_step_s"] / max(w["first_step_s"], 0.05)
+            ratio_wall = c["to_first_step_s"] / w["to_first_step_s"]
+            ratios[mode] = dict(first_step=ratio, to_first_step=ratio_wall)
+            log(f"  {mode:10} {c['first_step_s']:>17.1f} {w['first_step_s']:>7.1f} "
+                f"{ratio:>9.2f}   {c['to_first_step_s']:>20.1f} {w['to_first_step_s']:>7.1f} "
+                f"{ratio_wall:>9.2f}")  # fmt: skip
+        for mode, r in ratios.items():
+            note = ""
+            if mode == "runner" and not args.tiny:
+                met = r["first_step"] >= CACHE_TARGET
+                note = f"  (target >= {CACHE_TARGET}: {'met' if met else 'MISSED'})"
+            log(f"  ratio {mode} cold/warm first step (compile) = {r['first_step']:.2f}{note}")
+        result["cache"] = dict(config=args.runner_config, modes=runs, ratios=ratios)
+    info["load_average_end"] = os.getloadavg()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=float)
+    log(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

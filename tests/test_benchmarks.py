@@ -1,0 +1,69 @@
+"""Smoke runs of the benchmarks on toy sizes: they run, print their ratios, write their JSON.
+
+No timing is asserted (benchmarks are never timed tests). About a minute on an idle 2-core
+CPU, most of it JAX compilation and the two runner launches of compile_time's cache part.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script, out, *args):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # conftest's 8 host devices are not what a benchmark measures
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--tiny", f"--out={out}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out) as f:
+        return proc.stdout, json.load(f)
+
+
+@pytest.mark.slow
+def test_train_step_vs_torch_tiny(tmp_path):
+    # One model and no torch.compile (~30 s of inductor compilation even for a toy model) keep
+    # the test short; the full run covers ViT and torch.compile (or reports why it failed).
+    out, result = _run(
+        "train_step_vs_torch.py",
+        tmp_path / "train_step.json",
+        "--models=decoder",
+        "--contenders=tfjax,stock_flax,torch_eager",
+        "--rounds=1",
+        "--warmup=0",
+    )
+    for model in ("decoder",):
+        assert f"[{model}] params" in out
+        assert set(result["summary"][model]["ratios"]) == {
+            "tfjax/stock_flax",
+            "tfjax/torch_eager",
+        }
+        assert result["results"][model]["flops"] > 0
+    assert out.count("ratio tfjax/torch_eager = ") == 1
+    assert out.count("ratio tfjax/stock_flax = ") == 1
+    assert result["roofline_flops"] > 0 and result["machine"]["jax"]
+
+
+@pytest.mark.slow
+def test_compile_time_tiny(tmp_path):
+    out, result = _run(
+        "compile_time.py",
+        tmp_path / "compile_time.json",
+        "--depths=1,2",
+        "--cache_modes=env_cache",
+    )
+    assert "ratio scan L=2/L=1 (lower + compile) = " in out
+    assert "ratio unrolled L=2/L=1 (lower + compile) = " in out
+    assert "ratio env_cache cold/warm first step (compile) = " in out
+    assert set(result["depth"]["rows"]) == {"1/unrolled", "1/scan", "2/unrolled", "2/scan"}
+    assert result["cache"]["modes"]["env_cache"]["median"]["warm"]["first_step_s"] >= 0
