@@ -31,6 +31,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import tqdm
 from absl import logging
 from jax.experimental import multihost_utils
 
@@ -443,8 +445,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         running again continues from there (notebooks train in pieces this way).
       devices: the devices of the mesh; all of them (of every process) when None.
     Returns:
-      {"state": the final TrainState, "model": the module, "step": int,
-       "train": last train metrics, "eval": last eval metrics}.
+      {"state": the final TrainState, "model": the module, "tokenizer": the data's tokenizer
+       (None for images), "step": int, "train": last train metrics, "eval": last eval metrics,
+       "workdir", "checkpoints": absolute paths, "curves": the PNG of the curves (process 0)}.
     """
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
@@ -678,11 +681,18 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
         saved_step = step
         logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
 
+    # A progress bar in a terminal (process 0); logs and notebooks get the periodic lines only.
+    progress = tqdm.tqdm(
+        total=last_step, initial=start_step, unit="step", dynamic_ncols=True, leave=False,
+        disable=jax.process_index() != 0 or not sys.stderr.isatty(),
+    )  # fmt: skip
+    cleanup.callback(progress.close)
     while step < last_step:
         batch = sharding.shard_batch(next(train_loader), mesh, rules)
         state, stats = train_step(state, batch, dropout_key)
         pending.append(stats)
         step += 1
+        progress.update()
         if step == start_step + 1:  # keep compilation out of the throughput
             jax.block_until_ready(stats)
             logging.info("First step (compilation included): %.1fs", time.perf_counter() - timer)
@@ -707,7 +717,7 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
             writer.write(step, "train", train_metrics)
             if jax.process_index() == 0:
                 line = metrics.format_line(step, total, "train", train_metrics, eta_s=eta)
-                print(line, flush=True)
+                progress.write(line)
         eval_now = (config.eval_every and step % config.eval_every == 0) or step == total
         eval_result = None
         if eval_now:
@@ -715,7 +725,7 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
             eval_metrics = eval_result
             writer.write(step, "eval", eval_result)
             if jax.process_index() == 0:
-                print(metrics.format_line(step, total, "eval", eval_result), flush=True)
+                progress.write(metrics.format_line(step, total, "eval", eval_result))
         every = config.checkpoint.every
         # Preemption (SIGTERM on a multi-host job): every process reaches this at the same
         # step through JAX's coordination service; save and return, the next run resumes.
@@ -732,11 +742,14 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
             break
         if eval_now or step == saved_step:  # do not count evaluation and saving as training
             timer_step, timer = step, time.perf_counter()
+    progress.close()
     if saved_step != step:
         save(step)
+    curves = None
     if jax.process_index() == 0 and os.path.exists(writer.path):
         from tfjax import plots
 
-        plots.plot_metrics(workdir)
-    return {"state": state, "model": model, "step": step, "train": train_metrics,
-            "eval": eval_metrics}  # fmt: skip
+        curves, _ = plots.plot_metrics(workdir)
+    return {"state": state, "model": model, "tokenizer": tokenizer, "step": step,
+            "train": train_metrics, "eval": eval_metrics, "workdir": workdir,
+            "checkpoints": os.path.join(workdir, "checkpoints"), "curves": curves}  # fmt: skip
