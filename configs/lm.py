@@ -54,6 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every = 200  # steps between evaluations (0: only at the end)
     config.eval_steps = 0  # eval batches per evaluation (0: the whole eval split)
     config.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (params stay float32)
+    config.nonfinite = "error"  # NaN/Inf loss or gradient: "error" stops, "skip" drops the update
+    config.max_nonfinite_skips = 10  # with "skip": updates skipped in a row before stopping
 
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: the rest
     config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes

@@ -6,6 +6,10 @@ r"""Runs an experiment: a config file, a workdir, optional overrides.
 The config is locked: a misspelt override or a value of the wrong type is an error naming the
 key. Running the same command again resumes from the workdir's newest checkpoint.
 
+SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
+with status 143 or 130 (128 + the signal) and a line saying where to resume; a non-finite loss
+exits with a FloatingPointError naming the step (see tfjax.train).
+
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
 calls jax.distributed.initialize() first and then loads only its part of each batch.
@@ -13,6 +17,7 @@ calls jax.distributed.initialize() first and then loads only its part of each ba
 
 import logging as std_logging
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -90,6 +95,17 @@ def main(argv):
     from tfjax import train
 
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    if result["stopped_by"]:
+        # Every process says so (each may be watched on its own); the status is the shell's
+        # for a process ended by that signal, so a wrapper script sees the run did not finish.
+        print(
+            f"Stopped by {result['stopped_by']} at step {result['step']} of "
+            f"{_CONFIG.value.num_train_steps}: checkpoint {result['step']} saved in "
+            f"{result['checkpoints']}. Run the same command again to resume.",
+            flush=True,
+        )
+        signum = {"SIGINT": signal.SIGINT}.get(result["stopped_by"], signal.SIGTERM)
+        sys.exit(128 + signum)
     if jax.process_index() == 0:
         print(_summary(result), flush=True)
 

@@ -6,11 +6,29 @@ A checkpoint step directory `WORKDIR/checkpoints/<step>/` holds three items:
   state   {"step", "opt_state", "rng" (the run's dropout key data), "ema_params" (if on)}
   data    the data loader's position, one JSON file per process (`process_<i>-of-<n>.json`)
 
+Every step directory also records, in Orbax's `_CHECKPOINT_METADATA` (JSON), the versions of
+jax, flax, optax, orbax and tfjax that wrote it; restoring under other versions logs a warning
+with both lists.
+
+Crash safety (what a SIGKILL at any moment leaves behind):
+  * Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it to `<step>` only
+    when every file (and every process's data position) is written, so a listed step is always
+    complete; temporary directories of interrupted saves are removed when a manager is made.
+  * Old steps are not deleted in place (an interrupted `rmtree` would leave a listed but
+    partial step): they are first renamed, atomically, into `<checkpoints>/TRASH/` and removed
+    from there (after each save and when a manager is made).
+  * A failed asynchronous write raises at the next save or when the run ends
+    (`wait_until_finished`), and its step never becomes a complete directory.
+Everything in a checkpoint is read as JSON, msgpack or tensorstore arrays: nothing is
+unpickled, so nothing stored can import or execute code.
+
 Restoring takes an abstract target (jax.ShapeDtypeStruct with the *new* shardings), so a
 checkpoint written on one mesh restores onto any other mesh or device count. Before anything
 is restored the stored parameter shapes are compared with the model's, and a mismatch is an
 error naming the first differing parameter; nothing in the checkpoint directory is ever
-deleted by a failed restore.
+deleted by a failed restore. There is no silent partial restore: the only one is asked for by
+name, `init_from` (`restore_params`: parameters only, no optimizer state), and it too needs
+every parameter to match.
 
 Fields of `config.checkpoint`:
   every         save every this many steps (and always after the last step); 0: only at the end
@@ -26,8 +44,10 @@ Fields of `config.checkpoint`:
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +58,60 @@ from etils import epath
 from orbax.checkpoint import future as ocp_future
 
 ITEMS = ("params", "state", "data")
+TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
+VERSIONED = ("jax", "flax", "optax", "orbax-checkpoint", "tfjax")
+
+
+def versions() -> dict[str, str]:
+    """{"jax": "0.x", ...}: the versions of the packages a checkpoint's contents depend on."""
+    out = {}
+    for package in VERSIONED:
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:  # e.g. tfjax run from a checkout
+            out[package] = "unknown"
+    if out["tfjax"] == "unknown":
+        import tfjax
+
+        out["tfjax"] = tfjax.__version__
+    return out
+
+
+def check_versions(manager, step: int) -> None:
+    """Warns (naming both lists) when the checkpoint was written under other package versions."""
+    try:
+        stored = (manager.metadata(step).custom_metadata or {}).get("versions")
+    except Exception as e:  # noqa: BLE001 - metadata is advisory, never a reason to fail
+        logging.warning("Checkpoint %s/%d: cannot read its metadata (%s)", manager.directory,
+                        step, e)  # fmt: skip
+        return
+    current = versions()
+    if stored is None:
+        logging.warning(
+            "Checkpoint %s/%d records no package versions (written before tfjax recorded "
+            "them); restoring under %s", manager.directory, step, current,
+        )  # fmt: skip
+    elif stored != current:
+        logging.warning(
+            "Checkpoint %s/%d was written under other package versions: checkpoint %s, now %s. "
+            "Restoring anyway; if values or shapes look wrong, use the versions it was written "
+            "with.", manager.directory, step, stored, current,
+        )  # fmt: skip
+
+
+def empty_trash(directory) -> None:
+    """Removes the old steps renamed into `<directory>/TRASH/` (primary process only).
+
+    Only entries present now are removed, and never TRASH itself, so a deletion that Orbax's
+    background thread is renaming in at this moment is left for the next call.
+    """
+    if jax.process_index() != 0:
+        return
+    trash = os.path.join(os.fspath(directory), TRASH)
+    if not os.path.isdir(trash):
+        return
+    for name in os.listdir(trash):
+        shutil.rmtree(os.path.join(trash, name), ignore_errors=True)
 
 
 # ------------------------------------------------------------------ the data loader's position
@@ -144,6 +218,10 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
     options = ocp.CheckpointManagerOptions(
         read_only=read_only,
         create=not read_only,
+        # Leftovers of a save that was killed are never listed as steps; remove them.
+        cleanup_tmp_directories=not read_only,
+        # Delete old steps by an atomic rename first (see the module docstring).
+        todelete_subdir=TRASH,
         enable_async_checkpointing=bool(checkpoint_config is None or checkpoint_config.async_save),
         # We decide when to save; Orbax saves whenever asked.
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(1),
@@ -152,18 +230,27 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         else None,
     )
     replica_parallel = checkpoint_config is None or checkpoint_config.replica_parallel
-    return ocp.CheckpointManager(
+    manager = ocp.CheckpointManager(
         epath.Path(directory).absolute(), options=options,
         handler_registry=_registry(replica_parallel),
     )  # fmt: skip
+    if not read_only:
+        empty_trash(manager.directory)
+    return manager
 
 
 def save(manager, step: int, *, params, state: dict, data_state: dict | None, metrics=None):
-    """Starts saving (returns once arrays are copied off the devices when async)."""
+    """Starts saving (returns once arrays are copied off the devices when async).
+
+    Waits for the previous asynchronous save first, and raises its error if it failed.
+    """
     items = dict(params=ocp.args.PyTreeSave(params), state=ocp.args.PyTreeSave(state))
     if data_state is not None:
         items["data"] = DataSave(data_state)
-    manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+    manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
+                 custom_metadata={"versions": versions()})  # fmt: skip
+    # The previous save (and its deletions) finished inside manager.save.
+    empty_trash(manager.directory)
 
 
 # ------------------------------------------------------------------------------ compatibility
@@ -177,6 +264,12 @@ def _path_str(path) -> str:
 def _shapes(tree) -> dict[str, tuple]:
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {_path_str(path): tuple(leaf.shape) for path, leaf in leaves if leaf is not None}
+
+
+def stored_state_keys(manager, step: int) -> set[str]:
+    """The top-level keys of the "state" item saved at `step` (older checkpoints have fewer)."""
+    metadata = manager.item_metadata(step)["state"]
+    return set(getattr(metadata, "tree", metadata) or {})
 
 
 def stored_param_shapes(manager, step: int) -> dict[str, tuple]:
@@ -216,6 +309,7 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, data: 
     check_params_fit(
         stored_param_shapes(manager, step), abstract_params, f"{manager.directory}/{step}"
     )
+    check_versions(manager, step)
     items = dict(params=_restore_args(abstract_params), state=_restore_args(abstract_state))
     if data and "data" in (manager.item_metadata(step) or {}):
         items["data"] = DataRestore()
@@ -264,6 +358,7 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
             check_params_fit(
                 stored_param_shapes(manager, step), abstract_params, f"{directory}/{step} ({what})"
             )
+            check_versions(manager, step)
             params = manager.restore(
                 step, args=ocp.args.Composite(params=_restore_args(abstract_params))
             )["params"]

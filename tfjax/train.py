@@ -17,6 +17,21 @@ optimizer (`tfjax.optim`); `tfjax.checkpoint` restores; then the loop runs `trai
 Running again with the same workdir resumes from the newest checkpoint, data position included,
 and continues exactly as if never stopped.
 
+Stopping and failing safely:
+  * SIGTERM or SIGINT (preemption, Ctrl-C) finishes the current step, saves a checkpoint and
+    returns with result["stopped_by"] set (a second Ctrl-C aborts at once). One process: a
+    Python signal handler sets a flag the loop reads after every step (no host sync). Several
+    processes: SIGTERM goes to JAX's preemption service (its handler, installed by
+    jax.distributed.initialize), which agrees on one step for all processes through the
+    coordination service, read each step with `manager.reached_preemption`; SIGINT is turned
+    into SIGTERM to join the same path. With that service switched off, the flags of all
+    processes are combined at log steps instead (the loop's existing host sync).
+  * A NaN or Inf loss or gradient never updates the state: the update of that step is dropped
+    inside train_step. config.nonfinite="error" (the default) then stops the run naming the
+    step, before any checkpoint of later state is written; "skip" goes on, logging each skip
+    and stopping after config.max_nonfinite_skips skips in a row. The host learns of it at the
+    next log step, evaluation or save (no extra host sync).
+
 Parallelism is the mesh and the logical axis rules only (see `tfjax.sharding`). The state is
 created shape-first: `jax.eval_shape` of the initialiser gives the shapes and logical names,
 the rules turn those into shardings, and `jax.jit(init, out_shardings=...)` creates every
@@ -31,7 +46,9 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -49,6 +66,8 @@ from jax.experimental import multihost_utils
 from tfjax import checkpoint, metrics, optim, sharding, tasks
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
+NONFINITE_STATS = ("nonfinite", "bad_loss", "bad_grad_norm", "skipped", "skipped_in_a_row")
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
 
@@ -60,6 +79,8 @@ class TrainState:
     params: Any
     opt_state: Any
     ema_params: Any = None  # moving average of params (config.optim.ema_decay > 0), for eval
+    skipped: Any = None  # int32 []: updates dropped for a non-finite loss or gradient
+    skipped_in_a_row: Any = None  # int32 []: of those, how many just before this step
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
@@ -121,6 +142,11 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
     num_microbatches M > 1 the batch is processed in M parts whose gradients are summed
     (gradient accumulation); as every loss is a sum normalised once by the total weight, the
     update equals that of one big batch. `stats` are sums (see tfjax.tasks) plus "grad_norm".
+
+    A step whose loss or gradient has a NaN or Inf leaves params, opt_state and the EMA as they
+    were (only step and the skip counters move); its stats are zeros except "nonfinite" (1),
+    "bad_loss" and "bad_grad_norm" (the non-finite values, for the error message). "skipped"
+    and "skipped_in_a_row" are the state's counters after the step (not sums).
     """
 
     def loss_fn(params, batch, rng):
@@ -170,9 +196,30 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
                 # early parameters, far from the final ones, are forgotten quickly.
                 decay = jnp.minimum(ema_decay, (1.0 + state.step) / (10.0 + state.step))
                 ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
-            stats = dict(stats, grad_norm=optax.tree.norm(grads), steps=jnp.float32(1))
+            grad_norm = optax.tree.norm(grads)
+            # An Inf or NaN anywhere in the gradient makes its norm non-finite.
+            ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(grad_norm)
+
+            def keep_if_bad(new, old):  # where(True, new, old) is bitwise `new`
+                return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+            params = keep_if_bad(params, state.params)
+            opt_state = keep_if_bad(opt_state, state.opt_state)
+            if ema_decay:
+                ema = keep_if_bad(ema, state.ema_params)
+            skipped = (0 if state.skipped is None else state.skipped) + (~ok).astype(jnp.int32)
+            in_a_row = jnp.where(ok, 0, 1 + (0 if state.skipped_in_a_row is None
+                                             else state.skipped_in_a_row))  # fmt: skip
+            bad = dict(nonfinite=(~ok).astype(jnp.float32),
+                       bad_loss=jnp.where(ok, 0.0, stats["loss"]),
+                       bad_grad_norm=jnp.where(ok, 0.0, grad_norm),
+                       skipped=skipped, skipped_in_a_row=in_a_row)  # fmt: skip
+            # A dropped step counts nowhere: its zeros leave the logged means of the others.
+            stats = dict(stats, grad_norm=grad_norm, steps=jnp.float32(1))
+            stats = {k: jnp.where(ok, v, jnp.zeros_like(v)) for k, v in stats.items()} | bad
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                              ema_params=ema), stats  # fmt: skip
+                              ema_params=ema, skipped=skipped.astype(jnp.int32),
+                              skipped_in_a_row=in_a_row.astype(jnp.int32)), stats  # fmt: skip
 
     return train_step
 
@@ -234,8 +281,9 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
     def init_fn(rng):
         params = nn.unbox(init_variables(rng)["params"])
         ema_params = params if ema else None
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                          opt_state=tx.init(params), ema_params=ema_params)  # fmt: skip
+        zero = jnp.zeros((), jnp.int32)
+        return TrainState(step=zero, params=params, opt_state=tx.init(params),
+                          ema_params=ema_params, skipped=zero, skipped_in_a_row=zero)  # fmt: skip
 
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     treedef = jax.tree.structure(abstract_params_)
@@ -245,6 +293,8 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
         params=param_shardings,
         opt_state=_like_params(abstract.opt_state, treedef, param_shardings, repl),
         ema_params=param_shardings if ema else None,
+        skipped=repl,
+        skipped_in_a_row=repl,
     )
     return init_fn, checkpoint.abstract_like(abstract, shardings), param_shardings
 
@@ -266,6 +316,10 @@ def check_config(config) -> None:
             raise ValueError(f"{field} must be >= 0, got {config[field]}")
     if config.checkpoint.every < 0:
         raise ValueError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
+    if config.get("nonfinite", "error") not in NONFINITE:
+        raise ValueError(f"nonfinite={config.nonfinite!r} is unknown; allowed: {NONFINITE}")
+    if config.get("max_nonfinite_skips", 1) < 1:
+        raise ValueError(f"max_nonfinite_skips must be >= 1, got {config.max_nonfinite_skips}")
     if not 0.0 <= config.optim.ema_decay < 1.0:
         raise ValueError(f"optim.ema_decay must be in [0, 1), got {config.optim.ema_decay}")
     _check_decode(config)
@@ -316,6 +370,64 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
 
 
 # ------------------------------------------------------------------------------------ running
+def _preemption_service() -> bool:
+    """Whether JAX's preemption service runs (multi-process, jax.distributed initialised)."""
+    from jax._src import distributed
+
+    return jax.process_count() > 1 and distributed.global_state.preemption_sync_manager is not None
+
+
+class StopSignals:
+    """SIGTERM and SIGINT ask the loop to stop after the current step (see the module docstring).
+
+    `signal` is the name of the first signal this process received (None: none). Installed
+    only from the main thread (Python delivers signals there); restored on exit.
+    """
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        wanted = [signal.SIGINT]
+        if not _preemption_service():  # else SIGTERM is the service's (its C++ handler)
+            wanted.append(signal.SIGTERM)
+        for signum in wanted:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = self.signal or name
+        logging.warning(
+            "%s received: finishing the current step, then saving a checkpoint and stopping%s",
+            name, " (Ctrl-C again to abort at once)" if signum == signal.SIGINT else "",
+        )  # fmt: skip
+        if signum != signal.SIGTERM and _preemption_service():
+            os.kill(os.getpid(), signal.SIGTERM)  # join the path every process agrees on
+
+    def reached(self, manager, step: int, log_step: bool) -> bool:
+        """Whether to save and stop after `step`; the same answer on every process."""
+        if jax.process_count() == 1:
+            return self.signal is not None
+        if _preemption_service():
+            return manager.reached_preemption(step)
+        if not log_step:
+            return False
+        # No preemption service: combine the flags at log steps (a host sync happens anyway).
+        flags = multihost_utils.process_allgather(np.int32(self.signal is not None))
+        return bool(np.any(flags))
+
+
 def _primary_first(fn):
     """Runs fn on process 0, then on the others (who then find what it prepared: datasets,
     tokenizers), so that several processes never build the same files at once."""
@@ -447,8 +559,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     Returns:
       {"state": the final TrainState, "model": the module, "tokenizer": the data's tokenizer
        (None for images), "step": int, "train": last train metrics, "eval": last eval metrics,
-       "workdir", "checkpoints": absolute paths, "curves": the PNG of the curves (process 0)}.
+       "workdir", "checkpoints": absolute paths, "curves": the PNG of the curves (process 0),
+       "stopped_by": None, or the signal ("SIGTERM", "SIGINT") that stopped the run early
+       after saving a checkpoint ("preemption" on a process that received none itself)}.
+    Raises:
+      FloatingPointError: a non-finite loss or gradient (config.nonfinite, max_nonfinite_skips).
     """
+    with StopSignals() as stop:  # from the start: a signal during set-up stops after step 1
+        return _train_and_evaluate(config, workdir, stop_after_step=stop_after_step,
+                                   devices=devices, stop=stop)  # fmt: skip
+
+
+def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
     check_config(config)
@@ -495,11 +617,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         return _run(config, workdir, task=task, mesh=mesh, rules=rules,
                     data_config=data_config, train_loader=train_loader,
                     eval_loader=eval_loader, stop_after_step=stop_after_step,
-                    cleanup=cleanup)  # fmt: skip
+                    cleanup=cleanup, stop=stop)  # fmt: skip
 
 
 def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_loader,
-         stop_after_step, cleanup):  # fmt: skip
+         stop_after_step, cleanup, stop):  # fmt: skip
     """train_and_evaluate from the point where the data loaders exist."""
     tokenizer = train_loader.tokenizer
     model = build_model(
@@ -534,7 +656,8 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
     key_data = jax.jit(jax.random.key_data, out_shardings=repl)
 
     def ckpt_state(state, key):
-        d = dict(step=state.step, opt_state=state.opt_state, rng=key_data(key))
+        d = dict(step=state.step, opt_state=state.opt_state, rng=key_data(key),
+                 skipped=state.skipped, skipped_in_a_row=state.skipped_in_a_row)  # fmt: skip
         if ema:
             d["ema_params"] = state.ema_params
         return d
@@ -546,13 +669,21 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
                                                           sharding=repl)  # fmt: skip
         if ema:
             abstract_ckpt_state["ema_params"] = abstract_state.ema_params
+        # Checkpoints written before the skip counters existed have none: they start at 0.
+        counters = {"skipped", "skipped_in_a_row"} & checkpoint.stored_state_keys(manager, latest)
+        for name in counters:
+            abstract_ckpt_state[name] = getattr(abstract_state, name)
         restored = checkpoint.restore(
             manager, latest, abstract_params=abstract_state.params,
             abstract_state=abstract_ckpt_state,
         )  # fmt: skip
         s = restored["state"]
+        zero = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=repl)
         state = TrainState(step=s["step"], params=restored["params"], opt_state=s["opt_state"],
-                           ema_params=s.get("ema_params"))  # fmt: skip
+                           ema_params=s.get("ema_params"),
+                           skipped=s["skipped"] if "skipped" in s else zero(),
+                           skipped_in_a_row=s["skipped_in_a_row"] if "skipped_in_a_row" in s
+                           else zero())  # fmt: skip
         dropout_key = jax.jit(jax.random.wrap_key_data, out_shardings=repl)(s["rng"])
         if restored["data"] is not None:
             train_loader.set_state(restored["data"])
@@ -669,9 +800,44 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
     pending, train_metrics, eval_metrics = [], {}, {}
     step, timer_step, timer = start_step, start_step, time.perf_counter()
     saved_step = start_step if latest is not None else None
+    unchecked = []  # (step, stats) not yet checked for non-finite values
+    nonfinite = config.get("nonfinite", "error")
+    max_skips = config.get("max_nonfinite_skips", 1)
+
+    def check_finite():
+        """Raises for a non-finite step ("error") or too many skips in a row ("skip").
+
+        Called before every save, so no checkpoint is written after a step that must stop the
+        run; the host sync it costs happens only at log steps, evaluations and saves."""
+        if not unchecked:
+            return
+        host = jax.device_get([s for _, s in unchecked])
+        steps = [k for k, _ in unchecked]
+        unchecked.clear()
+        for k, s in zip(steps, host, strict=True):
+            if not s["nonfinite"]:
+                continue
+            what = f"loss {float(s['bad_loss'])}, gradient norm {float(s['bad_grad_norm'])}"
+            where = (f"the newest checkpoint is step {saved_step}" if saved_step is not None
+                     else "no checkpoint was written")  # fmt: skip
+            if nonfinite == "error":
+                raise FloatingPointError(
+                    f"step {k}: non-finite loss or gradient ({what}). The update was not "
+                    f"applied and no checkpoint of later state was written ({where}). Lower "
+                    "the learning rate or set nonfinite='skip' to drop such updates."
+                )
+            in_a_row, skipped = int(s["skipped_in_a_row"]), int(s["skipped"])
+            logging.warning("Step %d: non-finite loss or gradient (%s); update skipped (%d in a "
+                            "row, %d in total)", k, what, in_a_row, skipped)  # fmt: skip
+            if in_a_row > max_skips:
+                raise FloatingPointError(
+                    f"step {k}: {in_a_row} updates in a row skipped for non-finite loss or "
+                    f"gradient, more than max_nonfinite_skips={max_skips} ({what}; {where})."
+                )
 
     def save(step, eval_result=None):
         nonlocal saved_step
+        check_finite()
         start = time.perf_counter()
         checkpoint.save(
             manager, step, params=state.params, state=ckpt_state(state, dropout_key),
@@ -687,49 +853,65 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
         disable=jax.process_index() != 0 or not sys.stderr.isatty(),
     )  # fmt: skip
     cleanup.callback(progress.close)
+
+    def log_train(step):
+        """Sums the pending step stats (a host sync), writes and prints the train metrics."""
+        nonlocal pending, train_metrics
+        skipped = pending[-1]["skipped"]
+        summed = _sum(pending)  # the only host sync of the loop
+        pending = []
+        check_finite()
+        train_metrics = task.summarize(summed)
+        train_metrics.update(
+            grad_norm=summed["grad_norm"] / max(summed["steps"], 1.0),
+            learning_rate=float(schedule(step - 1)),
+        )
+        if nonfinite == "skip":
+            train_metrics["skipped_updates"] = float(skipped)
+        eta = None
+        if step > timer_step:  # else only the (compiling) first step ran since reset
+            steps_per_s = (step - timer_step) / (time.perf_counter() - timer)
+            eta = (total - step) / steps_per_s
+            train_metrics.update(
+                steps_per_sec=steps_per_s,
+                mfu=flops_per_step * steps_per_s / peak_flops,
+                **{f"{task.UNIT}_per_sec": units * steps_per_s},
+            )
+        writer.write(step, "train", train_metrics)
+        if jax.process_index() == 0:
+            line = metrics.format_line(step, total, "train", train_metrics, eta_s=eta)
+            progress.write(line)
+
+    stopped_by = None
     while step < last_step:
         batch = sharding.shard_batch(next(train_loader), mesh, rules)
         state, stats = train_step(state, batch, dropout_key)
         pending.append(stats)
         step += 1
+        unchecked.append((step, {k: stats[k] for k in NONFINITE_STATS}))
         progress.update()
         if step == start_step + 1:  # keep compilation out of the throughput
             jax.block_until_ready(stats)
             logging.info("First step (compilation included): %.1fs", time.perf_counter() - timer)
             timer_step, timer = step, time.perf_counter()
-        if step % config.log_every == 0 or step == last_step:
-            summed = _sum(pending)  # the only host sync of the loop
-            pending = []
-            train_metrics = task.summarize(summed)
-            train_metrics.update(
-                grad_norm=summed["grad_norm"] / summed["steps"],
-                learning_rate=float(schedule(step - 1)),
-            )
-            eta = None
-            if step > timer_step:  # else only the (compiling) first step ran since reset
-                steps_per_s = (step - timer_step) / (time.perf_counter() - timer)
-                eta = (total - step) / steps_per_s
-                train_metrics.update(
-                    steps_per_sec=steps_per_s,
-                    mfu=flops_per_step * steps_per_s / peak_flops,
-                    **{f"{task.UNIT}_per_sec": units * steps_per_s},
-                )
-            writer.write(step, "train", train_metrics)
-            if jax.process_index() == 0:
-                line = metrics.format_line(step, total, "train", train_metrics, eta_s=eta)
-                progress.write(line)
+        log_step = step % config.log_every == 0 or step == last_step
+        if log_step:
+            log_train(step)
         eval_now = (config.eval_every and step % config.eval_every == 0) or step == total
         eval_result = None
         if eval_now:
+            check_finite()
             eval_result = evaluate(state.ema_params if ema else state.params, step)
             eval_metrics = eval_result
             writer.write(step, "eval", eval_result)
             if jax.process_index() == 0:
                 progress.write(metrics.format_line(step, total, "eval", eval_result))
         every = config.checkpoint.every
-        # Preemption (SIGTERM on a multi-host job): every process reaches this at the same
-        # step through JAX's coordination service; save and return, the next run resumes.
-        preempted = manager.reached_preemption(step)
+        # Preemption and Ctrl-C: every process learns it at the same step (see StopSignals);
+        # a signal during evaluation or set-up is seen here too, after the step it interrupted.
+        preempted = stop.reached(manager, step, log_step)
+        if preempted and pending:  # the steps since the last log line are not lost
+            log_train(step)
         if (
             (every and step % every == 0)
             or step == last_step
@@ -738,13 +920,16 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
         ):
             save(step, eval_result)
         if preempted:
-            logging.warning("Preempted at step %d: checkpoint saved, stopping.", step)
+            stopped_by = stop.signal or "preemption"
+            logging.warning("Stopped by %s at step %d: checkpoint saved; run the same command "
+                            "again to resume.", stopped_by, step)  # fmt: skip
             break
         if eval_now or step == saved_step:  # do not count evaluation and saving as training
             timer_step, timer = step, time.perf_counter()
     progress.close()
     if saved_step != step:
         save(step)
+    check_finite()  # a step after the newest save (none: already checked by save)
     curves = None
     if jax.process_index() == 0 and os.path.exists(writer.path):
         from tfjax import plots
@@ -752,4 +937,5 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
         curves, _ = plots.plot_metrics(workdir)
     return {"state": state, "model": model, "tokenizer": tokenizer, "step": step,
             "train": train_metrics, "eval": eval_metrics, "workdir": workdir,
-            "checkpoints": os.path.join(workdir, "checkpoints"), "curves": curves}  # fmt: skip
+            "checkpoints": os.path.join(workdir, "checkpoints"), "curves": curves,
+            "stopped_by": stopped_by}  # fmt: skip
