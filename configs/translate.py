@@ -7,9 +7,12 @@ numbers_translate task ("4021" -> "four thousand twenty-one"; SentencePiece, off
 
     python experiments/run.py --config=configs/translate.py:demo --workdir=/tmp/translate_demo
 
-  Expected (measured on a 2-core CPU, 1 device, shared machine): token accuracy 0.998 on the
-  1,000 held-out numbers after 400 steps and 1.000 after 800 (teacher-forced); 2 min 34 s wall
-  clock including start-up and SentencePiece training; ~5.8 steps/s, ~17,800 tokens/s.
+  Expected (measured on a 2-core CPU, 1 device, shared machine; dataset and tokenizer
+  already prepared, which the first run does in about 2 minutes): corpus BLEU 92.4 on the
+  1,000 held-out numbers after 400 steps and 99.4 after 800 (greedy decoding; teacher-forced
+  token accuracy 0.985 / 0.998); 5 min 27 s wall clock including start-up and compilation.
+  Then `experiments/decode.py --config=configs/translate.py:demo --workdir=/tmp/translate_demo
+  --input=17 --input=4021` writes "seventeen" and "four thousand twenty-one".
 
 tiny: a 2-step smoke run on numbers_translate for tests.
 base / big: the paper's Transformer base / big on WMT'14 English-German (shared 37k
@@ -58,6 +61,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every = 400  # steps between evaluations (0: only at the end)
     config.eval_steps = 0  # eval batches per evaluation (0: the whole eval split)
     config.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (params stay float32)
+    config.nonfinite = "error"  # NaN/Inf loss or gradient: "error" stops, "skip" drops the update
+    config.max_nonfinite_skips = 10  # with "skip": updates skipped in a row before stopping
 
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: the rest
     config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
