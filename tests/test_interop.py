@@ -5,6 +5,7 @@ model must give the reference's numbers within 1e-5 in float32.
 """
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -801,38 +802,26 @@ def test_marian_config_sizes_not_matching_weights(marian):
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "message"),
+    ("changes", "message"),
     [
-        ("activation_function", "swish", r"activation_function='swish' is not supported"),
-        ("scale_embedding", False, r"scale_embedding=False"),
-        ("pad_token_id", 60, r"pad_token_id=60 .*uses token id 0"),
-        ("tie_word_embeddings", False, r"share_encoder_decoder_embeddings=True with tie_word"),
+        ({"activation_function": "tanh"}, r"activation_function='tanh' is not supported"),
+        ({"scale_embedding": False}, r"scale_embedding=False"),
+        (
+            {"pad_token_id": 60, "decoder_start_token_id": 60},
+            r"pad_token_id=60 .*uses token id 0 .*Pass remap_ids=True",
+        ),
+        ({"decoder_start_token_id": 5}, r"pad_token_id=0 and decoder_start_token_id=5; .*one id"),
+        ({"tie_word_embeddings": False}, r"share_encoder_decoder_embeddings=True with tie_word"),
     ],
 )
-def test_marian_config_options_tfjax_lacks_are_errors(marian, key, value, message):
+def test_marian_config_options_tfjax_lacks_are_errors(marian, changes, message):
     _, path = marian
-    config = interop.read_config(path)
-    config[key] = value
+    config = {**interop.read_config(path), **changes}
     with pytest.raises(ValueError, match=message):
         interop.from_marian(path, config)
 
 
-def test_marian_nonzero_final_logits_bias_is_an_error(marian):
-    ref, _ = marian
-    state = {k: v.clone() for k, v in ref.state_dict().items()}
-    state["final_logits_bias"][0, 5] = 1.0
-    with pytest.raises(ValueError, match=r"'final_logits_bias' in <state dict> has 1 non-zero"):
-        interop.from_marian(state, ref.config)
-
-
 def test_torch_transformer_bad_input(tmp_path):
-    # nn.Transformer's default final norms are not the paper's layout: named, not dropped.
-    torch.manual_seed(0)
-    module = torch.nn.Module()
-    module.embed = torch.nn.Embedding(V, 32)
-    module.transformer = torch.nn.Transformer(32, 4, 2, 2, 48, dropout=0.0, batch_first=True)
-    with pytest.raises(ValueError, match=r"'transformer\.encoder\.norm\.weight' in Module is a La"):
-        interop.from_torch_transformer(module, num_heads=4)
     ref = _torch_seq2seq(shared=False)
     state = dict(ref.state_dict())
     with pytest.raises(ValueError, match=r"num_heads=5 does not divide the width 32"):
@@ -858,3 +847,178 @@ def test_marian_directory_without_weights(tmp_path, marian):
     _, path = marian
     with pytest.raises(FileNotFoundError, match=f"no weights in '{tmp_path}'"):
         interop.from_marian(tmp_path, interop.read_config(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# With the model options logits_bias, final_norm and the "silu" activation.
+
+
+def test_marian_opus_options_silu_and_final_logits_bias(tmp_path):
+    """Opus-MT's options: swish FFN and a non-zero final_logits_bias."""
+    torch.manual_seed(12)
+    config = _marian_config(True, 0.2)
+    config.activation_function = "swish"
+    ref = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():
+        ref.final_logits_bias.copy_(torch.randn_like(ref.final_logits_bias))
+    path = _save(ref, tmp_path / "ref")
+    model, params = interop.load(path)
+    assert model.activation == "silu" and model.logits_bias
+    inputs, targets, decoder_inputs = _seq2seq_batch()
+    want = _marian_logits(ref, inputs, decoder_inputs)
+    got = _apply(model, params, jnp.asarray(inputs), jnp.asarray(targets))
+    mask = targets != 0
+    np.testing.assert_allclose(got[mask], want[mask], atol=ATOL, rtol=0)
+    interop.save(model, params, tmp_path / "out")
+    exported, original = (interop.read_state_dict(tmp_path / d) for d in ("out", "ref"))
+    assert exported.keys() == original.keys()
+    for k in original:
+        assert np.array_equal(exported[k], original[k]), k
+
+
+def test_torch_transformer_default_final_norms():
+    """nn.Transformer's own stacks end in a LayerNorm each: final_norm=True."""
+    torch.manual_seed(13)
+    ref = _TorchSeq2Seq(shared=True)
+    # norm_first=False and relu by default: the paper's layout, plus the two final norms.
+    ref.transformer = torch.nn.Transformer(32, 4, 2, 2, 48, dropout=0.0, batch_first=True)
+    ref.transformer.encoder.use_nested_tensor = False  # a prototype API that warns
+    with torch.no_grad():
+        for p in ref.transformer.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    ref.eval()
+    model, params = interop.from_torch_transformer(ref, num_heads=4)
+    assert model.final_norm
+    inputs, targets, decoder_inputs = _seq2seq_batch()
+    with torch.no_grad():
+        want = ref(torch.tensor(inputs), torch.tensor(decoder_inputs)).numpy()
+    got = _apply(model, params, jnp.asarray(inputs), jnp.asarray(targets))
+    mask = targets != 0
+    np.testing.assert_allclose(got[mask], want[mask], atol=ATOL, rtol=0)
+    state = interop.to_torch_transformer(model, params)
+    assert state.keys() == ref.state_dict().keys()
+
+
+# ----------------------------------------------------------------------------------------------
+# Opus-MT's token ids: pad = decoder start = V - 1, EOS 0, loaded with remap_ids=True.
+
+
+def _opus_config(shared: bool):
+    config = _marian_config(shared, 0.1)
+    config.activation_function = "swish"
+    config.pad_token_id = config.decoder_start_token_id = V - 1
+    config.eos_token_id = 0
+    return config
+
+
+def _opus_model(shared: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    ref = transformers.MarianMTModel(_opus_config(shared)).eval()
+    with torch.no_grad():  # Opus-MT's are zero; random ones would show a misplaced entry
+        ref.final_logits_bias.copy_(0.2 * torch.randn_like(ref.final_logits_bias))
+    return ref
+
+
+@pytest.fixture(scope="module")
+def opus(tmp_path_factory):
+    """Untied (varied greedy continuations; see marian_untied)."""
+    ref = _opus_model(shared=False, seed=4)
+    return ref, _save(ref, tmp_path_factory.mktemp("opus"))
+
+
+def _opus_batch():
+    """Marian ids: real tokens in [1, V - 1), EOS 0 ending each row, padding V - 1; and the
+    decoder inputs (targets shifted right behind the start token V - 1)."""
+    rs = np.random.RandomState(11)
+    inputs, targets = rs.randint(1, V - 1, (2, 9)), rs.randint(1, V - 1, (2, 7))
+    inputs[0, -1], inputs[1, 4], inputs[1, 5:] = 0, 0, V - 1
+    targets[0, 3], targets[0, 4:], targets[1, -1] = 0, V - 1, 0
+    return inputs, targets, np.pad(targets, ((0, 0), (1, 0)), constant_values=V - 1)[:, :-1]
+
+
+def test_marian_id_map_swaps_pad_and_zero():
+    config = _opus_config(True)
+    ids = interop.marian_id_map(config)
+    assert ids[0] == V - 1 and ids[V - 1] == 0 and (ids[1 : V - 1] == np.arange(1, V - 1)).all()
+    marian = np.array([[5, 0, V - 1, V - 1]])
+    tfjax_ids = interop.marian_to_tfjax_ids(marian, config)
+    assert tfjax_ids.tolist() == [[5, V - 1, 0, 0]]  # Marian's pad -> 0, its EOS 0 -> V - 1
+    assert (interop.tfjax_to_marian_ids(tfjax_ids, config) == marian).all()
+    assert (interop.marian_id_map(_marian_config(True, 0.1)) == np.arange(V)).all()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_opus_logits_match_reference(shared):
+    ref = _opus_model(shared, seed=14)
+    model, params = interop.from_marian(ref.state_dict(), ref.config, remap_ids=True)
+    assert model.activation == "silu" and model.logits_bias and model.share_embeddings == shared
+    inputs, targets, decoder_inputs = _opus_batch()
+    with torch.no_grad():
+        want = ref(
+            input_ids=torch.tensor(inputs),
+            attention_mask=torch.tensor((inputs != V - 1).astype(np.int64)),
+            decoder_input_ids=torch.tensor(decoder_inputs),
+        ).logits.numpy()
+    to_tfjax = functools.partial(interop.marian_to_tfjax_ids, config=ref.config)
+    got = _apply(model, params, jnp.asarray(to_tfjax(inputs)), jnp.asarray(to_tfjax(targets)))
+    # tfjax's logit i is Marian's logit for the token marian_id_map[i].
+    want = want[..., interop.marian_id_map(ref.config)]
+    mask = targets != V - 1
+    np.testing.assert_allclose(got[mask], want[mask], atol=ATOL, rtol=0)
+
+
+def test_opus_greedy_generation_matches_reference(opus):
+    ref, path = opus
+    model, params = interop.load(path, remap_ids=True)
+    rs = np.random.RandomState(7)
+    sources, max_new = rs.randint(1, V - 1, (3, 6)), 12
+    sources[:, -1] = 0  # EOS
+    sources[2, 3], sources[2, 4:] = 0, V - 1
+
+    def reference(eos):
+        with torch.no_grad():
+            out = ref.generate(
+                torch.tensor(sources),
+                attention_mask=torch.tensor((sources != V - 1).astype(np.int64)),
+                max_new_tokens=max_new,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=eos,
+            ).numpy()  # pad_token_id and decoder_start_token_id V - 1 from the config
+        assert (out[:, 0] == V - 1).all()  # the start token
+        return out[:, 1:]
+
+    free = reference(V + 5)  # no EOS: the full continuation
+    assert len(set(free.ravel().tolist())) > 5, "degenerate reference; change the seed"
+    eos = int(free[0, max_new // 2])  # in Marian ids
+    want = reference(eos)
+    tfjax_eos = int(interop.marian_to_tfjax_ids(eos, path))
+    got, _ = decode.generate(
+        model,
+        params,
+        interop.marian_to_tfjax_ids(sources, path),
+        max_new_tokens=max_new,
+        eos_id=tfjax_eos,
+    )
+    got = interop.tfjax_to_marian_ids(np.asarray(got), path)  # 0 after EOS -> Marian's pad
+    for row_got, row_want in zip(got, want, strict=True):
+        expected = _until_eos(row_want, eos)
+        assert list(row_got[: len(expected)]) == expected
+        assert (row_got[len(expected) :] == V - 1).all()
+    assert eos in got[0]
+
+
+def test_opus_export_swaps_ids_back(opus, tmp_path):
+    ref, path = opus
+    model, params = interop.load(path, remap_ids=True)
+    state, config = interop.to_marian(model, params, pad_token_id=V - 1, eos_token_id=0)
+    original = interop.read_state_dict(path)
+    assert state.keys() == original.keys()
+    for k in original:
+        assert np.array_equal(state[k], original[k]), k
+    assert config["pad_token_id"] == config["decoder_start_token_id"] == V - 1
+    assert config["eos_token_id"] == 0
+    # Default export: a valid Marian checkpoint in tfjax's ids (pad 0), which loads as is.
+    interop.save(model, params, tmp_path)
+    again, again_params = interop.load(tmp_path)
+    _assert_params_identical(again_params, params)

@@ -402,12 +402,16 @@ def test_import_needs_no_tensorflow():
     "model,inputs",
     [
         (transformer.Model(variant="tiny", vocab_size=V, share_embeddings=False), (TOK, TOK)),
+        (
+            transformer.Model(variant="tiny", vocab_size=V, logits_bias=True, final_norm=True),
+            (TOK, TOK),
+        ),
         (encoder.Model(variant="tiny", vocab_size=V), (TOK,)),
         (encoder.Model(variant="tiny", vocab_size=V, head="classifier"), (TOK,)),
         (decoder.Model(variant="modern-tiny", vocab_size=V, scan_layers=True), (TOK,)),
         (vit.Model(variant="tiny/4", num_classes=3), (jnp.ones((1, 8, 8, 3)),)),
     ],
-    ids=["transformer", "encoder", "classifier", "decoder", "vit"],
+    ids=["transformer", "transformer_options", "encoder", "classifier", "decoder", "vit"],
 )
 def test_every_parameter_has_logical_axis_names(model, inputs):
     shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]
@@ -415,3 +419,20 @@ def test_every_parameter_has_logical_axis_names(model, inputs):
     assert boxed and all(isinstance(b, nn.LogicallyPartitioned) for b in boxed)
     for b in boxed:
         assert len(b.names) == len(b.value.shape), b
+
+
+def test_transformer_logits_bias_and_final_norm():
+    """Converter options (Marian's output bias, nn.Transformer's final norms); off by default."""
+    base = transformer.Model(variant="tiny", vocab_size=V)
+    assert not base.logits_bias and not base.final_norm
+    d = base.width
+    m = transformer.Model(variant="tiny", vocab_size=V, logits_bias=True, final_norm=True)
+    assert count(m, TOK, TOK) == count(base, TOK, TOK) + V + 2 * (2 * d)
+    params = nn.unbox(m.init(jax.random.key(0), TOK, TOK))["params"]
+    assert params["output_bias"].shape == (V,)
+    assert "final_norm" in params["encoder"] and "final_norm" in params["decoder"]
+    x, y = tokens((2, 6), seed=1), tokens((2, 5), seed=2)
+    bias = jax.random.normal(jax.random.key(3), (V,))
+    zero = jit_apply(m)({"params": {**params, "output_bias": jnp.zeros(V)}}, x, y)[0]
+    biased = jit_apply(m)({"params": {**params, "output_bias": bias}}, x, y)[0]
+    np.testing.assert_allclose(biased, zero + bias, atol=1e-5)

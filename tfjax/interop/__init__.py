@@ -8,11 +8,23 @@
 `load` picks the converter from the config's "architectures": GPT2LMHeadModel,
 LlamaForCausalLM, BertForMaskedLM, BertForSequenceClassification, ViTForImageClassification,
 MarianMTModel. Each family module also converts a state dict plus a config
-(`decoder.from_gpt2(state, cfg)`); `transformer.from_torch_transformer` converts a
-`torch.nn.Transformer` with its embeddings and `attention.from_torch_mha` a
-`torch.nn.MultiheadAttention`. Every converter
-checks every key and shape before returning: nothing is loaded half-way. Parameters come back
-as the plain "params" collection, stacked when the model has `scan_layers=True`.
+(`decoder.from_gpt2(state, cfg)`). Every converter checks every key and shape before
+returning: nothing is loaded half-way. Parameters come back as the plain "params" collection,
+stacked when the model has `scan_layers=True`.
+
+What loads (every row also exports, `to_*`, and round trips bit for bit):
+
+  source                                  import             tfjax model
+  GPT-2 (GPT2LMHeadModel)                 from_gpt2          models.decoder (learned pos.)
+  Llama (LlamaForCausalLM)                from_llama         models.decoder (RoPE, SwiGLU)
+  BERT (BertForMaskedLM, ...Classif.)     from_bert          models.encoder (mlm / classifier)
+  ViT (HF ViTForImageClassification)      from_hf_vit        models.vit
+  ViT (timm state dict; export: none)     from_timm_vit      models.vit
+  Marian / Opus-MT (MarianMTModel)        from_marian        models.transformer; pad != 0
+                                                             needs remap_ids=True (ids swapped,
+                                                             see marian_id_map)
+  torch.nn.Transformer + embeddings       from_torch_transformer  models.transformer
+  torch.nn.MultiheadAttention             from_torch_mha     nn.MultiHeadAttention
 
 Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `transformers`.
 """
@@ -28,6 +40,9 @@ from tfjax.interop.encoder import from_bert, to_bert
 from tfjax.interop.transformer import (
     from_marian,
     from_torch_transformer,
+    marian_id_map,
+    marian_to_tfjax_ids,
+    tfjax_to_marian_ids,
     to_marian,
     to_torch_transformer,
 )
@@ -102,10 +117,13 @@ __all__ = [
     "from_torch_mha",
     "from_torch_transformer",
     "load",
+    "marian_id_map",
+    "marian_to_tfjax_ids",
     "read_config",
     "read_state_dict",
     "resample_posemb",
     "save",
+    "tfjax_to_marian_ids",
     "to_bert",
     "to_gpt2",
     "to_hf_vit",

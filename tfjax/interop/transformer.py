@@ -1,15 +1,26 @@
 """The paper's encoder-decoder (`tfjax.models.transformer`) <-> Hugging Face `MarianMTModel` and
 `torch.nn.Transformer` with embeddings.
 
-    model, params = from_marian("path/to/opus-mt")           # config.json + weights
+    model, params = from_marian("path/to/opus-mt", remap_ids=True)   # config.json + weights
     model, params = from_torch_transformer(module, num_heads=8)   # or a state dict / directory
     logits, _ = model.apply({"params": params}, inputs, targets)  # [B, S], [B, T] -> [B, T, V]
     state, config = to_marian(model, params)
     state = to_torch_transformer(model, params)
 
 Both references are the paper's layout: post-LN blocks, sinusoidal positions added to token
-embeddings scaled by sqrt(d_model), a FFN with one activation (ReLU in the paper). tfjax uses
-token id 0 for padding and as the decoder's start token, and masks padding by that id.
+embeddings scaled by sqrt(d_model), a FFN with one activation (ReLU in the paper; swish, i.e.
+"silu", in Opus-MT). Marian adds a [V] output bias (`logits_bias=True`); nn.Transformer's own
+stacks end in a LayerNorm each (`final_norm=True`).
+
+Token ids. tfjax uses token id 0 for padding and as the decoder's start token, and masks
+padding by that id. Opus-MT checkpoints pad (and start decoding) with pad_token_id = V - 1 and
+use 0 for EOS. `from_marian(..., remap_ids=True)` swaps ids 0 and pad_token_id in the
+embedding rows, the output projection and the output bias (an exact relabelling, like the
+width permutation below), so the tfjax model computes Marian's numbers on relabelled ids:
+`marian_to_tfjax_ids` / `tfjax_to_marian_ids` map ids both ways (Marian's pad -> 0, Marian's
+EOS 0 -> V - 1), and `to_marian(..., pad_token_id=V - 1)` swaps them back on export. Without
+remap_ids a pad_token_id other than 0 is an error. Hugging Face's Opus-MT generation configs
+also forbid generating the pad token (bad_words_ids); `tfjax.decode.generate` does not.
 
 Key mapping, layer i (Marian under "model.", torch.nn.Transformer under `prefix`):
   Marian  shared [V, D]  (encoder/decoder embed_tokens, lm_head tied)   -> embed/embedding
@@ -23,7 +34,9 @@ Key mapping, layer i (Marian under "model.", torch.nn.Transformer under `prefix`
                                                    -> self_attention_norm, cross_attention_norm,
                                                       mlp_norm
           *.fc1, fc2                               -> mlp/wi, mlp/wo
-          final_logits_bias [1, V]                 -> must be zero (tfjax has no output bias)
+          final_logits_bias [1, V]                 -> output_bias [V]
+          (remap_ids: rows 0 and pad_token_id of shared / embed_tokens / lm_head and entries 0
+           and pad_token_id of final_logits_bias swapped)
   torch   {en,de}coder.layers.i.self_attn.in_proj_weight [3D, D] (rows q, k, v)
                                                    -> self_attention/{query,key,value}_kernel
           decoder.layers.i.multihead_attn.*         -> cross_attention/*
@@ -31,6 +44,8 @@ Key mapping, layer i (Marian under "model.", torch.nn.Transformer under `prefix`
                                                    -> self_attention_norm, (cross_attention_norm,)
                                                       mlp_norm
           linear1, linear2                         -> mlp/wi, mlp/wo
+          {en,de}coder.norm (nn.Transformer's final norms)
+                                                   -> {en,de}coder/final_norm (final_norm=True)
           `embed`, `target_embed`, `output` keys (outside nn.Transformer) -> embed, target_embed,
                                                       output_proj
 
@@ -64,6 +79,8 @@ MARIAN_ACTIVATIONS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
+    "swish": "silu",
+    "silu": "silu",
 }
 MARIAN_NORM_EPS = 1e-5  # Marian's nn.LayerNorm default; not in its config
 
@@ -200,17 +217,29 @@ def _width_axis(path: core.Path) -> int | None:
     return None  # query/key/value biases [N, H]
 
 
+def _vocab_axis(path: core.Path) -> int | None:
+    """The axis of a transformer parameter that runs over the vocabulary V (None: none)."""
+    parent, name = (path[-2] if len(path) > 1 else ""), path[-1]
+    if name == "embedding":  # [V, D]
+        return 0
+    if parent == "output_proj":  # [D, V]
+        return 1
+    if name == "output_bias":  # [V]
+        return 0
+    return None
+
+
 def _take(x, axis: int, index):
     return x[(slice(None),) * axis + (index,)]
 
 
-def _permute_width(rules: list[core.Rule], perm: np.ndarray) -> list[core.Rule]:
-    """The rules with the width axis of every tfjax-side array permuted by `perm` on import
-    (and by its inverse on export); exact, so round trips stay bitwise."""
+def _permute(rules: list[core.Rule], perm: np.ndarray, axis_of) -> list[core.Rule]:
+    """The rules with the axis `axis_of(path)` of every tfjax-side array permuted by `perm` on
+    import (and by its inverse on export); exact, so round trips stay bitwise."""
     inv = np.argsort(perm)
     out = []
     for rule in rules:
-        axes = [_width_axis(p) for p in rule.paths]
+        axes = [axis_of(p) for p in rule.paths]
         if all(a is None for a in axes):
             out.append(rule)
             continue
@@ -235,8 +264,58 @@ def _permute_width(rules: list[core.Rule], perm: np.ndarray) -> list[core.Rule]:
 # Marian.
 
 
-def marian_model(config, **overrides) -> transformer.Transformer:
-    """The tfjax transformer with a MarianConfig's sizes, activation and embedding sharing."""
+def _marian_pad_id(config: dict, vocab: int) -> int:
+    """The config's pad_token_id, checked to be the decoder's start token too."""
+    pad = config.get("pad_token_id")
+    start = config.get("decoder_start_token_id")
+    start = pad if start is None else start
+    if pad is None or not 0 <= pad < vocab or start != pad:
+        raise ValueError(
+            f"{MARIAN}: pad_token_id={pad} and decoder_start_token_id={start}; tfjax's "
+            f"transformer needs one id in [0, {vocab}) for both (it uses 0 for padding masks and "
+            "as the decoder's start token)"
+        )
+    return pad
+
+
+def _swap_zero(vocab: int, pad: int) -> np.ndarray:
+    ids = np.arange(vocab)
+    ids[[0, pad]] = ids[[pad, 0]]
+    return ids
+
+
+def marian_id_map(config) -> np.ndarray:
+    """[V] ints: tfjax token id i is Marian token id map[i] in a model from
+    `from_marian(..., remap_ids=True)`.
+
+    tfjax's transformer pads with id 0 and starts decoding with it; Opus-MT models pad with
+    pad_token_id = V - 1 (also their decoder start token) and end with eos_token_id = 0. The
+    map swaps 0 and pad_token_id (the identity when pad is already 0), so it is its own
+    inverse, Marian's pad becomes tfjax's 0, and Marian's EOS 0 becomes tfjax's pad_token_id.
+    `config`: a MarianConfig, its dict, or a checkpoint directory.
+    """
+    c = core.as_config(config)
+    vocab = core.get(c, "vocab_size", what=MARIAN)
+    return _swap_zero(vocab, _marian_pad_id(c, vocab))
+
+
+def marian_to_tfjax_ids(ids, config) -> np.ndarray:
+    """Marian token ids (a MarianTokenizer's, padded with pad_token_id) -> tfjax ids, for a
+    model loaded with remap_ids=True. Any shape."""
+    return np.argsort(marian_id_map(config))[np.asarray(ids)]
+
+
+def tfjax_to_marian_ids(ids, config) -> np.ndarray:
+    """tfjax token ids (e.g. `decode.generate`'s, 0 after EOS) -> Marian ids, for decoding
+    with a MarianTokenizer (which skips the pad id as a special token). Any shape."""
+    return marian_id_map(config)[np.asarray(ids)]
+
+
+def marian_model(config, *, remap_ids: bool = False, **overrides) -> transformer.Transformer:
+    """The tfjax transformer with a MarianConfig's sizes, activation and embedding sharing.
+
+    A pad_token_id other than 0 (Opus-MT's V - 1) needs remap_ids=True; see `marian_id_map`.
+    """
     c, what = core.as_config(config), MARIAN
     sizes = {}
     for name in ("layers", "attention_heads", "ffn_dim"):
@@ -259,15 +338,15 @@ def marian_model(config, **overrides) -> transformer.Transformer:
             f"{what}: scale_embedding=False is not supported; tfjax's transformer multiplies "
             "token embeddings by sqrt(d_model), as the paper and Opus-MT models do"
         )
-    pad = c.get("pad_token_id")
-    start = c.get("decoder_start_token_id")
-    start = pad if start is None else start
-    if pad != 0 or start != 0:
-        raise ValueError(
-            f"{what}: pad_token_id={pad} and decoder_start_token_id={start}; tfjax's transformer "
-            "uses token id 0 for both (padding masks and the decoder's start token)"
-        )
     vocab = core.get(c, "vocab_size", what=what)
+    pad = _marian_pad_id(c, vocab)
+    if pad != 0 and not remap_ids:
+        raise ValueError(
+            f"{what}: pad_token_id={pad} (also the decoder's start token); tfjax's transformer "
+            "uses token id 0 for both (padding masks and the decoder's start token). Pass "
+            f"remap_ids=True to swap ids 0 and {pad} in the embeddings and the output layer, and "
+            "map token ids with marian_to_tfjax_ids / tfjax_to_marian_ids"
+        )
     if c.get("decoder_vocab_size") not in (None, vocab):
         raise ValueError(
             f"{what}: decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size="
@@ -296,7 +375,9 @@ def marian_model(config, **overrides) -> transformer.Transformer:
     return transformer.Model(**{**fields, **overrides})
 
 
-def marian_rules(model: transformer.Transformer) -> list[core.Rule]:
+def marian_rules(model: transformer.Transformer, pad_token_id: int = 0) -> list[core.Rule]:
+    """The Marian key rules; with pad_token_id != 0 the vocabulary rows of the embeddings, the
+    output projection and the output bias are relabelled by `marian_id_map`."""
     if model.share_embeddings:
         rules = [core.identity("model.shared.weight", ("embed", "embedding"))]
     else:
@@ -305,35 +386,34 @@ def marian_rules(model: transformer.Transformer) -> list[core.Rule]:
             core.identity("model.decoder.embed_tokens.weight", ("target_embed", "embedding")),
             core.linear("lm_head.weight", ("output_proj", "kernel")),
         ]
+    if model.logits_bias:  # [1, V] <-> [V]
+        rules.append(
+            core.Rule(
+                ("final_logits_bias",),
+                (("output_bias",),),
+                lambda x, shapes: (x.reshape(shapes[0]),),
+                lambda y: (y.reshape(1, -1),),
+            )
+        )
     rules += _stack_rules(model.num_layers, MARIAN_LAYOUT, "model.")
-    return _permute_width(rules, half_to_interleaved(model.width))
+    rules = _permute(rules, _swap_zero(model.vocab_size, pad_token_id), _vocab_axis)
+    return _permute(rules, half_to_interleaved(model.width), _width_axis)
 
 
-def _check_logits_bias(state: core.StateDict, vocab: int):
-    key = "final_logits_bias"
-    if key not in state:
-        return
-    bias = state[key]
-    if tuple(bias.shape) != (1, vocab):
-        raise ValueError(
-            f"{MARIAN}: {key!r} in {state.where(key)} has shape {tuple(bias.shape)}, but the "
-            f"model built from the config expects (1, {vocab})"
-        )
-    if np.any(bias != 0):
-        raise ValueError(
-            f"{MARIAN}: {key!r} in {state.where(key)} has {int(np.sum(bias != 0))} non-zero "
-            "entries; tfjax's transformer has no output bias, so these logits would differ"
-        )
-
-
-def from_marian(source, config=None, **overrides):
+def from_marian(source, config=None, *, remap_ids: bool = False, **overrides):
     """(tfjax transformer, params) from a MarianMTModel directory or (state dict, config).
 
-    `overrides` set model fields (scan_layers=True, dtype, implementation, ...).
+    remap_ids: needed for checkpoints whose pad_token_id is not 0 (every Opus-MT model: pad
+      V - 1, EOS 0). The embedding rows, output projection and output bias are relabelled so
+      that tfjax's id 0 is Marian's pad / decoder start token; feed the model
+      `marian_to_tfjax_ids(ids, config)`, use eos_id=int(marian_to_tfjax_ids(eos, config))
+      with `tfjax.decode.generate`, and map its output back with `tfjax_to_marian_ids`.
+    `overrides` set model fields (scan_layers=True, dtype, implementation, ...). A
+    final_logits_bias in the checkpoint gives logits_bias=True (Marian's [V] output bias).
     """
     state, c = _load(source, config)
-    model = marian_model(c, **overrides)
-    _check_logits_bias(state, model.vocab_size)
+    fields = {"logits_bias": "final_logits_bias" in state, **overrides}
+    model = marian_model(c, remap_ids=remap_ids, **fields)
     tied = None
     if model.share_embeddings:  # older files and in-memory state dicts hold the tied copies
         tied = {
@@ -346,18 +426,24 @@ def from_marian(source, config=None, **overrides):
         }
     params = core.import_state(
         state,
-        marian_rules(model),
+        marian_rules(model, _marian_pad_id(c, model.vocab_size)),
         core.param_shapes(model, _tokens(), _tokens()),
         what=MARIAN,
-        ignore=("final_logits_bias", "model.*.embed_positions.weight"),
+        ignore=("model.*.embed_positions.weight",),
         tied=tied,
     )
     return model, core.finish(model, params)
 
 
-def marian_config(model: transformer.Transformer) -> dict:
-    """A MarianConfig dict for a tfjax transformer."""
+def marian_config(
+    model: transformer.Transformer, *, pad_token_id: int = 0, eos_token_id: int | None = None
+) -> dict:
+    """A MarianConfig dict for a tfjax transformer (ids as in `to_marian`)."""
     _check_model(model, MARIAN)
+    if model.final_norm:
+        raise ValueError(f"{MARIAN} has no norm after the last layer; the model has final_norm")
+    if not 0 <= pad_token_id < model.vocab_size:
+        raise ValueError(f"pad_token_id={pad_token_id} is outside [0, {model.vocab_size})")
     act = {v: k for k, v in MARIAN_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}.get(
         model.activation
     )
@@ -388,19 +474,32 @@ def marian_config(model: transformer.Transformer) -> dict:
         "scale_embedding": True,
         "share_encoder_decoder_embeddings": model.share_embeddings,
         "tie_word_embeddings": model.share_embeddings,
-        "pad_token_id": 0,
-        "decoder_start_token_id": 0,
+        "pad_token_id": pad_token_id,
+        "decoder_start_token_id": pad_token_id,
+        **({} if eos_token_id is None else {"eos_token_id": eos_token_id}),
         "max_position_embeddings": 1024,  # the sinusoid table's length; tfjax's has no limit
     }
 
 
-def to_marian(model: transformer.Transformer, params):
-    """({Hugging Face key: numpy array}, config dict) for a tfjax transformer."""
-    config = marian_config(model)
+def to_marian(
+    model: transformer.Transformer,
+    params,
+    *,
+    pad_token_id: int = 0,
+    eos_token_id: int | None = None,
+):
+    """({Hugging Face key: numpy array}, config dict) for a tfjax transformer.
+
+    With the defaults the Marian ids are tfjax's. pad_token_id undoes `from_marian(...,
+    remap_ids=True)` (swaps ids 0 and pad_token_id back; Opus-MT: V - 1); eos_token_id, in
+    Marian's ids, is written to the config when given.
+    """
+    config = marian_config(model, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
     p = core.unrolled(model, params)
-    state = core.export_state(p, marian_rules(model))
-    dtype = np.asarray(p["embed"]["embedding"]).dtype
-    state["final_logits_bias"] = np.zeros((1, model.vocab_size), dtype)
+    state = core.export_state(p, marian_rules(model, pad_token_id))
+    if not model.logits_bias:  # MarianMTModel always has the buffer
+        dtype = np.asarray(p["embed"]["embedding"]).dtype
+        state["final_logits_bias"] = np.zeros((1, model.vocab_size), dtype)
     return state, config
 
 
@@ -435,7 +534,11 @@ def torch_transformer_rules(
             core.identity(target_embed, ("target_embed", "embedding")),
             core.linear(output, ("output_proj", "kernel")),
         ]
-    return rules + _stack_rules(model.num_layers, TORCH_LAYOUT, prefix)
+    rules += _stack_rules(model.num_layers, TORCH_LAYOUT, prefix)
+    if model.final_norm:
+        for side in ("encoder", "decoder"):
+            rules += _norm(f"{prefix}{side}.norm", (side, "final_norm"))
+    return rules
 
 
 def from_torch_transformer(
@@ -482,15 +585,14 @@ def from_torch_transformer(
             f"{what}: {state.origin} has {layers} encoder and {decoder_layers} decoder layers; "
             "tfjax's transformer has one num_layers for both"
         )
-    for side in ("encoder", "decoder"):
-        key = f"{prefix}{side}.norm.weight"
-        if key in state:
-            raise ValueError(
-                f"{what}: {key!r} in {state.where(key)} is a LayerNorm after the last {side} "
-                "layer, which the paper's post-LN layout (tfjax.models.transformer) does not "
-                "have; build the reference with custom_encoder=nn.TransformerEncoder(layer, N, "
-                "norm=None) and custom_decoder=nn.TransformerDecoder(layer, N, norm=None)"
-            )
+    # nn.Transformer's default: a LayerNorm after each stack (norm=None in custom stacks: none).
+    final_norms = [f"{prefix}{side}.norm.weight" in state for side in ("encoder", "decoder")]
+    if final_norms[0] != final_norms[1]:
+        raise ValueError(
+            f"{what}: {state.origin} has a final norm after only one of the stacks "
+            f"({prefix}encoder.norm: {final_norms[0]}, {prefix}decoder.norm: {final_norms[1]}); "
+            "tfjax's transformer has both or neither"
+        )
     if width % num_heads:
         raise ValueError(
             f"{what}: num_heads={num_heads} does not divide the width {width} of {embed!r} in "
@@ -518,6 +620,7 @@ def from_torch_transformer(
         norm_position="post",
         norm_eps=norm_eps,
         share_embeddings=share,
+        final_norm=final_norms[0],
     )
     model = transformer.Model(**{**fields, **overrides})
     names = dict(prefix=prefix, embed=embed, target_embed=target_embed, output=output)
@@ -544,5 +647,7 @@ def to_torch_transformer(
     """{torch key: numpy array} for a module like the one `from_torch_transformer` reads (the
     output projection is left out when embeddings are shared)."""
     _check_model(model, TORCH)
+    if model.logits_bias:
+        raise ValueError(f"{TORCH}'s output projection has no bias; the model has logits_bias")
     names = dict(prefix=prefix, embed=embed, target_embed=target_embed, output=output)
     return core.export_state(core.unrolled(model, params), torch_transformer_rules(model, **names))

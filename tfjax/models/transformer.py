@@ -47,6 +47,8 @@ class Transformer(nn.Module):
     norm_position: str = "post"  # "post" as in the paper, "pre" for stabler deep stacks
     norm_eps: float = 1e-6  # LayerNorm epsilon
     share_embeddings: bool = True  # one matrix for source, target and output projection
+    logits_bias: bool = False  # a learned [V] bias added to the logits (Marian)
+    final_norm: bool = False  # a LayerNorm after each post-norm stack (torch.nn.Transformer)
     scan_layers: bool = False  # nn.scan over layers
     remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
     implementation: str | None = None  # attention backend
@@ -86,6 +88,7 @@ class Transformer(nn.Module):
                 block,
                 scan_layers=self.scan_layers,
                 remat_policy=self.remat_policy,
+                final_norm=True if self.final_norm else None,  # pre-norm stacks always have one
                 name=name,
             )
 
@@ -100,6 +103,13 @@ class Transformer(nn.Module):
                 kernel_init=self.kernel_init,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
+            )
+        if self.logits_bias:
+            self.output_bias = self.param(
+                "output_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
+                (self.vocab_size,),
+                self.param_dtype,
             )
         self.encoder = stack(False, False, "encoder")
         self.decoder = stack(True, True, "decoder")
@@ -169,6 +179,8 @@ class Transformer(nn.Module):
             y, encoded, mask=self_mask, context_mask=cross_mask, train=train, decode=decode
         )
         logits = self.embed.attend(y) if self.share_embeddings else self.output_proj(y)
+        if self.logits_bias:
+            logits = logits + self.output_bias.astype(logits.dtype)
         logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
         return logits, y
 

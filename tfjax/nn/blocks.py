@@ -185,12 +185,13 @@ def _fields(module: nn.Module) -> dict:
 
 
 class Stack(nn.Module):
-    """`num_layers` blocks of one kind, then a final norm for pre-norm blocks."""
+    """`num_layers` blocks of one kind, then a final norm (by default only for pre-norm blocks)."""
 
     num_layers: int  # L
     block: Block  # the template of every layer (its name is ignored)
     scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
     remat_policy: str = "none"  # rematerialisation per layer; see REMAT_POLICIES
+    final_norm: bool | None = None  # a norm after the last layer; None: only for pre-norm blocks
 
     def __post_init__(self):
         if self.remat_policy not in REMAT_POLICIES:
@@ -242,7 +243,10 @@ class Stack(nn.Module):
         else:
             for i in range(self.num_layers):
                 x = layer(Block(**kwargs, name=f"layers_{i}"), x)
-        if self.block.norm_position == "pre":
+        final_norm = self.final_norm
+        if final_norm is None:
+            final_norm = self.block.norm_position == "pre"
+        if final_norm:
             b = self.block
             x = make_norm(
                 b.norm, eps=b.norm_eps, dtype=b.dtype, param_dtype=b.param_dtype, name="final_norm"

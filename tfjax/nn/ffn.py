@@ -1,7 +1,8 @@
 """Position-wise feed-forward networks.
 
 Letters: B batch, T length, D model width, F mlp width.
-Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2)
+Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2),
+                                      silu (Marian)
 GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020)
 """
 
@@ -18,6 +19,7 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,  # a.k.a. swish (Marian / Opus-MT)
 }
 GATED_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": lambda x: jax.nn.gelu(x, approximate=False)}
 ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)
@@ -42,7 +44,7 @@ class Mlp(nn.Module):
     """Two projections with an activation between: max(0, x W1 + b1) W2 + b2 for relu."""
 
     mlp_dim: int  # F
-    activation: str = "relu"  # "relu", "gelu" (exact erf) or "gelu_tanh"
+    activation: str = "relu"  # "relu", "gelu" (exact erf), "gelu_tanh" or "silu"
     dropout_rate: float = 0.0  # on the hidden activations; 0 in Vaswani et al.
     use_bias: bool = True  # biases on both projections
     kernel_init: Callable = default_kernel_init  # both projections
