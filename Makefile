@@ -37,4 +37,4 @@ fmt: install
 	$(BIN)/ruff format tfjax tests benchmarks configs experiments && $(BIN)/ruff check --fix tfjax tests benchmarks configs experiments
 
 bench: install
-	$(BIN)/python benchmarks/attention_memory.py
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done

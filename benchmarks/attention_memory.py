@@ -1,60 +1,149 @@
-"""Peak temporary memory of attention forward + backward against sequence length.
+"""Attention forward + backward against sequence length: peak temporary memory and time.
 
-For each implementation, compiles grad(sum(attention(q, k, v) * cotangent)) at T = S and reads
-XLA's memory analysis of the compiled program (temporary buffers, not inputs or outputs); no
-step is executed, so long lengths cost compile time only. Prints the chunked/xla ratio at each
-length and the growth per doubling of T, and writes a JSON file.
+    .venv/bin/python benchmarks/attention_memory.py [--lengths 1024,2048,...]
+        [--time-lengths 512,1024,...] [--rounds N] [--causal] [--dtype float32] [--tiny]
+        [--out FILE]
 
-    .venv/bin/python benchmarks/attention_memory.py [--lengths 1024,2048,...] [--out FILE]
+What runs, for every implementation of `tfjax.nn.dot_product_attention` that this backend
+has ("xla", "chunked", and "cudnn" on a GPU with --dtype bfloat16; otherwise a printed note
+says why it is skipped): grad(sum(attention(q, k, v) * cotangent)) with respect to q, k and v,
+at T = S, B=1, N=8, H=64 by default.
+
+Memory: XLA's memory analysis of the compiled program (temporary buffers, not inputs or
+outputs), at every --lengths; nothing is executed, so long lengths cost compile time only.
+Prints the chunked/xla ratio and the growth per doubling of T.
+
+Time: at every --time-lengths (shorter: these run), each implementation is compiled and run
+once (untimed, and its gradients checked against "xla"), then --rounds rounds time one call of
+every implementation in a rotated order, so that load drifts of a shared machine hit all
+alike; the table shows medians (and minimums), the chunked/xla ratio and the attention FLOP/s
+(4 matmuls of 2*T*S*H*N FLOPs forward and backward counted as 2 + 4 = 6 such products in
+all; causal masking not discounted). --tiny runs toy sizes for the smoke test.
 """
 
 import argparse
 import json
+import os
+import statistics
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-from tfjax.nn import dot_product_attention
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tfjax.nn import attention, dot_product_attention  # noqa: E402
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def temp_bytes(impl, length, batch, heads, head_dim, causal):
-    shape = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.float32)
+def implementations(dtype, log):
+    """The implementations that run here; a note for each one that does not."""
+    names = ["xla", "chunked"]
+    probe = jnp.zeros((1, 8, 1, 64), dtype)
+    reason = attention._cudnn_unsupported_reason(probe, probe, 0.0)
+    if reason is None:
+        names.append("cudnn")
+    else:
+        log(f"note: cudnn skipped: {reason}")
+    return names
 
+
+def grad_fn(impl, causal):
     def loss(q, k, v, cot):
         out = dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
-        return jnp.sum(out * cot)
+        return jnp.sum(out.astype(jnp.float32) * cot)
 
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    compiled = grad.lower(shape, shape, shape, shape).compile()
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def temp_bytes(impl, length, batch, heads, head_dim, causal, dtype):
+    shape = jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype)
+    cot = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.float32)
+    compiled = grad_fn(impl, causal).lower(shape, shape, shape, cot).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--out", default="benchmarks/results/attention_memory.json")
-    args = parser.parse_args()
-    lengths = [int(x) for x in args.lengths.split(",")]
+def attention_flops(batch, length, heads, head_dim):
+    """QK^T and PV forward (2 products), their 4 gradient products backward, 2*T*S*H*N each."""
+    return 6 * 2 * batch * heads * length * length * head_dim
 
-    print(
-        f"backend {jax.default_backend()}, B={args.batch} N={args.heads} H={args.head_dim} "
-        f"causal={args.causal}; temporary bytes of forward+backward"
+
+def time_lengths(impls, lengths, args, dtype, log):
+    rows = []
+    log(
+        f"\ntime of forward+backward (median of {args.rounds} rounds, rotated order; min in "
+        "parentheses)"
     )
-    print(
-        f"{'T':>6} {'xla MiB':>10} {'chunked MiB':>12} {'chunked/xla':>12} "
-        f"{'xla x/2T':>9} {'chunked x/2T':>13}"
+    log(
+        f"{'T':>6} "
+        + " ".join(f"{i + ' ms':>20}" for i in impls)
+        + f" {'chunked/xla':>12} "
+        + " ".join(f"{i + ' GFLOP/s':>16}" for i in impls)
+    )
+    for t in lengths:
+        keys = jax.random.split(jax.random.key(t), 4)
+        shape = (args.batch, t, args.heads, args.head_dim)
+        q, k, v = (jax.random.normal(key, shape, dtype) for key in keys[:3])
+        cot = jax.random.normal(keys[3], shape, jnp.float32)
+        fns, first_s, max_err = {}, {}, {}
+        ref = None
+        for impl in impls:
+            fns[impl] = grad_fn(impl, args.causal)
+            start = time.perf_counter()
+            grads = jax.block_until_ready(fns[impl](q, k, v, cot))
+            first_s[impl] = time.perf_counter() - start
+            if ref is None:
+                ref = grads
+            max_err[impl] = max(
+                float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                for a, b in zip(grads, ref, strict=True)
+            )
+        times = {impl: [] for impl in impls}
+        for r in range(args.rounds):
+            for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
+                start = time.perf_counter()
+                jax.block_until_ready(fns[impl](q, k, v, cot))
+                times[impl].append(time.perf_counter() - start)
+        median = {i: statistics.median(ts) for i, ts in times.items()}
+        flops = attention_flops(args.batch, t, args.heads, args.head_dim)
+        row = {
+            "length": t,
+            "median_s": median,
+            "min_s": {i: min(ts) for i, ts in times.items()},
+            "times_s": times,
+            "first_call_s": first_s,
+            "max_abs_grad_diff_vs_xla": max_err,
+            "flops": flops,
+            "chunked_over_xla": median["chunked"] / median["xla"],
+        }
+        rows.append(row)
+        log(
+            f"{t:>6} "
+            + " ".join(f"{1e3 * median[i]:>11.1f} ({1e3 * min(times[i]):>6.1f})" for i in impls)
+            + f" {row['chunked_over_xla']:>12.3f} "
+            + " ".join(f"{flops / median[i] / 1e9:>16.1f}" for i in impls)
+            + "   max |grad diff| vs xla: "
+            + ", ".join(f"{i} {max_err[i]:.1e}" for i in impls if i != "xla")
+        )
+    return rows
+
+
+def memory_lengths(impls, lengths, args, dtype, log):
+    log("\ntemporary bytes of forward+backward (compiled, not run)")
+    log(
+        f"{'T':>6} "
+        + " ".join(f"{i + ' MiB':>12}" for i in impls)
+        + f" {'chunked/xla':>12} {'xla x/2T':>9} {'chunked x/2T':>13}"
     )
     rows, prev = [], None
     for t in lengths:
         start = time.perf_counter()
         mem = {
-            impl: temp_bytes(impl, t, args.batch, args.heads, args.head_dim, args.causal)
-            for impl in ("xla", "chunked")
+            impl: temp_bytes(impl, t, args.batch, args.heads, args.head_dim, args.causal, dtype)
+            for impl in impls
         }
         row = {"length": t, **{f"{k}_bytes": v for k, v in mem.items()}}
         row["chunked_over_xla"] = mem["chunked"] / mem["xla"]
@@ -63,19 +152,71 @@ def main():
             row["xla_growth"] = mem["xla"] / prev["xla_bytes"]
             row["chunked_growth"] = mem["chunked"] / prev["chunked_bytes"]
             growth = (f"{row['xla_growth']:.2f}", f"{row['chunked_growth']:.2f}")
-        print(
-            f"{t:>6} {mem['xla'] / 2**20:>10.1f} {mem['chunked'] / 2**20:>12.1f} "
-            f"{row['chunked_over_xla']:>12.4f} {growth[0]:>9} {growth[1]:>13}"
-            f"   ({time.perf_counter() - start:.1f}s to compile)"
+        log(
+            f"{t:>6} "
+            + " ".join(f"{mem[i] / 2**20:>12.1f}" for i in impls)
+            + f" {row['chunked_over_xla']:>12.4f} {growth[0]:>9} {growth[1]:>13}"
+            + f"   ({time.perf_counter() - start:.1f}s to compile)"
         )
         rows.append(row)
         prev = row
-    import os
+    return rows
 
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default=None, help="memory (default 1024,...,16384)")
+    parser.add_argument("--time-lengths", default=None, help="timed (default 256,...,4096)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=None, help="N (default 8)")
+    parser.add_argument("--head-dim", type=int, default=None, help="H (default 64)")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
+                                                      "attention_memory.json"))  # fmt: skip
+    args = parser.parse_args()
+    tiny = dict(lengths="64,128", time_lengths="64,128", rounds=2, heads=2, head_dim=16)
+    full = dict(lengths="1024,2048,4096,8192,16384", time_lengths="256,512,1024,2048,4096",
+                rounds=5, heads=8, head_dim=64)  # fmt: skip
+    for k, v in (tiny if args.tiny else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    dtype = DTYPES[args.dtype]
+
+    def log(msg):
+        print(msg, flush=True)
+
+    log(
+        f"attention forward+backward; backend {jax.default_backend()} "
+        f"({jax.devices()[0].device_kind}), jax {jax.__version__}, B={args.batch} "
+        f"N={args.heads} H={args.head_dim} causal={args.causal} dtype={args.dtype}; "
+        f"load average {os.getloadavg()}"
+    )
+    impls = implementations(dtype, log)
+    memory = memory_lengths(impls, [int(x) for x in args.lengths.split(",")], args, dtype, log)
+    timed = time_lengths(impls, [int(x) for x in args.time_lengths.split(",")], args, dtype, log)
+    load_end = os.getloadavg()
+    log(f"load average at end: {load_end}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "backend": jax.default_backend(), "rows": rows}, f, indent=1)
-    print(f"wrote {args.out}")
+        json.dump(
+            {
+                "benchmark": "attention_memory",
+                "args": vars(args),
+                "backend": jax.default_backend(),
+                "device": jax.devices()[0].device_kind,
+                "jax": jax.__version__,
+                "implementations": impls,
+                "rows": memory,
+                "time_rows": timed,
+                "load_average_end": load_end,
+            },
+            f,
+            indent=1,
+        )
+    log(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ rounds, each round every configuration once in a rotated order; medians over rou
 cache: `experiments/run.py --config=<runner_config>` launched in subprocesses, each with a
 fresh workdir, twice in a row (cold, then warm) for each mode:
   runner     as shipped: no cache settings from outside; HOME and XDG_CACHE_HOME point at a
-             fresh directory per pair, so a default cache location of the runner starts empty
+             fresh directory per pair, so the runner's default cache (~/.cache/tfjax/jax,
+             its --compilation_cache_dir) starts empty
   env_cache  JAX_COMPILATION_CACHE_DIR=<fresh dir> and
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 in the environment: what the runner
-             gets when it enables the cache (see the patch in the benchmark's report)
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 in the environment: JAX's own
+             settings, which the runner's flag sets too
 Timed: the runner's own "First step (compilation included)" log line (the train step's
 compilation plus one tiny step), the wall time from launch to that line, and the whole run.
 

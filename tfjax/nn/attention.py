@@ -93,7 +93,8 @@ def _group(x, num_kv_heads):
 
 
 def _masked_logits(logits, mask, bias, is_causal, k_offset=0, key_length=None):
-    """Bias and masks applied to [B, K, G, T, C] logits whose keys start at k_offset.
+    """Bias and masks applied to [B, K, G, T, C] (or [B, N, T, C]) logits whose keys start at
+    k_offset; mask and bias broadcast against the logits.
 
     Returns (logits, allowed): `allowed` is the boolean [.., T, C] pattern of attendable
     pairs (None when everything is), which the chunked backward pass needs, as masked logits
@@ -118,6 +119,15 @@ def attention_weights(q, k, *, mask=None, bias=None, is_causal=False, scale=None
     b, t, n, h = q.shape
     kh = k.shape[2]
     scale = h**-0.5 if scale is None else scale
+    if kh == n:
+        # Plain multi-head attention: 4-D einsums. The grouped 5-D form with G = 1 computes the
+        # same, but XLA:CPU lays its [B, K, 1, T, S] operands out with extra copies of the
+        # weights and their gradient (12 more [B, N, T, S] copies per step in a 6-layer
+        # decoder; benchmarks/train_step_vs_torch.py).
+        # [B, N, T, S]
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
+        logits, _ = _masked_logits(logits * scale, mask, bias, is_causal)
+        return jax.nn.softmax(logits, axis=-1)
     # [B, T, K, G, H]
     qg = q.reshape(b, t, kh, n // kh, h)
     # [B, K, G, T, S]
@@ -130,10 +140,14 @@ def attention_weights(q, k, *, mask=None, bias=None, is_causal=False, scale=None
 def _xla_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
+    # [B, N, T, S]
     weights = attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    if kh == n:
+        # [B, T, N, H]
+        return jnp.einsum("bnts,bsnh->btnh", weights.astype(v.dtype), v)
     # [B, K, G, T, S]
     weights = weights.reshape(b, kh, n // kh, t, s).astype(v.dtype)
     # [B, T, K, G, H]
