@@ -91,7 +91,8 @@ def main():
     for mode, (block, done) in results.items():
         print(f"{mode:6} {block:>14.3f} {done:>16.3f}")
     ratio = results["sync"][0] / results["async"][0]
-    print(f"async save blocks the loop {ratio:.1f}x less than a sync save")
+    print(f"async save blocks the loop {ratio:.1f}x less than a sync save "
+          f"({100 / ratio:.1f}% of its time; target < 5%)")  # fmt: skip
 
 
 if __name__ == "__main__":

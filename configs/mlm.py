@@ -90,6 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint.best_mode = "max"  # "max" or "min"
     config.checkpoint.async_save = True  # write in the background while training goes on
     config.checkpoint.replica_parallel = True  # replicas share writing (faster on many devices)
+    config.checkpoint.timeout_s = 1200  # most seconds a save waits for the other processes
     config.init_from = ""  # another run's workdir: start from its parameters ("": no)
 
     for preset in (arg or "pydoc").split(","):

@@ -13,12 +13,21 @@ exits with a FloatingPointError naming the step (see tfjax.train).
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
 calls jax.distributed.initialize() first and then loads only its part of each batch.
+
+No multi-process wait is unbounded. At start-up every process waits at most --distributed_timeout
+seconds for all of them to connect, then exits (non-zero) naming the processes that did not (and
+waits as long at exit for the others to finish). Once running, a process that dies (SIGKILL, a
+lost host) stops sending heartbeats: after --heartbeat_timeout seconds JAX's coordination service
+names it and ends every other process with an error, wherever it waits (a collective, a
+checkpoint barrier); Orbax's background commit waits at most config.checkpoint.timeout_s for the
+other processes.
 """
 
 import logging as std_logging
 import os
 import signal
 import sys
+import threading
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -40,6 +49,16 @@ _DISTRIBUTED = flags.DEFINE_enum(
     "Call jax.distributed.initialize(): 'auto' when a coordinator is given (flag or "
     "JAX_COORDINATOR_ADDRESS) or a SLURM job has several tasks; 'yes' always (Cloud TPU pod "
     "slices detect everything themselves); 'no' never.",
+)  # fmt: skip
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout", 300,
+    "Seconds each process waits at start-up for all --num_processes processes to connect "
+    "(then it exits naming the processes that did not), and at exit for the others to finish.",
+)  # fmt: skip
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout", 100,
+    "Seconds without a heartbeat after which a process counts as dead: JAX's coordination "
+    "service then ends every other process with an error naming it.",
 )  # fmt: skip
 _CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", os.path.join("~", ".cache", "tfjax", "jax"),
@@ -83,11 +102,7 @@ def main(argv):
     if _want_distributed():
         # CPU processes exchange data through gloo (accelerators use their own collectives).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=_COORDINATOR.value,
-            num_processes=_NUM_PROCESSES.value,
-            process_id=_PROCESS_ID.value,
-        )
+        _initialize_distributed()
     logging.info(
         "Process %d of %d; %d local devices of %d (%s)", jax.process_index(),
         jax.process_count(), jax.local_device_count(), jax.device_count(), jax.default_backend(),
@@ -108,6 +123,77 @@ def main(argv):
         sys.exit(128 + signum)
     if jax.process_index() == 0:
         print(_summary(result), flush=True)
+
+
+# JAX's own deadlines run this much past --distributed_timeout, so that ours speaks first.
+_COORDINATOR_GRACE_S = 5  # the coordinator's registration deadline: its error names the missing
+_CLIENT_GRACE_S = 30  # a process's own deadline to reach the coordinator (process 0 missing)
+
+
+def _initialize_distributed():
+    """jax.distributed.initialize() within --distributed_timeout, or an exit naming who is missing.
+
+    JAX ends a process that cannot connect in time from C++ (abort, status 134): Python cannot
+    catch it. So a watchdog prints our message at the deadline, and the coordinator's
+    registration deadline (a few seconds later) makes JAX's error that follows name the missing
+    processes ("Some timed out task names: 1"); without it JAX only says "Deadline Exceeded".
+    """
+    import jax
+    from jax._src import distributed
+
+    for flag in (_DISTRIBUTED_TIMEOUT, _HEARTBEAT_TIMEOUT):
+        if flag.value < 1:
+            raise app.UsageError(f"--{flag.name} must be at least 1 (seconds), got {flag.value}")
+    timeout = _DISTRIBUTED_TIMEOUT.value
+    address = _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS") or "(detected)"
+    count = _NUM_PROCESSES.value or "all"
+    me = _PROCESS_ID.value
+
+    def not_connected():
+        who = (
+            "process(es) not connected are named in JAX's error that follows ('Some timed out "
+            "task names')"
+            if me == 0
+            else f"process {me} could not reach process 0 (the coordinator) at {address}, or "
+            "another process did not connect (JAX's error that follows says which)"
+        )
+        print(
+            f"jax.distributed.initialize: not all {count} processes connected to {address} "
+            f"within {timeout} s (--distributed_timeout); {who}. Check that every process was "
+            "started, with the same --coordinator_address and --num_processes.",
+            file=sys.stderr,
+            flush=True,
+        )
+        watchdog.finished.wait(_CLIENT_GRACE_S + 30)  # JAX aborts first; if it does not:
+        if not watchdog.finished.is_set():
+            os._exit(1)
+
+    make_service = distributed._jax.get_distributed_runtime_service
+    patched = "cluster_register_timeout" in (make_service.__doc__ or "")
+
+    def service(*args, **kwargs):
+        return make_service(
+            *args, cluster_register_timeout=timeout + _COORDINATOR_GRACE_S, **kwargs
+        )
+
+    watchdog = threading.Timer(timeout, not_connected)
+    watchdog.daemon = True
+    watchdog.start()
+    if patched:
+        distributed._jax.get_distributed_runtime_service = service
+    try:
+        jax.distributed.initialize(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+            initialization_timeout=timeout + _CLIENT_GRACE_S,
+            heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
+            shutdown_timeout_seconds=timeout,
+        )
+    finally:
+        watchdog.cancel()
+        if patched:
+            distributed._jax.get_distributed_runtime_service = make_service
 
 
 def _summary(result: dict) -> str:

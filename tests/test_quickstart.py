@@ -38,9 +38,7 @@ def test_make_train_from_a_clean_copy(tmp_path):
     _clean_copy(str(checkout))
     assert not (checkout / "workdirs").exists() and not (checkout / ".venv").exists()
     data_dir = tmp_path / "data"
-    env = dict(
-        os.environ, TFJAX_DATA_DIR=str(data_dir), JAX_COMPILATION_CACHE_DIR="", XLA_FLAGS=""
-    )
+    env = dict(os.environ, TFJAX_DATA_DIR=str(data_dir), JAX_COMPILATION_CACHE_DIR="", XLA_FLAGS="")
     command = [
         "make", "-o", "install", "train", "CONFIG=configs/vit.py:tiny",
         f"BIN={os.path.dirname(sys.executable)}",

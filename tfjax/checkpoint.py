@@ -39,15 +39,20 @@ Fields of `config.checkpoint`:
   async_save    write in a background thread: training continues while the files are written
   replica_parallel   replicas of a replicated array each write a slice of it (faster saves
                 on many devices; the first save compiles small slicing programs, seconds on CPU)
+  timeout_s     the most seconds a save's background commit waits for the other processes to
+                finish writing (Orbax's barrier) before it fails with an error; a process that
+                died is caught sooner by JAX's heartbeat (experiments/run.py --heartbeat_timeout)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
 import shutil
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +65,10 @@ from orbax.checkpoint import future as ocp_future
 ITEMS = ("params", "state", "data")
 TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
 VERSIONED = ("jax", "flax", "optax", "orbax-checkpoint", "tfjax")
+TIMEOUT_S = 1200  # checkpoint.timeout_s when a config has none (Orbax's own default)
 
 
+@functools.cache  # read once per process: every save records them
 def versions() -> dict[str, str]:
     """{"jax": "0.x", ...}: the versions of the packages a checkpoint's contents depend on."""
     out = {}
@@ -99,19 +106,29 @@ def check_versions(manager, step: int) -> None:
         )  # fmt: skip
 
 
-def empty_trash(directory) -> None:
+def empty_trash(directory, *, background: bool = False) -> None:
     """Removes the old steps renamed into `<directory>/TRASH/` (primary process only).
 
     Only entries present now are removed, and never TRASH itself, so a deletion that Orbax's
-    background thread is renaming in at this moment is left for the next call.
+    background thread is renaming in at this moment is left for the next call. background:
+    remove them in a daemon thread, so that the training loop does not wait for the file
+    system; what a process exit interrupts is removed when the next manager is made.
     """
     if jax.process_index() != 0:
         return
     trash = os.path.join(os.fspath(directory), TRASH)
     if not os.path.isdir(trash):
         return
-    for name in os.listdir(trash):
-        shutil.rmtree(os.path.join(trash, name), ignore_errors=True)
+    paths = [os.path.join(trash, name) for name in os.listdir(trash)]
+
+    def remove():
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+
+    if background and paths:
+        threading.Thread(target=remove, name="tfjax-empty-trash", daemon=True).start()
+    else:
+        remove()
 
 
 # ------------------------------------------------------------------ the data loader's position
@@ -198,8 +215,13 @@ def _restore_args(abstract_tree):
 def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.CheckpointManager:
     """The CheckpointManager of a run's `checkpoints/` directory (created when missing)."""
     policies = []
+    timeout_s = TIMEOUT_S
     if checkpoint_config is not None:
         c = checkpoint_config
+        timeout_s = c.get("timeout_s", TIMEOUT_S)
+        if not isinstance(timeout_s, int) or timeout_s < 1:
+            raise ValueError(f"checkpoint.timeout_s must be a whole number of seconds >= 1, "
+                             f"got {timeout_s!r}")  # fmt: skip
         if c.keep < 1:
             raise ValueError(f"checkpoint.keep must be >= 1, got {c.keep}")
         if c.best_mode not in ("max", "min"):
@@ -223,6 +245,8 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         # Delete old steps by an atomic rename first (see the module docstring).
         todelete_subdir=TRASH,
         enable_async_checkpointing=bool(checkpoint_config is None or checkpoint_config.async_save),
+        # The background commit's wait for every process is bounded (see checkpoint.timeout_s).
+        async_options=ocp.options.AsyncOptions(timeout_secs=timeout_s),
         # We decide when to save; Orbax saves whenever asked.
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(1),
         preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies)
@@ -250,7 +274,7 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
     manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
                  custom_metadata={"versions": versions()})  # fmt: skip
     # The previous save (and its deletions) finished inside manager.save.
-    empty_trash(manager.directory)
+    empty_trash(manager.directory, background=True)
 
 
 # ------------------------------------------------------------------------------ compatibility
