@@ -19,8 +19,10 @@ seconds for all of them to connect, then exits (non-zero) naming the processes t
 waits as long at exit for the others to finish). Once running, a process that dies (SIGKILL, a
 lost host) stops sending heartbeats: after --heartbeat_timeout seconds JAX's coordination service
 names it and ends every other process with an error, wherever it waits (a collective, a
-checkpoint barrier); Orbax's background commit waits at most config.checkpoint.timeout_s for the
-other processes.
+checkpoint barrier). A killed process can end the others sooner, when its death cuts a
+collective's transfer short: the collective library (gloo on CPU) then aborts them with its own
+error, which names no process. Orbax's background commit waits at most
+config.checkpoint.timeout_s for the other processes.
 """
 
 import logging as std_logging

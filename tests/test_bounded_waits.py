@@ -1,5 +1,5 @@
-"""Bounded waits (issue 6): a multi-process run whose peer never starts or dies mid-run exits
-non-zero, naming the missing process, instead of hanging.
+"""Bounded waits (issue 6): a multi-process run whose peer never starts, freezes or dies mid-run
+exits non-zero instead of hanging, naming the missing process where JAX can tell.
 
 Real subprocesses and real signals: `experiments/run.py` on the tiny ViT config, two local
 processes (coordinator on 127.0.0.1, gloo CPU collectives, 4 devices each). The time bounds are
@@ -132,7 +132,9 @@ def test_a_process_that_never_starts_is_named_and_start_up_ends(data_dir, env, t
     assert seconds >= TIMEOUT_S - 1  # it did wait the configured time
 
 
-def test_a_peer_killed_mid_run_is_named_and_the_survivor_exits(data_dir, env, tmp_path):
+def _run_until_step_5_then(signum, data_dir, env, tmp_path):
+    """Two processes train; after step 5 process 1 gets `signum`. (workdir, status, output) of
+    process 0, which must end on its own within the heartbeat timeout and a margin."""
     workdir = str(tmp_path / "run")
     overrides = {"num_train_steps": 100000, "log_every": 1, "eval_every": 0,
                  "checkpoint.every": 2, "checkpoint.best_metric": ""}  # fmt: skip
@@ -140,26 +142,47 @@ def test_a_peer_killed_mid_run_is_named_and_the_survivor_exits(data_dir, env, tm
     procs = [start(cmd, i, env) for i in range(2)]
     try:
         wait_for_steps(workdir, 5, procs[0])
-        procs[1].send_signal(signal.SIGKILL)
-        procs[1].communicate()
+        procs[1].send_signal(signum)
         rc, out, _ = finish(procs[0], TIMEOUT_S + 90)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
-    assert rc != 0, out[-3000:]
-    # JAX's coordination service names the process that stopped sending heartbeats.
-    assert re.search(r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n1\s*\n", out), out[
-        -3000:
-    ]
-    # Whatever the kill interrupted, the newest listed checkpoint is complete: it reads back,
-    # with both processes' data positions.
+            p.communicate()  # closes its pipe
+    return workdir, rc, out
+
+
+# JAX's coordination service names the process that stopped sending heartbeats (here 1).
+HEARTBEAT_NAMES_1 = r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n1\s*\n"
+
+
+def assert_newest_checkpoint_is_complete(workdir, out):
+    """Whatever the failure interrupted, the newest listed checkpoint reads back, with both
+    processes' data positions."""
     steps = listed_steps(workdir)
     assert steps, out[-3000:]
     newest = read_checkpoint(workdir, max(steps))
     assert int(newest["state"]["step"]) == max(steps)
     assert set(newest["data"]) == {"process_0-of-2.json", "process_1-of-2.json"}
+
+
+def test_a_stalled_peer_is_named_and_the_survivor_exits(data_dir, env, tmp_path):
+    # SIGSTOP: a frozen or cut-off host. Its connections stay open, so only the heartbeat check
+    # can tell; it must name the process and end the survivor, not leave it in a collective.
+    workdir, rc, out = _run_until_step_5_then(signal.SIGSTOP, data_dir, env, tmp_path)
+    assert rc != 0, out[-3000:]
+    assert re.search(HEARTBEAT_NAMES_1, out), out[-3000:]
+    assert_newest_checkpoint_is_complete(workdir, out)
+
+
+def test_a_killed_peer_ends_the_survivor(data_dir, env, tmp_path):
+    # SIGKILL closes the dead process's sockets. Either the heartbeat check names it, or, when
+    # the kill cuts a transfer of a collective short, gloo fails first (within a second) and
+    # aborts the survivor with its own error, which names no process. Both end the run.
+    workdir, rc, out = _run_until_step_5_then(signal.SIGKILL, data_dir, env, tmp_path)
+    assert rc != 0, out[-3000:]
+    assert re.search(HEARTBEAT_NAMES_1, out) or "gloo::" in out, out[-3000:]
+    assert_newest_checkpoint_is_complete(workdir, out)
 
 
 @pytest.mark.parametrize("value", [0, 2.5], ids=["zero", "float"])
