@@ -46,6 +46,7 @@ Fields of `config.checkpoint`:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -271,28 +272,23 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
     items = dict(params=ocp.args.PyTreeSave(params), state=ocp.args.PyTreeSave(state))
     if data_state is not None:
         items["data"] = DataSave(data_state)
-    try:
+    with _unfinished_writes_end_before_errors(manager):
         manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
                      custom_metadata={"versions": versions()})  # fmt: skip
-    except BaseException:
-        _wait_for_unfinished_writes(manager)
-        raise
     # The previous save (and its deletions) finished inside manager.save.
     empty_trash(manager.directory, background=True)
 
 
 def wait_until_finished(manager) -> None:
-    """manager.wait_until_finished(); when that raises a failed save's error, first lets the
-    writes of that save's other items end (see _wait_for_unfinished_writes)."""
-    try:
+    """manager.wait_until_finished(), raising a failed save's error only once the writes of
+    that save's other items have ended."""
+    with _unfinished_writes_end_before_errors(manager):
         manager.wait_until_finished()
-    except BaseException:
-        _wait_for_unfinished_writes(manager)
-        raise
 
 
-def _wait_for_unfinished_writes(manager) -> None:
-    """Waits for every write of the last asynchronous save to end, failed or not.
+@contextlib.contextmanager
+def _unfinished_writes_end_before_errors(manager):
+    """On an error, waits for every write of the last asynchronous save to end, then raises.
 
     Orbax reports a failed save at its first failed item while the other items may still be
     writing into the step's temporary directory. Raised then, the error would let the same
@@ -302,13 +298,17 @@ def _wait_for_unfinished_writes(manager) -> None:
     moves in another Orbax version this waits for nothing, as before. Each wait is bounded by
     the save's own timeout (checkpoint.timeout_s).
     """
-    async_manager = getattr(getattr(manager, "_checkpointer", None), "_async_manager", None)
-    timeout = getattr(async_manager, "_timeout_secs", None)
-    for commit in getattr(async_manager, "_commit_futures", None) or ():
-        try:
-            commit.result(timeout=timeout)
-        except Exception:  # the save's error is already being raised
-            pass
+    try:
+        yield
+    except BaseException:
+        async_manager = getattr(getattr(manager, "_checkpointer", None), "_async_manager", None)
+        timeout = getattr(async_manager, "_timeout_secs", None)
+        for commit in getattr(async_manager, "_commit_futures", None) or ():
+            try:
+                commit.result(timeout=timeout)
+            except Exception:  # the save's error is already being raised
+                pass
+        raise
 
 
 # ------------------------------------------------------------------------------ compatibility
