@@ -67,3 +67,15 @@ def test_compile_time_tiny(tmp_path):
     assert "ratio env_cache cold/warm first step (compile) = " in out
     assert set(result["depth"]["rows"]) == {"1/unrolled", "1/scan", "2/unrolled", "2/scan"}
     assert result["cache"]["modes"]["env_cache"]["median"]["warm"]["first_step_s"] >= 0
+
+
+@pytest.mark.slow
+def test_attention_layouts_tiny(tmp_path):
+    out, result = _run("attention_layouts.py", tmp_path / "attention_layouts.json", "--rounds=1")
+    for model in ("vit", "decoder"):
+        assert f"[{model}]" in out
+        assert set(result["results"][model]["ratios"]) == {
+            f"tfjax/{base} {p}"
+            for base in ("token_major", "torch_sdpa")
+            for p in ("fwd", "fwd+bwd")
+        }
