@@ -99,6 +99,17 @@ def test_gated_mlp_formula(act, fn):
     np.testing.assert_allclose(mlp.apply({"params": p}, x), want, atol=1e-5)
 
 
+def test_gelu_is_the_exact_gelu_in_value_gradient_and_dtype():
+    x = jnp.linspace(-12.0, 12.0, 4001)
+    np.testing.assert_allclose(tnn.gelu(x), jax.nn.gelu(x, approximate=False), atol=1e-6)
+    grad = jax.vmap(jax.grad(tnn.gelu))(x)
+    want = jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=False)))(x)
+    np.testing.assert_allclose(grad, want, atol=1e-6)
+    # Phi(1) = 0.8413447460685429 (the normal CDF)
+    np.testing.assert_allclose(tnn.gelu(jnp.float32(1.0)), 0.8413447460685429, rtol=1e-6)
+    assert tnn.gelu(x.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+
+
 def test_ffn_bad_activation():
     with pytest.raises(ValueError, match="activation='tanh' is unknown"):
         tnn.Mlp(mlp_dim=4, activation="tanh")

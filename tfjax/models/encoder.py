@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
@@ -151,9 +150,7 @@ class Encoder(nn.Module):
         aux = {"encoded": x}
         if self.head == "mlm":
             # [B, T, D]
-            h = jax.nn.gelu(
-                self._dense(self.width, (axes.EMBED, axes.MLP), "mlm_dense")(x), approximate=False
-            )
+            h = tnn.gelu(self._dense(self.width, (axes.EMBED, axes.MLP), "mlm_dense")(x))
             h = self._norm("mlm_norm")(h)
             bias = self.param(
                 "mlm_bias",

@@ -4,7 +4,7 @@ from tfjax.nn import axes, masks, position
 from tfjax.nn.attention import MultiHeadAttention, attention_weights, dot_product_attention
 from tfjax.nn.blocks import Block, Stack, make_norm, scanned_to_unrolled, unrolled_to_scanned
 from tfjax.nn.embed import Embed
-from tfjax.nn.ffn import GatedMlp, Mlp, make_mlp
+from tfjax.nn.ffn import GatedMlp, Mlp, gelu, make_mlp
 from tfjax.nn.masks import causal_mask, combine_masks, padding_mask, segment_mask
 from tfjax.nn.position import LearnedPositions, alibi_bias, rope, sincos_2d, sinusoidal
 
@@ -22,6 +22,7 @@ __all__ = [
     "causal_mask",
     "combine_masks",
     "dot_product_attention",
+    "gelu",
     "make_mlp",
     "make_norm",
     "masks",
