@@ -282,6 +282,22 @@ def test_vit_aux_and_pooling():
         assert out.shape == (2, 32) and aux["encoded"].shape == (2, 6 + (pool == "cls"), 32)
 
 
+def test_patch_embed_is_the_strided_convolution():
+    """Same parameters, initial values, outputs and gradients as nn.Conv with stride p."""
+    x = jax.random.normal(jax.random.key(0), (2, 32, 48, 3))
+    pe = vit.PatchEmbed(8, 16)
+    conv = nn.Conv(8, (16, 16), strides=(16, 16), padding="VALID")
+    params = nn.unbox(pe.init(jax.random.key(1), x))
+    conv_params = conv.init(jax.random.key(1), x)
+    assert jax.tree.structure(params) == jax.tree.structure(conv_params)
+    jax.tree.map(np.testing.assert_array_equal, params, conv_params)
+    params = jax.tree.map(lambda a: a + 0.1, params)  # a non-zero bias too
+    np.testing.assert_allclose(pe.apply(params, x), conv.apply(params, x), atol=1e-5)
+    loss = lambda m: lambda p: jnp.sum(jnp.sin(m.apply(p, x)))  # noqa: E731
+    g_pe, g_conv = jax.grad(loss(pe))(params), jax.grad(loss(conv))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), g_pe, g_conv)
+
+
 # ----------------------------------------------------------------------------------------------
 # Learning: a few Adam steps on one fixed batch drive the loss down.
 

@@ -2,9 +2,9 @@
 
 Letters: B batch, P patches, D model width, C classes.
 
-Patches embedded by a strided convolution, a class token (pool="cls") or mean pooling
-(pool="gap"), learned or 2-D sin-cos position embeddings, pre-LN blocks with exact GELU, a
-final LayerNorm and a linear head (zero-initialised, as in big_vision).
+Patches embedded by a strided convolution (computed as a matmul), a class token (pool="cls")
+or mean pooling (pool="gap"), learned or 2-D sin-cos position embeddings, pre-LN blocks with
+exact GELU, a final LayerNorm and a linear head (zero-initialised, as in big_vision).
 
     model = vit.Model(variant="B/16", num_classes=1000)
     logits, aux = model.apply(variables, images)        # [B, H, W, 3] float -> [B, C]
@@ -34,6 +34,44 @@ PATCHES = (2, 4, 8, 14, 16, 32)
 VARIANTS = {f"{s}/{p}": dict(SIZES[s], patch_size=p) for s in SIZES for p in PATCHES}
 POOLS = ("cls", "gap")
 POSEMBS = ("learned", "sincos2d")
+
+
+class PatchEmbed(nn.Module):
+    """[B, H, W, C] -> [B, H/p, W/p, D]: the p x p convolution with stride p, done as a matmul.
+
+    The parameters are nn.Conv's (kernel [p, p, C, D], lecun-normal; bias [D]), so checkpoints
+    and converters see a convolution. Patches do not overlap, so the convolution is the
+    patches times the kernel; XLA's CPU backend runs the strided convolution's forward and
+    gradients 6x slower than this matmul (ViT-S/16, batch 8: 105 vs 17 ms).
+    """
+
+    features: int  # D
+    patch_size: int  # p
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, images):
+        p = self.patch_size
+        b, h, w, c = images.shape
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(), (None, None, None, axes.EMBED)
+            ),
+            (p, p, c, self.features),
+            self.param_dtype,
+        )
+        bias = self.param(
+            "bias",
+            nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
+            (self.features,),
+            self.param_dtype,
+        )
+        images, kernel, bias = nn.dtypes.promote_dtype(images, kernel, bias, dtype=self.dtype)
+        # [B, H/p, p, W/p, p, C]: row i, column j of each patch on axes 2 and 4
+        patches = images.reshape(b, h // p, p, w // p, p, c)
+        return jnp.einsum("bxiyjc,ijcd->bxyd", patches, kernel) + bias
 
 
 class VisionTransformer(nn.Module):
@@ -80,20 +118,9 @@ class VisionTransformer(nn.Module):
         if height % p or width % p:
             raise ValueError(f"image size {height}x{width} is not divisible by patch_size={p}")
         # [B, H/p, W/p, D]
-        x = nn.Conv(
-            self.width,
-            (p, p),
-            strides=(p, p),
-            padding="VALID",
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="patch_embed",
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.lecun_normal(), (None, None, None, axes.EMBED)
-            ),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
-        )
-        x = x(images)
+        x = PatchEmbed(
+            self.width, p, dtype=self.dtype, param_dtype=self.param_dtype, name="patch_embed"
+        )(images)
         b, gh, gw, d = x.shape
         # [B, P, D]
         x = x.reshape(b, gh * gw, d)
