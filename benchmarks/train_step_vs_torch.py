@@ -19,9 +19,10 @@ Contenders, the same shapes and init scale (normal 0.02 for the language models)
                  weights, SDPA attention), torch.optim.AdamW (foreach)
   torch_compile  the same torch module through torch.compile (inductor); the optimizer eager
 
-Every contender is compiled and warmed up first; then the timed steps run in rounds, each
-round one step of every contender in a rotated order (so that the machine's load drifts hit
-all alike), and the tables show medians. Threads: torch.set_num_threads(threads) and XLA's
+Every contender runs in its own process (in one process, torch slowed the JAX contenders by
+uneven amounts), started, compiled and warmed up one after another; then the timed steps run
+in rounds, each round one step of every contender in a rotated order (so that the machine's
+load drifts hit all alike) while the others wait idle, and the tables show medians. Threads: torch.set_num_threads(threads) and XLA's
 own thread pool, which takes every core of the process's CPU affinity; --threads below the
 core count pins the whole process to that many cores first, so both libraries see the same.
 
@@ -41,7 +42,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -291,8 +294,8 @@ def build_stock_flax(spec, batch_np):
 
 
 # ------------------------------------------------------------------------------------ torch
-def build_torch(spec, batch_np, *, compiled_too):
-    """{"torch_eager": step, "torch_compile": step}: one HF module and optimizer, shared."""
+def build_torch(spec, batch_np, *, compiled):
+    """(step, parameter count) of the HF module, eager or through torch.compile."""
     import torch
     import torch.nn.functional as F
     import transformers
@@ -332,20 +335,16 @@ def build_torch(spec, batch_np, *, compiled_too):
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=WEIGHT_DECAY, foreach=True)  # fmt: skip
 
-    def make_step(m):
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = loss_of(m)
-            loss.backward()
-            opt.step()
-            return float(loss.detach())
+    stepped = torch.compile(model) if compiled else model
 
-        return step
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(stepped)
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
 
-    steps = {"torch_eager": make_step(model)}
-    if compiled_too:
-        steps["torch_compile"] = make_step(torch.compile(model))
-    return steps, sum(p.numel() for p in model.parameters())
+    return step, sum(p.numel() for p in model.parameters())
 
 
 # ------------------------------------------------------------------------------ the roofline
@@ -412,51 +411,117 @@ def machine_info(threads):
     }
 
 
-def run_model(name, spec, contenders, *, rounds, warmup, log):
-    """Builds, warms up and times the contenders on one model; returns its result dict."""
+def build_contender(contender, spec, batch_np):
+    """(step() -> loss, info) for one contender; info holds its parameter count (and FLOPs)."""
+    if contender == "tfjax":
+        step, flops, n = build_tfjax(spec, batch_np)
+        return step, {"flops": flops, "params_tfjax": n}
+    if contender == "stock_flax":
+        step, n = build_stock_flax(spec, batch_np)
+        return step, {"params_stock_flax": n}
+    step, n = build_torch(spec, batch_np, compiled=contender == "torch_compile")
+    return step, {"params_torch": n}
+
+
+REPLY = "@@ "  # marks the worker's protocol lines on its stdout (libraries may print too)
+
+
+def _reply(**fields):
+    print(REPLY + json.dumps(fields, default=float), flush=True)
+
+
+def worker(args):
+    """One contender in this process: build, compile, warm up, then time one step per "step"
+    line on stdin until "quit"; each answer is a REPLY line of JSON."""
+    spec = (TINY if args.tiny else MODELS)[args.models]
     batch_np = make_batch(spec)
-    steps, build_s, first_s, info = {}, {}, {}, {}
-    for c in contenders:
-        if c == "torch_compile" and "torch_eager" in contenders:
-            continue  # built with torch_eager (shared module and optimizer)
+    try:
         start = time.perf_counter()
-        try:
-            if c == "tfjax":
-                steps[c], info["flops"], info["params_tfjax"] = build_tfjax(spec, batch_np)
-            elif c == "stock_flax":
-                steps[c], info["params_stock_flax"] = build_stock_flax(spec, batch_np)
-            else:
-                built, info["params_torch"] = build_torch(
-                    spec, batch_np, compiled_too="torch_compile" in contenders
-                )
-                steps.update({k: v for k, v in built.items() if k in contenders})
-        except Exception as e:  # a contender that cannot run here is reported, not fatal
-            log(f"  {c}: build failed: {type(e).__name__}: {e}")
-            info[f"{c}_error"] = f"{type(e).__name__}: {e}"
-        build_s[c] = time.perf_counter() - start
-    losses = {}
-    for c in list(steps):
+        step, info = build_contender(args.worker, spec, batch_np)
+        info["build_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        try:
-            losses[c] = steps[c]()  # compiles (jit, torch.compile) and runs one step
-        except Exception as e:
-            log(f"  {c}: first step failed: {type(e).__name__}: {str(e)[:500]}")
-            info[f"{c}_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-            del steps[c]
-            continue
-        first_s[c] = time.perf_counter() - start
-        for _ in range(warmup):
-            steps[c]()
-        log(f"  {c}: built in {build_s.get(c, 0.0):.1f} s, first step (compile) {first_s[c]:.1f} s")
-    names = [c for c in contenders if c in steps]
-    times = {c: [] for c in names}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for c in order:
-            start = time.perf_counter()
-            steps[c]()
-            times[c].append(time.perf_counter() - start)
-        log(f"  round {r + 1}: " + ", ".join(f"{c} {1e3 * times[c][-1]:.0f} ms" for c in names))
+        info["first_loss"] = step()  # compiles (jit, torch.compile) and runs one step
+        info["first_step_s"] = time.perf_counter() - start
+        for _ in range(args.warmup):
+            step()
+    except Exception as e:  # a contender that cannot run here is reported, not fatal
+        _reply(error=f"{type(e).__name__}: {str(e)[:2000]}")
+        return
+    _reply(ready=True, **info)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        start = time.perf_counter()
+        step()
+        _reply(s=time.perf_counter() - start)
+
+
+class Worker:
+    """A contender in its own process (see worker()), so that no library's threads, allocator
+    or JIT state slows another: in one process, torch slowed the JAX contenders unevenly."""
+
+    def __init__(self, contender, model, args):
+        self.contender = contender
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), f"--worker={contender}",
+             f"--models={model}", f"--warmup={args.warmup}", f"--threads={args.threads}",
+             *(["--tiny"] if args.tiny else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+        )  # fmt: skip
+
+    def ask(self, line=None):
+        if line is not None:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        for out in self.proc.stdout:
+            if out.startswith(REPLY):
+                return json.loads(out[len(REPLY) :])
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-1500:]
+        return {"error": f"worker exited with code {self.proc.wait()}: {tail}"}
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def run_model(name, spec, contenders, *, rounds, args, log):
+    """Starts, warms up and times the contenders on one model; returns its result dict.
+
+    Contenders start one after another (so that compile times are not shared) and stay idle,
+    waiting on stdin, while the others run."""
+    workers, build_s, first_s, losses, info = {}, {}, {}, {}, {}
+    try:
+        for c in contenders:
+            w = Worker(c, name, args)
+            reply = w.ask()
+            if "error" in reply:
+                log(f"  {c}: did not start: {reply['error'][:500]}")
+                info[f"{c}_error"] = reply["error"]
+                w.close()
+                continue
+            workers[c] = w
+            build_s[c], first_s[c] = reply.pop("build_s"), reply.pop("first_step_s")
+            losses[c] = reply.pop("first_loss")
+            info.update({k: v for k, v in reply.items() if k != "ready"})
+            log(f"  {c}: built in {build_s[c]:.1f} s, first step (compile) {first_s[c]:.1f} s")
+        names = list(workers)
+        times = {c: [] for c in names}
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for c in order:
+                reply = workers[c].ask("step")
+                if "error" in reply:
+                    raise RuntimeError(f"{c} failed in round {r + 1}: {reply['error']}")
+                times[c].append(reply["s"])
+            log(f"  round {r + 1}: " + ", ".join(f"{c} {1e3 * times[c][-1]:.0f} ms" for c in names))
+    finally:
+        for w in workers.values():
+            w.close()
     median = {c: statistics.median(t) for c, t in times.items()}
     return dict(spec=spec, contenders=names, build_s=build_s, first_step_s=first_s,
                 first_loss=losses, step_s=times, median_s=median, **info)  # fmt: skip
@@ -472,6 +537,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     parser.add_argument("--threads", type=int, default=0, help="cores to use (0: all)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)  # see worker()
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
                                                       "train_step_vs_torch.json"))  # fmt: skip
     args = parser.parse_args()
@@ -485,6 +551,8 @@ def main():
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)  # measure real compiles
+    if args.worker:
+        return worker(args)
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown:
@@ -508,7 +576,7 @@ def main():
         spec = sizes[m]
         rounds = args.rounds or (3 if args.tiny else (6 if m == "gpt2" else 10))
         log(f"\n[{m}] {spec}; {rounds} rounds after {args.warmup} warm-up steps")
-        results[m] = run_model(m, spec, contenders, rounds=rounds, warmup=args.warmup, log=log)
+        results[m] = run_model(m, spec, contenders, rounds=rounds, args=args, log=log)
     peak_after = roofline(sizes=(128, 256) if args.tiny else (512, 1024, 2048))
     peak_all = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     peak = max(peak_all.values())
