@@ -450,8 +450,12 @@ class MultiHeadAttention(nn.Module):
             self.param_dtype,
         )
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+        # A 2-D matmul with the kernel seen as [D, N H] (a free reshape): on the 3-D kernel,
+        # XLA:CPU added a transposed copy of every projection kernel to each step (GPT-2 small:
+        # 3% of the step; benchmarks/train_step_vs_torch.py).
         # [B, T, N|K, H]
-        y = jnp.einsum("btd,dnh->btnh", x, kernel)
+        y = jnp.einsum("btd,dk->btk", x, kernel.reshape(d, heads * head_dim))
+        y = y.reshape(*x.shape[:2], heads, head_dim)
         if self.use_bias:
             b = self.param(
                 f"{name}_bias",
@@ -551,8 +555,9 @@ class MultiHeadAttention(nn.Module):
             self.param_dtype,
         )
         out, out_kernel = nn.dtypes.promote_dtype(out, out_kernel, dtype=self.dtype)
-        # [B, T, D]
-        y = jnp.einsum("btnh,nhd->btd", out, out_kernel)
+        # [B, T, D] (a 2-D matmul, as in _proj)
+        out = out.reshape(*out.shape[:2], n * h)
+        y = jnp.einsum("btk,kd->btd", out, out_kernel.reshape(n * h, out_kernel.shape[-1]))
         if self.use_bias:
             b = self.param(
                 "out_bias",
