@@ -22,9 +22,10 @@ Contenders, the same shapes and init scale (normal 0.02 for the language models)
 Every contender runs in its own process (in one process, torch slowed the JAX contenders by
 uneven amounts), started, compiled and warmed up one after another; then the timed steps run
 in rounds, each round one step of every contender in a rotated order (so that the machine's
-load drifts hit all alike) while the others wait idle, and the tables show medians. Threads: torch.set_num_threads(threads) and XLA's
-own thread pool, which takes every core of the process's CPU affinity; --threads below the
-core count pins the whole process to that many cores first, so both libraries see the same.
+load drifts hit all alike) while the others wait idle, and the tables show medians.
+Threads: torch.set_num_threads(threads) and XLA's own thread pool, which takes every core of
+the process's CPU affinity; --threads below the core count pins each process to that many
+cores first, so both libraries see the same.
 
 MFU = model FLOPs per step / step time / roofline. Model FLOPs follow tfjax.metrics
 (Kaplan et al. / PaLM): 6 * N * T for the weight matmuls (N = non-embedding parameters plus
