@@ -452,7 +452,7 @@ class MultiHeadAttention(nn.Module):
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
         # A 2-D matmul with the kernel seen as [D, N H] (a free reshape): on the 3-D kernel,
         # XLA:CPU added a transposed copy of every projection kernel to each step (GPT-2 small:
-        # 3% of the step; benchmarks/train_step_vs_torch.py).
+        # 3% of the step, timed against the 3-D form in one process).
         # [B, T, N|K, H]
         y = jnp.einsum("btd,dk->btk", x, kernel.reshape(d, heads * head_dim))
         y = y.reshape(*x.shape[:2], heads, head_dim)
