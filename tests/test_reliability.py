@@ -190,6 +190,9 @@ SAVE_LOOP = textwrap.dedent("""
         checkpoint.save(manager, step, params=params, state={"step": jnp.int32(step)},
                         data_state={"position": step})
         if step == start:
+            # The first step is on disk before any kill: a kill can only land in later saves
+            # and deletions (an async first save killed early would leave no step at all).
+            checkpoint.wait_until_finished(manager)
             print("ready", flush=True)
 """)
 
