@@ -431,9 +431,18 @@ def _reply(**fields):
     print(REPLY + json.dumps(fields, default=float), flush=True)
 
 
-def worker(args):
+def worker(args, threads):
     """One contender in this process: build, compile, warm up, then time one step per "step"
-    line on stdin until "quit"; each answer is a REPLY line of JSON."""
+    line on stdin until "quit"; each answer is a REPLY line of JSON. Only the contender's own
+    library is imported."""
+    if args.worker.startswith("torch"):
+        import torch
+
+        torch.set_num_threads(threads)
+    else:
+        import jax
+
+        jax.config.update("jax_enable_compilation_cache", False)  # measure real compiles
     spec = (TINY if args.tiny else MODELS)[args.models]
     batch_np = make_batch(spec)
     try:
@@ -462,7 +471,6 @@ class Worker:
     or JIT state slows another: in one process, torch slowed the JAX contenders unevenly."""
 
     def __init__(self, contender, model, args):
-        self.contender = contender
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), f"--worker={contender}",
@@ -546,14 +554,11 @@ def main():
     # libgomp's default busy-waiting makes torch's 2-thread steps 100x slower when other
     # processes share the cores (measured: 650 ms vs 5 ms for a tiny step); sleep instead.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.worker:  # before importing torch here: a JAX contender's process never loads it
+        return worker(args, threads)
     import torch
 
-    torch.set_num_threads(threads)
-    import jax
-
-    jax.config.update("jax_enable_compilation_cache", False)  # measure real compiles
-    if args.worker:
-        return worker(args)
+    torch.set_num_threads(threads)  # the roofline's torch matmuls
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown:

@@ -21,16 +21,21 @@ def model_inputs(batch):
     return (batch["tokens"],), kwargs
 
 
+def _next(a, *, fill):
+    """[B, T] -> [B, T]: a[:, t + 1] at position t, `fill` at the last position."""
+    return jnp.pad(a[:, 1:], ((0, 0), (0, 1)), constant_values=fill)
+
+
 def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
     tokens = batch["tokens"]
     # [B, T]: the next token of every position, 0 (padding: weight 0) after the last one. The
     # logits are used whole: slicing off the last position copied the [B, T, V] logits and
     # padded their gradient back (about 1.5% of a GPT-2-small step on CPU).
-    labels = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
+    labels = _next(tokens, fill=0)
     weights = labels != 0
     if "tokens_segment_ids" in batch:
         seg = batch["tokens_segment_ids"]
-        weights = weights & (seg == jnp.pad(seg[:, 1:], ((0, 0), (0, 1)), constant_values=-1))
+        weights = weights & (seg == _next(seg, fill=-1))
     stats = losses.cross_entropy_sums(
         logits, labels, weights, label_smoothing=label_smoothing, z_loss=z_loss
     )
