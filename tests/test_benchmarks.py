@@ -79,3 +79,14 @@ def test_attention_layouts_tiny(tmp_path):
             for base in ("token_major", "torch_sdpa")
             for p in ("fwd", "fwd+bwd")
         }
+
+
+@pytest.mark.slow
+def test_train_checkpoint_tiny(tmp_path):
+    out, result = _run("train_checkpoint.py", tmp_path / "train_checkpoint.json")
+    for layout in ("scanned", "unrolled"):
+        assert f"{layout}: async save blocks the loop for " in out
+        r = result["results"][layout]
+        assert r["async_s"]["blocks"] > 0 and r["sync_s"]["durable"] >= r["sync_s"]["blocks"]
+    # Stacking the layers is what reduces the number of arrays saved.
+    assert result["results"]["scanned"]["arrays"] < result["results"]["unrolled"]["arrays"]
