@@ -38,7 +38,7 @@ def main():
     parser.add_argument("--layouts", default="scanned,unrolled",
                         help="comma-separated: scanned (scan_layers=True), unrolled")  # fmt: skip
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--tiny", action="store_true", help="toy sizes, one timed save (smoke test)")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes, one timed save")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
                                                       "train_checkpoint.json"))  # fmt: skip
     args = parser.parse_args()
