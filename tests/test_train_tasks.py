@@ -36,6 +36,18 @@ def test_cross_entropy_matches_the_formula(eps, z):
     assert float(got["correct"]) == correct
 
 
+def test_first_argmax_is_argmax_with_ties():
+    rng = np.random.default_rng(1)
+    x = rng.integers(-2, 3, size=(64, 9)).astype(np.float32)  # many ties
+    x[0] = 0.0  # all tied (a zero-initialised head): index 0, as argmax
+    x[1, :4] = -np.inf
+    x[2] = -np.inf
+    np.testing.assert_array_equal(losses.first_argmax(jnp.asarray(x)), x.argmax(-1))
+    # classes at the label index only count when it is the first maximum
+    got = losses.cross_entropy_sums(jnp.zeros((2, 5)), jnp.array([0, 3]), jnp.ones(2))
+    assert float(got["correct"]) == 1.0
+
+
 def test_lm_predicts_next_tokens_within_segments():
     task = tasks.get("lm")
     # two packed examples [1 5 6 2] [1 7 2] then padding

@@ -38,15 +38,25 @@ def cross_entropy_sums(logits, labels, weights, *, label_smoothing=0.0, z_loss=0
     if z_loss:
         loss = loss + z_loss * jnp.square(log_z)
     weights = weights.astype(jnp.float32)
-    # argmax, not `label_logit >= max`: the latter is a little cheaper but counts ties as
-    # correct, so constant logits (a zero-initialised head) would score 100%.
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    correct = (first_argmax(logits) == labels).astype(jnp.float32)
     return {
         "loss": jnp.sum(loss * weights),
         "nll": jnp.sum(nll * weights),
         "correct": jnp.sum(correct * weights),
         "weight": jnp.sum(weights),
     }
+
+
+def first_argmax(x):
+    """jnp.argmax(x, axis=-1) (the first index among ties) for non-NaN x, computed as the
+    smallest index holding the maximum. XLA:CPU runs argmax's (value, index) reduction
+    unvectorised: on GPT-2's [4, 128, 50257] logits it added 50 ms to the loss, this 23 ms.
+    Ties must not all count as correct (`label_logit >= max` would give a zero-initialised
+    head 100% accuracy), hence the index rather than a comparison with the label's logit.
+    """
+    hit = x == jnp.max(x, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
 
 
 def ratio(stats, key, denominator="weight") -> float:
