@@ -77,6 +77,11 @@ def test_sentencepiece_is_trained_once_and_reused(data_dir, monkeypatch):
     # The shared special ids, and the tokenizer travels to worker processes.
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
     assert tok.decode([td.BOS_ID, *tok.encode("x = 1"), td.EOS_ID, 77]) == "x = 1"
+    # Ids past the vocabulary (a model's vocabulary rounded up to a multiple of 128) are
+    # dropped, as a sampling model may emit them, rather than raising in SentencePiece.
+    beyond = [tok.vocab_size, tok.vocab_size + 100]
+    ids = tok.encode("x = 1").tolist()
+    assert tok.decode(ids[:1] + beyond + ids[1:]) == "x = 1"
     copy = pickle.loads(pickle.dumps(tok))
     np.testing.assert_array_equal(copy.encode(long_text), tok.encode(long_text))
 

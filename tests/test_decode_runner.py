@@ -9,7 +9,9 @@ import jax
 import numpy as np
 import pytest
 
+import tfjax.data
 from tfjax import checkpoint, decode, metrics, train
+from tfjax.data import tokenizers
 from tfjax.models import decoder, transformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +65,36 @@ def test_lm_eval_writes_samples(data_dir, tmp_path):
         samples = [json.loads(line) for line in f]
     assert len(samples) == config.decode.num_samples
     assert all(s["step"] == 2 and s["prompt"] for s in samples)
+
+
+def test_workdir_keeps_the_sentencepiece_model_it_was_trained_with(tmp_path):
+    data_dir, workdir = str(tmp_path / "data"), str(tmp_path / "run")
+    config = tiny("configs/lm.py:tiny", data_dir)
+    with config.dataset.unlocked():  # fields the preset leaves to the catalog's defaults
+        config.dataset.update(tokenizer="sentencepiece", vocab_size=600)
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+    data_config = tfjax.data.resolve_config(dict(config.dataset))
+    data_model = tfjax.data.tokenizer_path(data_config, data_dir)
+    stored = os.path.join(workdir, train.TOKENIZER_FILE)
+    with open(stored, "rb") as f, open(data_model, "rb") as g:
+        assert f.read() == g.read()
+
+    # Decoding needs only the workdir: the dataset's tokenizer may be gone (another machine).
+    os.remove(data_model)
+    _, _, tokenizer = train.restore_model(config, workdir, devices=jax.devices()[:1])
+    assert tokenizer.path == stored
+    assert tokenizer.decode(tokenizer.encode("def f(x):")) == "def f(x):"
+
+    # Resuming with another SentencePiece model is refused before anything is written.
+    texts = ["a completely different corpus of words, numbers 12345 and symbols %$#"] * 50
+    tokenizers.train_sentencepiece(texts, data_model, vocab_size=400)
+    before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+    config.num_train_steps = 4
+    with pytest.raises(ValueError, match=f"trained with the SentencePiece model {stored}"):
+        train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+    with open(stored, "rb") as f, open(data_model, "rb") as g:
+        assert f.read() != g.read()  # the workdir's copy is untouched
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam"])

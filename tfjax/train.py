@@ -10,6 +10,8 @@ optimizer (`tfjax.optim`); `tfjax.checkpoint` restores; then the loop runs `trai
 `tfjax.metrics` reports. Everything of a run lives in the workdir:
 
   config.json       the resolved config
+  tokenizer.model   the run's SentencePiece model (text datasets not tokenized as bytes), so
+                    that decoding needs only the workdir
   checkpoints/      Orbax checkpoints (parameters, optimizer state, step, rng, data position)
   metrics.jsonl     one JSON object per logged step and split
   tensorboard/      TensorBoard events of the same scalars
@@ -363,10 +365,12 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     rules = sharding.check_rules(config.logical_axis_rules)
     mesh = sharding.make_mesh(config.mesh, devices)
     data_config = tfjax.data.resolve_config(dict(config.dataset))
-    data_dir = config.data_dir or None
+    workdir = os.path.expanduser(workdir)
     tokenizer = None
-    if data_config.task != "image_classification":
-        tokenizer = tfjax.data.get_tokenizer(data_config, data_dir)
+    if os.path.exists(os.path.join(workdir, TOKENIZER_FILE)):
+        tokenizer = tfjax.data.SentencePieceTokenizer.load(os.path.join(workdir, TOKENIZER_FILE))
+    elif data_config.task != "image_classification":  # bytes, or a workdir from before the copy
+        tokenizer = tfjax.data.get_tokenizer(data_config, config.data_dir or None)
     model = build_model(
         config,
         vocab_size=tokenizer.vocab_size if tokenizer is not None else None,
@@ -374,9 +378,7 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     )
     spec = tfjax.data.element_spec(data_config, 1)
     target, _ = abstract_params(model, task, spec, mesh=mesh, rules=rules)
-    params = checkpoint.restore_params(
-        os.path.expanduser(workdir), target, average_last=average_last, what="workdir"
-    )
+    params = checkpoint.restore_params(workdir, target, average_last=average_last, what="workdir")
     return model, params, tokenizer
 
 
@@ -631,6 +633,26 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
                     cleanup=cleanup, stop=stop)  # fmt: skip
 
 
+TOKENIZER_FILE = "tokenizer.model"  # in the workdir: the run's SentencePiece model
+
+
+def _check_workdir_tokenizer(workdir: str, tokenizer) -> None:
+    """A workdir trained with one SentencePiece model resumes only with the same one: token ids
+    of another vocabulary would silently mean other pieces to the restored embeddings."""
+    path = os.path.join(workdir, TOKENIZER_FILE)
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        stored = f.read()
+    if stored != getattr(tokenizer, "proto", None):
+        raise ValueError(
+            f"workdir {workdir} was trained with the SentencePiece model {path}, which differs "
+            f"from the tokenizer the dataset config gives now ({tokenizer!r}): every token id "
+            f"would mean another piece to the restored model. Train on with the stored "
+            f"tokenizer (copy {path} to the dataset's tokenizer path) or use a new workdir."
+        )
+
+
 def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_loader,
          stop_after_step, cleanup, stop):  # fmt: skip
     """train_and_evaluate from the point where the data loaders exist."""
@@ -654,6 +676,7 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
     repl = sharding.replicated(mesh)
 
     # ---- restore (every check before anything in the workdir is written)
+    _check_workdir_tokenizer(workdir, tokenizer)
     os.makedirs(workdir, exist_ok=True)
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
     cleanup.callback(manager.close)
@@ -715,6 +738,8 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config.to_json(indent=2))
+        if hasattr(tokenizer, "save"):  # SentencePiece (bytes need no file)
+            tokenizer.save(os.path.join(workdir, TOKENIZER_FILE))
     writer = metrics.MetricWriter(workdir, resume_step=start_step)
     cleanup.callback(writer.close)
 

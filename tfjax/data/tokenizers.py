@@ -29,13 +29,14 @@ NUM_SPECIAL = 5  # ids below this never stand for text
 MASK_PIECE = "<mask>"
 
 
-def _strip_special(ids: Iterable[int]) -> list[int]:
-    """Ids up to the first eos, without pad/bos/unk/mask."""
+def _strip_special(ids: Iterable[int], vocab_size: int) -> list[int]:
+    """Ids up to the first eos, without pad/bos/unk/mask and without ids >= vocab_size (the
+    padding rows of a model vocabulary rounded up, which an untrained model may sample)."""
     out = []
     for i in np.asarray(ids).reshape(-1).tolist():
         if i == EOS_ID:
             break
-        if i >= NUM_SPECIAL:
+        if NUM_SPECIAL <= i < vocab_size:
             out.append(i)
     return out
 
@@ -51,7 +52,7 @@ class ByteTokenizer:
         return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + NUM_SPECIAL
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        data = bytes(i - NUM_SPECIAL for i in _strip_special(ids) if i < self.vocab_size)
+        data = bytes(i - NUM_SPECIAL for i in _strip_special(ids, self.vocab_size))
         # Model output may cut a multi-byte character; show it rather than fail.
         return data.decode("utf-8", errors="replace")
 
@@ -81,6 +82,15 @@ class SentencePieceTokenizer:
             return cls(f.read(), path=path)
 
     @property
+    def proto(self) -> bytes:
+        """The serialised model (what `save` writes)."""
+        return self._proto
+
+    def save(self, path: str) -> None:
+        """Writes the model file to `path` (atomically), for SentencePieceTokenizer.load."""
+        _write_atomically(path, self._proto)
+
+    @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
@@ -89,7 +99,7 @@ class SentencePieceTokenizer:
         return np.asarray(self._sp.encode(text), np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return self._sp.decode(_strip_special(ids))
+        return self._sp.decode(_strip_special(ids, self.vocab_size))
 
     # The C++ processor does not pickle; worker processes rebuild it from the model bytes.
     def __getstate__(self):
@@ -143,9 +153,13 @@ def train_sentencepiece(texts: Iterable[str], path: str, *, vocab_size: int) -> 
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
+    _write_atomically(path, model.getvalue())
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write then rename: a concurrent reader never sees half a model."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    # Write then rename: a concurrent reader never sees half a model.
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
-        f.write(model.getvalue())
+        f.write(data)
     os.replace(tmp, path)
