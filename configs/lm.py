@@ -19,6 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from tfjax import sharding
+from tfjax.data import catalog
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -103,6 +104,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         if preset not in _PRESETS:
             raise ValueError(f"configs/lm.py: unknown preset {preset!r}; presets: {list(_PRESETS)}")
         _PRESETS[preset](config)
+    catalog.with_placeholders(config.dataset)  # any dataset field settable from the CLI
     return config.lock()
 
 

@@ -21,6 +21,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from tfjax import sharding
+from tfjax.data import catalog
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -99,6 +100,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 f"configs/mlm.py: unknown preset {preset!r}; presets: {list(_PRESETS)}"
             )
         _PRESETS[preset](config)
+    catalog.with_placeholders(config.dataset)  # any dataset field settable from the CLI
     return config.lock()
 
 

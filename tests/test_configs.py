@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+import tfjax.data
 from tfjax import metrics, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +75,25 @@ def test_tiny_preset_trains_compiling_each_step_once(name, data_dir, tmp_path, c
     compiled = [r.getMessage() for r in caplog.records if "Compiling jit(" in r.getMessage()]
     assert sum("jit(train_step)" in m for m in compiled) == 1
     assert sum("jit(eval_step)" in m for m in compiled) == 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_dataset_field_can_be_set_and_unset_ones_take_the_catalog_default(name):
+    module = config_module(name)
+    for preset in module._PRESETS:
+        config = module.get_config(preset)
+        given = {k: v for k, v in config.dataset.items() if v is not None}
+        defaults = tfjax.data.default_dataset_config(config.dataset.name)
+        assert set(config.dataset) == set(defaults) | set(given)  # every field is settable
+        resolved = tfjax.data.resolve_config(dict(config.dataset))
+        assert dict(resolved) == dict(defaults) | given
+    config = load(name, "tiny")
+    field, value = {"vit": ("image_size", 40), "translate": ("vocab_size", 500)}.get(
+        name, ("tokenizer", "sentencepiece")
+    )
+    assert config.dataset[field] is None  # a field the preset leaves to the catalog
+    config.dataset[field] = value  # settable although the config is locked
+    assert tfjax.data.resolve_config(dict(config.dataset))[field] == value
 
 
 @pytest.mark.parametrize(

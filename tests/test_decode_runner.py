@@ -70,8 +70,7 @@ def test_lm_eval_writes_samples(data_dir, tmp_path):
 def test_workdir_keeps_the_sentencepiece_model_it_was_trained_with(tmp_path):
     data_dir, workdir = str(tmp_path / "data"), str(tmp_path / "run")
     config = tiny("configs/lm.py:tiny", data_dir)
-    with config.dataset.unlocked():  # fields the preset leaves to the catalog's defaults
-        config.dataset.update(tokenizer="sentencepiece", vocab_size=600)
+    config.dataset.update(tokenizer="sentencepiece", vocab_size=600)
     train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
     data_config = tfjax.data.resolve_config(dict(config.dataset))
     data_model = tfjax.data.tokenizer_path(data_config, data_dir)

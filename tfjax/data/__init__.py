@@ -41,6 +41,7 @@ from tfjax.data.catalog import (
     prepare,
     resolve_config,
     tokenizer_path,
+    with_placeholders,
 )
 from tfjax.data.loader import Loader, element_spec, make_loader
 from tfjax.data.tokenizers import (
@@ -71,5 +72,6 @@ __all__ = [
     "open_source",
     "prepare",
     "resolve_config",
+    "with_placeholders",
     "tokenizer_path",
 ]

@@ -48,6 +48,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
+from ml_collections import config_dict
 
 from tfjax.data import embedded, preprocess
 from tfjax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, train_sentencepiece
@@ -215,13 +216,26 @@ def default_dataset_config(name: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({"name": name, **_COMMON, **_entry(name)["config"]})
 
 
+def with_placeholders(dataset_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Adds each field of the named dataset that `dataset_config` leaves unset as a typed
+    placeholder (None: the catalog's default, for whatever dataset the name is by then), so that
+    every field can be set on the command line (--config.dataset.tokenizer=sentencepiece).
+    Returns `dataset_config`."""
+    with dataset_config.unlocked():
+        for key, value in default_dataset_config(dataset_config.name).items():
+            if key not in dataset_config:
+                dataset_config[key] = config_dict.placeholder(type(value))
+    return dataset_config
+
+
 def resolve_config(dataset_config) -> ml_collections.ConfigDict:
     """Defaults of the named dataset overridden by the given fields, checked.
 
-    Accepts a ConfigDict or plain dict with at least `name`. An unknown field, a value of the
-    wrong type or out of range is a ValueError naming the field.
+    Accepts a ConfigDict or plain dict with at least `name`; fields that are None take the
+    default. An unknown field, a value of the wrong type or out of range is a ValueError naming
+    the field.
     """
-    given = dict(dataset_config)
+    given = {key: value for key, value in dict(dataset_config).items() if value is not None}
     if "name" not in given:
         raise ValueError("dataset config needs a 'name', e.g. {'name': 'digits'}")
     cfg = default_dataset_config(given["name"])
