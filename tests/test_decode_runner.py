@@ -11,7 +11,6 @@ import pytest
 
 import tfjax.data
 from tfjax import checkpoint, decode, metrics, train
-from tfjax.data import tokenizers
 from tfjax.models import decoder, transformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +85,7 @@ def test_workdir_keeps_the_sentencepiece_model_it_was_trained_with(tmp_path):
 
     # Resuming with another SentencePiece model is refused before anything is written.
     texts = ["a completely different corpus of words, numbers 12345 and symbols %$#"] * 50
-    tokenizers.train_sentencepiece(texts, data_model, vocab_size=400)
+    tfjax.data.tokenizers.train_sentencepiece(texts, data_model, vocab_size=400)
     before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
     config.num_train_steps = 4
     with pytest.raises(ValueError, match=f"trained with the SentencePiece model {stored}"):

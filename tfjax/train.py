@@ -367,8 +367,9 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     data_config = tfjax.data.resolve_config(dict(config.dataset))
     workdir = os.path.expanduser(workdir)
     tokenizer = None
-    if os.path.exists(os.path.join(workdir, TOKENIZER_FILE)):
-        tokenizer = tfjax.data.SentencePieceTokenizer.load(os.path.join(workdir, TOKENIZER_FILE))
+    stored = os.path.join(workdir, TOKENIZER_FILE)
+    if os.path.exists(stored):
+        tokenizer = tfjax.data.SentencePieceTokenizer.load(stored)
     elif data_config.task != "image_classification":  # bytes, or a workdir from before the copy
         tokenizer = tfjax.data.get_tokenizer(data_config, config.data_dir or None)
     model = build_model(
@@ -738,8 +739,10 @@ def _run(config, workdir, *, task, mesh, rules, data_config, train_loader, eval_
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config.to_json(indent=2))
-        if hasattr(tokenizer, "save"):  # SentencePiece (bytes need no file)
-            tokenizer.save(os.path.join(workdir, TOKENIZER_FILE))
+        stored = os.path.join(workdir, TOKENIZER_FILE)
+        # SentencePiece only (bytes need no file); a stored one was checked equal above.
+        if hasattr(tokenizer, "save") and not os.path.exists(stored):
+            tokenizer.save(stored)
     writer = metrics.MetricWriter(workdir, resume_step=start_step)
     cleanup.callback(writer.close)
 

@@ -170,15 +170,14 @@ def _xla_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_
         unnormalised = jnp.where(keep, unnormalised / (1.0 - dropout_rate), 0.0)
     # [B, K, S, H] (head-major, as in _head_major_logits)
     vt = jnp.swapaxes(v, 1, 2)
-    e = unnormalised.astype(v.dtype)
-    f32 = jnp.float32
+    weights = unnormalised.astype(v.dtype)
     if kh == n:
         # [B, N, T, H] -> [B, T, N, H]
-        out = jnp.einsum("bnts,bnsh->bnth", e, vt, preferred_element_type=f32) / row_sums
-        return jnp.swapaxes(out, 1, 2).astype(v.dtype)
+        out = jnp.einsum("bnts,bnsh->bnth", weights, vt, preferred_element_type=jnp.float32)
+        return jnp.swapaxes(out / row_sums, 1, 2).astype(v.dtype)
     # [B, K, G, T, H] -> [B, T, K, G, H]
-    out = jnp.einsum("bkgts,bksh->bkgth", e, vt, preferred_element_type=f32) / row_sums
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksh->bkgth", weights, vt, preferred_element_type=jnp.float32)
+    return (out / row_sums).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(v.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
