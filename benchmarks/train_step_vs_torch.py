@@ -1,7 +1,8 @@
 r"""Train-step time of tfjax against PyTorch (eager, torch.compile) and stock flax.linen, on CPU.
 
     .venv/bin/python benchmarks/train_step_vs_torch.py [--models=decoder,vit,gpt2] [--rounds=N]
-        [--contenders=tfjax,stock_flax,torch_eager,torch_compile] [--threads=N] [--tiny]
+        [--contenders=tfjax,stock_flax,torch_eager,torch_compile] [--threads=N]
+        [--malloc=keep|glibc] [--tiny]
 
 One training step = forward, backward and an AdamW update (lr 1e-4, weight decay 0.01, no
 clipping, no dropout), float32, on one fixed batch already in memory, for:
@@ -25,14 +26,18 @@ in rounds, each round one step of every contender in a rotated order (so that th
 load drifts hit all alike) while the others wait idle, and the tables show medians.
 Threads: torch.set_num_threads(threads) and XLA's own thread pool, which takes every core of
 the process's CPU affinity; --threads below the core count pins each process to that many
-cores first, so both libraries see the same.
+cores first, so both libraries see the same. Host memory: every contender's process alike
+keeps freed memory for reuse (tfjax.host_memory, as experiments/run.py does; --malloc=glibc
+leaves glibc's defaults, which page-fault each step's temporaries in anew).
 
 MFU = model FLOPs per step / step time / roofline. Model FLOPs follow tfjax.metrics
 (Kaplan et al. / PaLM): 6 * N * T for the weight matmuls (N = non-embedding parameters plus
 the output projection; embedding lookups count nothing) plus 12 * L * T * S * D for attention
 scores and values (causal masking not discounted). The roofline is the fastest float32
 [n, n] x [n, n] matmul (n = 512, 1024, 2048; best of 5) measured in this run by JAX and by
-torch, before and after the timed rounds.
+torch, before and after the timed rounds. Beside it, the MFU of a step that did nothing but
+its matmuls (step_matmuls: every forward, input-gradient and weight-gradient product), each as
+fast as it runs alone, with JAX's and with torch's kernels: the ceiling those kernels set.
 
 Prints versions, the machine, step times, ratios and MFU; writes benchmarks/results/
 train_step_vs_torch.json (or --out). --tiny runs toy sizes for the smoke test.
@@ -42,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -375,6 +381,57 @@ def roofline(sizes=(512, 1024, 2048), repeats=5):
     return out
 
 
+def step_matmuls(spec):
+    """{(batch, m, k, n): count} of the matmul products of one train step: every forward
+    product [m, k] x [k, n] (weights, attention scores and values, the output layer) and its
+    two backward products (input gradient [m, n] x [n, k], weight gradient [k, m] x [m, n])."""
+    b, d, f, layers = spec["batch"], spec["width"], spec["mlp"], spec["layers"]
+    h = d // spec["heads"]
+    if spec["kind"] == "lm":
+        t, out = spec["length"], [(1, b * spec["length"], d, spec["vocab"])]
+    else:
+        n = (spec["image"] // spec["patch"]) ** 2
+        t = n + 1
+        out = [(1, b * n, 3 * spec["patch"] ** 2, d), (1, b, d, spec["classes"])]
+    per_layer = [(1, b * t, d, d)] * 4 + [(1, b * t, d, f), (1, b * t, f, d)]
+    per_layer += [(b * spec["heads"], t, h, t), (b * spec["heads"], t, t, h)]
+    counts = {}
+    for g, m, k, n in per_layer * layers + out:
+        for shape in ((g, m, k, n), (g, m, n, k), (g, k, m, n)):
+            counts[shape] = counts.get(shape, 0) + 1
+    return counts
+
+
+def matmul_time(counts, repeats=5):
+    """{"jax": s, "torch": s}: the step's matmuls (step_matmuls) each timed alone on random
+    float32 operands, best of `repeats`, summed with their counts: the step time if it did
+    nothing but its matmuls, each as fast as alone."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    total = {"jax": 0.0, "torch": 0.0}
+    mm = jax.jit(jnp.matmul)
+    for (g, m, k, n), count in counts.items():
+        batch = (g,) if g > 1 else ()  # unbatched products as 2-D matmuls
+        a = jax.random.normal(jax.random.key(0), (*batch, m, k), jnp.float32)
+        b = jax.random.normal(jax.random.key(1), (*batch, k, n), jnp.float32)
+        ta, tb = torch.randn(*batch, m, k), torch.randn(*batch, k, n)
+        mm(a, b).block_until_ready()
+        torch.matmul(ta, tb)
+        best = {"jax": float("inf"), "torch": float("inf")}
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mm(a, b).block_until_ready()
+            best["jax"] = min(best["jax"], time.perf_counter() - start)
+            start = time.perf_counter()
+            torch.matmul(ta, tb)
+            best["torch"] = min(best["torch"], time.perf_counter() - start)
+        for lib in total:
+            total[lib] += count * best[lib]
+    return total
+
+
 # ------------------------------------------------------------------------------------- main
 def machine_info(threads):
     import flax
@@ -435,6 +492,10 @@ def worker(args, threads):
     """One contender in this process: build, compile, warm up, then time one step per "step"
     line on stdin until "quit"; each answer is a REPLY line of JSON. Only the contender's own
     library is imported."""
+    if args.malloc == "keep":  # every contender alike, before its library starts threads
+        from tfjax import host_memory
+
+        host_memory.keep_freed_memory()
     if args.worker.startswith("torch"):
         import torch
 
@@ -461,9 +522,12 @@ def worker(args, threads):
     for line in sys.stdin:
         if line.strip() != "step":
             break
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         step()
-        _reply(s=time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _reply(s=seconds, page_faults=usage.ru_minflt - faults, max_rss_kib=usage.ru_maxrss)
 
 
 class Worker:
@@ -475,6 +539,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), f"--worker={contender}",
              f"--models={model}", f"--warmup={args.warmup}", f"--threads={args.threads}",
+             f"--malloc={args.malloc}",
              *(["--tiny"] if args.tiny else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
         )  # fmt: skip
@@ -519,7 +584,7 @@ def run_model(name, spec, contenders, *, rounds, args, log):
             info.update({k: v for k, v in reply.items() if k != "ready"})
             log(f"  {c}: built in {build_s[c]:.1f} s, first step (compile) {first_s[c]:.1f} s")
         names = list(workers)
-        times = {c: [] for c in names}
+        times, faults = {c: [] for c in names}, {c: [] for c in names}
         for r in range(rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
             for c in order:
@@ -527,13 +592,15 @@ def run_model(name, spec, contenders, *, rounds, args, log):
                 if "error" in reply:
                     raise RuntimeError(f"{c} failed in round {r + 1}: {reply['error']}")
                 times[c].append(reply["s"])
+                faults[c].append(reply["page_faults"])
             log(f"  round {r + 1}: " + ", ".join(f"{c} {1e3 * times[c][-1]:.0f} ms" for c in names))
     finally:
         for w in workers.values():
             w.close()
     median = {c: statistics.median(t) for c, t in times.items()}
     return dict(spec=spec, contenders=names, build_s=build_s, first_step_s=first_s,
-                first_loss=losses, step_s=times, median_s=median, **info)  # fmt: skip
+                first_loss=losses, step_s=times, median_s=median, page_faults=faults,
+                **info)  # fmt: skip
 
 
 def main():
@@ -545,6 +612,11 @@ def main():
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     parser.add_argument("--threads", type=int, default=0, help="cores to use (0: all)")
+    parser.add_argument(
+        "--malloc", default="keep", choices=("keep", "glibc"),
+        help="keep: every contender's process keeps freed memory for reuse "
+        "(tfjax.host_memory, as experiments/run.py does); glibc: its defaults",
+    )  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)  # see worker()
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
@@ -573,6 +645,7 @@ def main():
         print(msg, flush=True)
 
     info = machine_info(threads)
+    info["malloc"] = args.malloc
     log("train step (forward + backward + AdamW), float32, CPU")
     log("  " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "load_average"))
     log(f"  load average at start: {info['load_average']}")
@@ -598,16 +671,25 @@ def main():
             f"{r.get('params_stock_flax', 0):,}, torch {r.get('params_torch', 0):,}; "
             f"model FLOPs/step {flops / 1e9 if flops else float('nan'):.1f} G")  # fmt: skip
         log(f"  {'contender':14} {'compile+1st s':>13} {'median ms':>10} {'min ms':>9} "
-            f"{'max ms':>9} {'GFLOP/s':>8} {'MFU':>6}")  # fmt: skip
+            f"{'max ms':>9} {'GFLOP/s':>8} {'MFU':>6} {'page faults':>11}")  # fmt: skip
         mfu = {}
         for c in r["contenders"]:
             t = r["step_s"][c]
             med = r["median_s"][c]
             rate = flops / med if flops else float("nan")
             mfu[c] = rate / peak
+            faults = statistics.median(r["page_faults"][c])
             log(f"  {c:14} {r['first_step_s'][c]:>13.1f} {1e3 * med:>10.1f} "
                 f"{1e3 * min(t):>9.1f} {1e3 * max(t):>9.1f} {rate / 1e9:>8.1f} "
-                f"{100 * mfu[c]:>5.1f}%")  # fmt: skip
+                f"{100 * mfu[c]:>5.1f}% {faults:>11,.0f}")  # fmt: skip
+        counts = step_matmuls(r["spec"])
+        matmul_flops = sum(2.0 * g * m * k * n * c for (g, m, k, n), c in counts.items())
+        matmul_s = matmul_time(counts, repeats=2 if args.tiny else 5)
+        ceiling = {lib: flops / t / peak if flops else float("nan") for lib, t in matmul_s.items()}
+        log(f"  the step's matmuls alone ({matmul_flops / 1e9:.1f} GFLOP, {len(counts)} shapes, "
+            f"best of {2 if args.tiny else 5} each): JAX {1e3 * matmul_s['jax']:.0f} ms, torch "
+            f"{1e3 * matmul_s['torch']:.0f} ms; MFU of a step doing only these: JAX "
+            f"{ceiling['jax']:.3f}, torch {ceiling['torch']:.3f}")  # fmt: skip
         ratios, checks = {}, []
         if "tfjax" in r["median_s"]:
             for c in r["contenders"]:
@@ -632,7 +714,14 @@ def main():
             log(f"  {k[: -len('_error')]} did not run: {r[k][:300]}")
         if args.tiny:
             log("  (tiny sizes: a smoke run, targets do not apply)")
-        summary[m] = dict(ratios=ratios, mfu=mfu, checks=checks)
+        summary[m] = dict(
+            ratios=ratios,
+            mfu=mfu,
+            checks=checks,
+            matmul_flops=matmul_flops,
+            matmuls_alone_s=matmul_s,
+            mfu_of_matmuls_alone=ceiling,
+        )
     info["load_average_end"] = os.getloadavg()
     log(f"\nload average at end: {info['load_average_end']}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -52,6 +52,11 @@ def test_train_step_vs_torch_tiny(tmp_path):
     assert out.count("ratio tfjax/torch_eager = ") == 1
     assert out.count("ratio tfjax/stock_flax = ") == 1
     assert result["roofline_flops"] > 0 and result["machine"]["jax"]
+    # The matmuls-alone ceiling counts the FLOPs of tfjax.metrics (which adds biases, norms).
+    summary = result["summary"]["decoder"]
+    flops = result["results"]["decoder"]["flops"]
+    assert summary["matmul_flops"] == pytest.approx(flops, rel=0.05)  # biases, norms aside
+    assert set(summary["mfu_of_matmuls_alone"]) == {"jax", "torch"}
 
 
 @pytest.mark.slow
@@ -90,3 +95,13 @@ def test_train_checkpoint_tiny(tmp_path):
         assert r["async_s"]["blocks"] > 0 and r["sync_s"]["durable"] >= r["sync_s"]["blocks"]
     # Stacking the layers is what reduces the number of arrays saved.
     assert result["results"]["scanned"]["arrays"] < result["results"]["unrolled"]["arrays"]
+
+
+@pytest.mark.slow
+def test_host_memory_tiny(tmp_path):
+    out, result = _run("host_memory.py", tmp_path / "host_memory.json", "--models=decoder",
+                       "--rounds=2", "--warmup=0")  # fmt: skip
+    assert "step time keep/glibc = " in out
+    row = result["results"]["decoder"]
+    assert row["ratio keep/glibc"] > 0
+    assert all(row[s]["max_rss_gib"] > 0 and len(row[s]["step_s"]) == 2 for s in ("glibc", "keep"))
