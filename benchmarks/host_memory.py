@@ -4,13 +4,13 @@ r"""tfjax's train step with glibc's malloc defaults vs tfjax.host_memory.keep_fr
 
 The models, batches and step are those of train_step_vs_torch.py's tfjax contender. Two
 processes per model run the same step, one with glibc's defaults, one keeping freed memory
-(as experiments/run.py does), driven one step at a time in rotated rounds; the tables show
+(as experiments/run.py does), driven one step at a time in rotated rounds by
+train_step_vs_torch.run_model; the tables show
 median step times, page faults per step and the peak resident memory of each process.
 Writes benchmarks/results/host_memory.json (or --out).
 """
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -40,39 +40,22 @@ def main():
         if m not in sizes:
             parser.error(f"unknown model {m!r}; allowed: {list(sizes)}")
     print(f"tfjax train step, malloc {' vs '.join(SETTINGS)}; load average {os.getloadavg()}")
+    # The same tfjax worker, its --malloc flag set per entrant.
+    entrants = {s: ("tfjax", argparse.Namespace(**vars(args), malloc=s)) for s in SETTINGS}
     results = {}
     for m in models:
-        workers = {}
-        try:
-            for setting in SETTINGS:
-                worker_args = copy.copy(args)
-                worker_args.malloc = setting
-                workers[setting] = bench.Worker("tfjax", m, worker_args)
-                reply = workers[setting].ask()
-                if "error" in reply:
-                    raise RuntimeError(f"{m} ({setting}) did not start: {reply['error']}")
-            steps = {s: [] for s in SETTINGS}
-            for r in range(args.rounds):
-                for setting in SETTINGS[r % 2 :] + SETTINGS[: r % 2]:
-                    reply = workers[setting].ask("step")
-                    if "error" in reply:
-                        raise RuntimeError(f"{m} ({setting}) failed: {reply['error']}")
-                    steps[setting].append(reply)
-        finally:
-            for w in workers.values():
-                w.close()
+        print(f"\n[{m}] {args.rounds} rounds after {args.warmup} warm-up steps")
+        r = bench.run_model(m, sizes[m], entrants, rounds=args.rounds, log=print)
+        failed = [k for k in r if k.endswith("_error")]
+        if failed:
+            raise RuntimeError(f"{m}: {failed[0][: -len('_error')]} did not start: {r[failed[0]]}")
         row = {
-            s: dict(
-                median_s=statistics.median(x["s"] for x in steps[s]),
-                page_faults=statistics.median(x["page_faults"] for x in steps[s]),
-                max_rss_gib=max(x["max_rss_kib"] for x in steps[s]) / 2**20,
-                step_s=[x["s"] for x in steps[s]],
-            )
+            s: dict(median_s=r["median_s"][s], page_faults=statistics.median(r["page_faults"][s]),
+                    max_rss_gib=r["max_rss_gib"][s], step_s=r["step_s"][s])
             for s in SETTINGS
-        }
+        }  # fmt: skip
         row["ratio keep/glibc"] = row["keep"]["median_s"] / row["glibc"]["median_s"]
         results[m] = row
-        print(f"\n[{m}] {args.rounds} rounds after {args.warmup} warm-up steps")
         print(f"  {'malloc':8} {'median ms':>10} {'page faults/step':>17} {'peak RSS GiB':>13}")
         for s in SETTINGS:
             print(f"  {s:8} {1e3 * row[s]['median_s']:>10.1f} {row[s]['page_faults']:>17,.0f} "

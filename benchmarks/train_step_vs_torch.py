@@ -355,29 +355,38 @@ def build_torch(spec, batch_np, *, compiled):
 
 
 # ------------------------------------------------------------------------------ the roofline
-def roofline(sizes=(512, 1024, 2048), repeats=5):
-    """{"jax n": FLOP/s, "torch n": FLOP/s}: best of `repeats` float32 square matmuls."""
+def best_matmul_s(shape, repeats=5):
+    """{"jax": s, "torch": s}: best of `repeats` float32 products [g, m, k] x [g, k, n] (2-D when
+    g == 1) on random operands, JAX's and torch's interleaved like the contenders."""
     import jax
     import jax.numpy as jnp
     import torch
 
+    g, m, k, n = shape
+    batch = (g,) if g > 1 else ()
+    a = jax.random.normal(jax.random.key(0), (*batch, m, k), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (*batch, k, n), jnp.float32)
+    ta, tb = torch.randn(*batch, m, k), torch.randn(*batch, k, n)
+    mm = jax.jit(jnp.matmul)
+    run = {"jax": lambda: mm(a, b).block_until_ready(), "torch": lambda: ta @ tb}
+    best = {}
+    for lib, fn in run.items():
+        fn()  # compiles (JAX) and warms up
+        best[lib] = float("inf")
+    for _ in range(repeats):
+        for lib, fn in run.items():
+            start = time.perf_counter()
+            fn()
+            best[lib] = min(best[lib], time.perf_counter() - start)
+    return best
+
+
+def roofline(sizes=(512, 1024, 2048), repeats=5):
+    """{"jax n": FLOP/s, "torch n": FLOP/s}: best of `repeats` float32 square matmuls."""
     out = {}
     for n in sizes:
-        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-        mm = jax.jit(lambda x: x @ x)
-        mm(a).block_until_ready()
-        ta = torch.randn(n, n)
-        torch.mm(ta, ta)
-        best_j = best_t = float("inf")
-        for _ in range(repeats):  # interleaved, like the contenders
-            start = time.perf_counter()
-            mm(a).block_until_ready()
-            best_j = min(best_j, time.perf_counter() - start)
-            start = time.perf_counter()
-            torch.mm(ta, ta)
-            best_t = min(best_t, time.perf_counter() - start)
-        out[f"jax {n}"] = 2.0 * n**3 / best_j
-        out[f"torch {n}"] = 2.0 * n**3 / best_t
+        for lib, seconds in best_matmul_s((1, n, n, n), repeats).items():
+            out[f"{lib} {n}"] = 2.0 * n**3 / seconds
     return out
 
 
@@ -403,32 +412,13 @@ def step_matmuls(spec):
 
 
 def matmul_time(counts, repeats=5):
-    """{"jax": s, "torch": s}: the step's matmuls (step_matmuls) each timed alone on random
-    float32 operands, best of `repeats`, summed with their counts: the step time if it did
-    nothing but its matmuls, each as fast as alone."""
-    import jax
-    import jax.numpy as jnp
-    import torch
-
+    """{"jax": s, "torch": s}: the step's matmuls (step_matmuls) each timed alone
+    (best_matmul_s), summed with their counts: the step time if it did nothing but its matmuls,
+    each as fast as alone."""
     total = {"jax": 0.0, "torch": 0.0}
-    mm = jax.jit(jnp.matmul)
-    for (g, m, k, n), count in counts.items():
-        batch = (g,) if g > 1 else ()  # unbatched products as 2-D matmuls
-        a = jax.random.normal(jax.random.key(0), (*batch, m, k), jnp.float32)
-        b = jax.random.normal(jax.random.key(1), (*batch, k, n), jnp.float32)
-        ta, tb = torch.randn(*batch, m, k), torch.randn(*batch, k, n)
-        mm(a, b).block_until_ready()
-        torch.matmul(ta, tb)
-        best = {"jax": float("inf"), "torch": float("inf")}
-        for _ in range(repeats):
-            start = time.perf_counter()
-            mm(a, b).block_until_ready()
-            best["jax"] = min(best["jax"], time.perf_counter() - start)
-            start = time.perf_counter()
-            torch.matmul(ta, tb)
-            best["torch"] = min(best["torch"], time.perf_counter() - start)
-        for lib in total:
-            total[lib] += count * best[lib]
+    for shape, count in counts.items():
+        for lib, seconds in best_matmul_s(shape, repeats).items():
+            total[lib] += count * seconds
     return total
 
 
@@ -563,15 +553,16 @@ class Worker:
         self.stderr.close()
 
 
-def run_model(name, spec, contenders, *, rounds, args, log):
-    """Starts, warms up and times the contenders on one model; returns its result dict.
+def run_model(name, spec, entrants, *, rounds, log):
+    """Starts, warms up and times the entrants on one model; returns its result dict.
 
-    Contenders start one after another (so that compile times are not shared) and stay idle,
-    waiting on stdin, while the others run."""
+    entrants: {label: (contender, args)}, one worker process each (the args set its flags, e.g.
+    --malloc). They start one after another (so that compile times are not shared) and stay
+    idle, waiting on stdin, while the others run."""
     workers, build_s, first_s, losses, info = {}, {}, {}, {}, {}
     try:
-        for c in contenders:
-            w = Worker(c, name, args)
+        for c, (contender, args) in entrants.items():
+            w = Worker(contender, name, args)
             reply = w.ask()
             if "error" in reply:
                 log(f"  {c}: did not start: {reply['error'][:500]}")
@@ -584,7 +575,7 @@ def run_model(name, spec, contenders, *, rounds, args, log):
             info.update({k: v for k, v in reply.items() if k != "ready"})
             log(f"  {c}: built in {build_s[c]:.1f} s, first step (compile) {first_s[c]:.1f} s")
         names = list(workers)
-        times, faults = {c: [] for c in names}, {c: [] for c in names}
+        times, faults, rss = ({c: [] for c in names} for _ in range(3))
         for r in range(rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
             for c in order:
@@ -593,6 +584,7 @@ def run_model(name, spec, contenders, *, rounds, args, log):
                     raise RuntimeError(f"{c} failed in round {r + 1}: {reply['error']}")
                 times[c].append(reply["s"])
                 faults[c].append(reply["page_faults"])
+                rss[c].append(reply["max_rss_kib"])
             log(f"  round {r + 1}: " + ", ".join(f"{c} {1e3 * times[c][-1]:.0f} ms" for c in names))
     finally:
         for w in workers.values():
@@ -600,7 +592,7 @@ def run_model(name, spec, contenders, *, rounds, args, log):
     median = {c: statistics.median(t) for c, t in times.items()}
     return dict(spec=spec, contenders=names, build_s=build_s, first_step_s=first_s,
                 first_loss=losses, step_s=times, median_s=median, page_faults=faults,
-                **info)  # fmt: skip
+                max_rss_gib={c: max(r) / 2**20 for c, r in rss.items()}, **info)  # fmt: skip
 
 
 def main():
@@ -655,7 +647,8 @@ def main():
         spec = sizes[m]
         rounds = args.rounds or (3 if args.tiny else (6 if m == "gpt2" else 10))
         log(f"\n[{m}] {spec}; {rounds} rounds after {args.warmup} warm-up steps")
-        results[m] = run_model(m, spec, contenders, rounds=rounds, args=args, log=log)
+        entrants = {c: (c, args) for c in contenders}
+        results[m] = run_model(m, spec, entrants, rounds=rounds, log=log)
     peak_after = roofline(sizes=(128, 256) if args.tiny else (512, 1024, 2048))
     peak_all = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     peak = max(peak_all.values())
