@@ -58,7 +58,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.nonfinite = "error"  # NaN/Inf loss or gradient: "error" stops, "skip" drops the update
     config.max_nonfinite_skips = 10  # with "skip": updates skipped in a row before stopping
 
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: the rest
+    # Sizes within a slice (-1: the rest); dcn_data: slices the data axis spans (-1: all).
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1))
     config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
 
     config.optim = ml_collections.ConfigDict()  # fields: tfjax.optim

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tfjax import checkpoint, optim, sharding, tasks, train
+from tfjax import checkpoint, experiment, optim, sharding, tasks
 from tfjax.models import decoder
+from tfjax.steps import make_train_step
 
 SPEC = {"tokens": jax.ShapeDtypeStruct((16, 32), jnp.int32)}
 
@@ -29,11 +30,11 @@ def make_state(mesh, *, width=32, steps=0):
     tx = optim.make_optimizer(optim_config(), d_model=width, num_train_steps=10)
     task = tasks.get("lm")
     rules = sharding.DEFAULT_RULES
-    init_fn, abstract, _ = train.abstract_train_state(model, tx, task, SPEC, mesh=mesh,
+    init_fn, abstract, _ = experiment.abstract_train_state(model, tx, task, SPEC, mesh=mesh,
                                                       rules=rules, ema=False)  # fmt: skip
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(1))
-    step_fn = jax.jit(train.make_train_step(model, task, tx, mesh=mesh, rules=rules),
+    step_fn = jax.jit(make_train_step(model, task, tx, mesh=mesh, rules=rules),
                       out_shardings=(shardings, sharding.replicated(mesh)))  # fmt: skip
     for i in range(steps):
         tokens = jax.random.randint(jax.random.key(i), (16, 32), 1, 128)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tfjax.data
-from tfjax import metrics, train
+from tfjax import experiment, metrics, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -51,7 +51,7 @@ def test_every_preset_loads_locked_and_documented(name):
         assert config.is_locked
         with pytest.raises(AttributeError, match="batchsize"):
             config.batchsize = 3  # a misspelt field is an error naming it
-        train.check_config(config)
+        experiment.check_config(config)
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         module.get_config("huge")
 

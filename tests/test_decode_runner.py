@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tfjax.data
-from tfjax import checkpoint, decode, metrics, train
+from tfjax import checkpoint, decode, evaluation, metrics, train
 from tfjax.models import decoder, transformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,8 +53,8 @@ def test_translation_eval_logs_bleu_and_samples(translate_run):
 
 def test_corpus_bleu_bounds():
     refs = ["four thousand two hundred twenty-one", "seventeen", "one hundred two thousand five"]
-    assert train.corpus_bleu(refs, refs) == pytest.approx(100.0)
-    assert train.corpus_bleu(["x y z"] * 3, refs) == 0.0
+    assert evaluation.corpus_bleu(refs, refs) == pytest.approx(100.0)
+    assert evaluation.corpus_bleu(["x y z"] * 3, refs) == 0.0
 
 
 def test_lm_eval_writes_samples(data_dir, tmp_path):

@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tfjax import checkpoint, metrics, train
+from tfjax import checkpoint, evaluation, experiment, metrics, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(ROOT, "experiments", "run.py")
@@ -370,20 +370,20 @@ def test_signal_during_eval_or_set_up_stops_with_a_checkpoint(data_dir, tmp_path
     previous = signal.getsignal(signal.SIGTERM)
     config = vit_config(data_dir, num_train_steps=50, log_every=5, eval_every=3,
                         **{"checkpoint.every": 0, "checkpoint.best_metric": ""})  # fmt: skip
-    evaluate = train._evaluate
+    evaluate = evaluation.evaluate_split
 
     def evaluate_and_signal(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # a real signal, while evaluating
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(train, "_evaluate", evaluate_and_signal)
+    monkeypatch.setattr(evaluation, "evaluate_split", evaluate_and_signal)
     workdir = str(tmp_path / "eval")
     result = train.train_and_evaluate(config, workdir)
     assert result["stopped_by"] == "SIGTERM" and result["step"] == 3
     assert listed_steps(workdir) == [3]
     assert [r["step"] for r in metrics.read_metrics(workdir, "eval")] == [3]  # eval finished
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler is put back
-    monkeypatch.setattr(train, "_evaluate", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate_split", evaluate)
 
     make_manager = checkpoint.make_manager
 
@@ -406,7 +406,7 @@ def test_signal_during_eval_or_set_up_stops_with_a_checkpoint(data_dir, tmp_path
 # --------------------------------------------------------------- 5. non-finite values
 def _poison(monkeypatch, bad_steps, value):
     """Makes the images of the (1-based) `bad_steps` all `value` inside the jitted step."""
-    make_train_step = train.make_train_step
+    make_train_step = experiment.make_train_step
 
     def make(*args, **kwargs):
         step_fn = make_train_step(*args, **kwargs)
@@ -418,7 +418,7 @@ def _poison(monkeypatch, bad_steps, value):
 
         return poisoned
 
-    monkeypatch.setattr(train, "make_train_step", make)
+    monkeypatch.setattr(experiment, "make_train_step", make)
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
@@ -474,7 +474,7 @@ def test_nonfinite_options_are_checked(field, value, message):
     config = train.load_config(VIT + ":tiny")
     config[field] = value
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        train.check_config(config)
+        experiment.check_config(config)
 
 
 # ------------------------------------------------- 9. versions, 8. nothing is unpickled

@@ -137,7 +137,7 @@ def test_gradient_accumulation_matches_one_batch():
     once by the weight of the whole batch)."""
     import ml_collections
 
-    from tfjax import optim, sharding, tasks
+    from tfjax import experiment, optim, sharding, steps, tasks
     from tfjax.models import decoder
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
@@ -152,7 +152,7 @@ def test_gradient_accumulation_matches_one_batch():
     tx = optim.make_optimizer(oc, d_model=32, num_train_steps=1)
     task = tasks.get("lm")
     spec = {"tokens": jax.ShapeDtypeStruct((16, 12), np.int32)}
-    init_fn, abstract, _ = train.abstract_train_state(model, tx, task, spec, mesh=mesh,
+    init_fn, abstract, _ = experiment.abstract_train_state(model, tx, task, spec, mesh=mesh,
                                                       rules=rules, ema=False)  # fmt: skip
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     tokens = np.random.default_rng(0).integers(1, 64, (16, 12)).astype(np.int32)
@@ -160,7 +160,7 @@ def test_gradient_accumulation_matches_one_batch():
     batch = sharding.shard_batch({"tokens": tokens}, mesh, rules)
     out = {}
     for m in (1, 2):
-        step = jax.jit(train.make_train_step(model, task, tx, mesh=mesh, rules=rules,
+        step = jax.jit(steps.make_train_step(model, task, tx, mesh=mesh, rules=rules,
                                              num_microbatches=m))  # fmt: skip
         state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(0))
         out[m] = step(state, batch, jax.random.key(1))

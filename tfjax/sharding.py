@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from tfjax.nn.axes import (
@@ -44,13 +45,16 @@ from tfjax.nn.axes import (
 
 __all__ = [
     "ACT_EMBED", "ACT_HEADS", "ACT_MLP", "ACT_VOCAB", "BATCH", "DEFAULT_RULES", "EMBED",
-    "HEAD_DIM", "HEADS", "KV_HEADS", "LAYERS", "LENGTH", "MESH_AXES", "MLP", "NORM", "VOCAB",
+    "HEAD_DIM", "HEADS", "KV_HEADS", "LAYERS", "LENGTH", "MESH_AXES", "MESH_CONFIG_KEYS", "MLP",
+    "NORM", "VOCAB",
     "batch_sharding", "check_divisible", "check_rules", "data_parallel_size", "data_shard",
     "logical_context", "logical_shardings", "make_mesh", "replicated", "shard_batch",
 ]  # fmt: skip
 
 # Outermost to innermost: neighbouring devices (the fastest links) form the tensor axis.
 MESH_AXES = ("data", "fsdp", "tensor")
+# config.mesh: the sizes of MESH_AXES within a slice, and how many slices the data axis spans.
+MESH_CONFIG_KEYS = MESH_AXES + ("dcn_data",)
 
 # (logical name, mesh axis or axes or None). A name absent from the rules is not sharded.
 DEFAULT_RULES = (
@@ -74,14 +78,27 @@ DEFAULT_RULES = (
 def make_mesh(mesh_config: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
     """A mesh with axes MESH_AXES whose sizes come from `mesh_config` ({"data": -1, ...}).
 
-    One size may be -1: it takes the devices the others leave. The sizes must multiply to the
-    number of devices (all processes' devices in a multi-host run), so that no device idles.
+    One of data, fsdp, tensor may be -1: it takes the devices the others leave. Their sizes
+    multiply to the devices of one slice (all processes' devices in a multi-host run), so that
+    no device idles. Several TPU slices (devices with different `slice_index`, joined by the
+    data-centre network, DCN) are joined on the data axis only: mesh_config["dcn_data"] (-1 or
+    absent: one part per slice) must then equal the number of slices, and the mesh's data axis
+    is dcn_data x data, slices outermost, so that only the gradient reduction crosses DCN (the
+    hybrid mesh of MaxText's dcn_*_parallelism).
     """
     devices = list(jax.devices() if devices is None else devices)
-    n = len(devices)
-    unknown = sorted(set(mesh_config) - set(MESH_AXES))
+    unknown = sorted(set(mesh_config) - set(MESH_CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"mesh: unknown axis {unknown}; the axes are {MESH_AXES}")
+        raise ValueError(f"mesh: unknown axis {unknown}; the axes are {MESH_CONFIG_KEYS}")
+    slices = _by_slice(devices)
+    dcn = int(mesh_config.get("dcn_data", -1))
+    if dcn not in (-1, len(slices)):
+        raise ValueError(
+            f"mesh.dcn_data={dcn}, but the devices span {len(slices)} slice(s): only the data "
+            f"axis crosses slices, so dcn_data must be {len(slices)} (or -1)"
+        )
+    n = len(slices[0])
+    where = f"the {n} devices" + (f" of each of {len(slices)} slices" if len(slices) > 1 else "")
     sizes = {axis: int(mesh_config.get(axis, 1)) for axis in MESH_AXES}
     free = [axis for axis, size in sizes.items() if size == -1]
     bad = [axis for axis, size in sizes.items() if size == 0 or size < -1]
@@ -93,20 +110,50 @@ def make_mesh(mesh_config: Mapping[str, int], devices: Sequence | None = None) -
     if free:
         if n % known:
             raise ValueError(
-                f"mesh {sizes}: the fixed sizes multiply to {known}, which does not divide the "
-                f"{n} devices"
+                f"mesh {sizes}: the fixed sizes multiply to {known}, which does not divide {where}"
             )
         sizes[free[0]] = n // known
     if math.prod(sizes.values()) != n:
         raise ValueError(
-            f"mesh {sizes} has {math.prod(sizes.values())} devices but there are {n}; the sizes "
-            "must multiply to the device count (use -1 for one axis to take the rest)"
+            f"mesh {sizes} has {math.prod(sizes.values())} devices but there are {n} "
+            f"({where}); the sizes must multiply to the device count (use -1 for one axis to "
+            "take the rest)"
         )
     shape = tuple(sizes[axis] for axis in MESH_AXES)
+    # Slices outermost on the data axis: each slice holds a contiguous block of the batch.
+    grid = np.concatenate([_device_grid(shape, group) for group in slices], axis=0)
     # Auto axes: XLA's partitioner propagates shardings from our annotations (GSPMD style).
-    return jax.make_mesh(
-        shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
-    )
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def _by_slice(devices) -> list[list]:
+    """The devices grouped by TPU slice (one group where devices have no slice_index)."""
+    groups: dict[int, list] = {}
+    for d in devices:
+        groups.setdefault(getattr(d, "slice_index", 0) or 0, []).append(d)
+    sizes = {len(g) for g in groups.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"mesh: the slices have different device counts {sorted(sizes)}")
+    return [groups[k] for k in sorted(groups)]
+
+
+def _device_grid(shape, devices) -> np.ndarray:
+    """`devices` as an array of `shape` whose inner axes are physical neighbours."""
+    try:
+        # JAX's physical layout (TPU torus rings on the inner axes); it takes one device per
+        # chip, so it refuses the per-TensorCore devices of v4 compile-only topologies.
+        return jax.make_mesh(shape, MESH_AXES, devices=devices).devices
+    except (AssertionError, ValueError, NotImplementedError):
+        pass
+    try:
+        return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    except (AssertionError, ValueError, NotImplementedError):
+        # The two cores of a chip next to each other, chips in coordinate order.
+        def key(d):
+            return (d.process_index, tuple(getattr(d, "coords", ()))[::-1],
+                    getattr(d, "core_on_chip", 0), d.id)  # fmt: skip
+
+        return np.array(sorted(devices, key=key), dtype=object).reshape(shape)
 
 
 def check_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:

@@ -111,7 +111,12 @@ class Decoder(nn.Module):
         x = embed(tokens)
         if self.position == "learned":
             x = x + tnn.LearnedPositions(
-                self.max_len, self.width, self.init_stddev, self.param_dtype, name="pos_embed"
+                self.max_len,
+                self.width,
+                self.init_stddev,
+                self.param_dtype,
+                self.dtype,
+                name="pos_embed",
             )(positions)
         elif self.position == "sinusoidal":
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)

@@ -108,7 +108,12 @@ class Encoder(nn.Module):
         positions = jnp.arange(t)[None] if positions is None else positions
         # [B, T, D]
         x = embed(tokens) + tnn.LearnedPositions(
-            self.max_len, self.width, self.init_stddev, self.param_dtype, name="pos_embed"
+            self.max_len,
+            self.width,
+            self.init_stddev,
+            self.param_dtype,
+            self.dtype,
+            name="pos_embed",
         )(positions)
         if self.type_vocab_size:
             types = jnp.zeros_like(tokens) if token_types is None else token_types

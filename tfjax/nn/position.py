@@ -60,10 +60,11 @@ class LearnedPositions(nn.Module):
     width: int  # D
     init_stddev: float = 0.02  # BERT and GPT-2 use 0.02
     param_dtype: jnp.dtype = jnp.float32  # storage dtype
+    dtype: jnp.dtype | None = None  # compute dtype of the output (param_dtype when None)
 
     @nn.compact
     def __call__(self, positions):
-        """positions: [T] or [B, T] ints -> [T, D] or [B, T, D]."""
+        """positions: [T] or [B, T] ints -> [T, D] or [B, T, D] in `dtype`."""
         table = self.param(
             "embedding",
             nn.with_logical_partitioning(
@@ -72,7 +73,9 @@ class LearnedPositions(nn.Module):
             (self.max_len, self.width),
             self.param_dtype,
         )
-        return jnp.take(table, positions, axis=0)
+        # Cast after the lookup: a bfloat16 model's residual stream stays bfloat16 (a float32
+        # table added to it would promote the whole stream to float32).
+        return jnp.take(table, positions, axis=0).astype(self.dtype or self.param_dtype)
 
 
 def rope(x, positions, *, base: float = 10_000.0):

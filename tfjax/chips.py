@@ -1,0 +1,101 @@
+"""Accelerators as data: peak bf16 matmul FLOP/s and memory per chip, from the vendors' pages.
+
+    chip = chips.of(device)              # from a real or a compile-only device
+    chip.hbm_bytes, chip.peak_flops      # per JAX device
+    chips.peak_flops(mesh, jnp.bfloat16) # the mesh's total: the table, or measured on CPUs
+
+MFU on an accelerator is model FLOPs per second over the table's peak (the convention of
+PaLM and MaxText), so a run's MFU does not depend on a measurement taken on a busy device. On
+CPUs, which have no such figure, the peak is the matmul rate measured in the same run
+(`tfjax.metrics.measure_peak_flops`).
+
+Sources: Google Cloud's TPU system-architecture pages (v4: 275 TFLOP/s bf16, 32 GiB HBM per
+chip, two TensorCores; v5e: 197 TFLOP/s, 16 GiB; v5p: 459 TFLOP/s, 95 GiB; v6e / Trillium:
+918 TFLOP/s, 32 GiB) and NVIDIA's data sheets (dense bf16 tensor-core rates without sparsity:
+A100 312 TFLOP/s, H100 SXM 989 TFLOP/s, H200 989 TFLOP/s; memory as nvidia-smi reports it:
+A100 80GB 81,920 MiB, H100 80GB 81,559 MiB, H200 143,771 MiB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GiB = 2**30
+MiB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str  # as tfjax writes it: "v5e", "H100"
+    peak_flops: float  # dense bf16 matmul FLOP/s of one chip
+    hbm_bytes: int  # accelerator memory of one chip
+    cores: int = 1  # TensorCores per chip that compile-only topologies show as separate devices
+
+
+# device_kind prefix (as JAX reports it) -> the chip. Longer prefixes first where they overlap.
+CHIPS: dict[str, Chip] = {
+    "TPU v4": Chip("v4", 275e12, 32 * GiB, cores=2),
+    "TPU v5 lite": Chip("v5e", 197e12, 16 * GiB),
+    "TPU v5e": Chip("v5e", 197e12, 16 * GiB),
+    "TPU v5p": Chip("v5p", 459e12, 95 * GiB),
+    "TPU v5": Chip("v5p", 459e12, 95 * GiB),
+    "TPU v6 lite": Chip("v6e", 918e12, 32 * GiB),
+    "TPU v6e": Chip("v6e", 918e12, 32 * GiB),
+    "NVIDIA A100": Chip("A100", 312e12, 81_920 * MiB),
+    "NVIDIA H100": Chip("H100", 989e12, 81_559 * MiB),
+    "NVIDIA H200": Chip("H200", 989e12, 143_771 * MiB),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """One JAX device's share of its chip (a v4 compile-only device is one TensorCore)."""
+
+    chip: Chip
+    peak_flops: float
+    hbm_bytes: int
+
+
+def of(device, devices=None) -> DeviceSpec | None:
+    """The table's figures for one device (None: not an accelerator the table knows).
+
+    `devices` (all of the mesh's) tell whether the chip's TensorCores are separate devices, as
+    in v4 compile-only topologies (one device per core); a real v4 shows one device per chip.
+    """
+    kind = getattr(device, "device_kind", "")
+    chip = next((c for prefix, c in CHIPS.items() if kind.startswith(prefix)), None)
+    if chip is None:
+        return None
+    cores = {getattr(d, "core_on_chip", 0) for d in (devices or [device])}
+    share = len(cores) if chip.cores > 1 else 1
+    return DeviceSpec(chip, chip.peak_flops / share, chip.hbm_bytes // share)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    flops: float  # FLOP/s of all the mesh's devices together
+    source: str  # "v5e table (197 TFLOP/s per chip)" or "measured"
+
+
+def peak_flops(mesh, dtype) -> Peak:
+    """The mesh's peak matmul FLOP/s: the table's on a known accelerator, else measured."""
+    devices = list(mesh.devices.flat)
+    spec = of(devices[0], devices)
+    if spec is not None:
+        chip = spec.chip
+        source = f"{chip.name} table, {chip.peak_flops / 1e12:.0f} TFLOP/s bf16 per chip"
+        return Peak(spec.peak_flops * len(devices), source)
+    from tfjax import metrics
+
+    return Peak(metrics.measure_peak_flops(mesh, dtype), "measured matmul rate")
+
+
+def describe(devices) -> str:
+    """ "8 x TPU v5 lite (v5e: 16.0 GiB, 197 TFLOP/s bf16 each)" for a report."""
+    devices = list(devices)
+    d = devices[0]
+    spec = of(d, devices)
+    if spec is None:
+        return f"{len(devices)} x {d.device_kind}"
+    return (f"{len(devices)} x {d.device_kind} ({spec.chip.name}: {spec.hbm_bytes / GiB:.1f} GiB, "
+            f"{spec.peak_flops / 1e12:.0f} TFLOP/s bf16 each)")  # fmt: skip
