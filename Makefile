@@ -3,23 +3,33 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
 CONFIG ?= configs/vit.py
 # configs/translate.py:demo -> workdirs/translate_demo
 WORKDIR ?= workdirs/$(subst .py,,$(subst :,_,$(notdir $(CONFIG))))
 
-.PHONY: install train plot test lint fmt bench
+.PHONY: install install-dev train plot test lint fmt bench
 
+# What training needs: tfjax and its input pipeline.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[data]"
+	touch $(STAMP)
+
+# What the tests, benchmarks and experiments/compile.py add: pytest and ruff, the interop
+# references, and libtpu (the TPU compiler, for compiling ahead of time on this host).
+install-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP)
 	# torch first and pinned: the CPU wheel (on this machine's disk, else the CPU index), never a
 	# multi-GB CUDA build pulled in by transformers.
 	$(BIN)/python -m pip install -q "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e ".[data,dev,interop]"
-	touch $(STAMP)
+	touch $(DEV_STAMP)
 
 train: install
 	$(BIN)/python experiments/run.py --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
@@ -27,14 +37,14 @@ train: install
 plot: install
 	$(BIN)/python -m tfjax.plots $(WORKDIR)
 
-test: install
+test: install-dev
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check tfjax tests benchmarks configs experiments && $(BIN)/ruff format --check tfjax tests benchmarks configs experiments
 
-fmt: install
+fmt: install-dev
 	$(BIN)/ruff format tfjax tests benchmarks configs experiments && $(BIN)/ruff check --fix tfjax tests benchmarks configs experiments
 
-bench: install
+bench: install-dev
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done

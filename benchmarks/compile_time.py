@@ -5,11 +5,13 @@ cold vs warm start with JAX's persistent compilation cache.
         [--parts=depth,cache] [--runner_config=configs/vit.py:tiny] [--tiny]
 
 depth: the GPT-like decoder of benchmarks/train_step_vs_torch.py (d=512, 8 heads, F=2048,
-V=8192, T=256, batch 4, float32) at each depth, `scan_layers` False and True; the whole train
-step (tfjax.train.make_train_step, AdamW) is traced and lowered (`jit(...).lower`), then
-compiled by XLA (`.compile()`), nothing executed. In-process and persistent caches are off;
-each measurement builds a new model and a new jitted function. The configurations run in
-rounds, each round every configuration once in a rotated order; medians over rounds.
+V=8192, T=256, batch 4, float32, its config and AdamW) at each depth, `scan_layers` False and
+True; the whole train step (`train_step` of tfjax.experiment.set_up, with its shardings and
+donation) is traced and lowered (`.lower` on the abstract state and batch), then compiled by
+XLA (`.compile()`), nothing executed. In-process and persistent caches are off; each
+measurement builds a new model and a new jitted function (a new, untimed `set_up`). The
+configurations run in rounds, each round every configuration once in a rotated order; medians
+over rounds.
 
 cache: `experiments/run.py --config=<runner_config>` launched in subprocesses, each with a
 fresh workdir, twice in a row (cold, then warm) for each mode:
@@ -40,6 +42,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # train_step_vs_torch: the decoder
 
 SPEC = dict(width=512, heads=8, mlp=2048, vocab=8192, length=256, batch=4)
 TINY_SPEC = dict(width=32, heads=4, mlp=64, vocab=128, length=16, batch=2)
@@ -50,45 +53,14 @@ FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
 
 def compile_once(spec, depth, scan):
     """(trace + lower seconds, XLA compile seconds) of one fresh train step."""
-    import jax
-    import ml_collections
+    import train_step_vs_torch
 
-    from tfjax import optim, sharding, tasks, train
-    from tfjax.models import decoder
-
-    model = decoder.Model(variant="gpt2-small", vocab_size=spec["vocab"], width=spec["width"],
-                          num_layers=depth, num_heads=spec["heads"], mlp_dim=spec["mlp"],
-                          max_len=spec["length"], dropout_rate=0.0,
-                          scan_layers=scan)  # fmt: skip
-    task = tasks.get("lm")
-    mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
-    rules = sharding.check_rules(sharding.DEFAULT_RULES)
-    optim_config = ml_collections.ConfigDict(dict(
-        name="adamw", learning_rate=1e-4, schedule="constant", warmup_steps=0,
-        end_learning_rate_fraction=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01,
-        grad_clip_norm=0.0, ema_decay=0.0,
-    ))  # fmt: skip
-    tx = optim.make_optimizer(optim_config, d_model=spec["width"], num_train_steps=10**6)
-    element_spec = {
-        "tokens": jax.ShapeDtypeStruct((spec["batch"], spec["length"]), jax.numpy.int32)
-    }
-    _, abstract, _ = train.abstract_train_state(
-        model, tx, task, element_spec, mesh=mesh, rules=rules, ema=False
-    )
-    shardings = jax.tree.map(lambda a: a.sharding, abstract)
-    repl = sharding.replicated(mesh)
-    batch_sh = {"tokens": sharding.batch_sharding(mesh, rules, 2)}
-    batch = {"tokens": jax.ShapeDtypeStruct(element_spec["tokens"].shape, jax.numpy.int32,
-                                            sharding=batch_sh["tokens"])}  # fmt: skip
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=repl)
-    step = jax.jit(
-        train.make_train_step(model, task, tx, mesh=mesh, rules=rules),
-        in_shardings=(shardings, batch_sh, repl),
-        out_shardings=(shardings, repl),
-        donate_argnums=0,
-    )
+    decoder = dict(kind="lm", width=spec["width"], layers=depth, heads=spec["heads"],
+                   mlp=spec["mlp"], vocab=spec["vocab"], length=spec["length"],
+                   max_len=spec["length"], batch=spec["batch"])  # fmt: skip
+    exp = train_step_vs_torch.set_up_tfjax(decoder, scan_layers=scan)
     start = time.perf_counter()
-    lowered = step.lower(abstract, batch, key)
+    lowered = exp.train_step.lower(exp.abstract_state, exp.train_batch, exp.abstract_rng)
     lower_s = time.perf_counter() - start
     start = time.perf_counter()
     lowered.compile()

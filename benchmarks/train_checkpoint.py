@@ -4,7 +4,8 @@ r"""How long the training loop blocks on a checkpoint save: asynchronous vs sync
                                           [--layouts=scanned,unrolled] [--tiny] [--out FILE]
 
 A GPT-2-small-sized decoder's full training state (float32 parameters and both Adam moments,
-~1.3 GB by default) is saved with tfjax.checkpoint as the loop saves it. "blocks" is the time
+~1.3 GB by default), as tfjax.experiment.set_up creates it from configs/lm.py with these sizes,
+is saved with tfjax.checkpoint as the loop saves it. "blocks" is the time
 `save` takes to return (what the loop waits for); "durable" is the time until the checkpoint
 is complete on disk. A first save of each kind runs untimed (it creates thread pools and, with
 replica-parallel writing, compiles slicing programs).
@@ -92,30 +93,38 @@ def main():
     print(f"wrote {args.out}")
 
 
+def _config(args, scan_layers: bool, batch_size: int):
+    """configs/lm.py:tiny made a GPT-2-small-like decoder of the given sizes (the variant's MLP,
+    context and dropout), AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, float32."""
+    from tfjax import experiment
+
+    config = experiment.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
+    config.model.update(variant="gpt2-small", vocab_size=args.vocab, width=args.width,
+                        num_layers=args.layers, num_heads=args.width // 64, mlp_dim=None,
+                        max_len=None, dropout_rate=None, scan_layers=scan_layers)  # fmt: skip
+    config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1,
+                  dtype="float32")  # fmt: skip
+    config.optim.update(name="adamw", learning_rate=1e-3, schedule="constant", warmup_steps=0,
+                        end_learning_rate_fraction=0.0, b1=0.9, b2=0.95, eps=1e-8,
+                        weight_decay=0.1, grad_clip_norm=1.0, ema_decay=0.0)  # fmt: skip
+    return config
+
+
 def _train_state(args, scan_layers: bool, mesh):
     """A decoder's initialised training state (parameters and AdamW moments) on `mesh`."""
+    import math
+
     import jax
     import jax.numpy as jnp
-    import ml_collections
 
-    from tfjax import optim, sharding, tasks, train
-    from tfjax.models import decoder
+    from tfjax import experiment
 
-    model = decoder.Model("gpt2-small", vocab_size=args.vocab, width=args.width,
-                          num_layers=args.layers, num_heads=args.width // 64,
-                          scan_layers=scan_layers)  # fmt: skip
-    oc = ml_collections.ConfigDict(dict(
-        name="adamw", learning_rate=1e-3, schedule="constant", warmup_steps=0,
-        end_learning_rate_fraction=0.0, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
-        grad_clip_norm=1.0, ema_decay=0.0))  # fmt: skip
-    tx = optim.make_optimizer(oc, d_model=args.width, num_train_steps=1)
-    spec = {"tokens": jax.ShapeDtypeStruct((8, 128), jnp.int32)}
-    init_fn, abstract, _ = train.abstract_train_state(
-        model, tx, tasks.get("lm"), spec, mesh=mesh, rules=sharding.DEFAULT_RULES, ema=False
-    )
-    state = jax.jit(init_fn, out_shardings=jax.tree.map(lambda a: a.sharding, abstract))(
-        jax.random.key(0)
-    )
+    # Rows of 128 tokens, as many as shard evenly: the batch sets the (unused) steps' shapes,
+    # not the state's.
+    config = _config(args, scan_layers, batch_size=math.lcm(8, mesh.size))
+    batch = {"tokens": jax.ShapeDtypeStruct((config.batch_size, 128), jnp.int32)}
+    inputs = experiment.Inputs(train=batch, eval=batch, vocab_size=args.vocab)
+    state = experiment.set_up(config, mesh, inputs=inputs).init(jax.random.key(0))
     # Adam's moments start at zero; fill them so that nothing compresses unusually well.
     state = state.replace(opt_state=jax.tree.map(lambda x: x + 0.001 if x.ndim else x,
                                                  state.opt_state))  # fmt: skip

@@ -2,12 +2,13 @@ r"""Train-step time, throughput and MFU of each model family's shipped config, o
 
     python benchmarks/train_step.py [--families=vit,lm,mlm,translate] [--steps=20] [--devices=1]
 
-For each family: the config's model and batch, a jitted `train_step` (as tfjax.train builds it)
-timed on real batches already on the devices, so the figures are the step alone (the input
-pipeline runs ahead of it in training). MFU is the model FLOPs (6 N T + attention, see
-tfjax.metrics) per second over the matmul throughput measured in this same run. The run also
-counts compilations: train_step once for all steps, eval_step once for a whole evaluation
-epoch, its zero-padded last batch included.
+For each family: the config's model, batch and jitted steps from tfjax.experiment.set_up (as
+the runner builds them), `train_step` timed on real batches already on the devices, so the
+figures are the step alone (the input pipeline runs ahead of it in training). MFU is the model
+FLOPs (6 N T + attention, see tfjax.metrics) per second over tfjax.chips.peak_flops: the
+vendor's peak on a known accelerator, else the matmul throughput measured in this same run.
+The run also counts compilations: train_step once for all steps, eval_step once for a whole
+evaluation epoch, its zero-padded last batch included.
 """
 
 import argparse
@@ -46,13 +47,11 @@ def bench(family, spec, *, steps, devices, data_dir):
     import jax
 
     import tfjax.data
-    from tfjax import metrics, optim, sharding, tasks, train
+    from tfjax import chips, experiment, sharding
 
-    config = train.load_config(os.path.join(ROOT, spec))
+    config = experiment.load_config(os.path.join(ROOT, spec))
     config.data_dir = data_dir or ""
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
-    rules = sharding.check_rules(config.logical_axis_rules)
-    task = tasks.get(config.task)
     data_config = tfjax.data.resolve_config(dict(config.dataset))
     if data_config.name in tfjax.data.embedded.BUILDERS:
         tfjax.data.prepare(data_config.name, data_dir or None)
@@ -63,31 +62,12 @@ def bench(family, spec, *, steps, devices, data_dir):
                                          batch_size=config.eval_batch_size, seed=0,
                                          shuffle=False, num_epochs=1,
                                          data_dir=data_dir or None)  # fmt: skip
-    tok = loader.tokenizer
-    model = train.build_model(config, vocab_size=tok.vocab_size if tok else None,
-                              num_classes=data_config.get("num_classes"))  # fmt: skip
-    tx = optim.make_optimizer(config.optim, d_model=model.width,
-                              num_train_steps=config.num_train_steps)  # fmt: skip
-    init_fn, abstract, param_shardings = train.abstract_train_state(
-        model, tx, task, loader.element_spec, mesh=mesh, rules=rules, ema=False
-    )
-    shardings = jax.tree.map(lambda a: a.sharding, abstract)
-    repl = sharding.replicated(mesh)
-    state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(0))
-    batch_sh = {k: sharding.batch_sharding(mesh, rules, len(s.shape))
-                for k, s in loader.element_spec.items()}  # fmt: skip
-    step_fn = jax.jit(
-        train.make_train_step(model, task, tx, mesh=mesh, rules=rules,
-                              label_smoothing=config.loss.label_smoothing,
-                              z_loss=config.loss.z_loss),
-        in_shardings=(shardings, batch_sh, repl), out_shardings=(shardings, repl),
-        donate_argnums=0,
-    )  # fmt: skip
-    eval_sh = {k: sharding.batch_sharding(mesh, rules, len(s.shape))
-               for k, s in eval_loader.element_spec.items()}  # fmt: skip
-    eval_fn = jax.jit(train.make_eval_step(model, task, mesh=mesh, rules=rules),
-                      in_shardings=(param_shardings, eval_sh), out_shardings=repl)  # fmt: skip
-    key = jax.jit(lambda: jax.random.key(1), out_shardings=repl)()
+    inputs = experiment.Inputs.from_loaders(config, data_config, loader, eval_loader)
+    exp = experiment.set_up(config, mesh, inputs=inputs)
+    rules = exp.rules
+    state = exp.init(jax.random.key(0))
+    step_fn, eval_fn = exp.train_step, exp.eval_step
+    key = jax.jit(lambda: jax.random.key(1), out_shardings=exp.replicated)()
 
     batches = [sharding.shard_batch(next(loader), mesh, rules) for _ in range(4)]
     counter = CompileCounter()
@@ -112,23 +92,22 @@ def bench(family, spec, *, steps, devices, data_dir):
     eval_loader.close()
 
     step_s = statistics.median(times)
-    example = {k: s.shape for k, s in loader.element_spec.items()}
-    flops = config.batch_size * metrics.training_flops_per_example(model, abstract.params, example)
-    peak = metrics.measure_peak_flops(mesh, train.COMPUTE_DTYPES[config.dtype])
-    units = task.units_per_batch(loader.element_spec)
-    n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+    flops = exp.flops_per_step
+    peak = chips.peak_flops(mesh, experiment.COMPUTE_DTYPES[config.dtype])
+    units = exp.task.units_per_batch(loader.element_spec)
     return dict(
         family=family,
-        params=n_params,
+        params=exp.num_params,
         batch=config.batch_size,
         first_s=first,
         step_ms=1e3 * step_s,
         rate=units / step_s,
-        unit=task.UNIT,
+        unit=exp.task.UNIT,
         gflops=flops / 1e9,
         tflops_s=flops / step_s / 1e12,
-        peak_tflops_s=peak / 1e12,
-        mfu=flops / step_s / peak,
+        peak_tflops_s=peak.flops / 1e12,
+        peak_source=peak.source,
+        mfu=flops / step_s / peak.flops,
         train_compiles=counter.counts.get("train_step", 0),
         eval_compiles=counter.counts.get("eval_step", 0),
         eval_batches=eval_batches,
@@ -165,6 +144,8 @@ def main():
               f"{r['gflops']:>10.2f} {r['tflops_s']:>8.3f} {r['peak_tflops_s']:>12.3f} "
               f"{100 * r['mfu']:>5.1f}% {r['train_compiles']:>14}, "
               f"{r['eval_compiles']}/{r['eval_batches']}")  # fmt: skip
+    for source in dict.fromkeys(r["peak_source"] for r in rows):
+        print(f"peak: {source}")
     bad = [r["family"] for r in rows if r["train_compiles"] != 1 or r["eval_compiles"] != 1]
     if bad:
         sys.exit(f"recompiled: {bad}")

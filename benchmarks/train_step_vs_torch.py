@@ -12,8 +12,9 @@ clipping, no dropout), float32, on one fixed batch already in memory, for:
   gpt2     GPT-2 small (124M; V=50257, tied output), T=128, batch 4
 
 Contenders, the same shapes and init scale (normal 0.02 for the language models):
-  tfjax          tfjax.models.{decoder,vit}.Model(variant=..., **overrides) stepped by
-                 tfjax.train.make_train_step with tfjax.optim's AdamW, jitted with donation
+  tfjax          tfjax.models.{decoder,vit} from a config (configs/{lm,vit}.py with these
+                 sizes), its train step, tfjax.optim's AdamW and donation from
+                 tfjax.experiment.set_up, as the runner builds them
   stock_flax     the same network from flax.linen's nn.Embed / nn.Dense / nn.LayerNorm /
                  nn.MultiHeadDotProductAttention / nn.Conv, optax.adamw, jitted with donation
   torch_eager    Hugging Face GPT2LMHeadModel / ViTForImageClassification from a config (random
@@ -111,66 +112,83 @@ def make_batch(spec, seed=0):
 
 
 # ------------------------------------------------------------------------------------ tfjax
-def tfjax_model(spec):
-    from tfjax.models import decoder, vit
+def tfjax_config(spec, **model_overrides):
+    """The config of a tfjax run of `spec`: configs/lm.py:tiny (decoder) or configs/vit.py:tiny
+    (ViT) with the spec's sizes, batch and AdamW (lr LR, weight decay WEIGHT_DECAY, constant,
+    no clipping), no dropout, no label smoothing or z-loss, float32, a data-parallel mesh."""
+    from tfjax import experiment
 
     if spec["kind"] == "lm":
-        return decoder.Model(variant="gpt2-small", vocab_size=spec["vocab"], width=spec["width"],
-                             num_layers=spec["layers"], num_heads=spec["heads"],
-                             mlp_dim=spec["mlp"], max_len=spec["max_len"],
-                             dropout_rate=0.0)  # fmt: skip
-    return vit.Model(variant=f"S/{spec['patch']}", num_classes=spec["classes"],
+        config = experiment.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
+        model = dict(variant="gpt2-small", vocab_size=spec["vocab"], width=spec["width"],
+                     num_layers=spec["layers"], num_heads=spec["heads"], mlp_dim=spec["mlp"],
+                     max_len=spec["max_len"], dropout_rate=0.0)  # fmt: skip
+    else:
+        config = experiment.load_config(os.path.join(ROOT, "configs/vit.py") + ":tiny")
+        model = dict(variant=f"S/{spec['patch']}", num_classes=spec["classes"],
                      width=spec["width"], num_layers=spec["layers"], num_heads=spec["heads"],
-                     mlp_dim=spec["mlp"], pool="cls", posemb="learned",
+                     mlp_dim=spec["mlp"], pool="cls", posemb="learned", dropout_rate=0.0,
                      head_zero_init=False)  # fmt: skip
+    with config.unlocked():  # head_zero_init is not a field of configs/vit.py
+        config.model.update(model, **model_overrides)
+        config.update(batch_size=spec["batch"], eval_batch_size=spec["batch"],
+                      num_train_steps=10**6, dtype="float32")  # fmt: skip
+        config.loss.update(label_smoothing=0.0, z_loss=0.0)
+        config.optim.update(name="adamw", learning_rate=LR, schedule="constant",
+                            warmup_steps=0, end_learning_rate_fraction=1.0, b1=0.9, b2=0.999,
+                            eps=1e-8, weight_decay=WEIGHT_DECAY, grad_clip_norm=0.0,
+                            ema_decay=0.0)  # fmt: skip
+        config.mesh.update(data=-1, fsdp=1, tensor=1)
+    return config
+
+
+def tfjax_inputs(spec):
+    """experiment.Inputs of make_batch(spec)'s batches (their shapes and dtypes)."""
+    import jax
+    import numpy as np
+
+    from tfjax import experiment
+
+    def sds(*shape, dtype):
+        return jax.ShapeDtypeStruct((spec["batch"], *shape), dtype)
+
+    if spec["kind"] == "lm":
+        batch = {"tokens": sds(spec["length"], dtype=np.int32)}
+        return experiment.Inputs(train=batch, eval=batch, vocab_size=spec["vocab"])
+    s = spec["image"]
+    batch = {"image": sds(s, s, 3, dtype=np.float32), "label": sds(dtype=np.int32)}
+    return experiment.Inputs(train=batch, eval=batch, num_classes=spec["classes"])
+
+
+def set_up_tfjax(spec, **model_overrides):
+    """tfjax.experiment.set_up of tfjax_config(spec) on one device."""
+    import jax
+
+    from tfjax import experiment, sharding
+
+    config = tfjax_config(spec, **model_overrides)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    return experiment.set_up(config, mesh, inputs=tfjax_inputs(spec))
 
 
 def build_tfjax(spec, batch_np):
     """(step() -> loss, model FLOPs per step, parameter count) for tfjax's own train step."""
     import jax
-    import ml_collections
 
-    from tfjax import metrics, optim, sharding, tasks, train
+    from tfjax import sharding
 
-    model = tfjax_model(spec)
-    task = tasks.get("lm" if spec["kind"] == "lm" else "classification")
-    mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
-    rules = sharding.check_rules(sharding.DEFAULT_RULES)
-    optim_config = ml_collections.ConfigDict(dict(
-        name="adamw", learning_rate=LR, schedule="constant", warmup_steps=0,
-        end_learning_rate_fraction=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WEIGHT_DECAY,
-        grad_clip_norm=0.0, ema_decay=0.0,
-    ))  # fmt: skip
-    tx = optim.make_optimizer(optim_config, d_model=spec["width"], num_train_steps=10**6)
-    element_spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch_np.items()}
-    init_fn, abstract, _ = train.abstract_train_state(
-        model, tx, task, element_spec, mesh=mesh, rules=rules, ema=False
-    )
-    shardings = jax.tree.map(lambda a: a.sharding, abstract)
-    repl = sharding.replicated(mesh)
-    state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(0))
-    batch = sharding.shard_batch(batch_np, mesh, rules)
-    batch_sh = jax.tree.map(lambda a: a.sharding, batch)
-    step_fn = jax.jit(
-        train.make_train_step(model, task, tx, mesh=mesh, rules=rules),
-        in_shardings=(shardings, batch_sh, repl),
-        out_shardings=(shardings, repl),
-        donate_argnums=0,
-    )
+    exp = set_up_tfjax(spec)
+    box = [exp.init(jax.random.key(0))]
+    batch = sharding.shard_batch(batch_np, exp.mesh, exp.rules)
     key = jax.random.key(1)
-    box = [state]
 
     def step():
-        box[0], stats = step_fn(box[0], batch, key)
+        box[0], stats = exp.train_step(box[0], batch, key)
         jax.block_until_ready((box[0], stats))
         return float(stats["loss"]) / float(stats["weight"])
 
-    step.lower = lambda: step_fn.lower(box[0], batch, key)  # for profiling
-
-    example = {k: v.shape for k, v in batch_np.items()}
-    flops = spec["batch"] * metrics.training_flops_per_example(model, abstract.params, example)
-    n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    return step, flops, n_params
+    step.lower = lambda: exp.train_step.lower(box[0], batch, key)  # for profiling
+    return step, exp.flops_per_step, exp.num_params
 
 
 # ------------------------------------------------------------------------------- stock flax

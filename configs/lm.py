@@ -123,14 +123,53 @@ def _tiny(config):
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
 
-def _gpt2_small(config):
-    config.model.update(variant="gpt2-small", width=768, num_layers=12, num_heads=12,
-                        mlp_dim=3072, max_len=1024, dropout_rate=0.1)  # fmt: skip
-    config.dataset.update(name="lm1b", seq_len=128)
-    config.update(batch_size=256, eval_batch_size=256, num_train_steps=100_000, log_every=100,
-                  eval_every=5000, eval_steps=50, dtype="bfloat16")  # fmt: skip
+def _paper(config, variant, *, seq_len, batch_size, remat_policy, mesh):
+    """A published decoder size (its sizes from decoder.VARIANTS) trained on lm1b in bf16."""
+    config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
+                        mlp_dim=None, max_len=None, dropout_rate=None, scan_layers=True,
+                        remat_policy=remat_policy)  # fmt: skip
+    config.dataset.update(name="lm1b", seq_len=seq_len)
+    config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=100_000,
+                  log_every=100, eval_every=5000, eval_steps=50, dtype="bfloat16")  # fmt: skip
+    config.mesh.update(mesh)
     config.optim.update(learning_rate=6e-4, warmup_steps=2000)
     config.checkpoint.every = 5000
 
 
-_PRESETS = {"pydoc": _pydoc, "tiny": _tiny, "gpt2-small": _gpt2_small}
+def _gpt2_small(config):  # v5e:2x2, data parallel
+    _paper(config, "gpt2-small", seq_len=128, batch_size=256, remat_policy="none",
+           mesh=dict(data=-1, fsdp=1))  # fmt: skip
+
+
+def _gpt2_medium(config):  # v5p:2x2x2, FSDP over the 8 chips
+    _paper(config, "gpt2-medium", seq_len=1024, batch_size=512, remat_policy="full",
+           mesh=dict(data=1, fsdp=-1))  # fmt: skip
+    config.optim.learning_rate = 3e-4
+
+
+def _gpt2_large(config):  # v5p:4x4x2, FSDP over the 32 chips
+    _paper(config, "gpt2-large", seq_len=1024, batch_size=512, remat_policy="full",
+           mesh=dict(data=1, fsdp=-1))  # fmt: skip
+    config.optim.learning_rate = 2.5e-4
+
+
+def _gpt2_xl(config):  # v5p:4x4x4, FSDP over the 64 chips
+    _paper(config, "gpt2-xl", seq_len=1024, batch_size=512, remat_policy="full",
+           mesh=dict(data=1, fsdp=-1))  # fmt: skip
+    config.optim.learning_rate = 2e-4
+
+
+def _modern_small(config):  # v5p:2x2x1, FSDP over the 4 chips
+    _paper(config, "modern-small", seq_len=2048, batch_size=128, remat_policy="full",
+           mesh=dict(data=1, fsdp=-1))  # fmt: skip
+
+
+_PRESETS = {
+    "pydoc": _pydoc,
+    "tiny": _tiny,
+    "gpt2-small": _gpt2_small,
+    "gpt2-medium": _gpt2_medium,
+    "gpt2-large": _gpt2_large,
+    "gpt2-xl": _gpt2_xl,
+    "modern-small": _modern_small,
+}

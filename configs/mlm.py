@@ -118,15 +118,25 @@ def _tiny(config):
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
 
-def _bert_base(config):
-    config.model.update(variant="bert-base", width=768, num_layers=12, num_heads=12,
-                        mlp_dim=3072, max_len=512, dropout_rate=0.1,
-                        attention_dropout_rate=0.1)  # fmt: skip
+def _paper(config, variant, *, batch_size, mesh):
+    """A published BERT size (its sizes from encoder.VARIANTS), masked LM on lm1b in bf16."""
+    config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
+                        mlp_dim=None, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
+                        scan_layers=True)  # fmt: skip
     config.dataset.update(name="lm1b", seq_len=128)
-    config.update(batch_size=256, eval_batch_size=256, num_train_steps=1_000_000,
+    config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1_000_000,
                   log_every=100, eval_every=10_000, eval_steps=50, dtype="bfloat16")  # fmt: skip
+    config.mesh.update(mesh)
     config.optim.update(learning_rate=1e-4, warmup_steps=10_000, end_learning_rate_fraction=0.0)
     config.checkpoint.every = 10_000
 
 
-_PRESETS = {"pydoc": _pydoc, "tiny": _tiny, "bert-base": _bert_base}
+def _bert_base(config):  # v5e:2x2, data parallel
+    _paper(config, "bert-base", batch_size=256, mesh=dict(data=-1, fsdp=1))
+
+
+def _bert_large(config):  # v5e:2x4, FSDP over the 8 chips
+    _paper(config, "bert-large", batch_size=256, mesh=dict(data=1, fsdp=-1))
+
+
+_PRESETS = {"pydoc": _pydoc, "tiny": _tiny, "bert-base": _bert_base, "bert-large": _bert_large}

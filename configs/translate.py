@@ -133,9 +133,10 @@ def _tiny(config):
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
 
-def _paper(config, variant, width, heads, mlp, dropout, rows, steps):
-    config.model.update(variant=variant, width=width, num_layers=6, num_heads=heads,
-                        mlp_dim=mlp, dropout_rate=dropout)  # fmt: skip
+def _paper(config, variant, dropout, rows, steps):
+    """Vaswani et al.'s base or big (sizes from transformer.VARIANTS) on WMT'14 en-de, bf16."""
+    config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
+                        mlp_dim=None, dropout_rate=dropout, scan_layers=True)  # fmt: skip
     config.dataset.update(name="wmt14_translate/de-en", seq_len=256, packing=True)
     config.update(batch_size=rows, eval_batch_size=rows, num_train_steps=steps, log_every=100,
                   eval_every=5000, dtype="bfloat16")  # fmt: skip
@@ -143,12 +144,12 @@ def _paper(config, variant, width, heads, mlp, dropout, rows, steps):
     config.checkpoint.update(every=5000, best_metric="")
 
 
-def _base(config):
-    _paper(config, "base", 512, 8, 2048, 0.1, 128, 100_000)
+def _base(config):  # v5e:2x2, data parallel
+    _paper(config, "base", 0.1, 128, 100_000)
 
 
-def _big(config):
-    _paper(config, "big", 1024, 16, 4096, 0.3, 192, 300_000)
+def _big(config):  # v5e:2x4, data parallel
+    _paper(config, "big", 0.3, 192, 300_000)
 
 
 _PRESETS = {"demo": _demo, "tiny": _tiny, "base": _base, "big": _big}

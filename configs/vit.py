@@ -126,9 +126,10 @@ def _cifar10(config):
     config.checkpoint.every = 2000
 
 
-def _imagenet(config):
-    config.model.update(variant="B/16", width=768, num_layers=12, num_heads=12, mlp_dim=3072,
-                        pool="cls", dropout_rate=0.1)  # fmt: skip
+def _imagenet(config):  # v4:2x2x2 (8 chips, 16 TensorCores), data parallel
+    config.model.update(variant="B/16", width=None, num_layers=None, num_heads=None,
+                        mlp_dim=None, pool="cls", dropout_rate=0.1, scan_layers=True,
+                        remat_policy="full")  # fmt: skip
     config.model.posemb = "learned"
     config.dataset.update(name="imagenet2012", crop="inception", crop_padding=0)
     config.update(batch_size=4096, eval_batch_size=4096, num_train_steps=93_750,

@@ -99,9 +99,13 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if logging.get_verbosity() <= logging.INFO:  # --verbosity=1 shows everything
         logging.get_absl_handler().addFilter(_OwnInfoOnly())
-    if _KEEP_FREED_MEMORY.value:  # before JAX starts its backend threads
-        from tfjax import host_memory
+    from tfjax import host_memory
 
+    if not host_memory.accelerator_attached():
+        # An installed libtpu or CUDA plugin without its device (a CPU host that compiles for
+        # TPUs) would have JAX try, and fail noisily, to start that backend first.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if _KEEP_FREED_MEMORY.value:  # before JAX starts its backend threads
         logging.info("Keep freed host memory: %s", host_memory.keep_freed_memory())
     import jax
 

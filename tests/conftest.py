@@ -7,6 +7,13 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
+# libtpu is installed for the ahead-of-time compile tests; without a TPU attached, JAX must not
+# try to start a TPU backend (slow, noisy): the suite computes on the CPU.
+from tfjax import host_memory  # noqa: E402
+
+if not host_memory.accelerator_attached():
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -41,9 +41,11 @@ print(answer, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 4
 """
 
 
-def _run(*args, env=None):
+def _run(*args, env=None, unset=()):
     env = {**os.environ, **(env or {})}
     env.pop("XLA_FLAGS", None)  # one CPU device, as a plain run
+    for name in unset:
+        env.pop(name, None)
     proc = subprocess.run([sys.executable, "-c", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,3 +68,21 @@ def test_not_applied_once_jax_has_started_or_off_the_cpu():
     code = "from tfjax import host_memory; print(host_memory.keep_freed_memory())"
     assert _run(code, env={"JAX_PLATFORMS": "tpu"}) == "not a CPU run"
     assert _run(code, env={"JAX_PLATFORMS": "cpu"}) == "applied"
+
+
+def test_an_installed_accelerator_plugin_without_the_device_is_a_cpu_run(tmp_path):
+    """libtpu is installed in the test environment (to compile for TPUs ahead of time), yet no
+    TPU is attached here: the host computes on the CPU. With a TPU's device file present (a
+    stand-in file matched by TPU_DEVICE_FILES), the same host counts as a TPU host."""
+    import importlib.util
+
+    assert importlib.util.find_spec("libtpu") is not None, "the test environment installs libtpu"
+    code = (
+        "import sys; from tfjax import host_memory as h; "
+        "h.TPU_DEVICE_FILES = tuple(sys.argv[1:]) or h.TPU_DEVICE_FILES; "
+        "print(h.computes_on_cpu(), h.keep_freed_memory())"
+    )
+    assert _run(code, unset=["JAX_PLATFORMS"]) == "True applied"
+    fake = tmp_path / "accel0"
+    fake.write_text("")
+    assert _run(code, str(fake), unset=["JAX_PLATFORMS"]) == "False not a CPU run"

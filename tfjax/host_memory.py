@@ -17,13 +17,14 @@ then carved from memory the process already holds: no page faults once the heap 
 what the steps need. The cost: the process keeps its peak heap, fragmentation can add to it
 (peak RSS in the runs above: GPT-2 2.80 / 2.83 GiB, decoder 1.28 / 1.64, ViT 1.68 / 1.60), and
 all threads share one arena lock. Hence it applies only where the process computes on the CPU
-(JAX_PLATFORMS names cpu first, or no accelerator plugin is installed), and only to threads
+(JAX_PLATFORMS names cpu first, or no accelerator is attached), and only to threads
 that have not allocated yet: call it before JAX starts its CPU backend.
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -36,17 +37,35 @@ _applied = False
 
 
 def computes_on_cpu() -> bool:
-    """Whether JAX will compute on the CPU: JAX_PLATFORMS names cpu first, or neither a PJRT
-    plugin (jax_plugins: CUDA, ROCm, ...) nor libtpu is installed."""
+    """Whether JAX will compute on the CPU: JAX_PLATFORMS names cpu first, or no accelerator is
+    attached. An installed plugin alone (libtpu, a CUDA or ROCm PJRT plugin) does not make a
+    host an accelerator host: libtpu is installed on CPU hosts to compile for TPUs ahead of time.
+    """
     platforms = os.environ.get("JAX_PLATFORMS", "")
     if "jax" in sys.modules:
         platforms = sys.modules["jax"].config.jax_platforms or platforms
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
-    plugins = importlib.metadata.entry_points(group="jax_plugins")
-    return not plugins and not any(
-        importlib.util.find_spec(name) for name in ("jax_plugins", "libtpu")
+    return not accelerator_attached()
+
+
+# Device files of attached accelerators: TPU VMs (/dev/accel*, or /dev/vfio/N on v5e and later),
+# NVIDIA GPUs (/dev/nvidia0...), AMD GPUs (/dev/kfd).
+TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd")
+
+
+def accelerator_attached() -> bool:
+    """An installed JAX accelerator plugin and that accelerator's device files on this host."""
+
+    def present(patterns):
+        return any(glob.glob(p) for p in patterns)
+
+    tpu = importlib.util.find_spec("libtpu") is not None and present(TPU_DEVICE_FILES)
+    gpu_plugin = bool(importlib.metadata.entry_points(group="jax_plugins")) or (
+        importlib.util.find_spec("jax_plugins") is not None
     )
+    return tpu or (gpu_plugin and present(GPU_DEVICE_FILES))
 
 
 def jax_backend_started() -> bool:

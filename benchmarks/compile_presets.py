@@ -1,0 +1,94 @@
+r"""Every paper-scale preset compiled for the TPU slice it names: fit, memory, FLOPs, collectives.
+
+    .venv/bin/python benchmarks/compile_presets.py [--only=lm.py:gpt2-xl,...]
+
+Each preset runs `experiments/compile.py` in its own process (the TPU compiler of libtpu, on
+this CPU host; no TPU is used or needed) and the results go to
+benchmarks/results/compile_presets.json and a Markdown table on stdout (the README's). Nothing
+here is timed on TPU hardware: "ideal step" is the model's FLOPs at the chips' peak bf16 rate,
+a lower bound on the step time.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (config, the slice its docstring names)
+PRESETS = [
+    ("configs/translate.py:base", "v5e:2x2"),
+    ("configs/translate.py:big", "v5e:2x4"),
+    ("configs/mlm.py:bert-base", "v5e:2x2"),
+    ("configs/mlm.py:bert-large", "v5e:2x4"),
+    ("configs/lm.py:gpt2-small", "v5e:2x2"),
+    ("configs/lm.py:gpt2-medium", "v5p:2x2x2"),
+    ("configs/lm.py:gpt2-large", "v5p:4x4x2"),
+    ("configs/lm.py:gpt2-xl", "v5p:4x4x4"),
+    ("configs/lm.py:modern-small", "v5p:2x2x1"),
+    ("configs/vit.py:imagenet", "v4:2x2x2"),
+]
+GiB = 2**30
+
+
+def compile_one(config: str, topology: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "experiments", "compile.py"), f"--config={config}",
+             f"--topology={topology}", f"--json={out}"],
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        print(proc.stdout, flush=True)
+        if not os.path.exists(out):
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"{config} on {topology}: exit {proc.returncode}\n{tail}")
+        with open(out) as f:
+            report = json.load(f)
+    report["wall_s"] = wall
+    report["exit_code"] = proc.returncode
+    return report
+
+
+def row(r: dict) -> str:
+    train = next(s for s in r["steps"] if s["name"] == "train")
+    hbm = r["hbm_bytes"]
+    peak = f"{train['peak_bytes'] / GiB:.1f} / {hbm / GiB:.1f} ({train['peak_bytes'] / hbm:.0%})"
+    coll = sum(train["collectives"].values()) / GiB
+    compile_s = sum(s["compile_s"] for s in r["steps"])
+    steps = ", ".join(s["name"] for s in r["steps"])
+    fits = "yes" if r["fits"] else "**no**"
+    return (f"| `{r['config']}` | {r['topology']} | {r['num_params'] / 1e6:.0f}M | "
+            f"{r['mesh']} | {train['compile_s']:.0f} s ({steps}: {compile_s:.0f} s) | {peak} | "
+            f"{fits} | {1e3 * r['ideal_step_s']:.1f} ms | {coll:.2f} GiB |")  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated configs (lm.py:gpt2-xl)")
+    args = parser.parse_args()
+    wanted = [w for w in args.only.split(",") if w]
+    todo = [(c, t) for c, t in PRESETS if not wanted or any(c.endswith(w) for w in wanted)]
+    start = time.perf_counter()
+    reports = [compile_one(c, t) for c, t in todo]
+    print("| config | slice | params | mesh | train compile (all steps) | train peak GiB / HBM | "
+          "fits | ideal train step | train collectives |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        print(row(r))
+    print(f"\n{len(reports)} presets in {time.perf_counter() - start:.0f} s")
+    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
+    path = os.path.join(ROOT, "benchmarks", "results", "compile_presets.json")
+    if not wanted:
+        with open(path, "w") as f:
+            json.dump(reports, f, indent=2)
+    return 0 if all(r["fits"] for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

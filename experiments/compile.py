@@ -1,0 +1,73 @@
+r"""Compiles an experiment for a TPU slice from this host: does it fit, and what will it cost?
+
+    python experiments/compile.py --config=configs/lm.py:gpt2-small --topology=v5e:4x4 \
+        [--num_slices=2] [--config.model.remat_policy=dots ...] [--json=report.json]
+
+No data, workdir or accelerator is needed (libtpu must be installed: `make install-dev` or
+`pip install -e .[tpu]`). For each step of the config (train, eval, and decode for generating
+tasks) it prints the mesh and per-device batch, parameter and optimizer bytes per device,
+compile time, memory (arguments, temporaries, peak) against the chip's HBM, model FLOPs per
+step and the ideal step time at the chip's peak bf16 rate (a lower bound), and collective
+bytes per step by kind; it warns on a large replicated array, float32 matmuls under a bf16
+config, and a peak above 90% of HBM (see tfjax.aot for how each is measured).
+
+Exit status: 0 when every step fits, 1 when one does not ("DOES NOT FIT: needs X GiB, the chip
+has Y", with what to change), 2 for bad input (an unknown topology, a mesh that does not match
+the devices, a config error), reported before anything is compiled.
+"""
+
+import json
+import os
+import sys
+
+# Compile-only: the host computes nothing, and must not try to start a TPU backend of its own.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/<family>.py[:preset,...]).", lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "TPU slice: v4:AxBxC, v5e:AxB, v5p:AxBxC or v6e:AxB (e.g. v5e:4x4)."
+)
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by DCN (data parallel).")
+_STEPS = flags.DEFINE_list("steps", ["train", "eval", "decode"], "Which steps to compile.")
+_JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this path.")
+flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv):
+    del argv
+    from tfjax import aot
+
+    unknown = sorted(set(_STEPS.value) - {"train", "eval", "decode"})
+    if unknown:
+        print(f"--steps: unknown {unknown}; allowed: train, eval, decode", file=sys.stderr)
+        return 2
+    config = _CONFIG.value
+    spec = config_flags.get_config_filename(flags.FLAGS["config"])
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    name = spec + "".join(f" --config.{k}={v}" for k, v in sorted(overrides.items()))
+    try:
+        devices = aot.topology_devices(_TOPOLOGY.value, num_slices=_NUM_SLICES.value)
+        topology = _TOPOLOGY.value
+        if _NUM_SLICES.value > 1:
+            topology += f" x {_NUM_SLICES.value} slices"
+        report = aot.compile_experiment(config, devices, topology=topology, name=name,
+                                        steps=tuple(_STEPS.value))  # fmt: skip
+    except (ValueError, RuntimeError) as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    print(aot.format_report(report))
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump(report.as_dict(), f, indent=2)
+    return 0 if report.fits else 1
+
+
+if __name__ == "__main__":
+    app.run(main)

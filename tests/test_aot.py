@@ -1,0 +1,167 @@
+"""tfjax.aot and experiments/compile.py: experiments compiled for TPU slices on this CPU host.
+
+libtpu's compiler does the work (installed by `make test`); no TPU is used. Each family's tiny
+preset compiles for v5e:2x2 on a (data, fsdp, tensor) mesh and fits; an oversized program is
+refused with "DOES NOT FIT" and a non-zero exit; two slices join on the data axis; bad input
+is refused before anything compiles.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+
+from tfjax import aot, experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MESH = {"data": 1, "fsdp": 2, "tensor": 2}
+
+
+def tiny(spec: str, **overrides):
+    config = experiment.load_config(f"configs/{spec}")
+    with config.unlocked():
+        config.mesh.update(MESH)
+        config.dtype = "bfloat16"
+        config.model.scan_layers = True
+        for key, value in overrides.items():
+            target, _, field = key.rpartition(".")
+            (config[target] if target else config)[field] = value
+    return config
+
+
+def compile_cli(*args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "experiments/compile.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return proc, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def v5e():
+    return aot.topology_devices("v5e:2x2")
+
+
+@pytest.mark.parametrize("spec", ["vit.py:tiny", "lm.py:tiny", "mlm.py:tiny", "translate.py:tiny"])
+def test_each_family_compiles_for_v5e_and_fits(spec, v5e):
+    report = aot.compile_experiment(tiny(spec), v5e, topology="v5e:2x2")
+    assert report.mesh == MESH and report.fits
+    assert report.hbm_bytes == 16 * 2**30 and report.peak_flops == 197e12
+    names = [s.name for s in report.steps]
+    assert names == (["train", "eval", "decode"] if spec.split(":")[0] in ("lm.py", "translate.py")
+                     else ["train", "eval"])  # fmt: skip
+    train = report.steps[0]
+    assert 0 < train.peak_bytes < report.hbm_bytes and train.argument_bytes > 0
+    # fsdp and tensor parallelism: parameters are gathered, gradients reduced.
+    assert train.collectives.get("all-gather", 0) > 0
+    assert train.collectives.get("all-reduce", 0) + train.collectives.get("reduce-scatter", 0) > 0
+    # bf16 end to end: no matmul of the step takes float32 operands.
+    assert train.f32_dot_fraction == 0.0, train.f32_dot_fraction
+    assert report.flops_per_step > 0 and report.ideal_step_s > 0
+    assert not report.warnings, report.warnings
+    text = aot.format_report(report)
+    assert "of 16.00 GiB HBM" in text and "a lower bound" in text
+
+
+def test_two_slices_join_on_the_data_axis():
+    devices = aot.topology_devices("v5e:2x2", num_slices=2)
+    assert len(devices) == 8 and {d.slice_index for d in devices} == {0, 1}
+    config = tiny("lm.py:tiny", **{"mesh.data": -1, "mesh.fsdp": 2, "mesh.tensor": 1})
+    report = aot.compile_experiment(config, devices, steps=("train",))
+    assert report.mesh == {"data": 4, "fsdp": 2, "tensor": 1} and report.fits
+    # Each slice holds a contiguous block of the data axis.
+    from tfjax import sharding
+
+    mesh = sharding.make_mesh(config.mesh, devices)
+    first, second = mesh.devices[:2], mesh.devices[2:]
+    assert {d.slice_index for d in first.flat} == {0} and {d.slice_index for d in second.flat} == {
+        1
+    }
+    with pytest.raises(ValueError, match="the devices span 2 slice"):
+        sharding.make_mesh(dict(config.mesh, dcn_data=1), devices)
+
+
+def test_v4_compile_only_devices_make_a_mesh():
+    """v4 topologies give one compile-only device per TensorCore (two per chip)."""
+    devices = aot.topology_devices("v4:2x2x1")
+    assert len(devices) == 8
+    config = tiny("vit.py:tiny", **{"mesh.data": -1})
+    report = aot.compile_experiment(config, devices, steps=("train",))
+    assert report.fits and report.hbm_bytes == 16 * 2**30  # half of a 32 GiB chip
+
+
+def test_too_big_does_not_fit_and_exits_non_zero():
+    # A 8M-token vocabulary: 256M replicated parameters, and [16, 32, 8M] logits.
+    proc, seconds = compile_cli("--config=configs/lm.py:tiny", "--topology=v5e:2x2",
+                                "--steps=train", "--config.model.vocab_size=8388608")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    assert "DOES NOT FIT: needs 20.00 GiB, the chip has 16.00 GiB" in proc.stdout
+    assert "params/embed/embedding (8388608, 32) (1.00 GiB) is replicated" in proc.stdout
+    assert "To fit:" in proc.stdout and "remat_policy" in proc.stdout
+    assert seconds < 120
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--topology=v5e:4"], "accepted: v4:AxBxC, v5e:AxB"),
+        (["--topology=v7:2x2"], "unknown chip 'v7'"),
+        (["--topology=h100:1x8"], "GPU targets are not supported yet"),
+        (["--topology=v5e:2x2", "--config.mesh.fsdp=3"], "does not divide the 4 devices"),
+        (
+            ["--topology=v5e:2x2", "--config.mesh.data=2", "--config.mesh.fsdp=4"],
+            "has 8 devices but there are 4",
+        ),
+        (["--topology=v5e:2x2", "--config.model.variant=nope"], "variant"),
+    ],
+)
+def test_bad_input_is_refused_before_compiling(args, message):
+    proc, _ = compile_cli("--config=configs/lm.py:tiny", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "train:" not in proc.stdout
+
+
+def test_a_misspelt_key_names_the_key():
+    proc, _ = compile_cli("--config=configs/lm.py:tiny", "--topology=v5e:2x2",
+                          "--config.model.widht=64")  # fmt: skip
+    assert proc.returncode != 0 and "widht" in proc.stderr
+
+
+def test_collectives_in_loops_count_once_per_trip():
+    hlo = """
+%cond (p: (s32[])) -> pred[] {
+  %p = (s32[]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(12)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[])) -> (s32[]) {
+  %ag = bf16[1024,256]{1,0} all-gather(bf16[512,256]{1,0} %x), dimensions={0}
+  ROOT %t = (s32[]) tuple(%i)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %w = (s32[]) while(%init), condition=%cond, body=%body
+  %ar = f32[1000]{0} all-reduce(f32[1000]{0} %g), to_apply=%add
+  ROOT %r = f32[8] copy(%a)
+}
+"""
+    got = aot.collective_bytes(hlo)
+    assert got == {"all-gather": 12 * 1024 * 256 * 2, "all-reduce": 4000}
+
+
+def test_f32_dot_fraction():
+    hlo = """
+  %d1 = f32[64,64]{1,0} dot(f32[64,32]{1,0} %a, f32[32,64]{1,0} %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d2 = f32[64,64]{1,0} dot(bf16[64,96]{1,0} %c, bf16[96,64]{1,0} %d), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+"""  # noqa: E501
+    assert aot.f32_dot_fraction(hlo) == pytest.approx(32 / (32 + 96))
+
+
+def test_the_host_stays_on_the_cpu():
+    assert jax.default_backend() == "cpu"
