@@ -1,6 +1,7 @@
 r"""Causal language modelling with GPT-like decoders (tfjax.models.decoder).
 
-Presets (comma-separated, applied in order): "pydoc" (the default), "tiny", "gpt2-small".
+Presets (comma-separated, applied in order): "pydoc" (the default), "tiny", and the paper
+sizes "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "modern-small".
 
 pydoc: a small GPT on the embedded CPython reference text, bytes, packed rows of 128 (offline):
 
@@ -11,8 +12,19 @@ pydoc: a small GPT on the embedded CPython reference text, bytes, packed rows of
   including start-up; ~2.2 steps/s, ~9,000 tokens/s.
 
 tiny: a 2-step smoke run on pydoc for tests.
-gpt2-small: GPT-2 small (124M) on lm1b with a 32k SentencePiece vocabulary, batch 256 x 128,
-AdamW (0.9, 0.95), weight decay 0.1, warmup + cosine, bfloat16 compute (needs lm1b prepared).
+gpt2-*, modern-small: the decoder presets of those names on lm1b with a 32k SentencePiece
+vocabulary, AdamW (0.9, 0.95), weight decay 0.1, warmup + cosine, bfloat16 compute, scanned
+layers (needs lm1b prepared and accelerators; never trained here). Each is meant for a TPU slice
+and compiles and fits there with libtpu's compiler (train step peak per device, of the chip's
+HBM):
+
+    python experiments/compile.py --config=configs/lm.py:gpt2-xl --topology=v5p:4x4x4
+
+  gpt2-small   batch 256 x 128, data parallel on v5e:2x2: 11.7 of 16 GiB (73%)
+  gpt2-medium  batch 512 x 1024, FSDP, remat full, v5p:2x2x2: 18.7 of 95 GiB (20%)
+  gpt2-large   batch 512 x 1024, FSDP, remat full, v5p:4x4x2: 8.0 of 95 GiB (8%)
+  gpt2-xl      batch 512 x 1024, FSDP, remat full, v5p:4x4x4: 4.7 of 95 GiB (5%)
+  modern-small batch 128 x 2048, FSDP, remat full, v5p:2x2x1: 14.8 of 95 GiB (16%)
 """
 
 import ml_collections
@@ -123,7 +135,11 @@ def _tiny(config):
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
 
-def _paper(config, variant, *, seq_len, batch_size, remat_policy, mesh):
+FSDP = dict(data=1, fsdp=-1)  # parameters and optimizer state sharded over every chip
+
+
+def _paper(config, variant, *, seq_len=1024, batch_size=512, remat_policy="full",
+           mesh=FSDP, learning_rate=6e-4):  # fmt: skip
     """A published decoder size (its sizes from decoder.VARIANTS) trained on lm1b in bf16."""
     config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
                         mlp_dim=None, max_len=None, dropout_rate=None, scan_layers=True,
@@ -132,44 +148,20 @@ def _paper(config, variant, *, seq_len, batch_size, remat_policy, mesh):
     config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=100_000,
                   log_every=100, eval_every=5000, eval_steps=50, dtype="bfloat16")  # fmt: skip
     config.mesh.update(mesh)
-    config.optim.update(learning_rate=6e-4, warmup_steps=2000)
+    config.optim.update(learning_rate=learning_rate, warmup_steps=2000)
     config.checkpoint.every = 5000
 
 
-def _gpt2_small(config):  # v5e:2x2, data parallel
-    _paper(config, "gpt2-small", seq_len=128, batch_size=256, remat_policy="none",
-           mesh=dict(data=-1, fsdp=1))  # fmt: skip
-
-
-def _gpt2_medium(config):  # v5p:2x2x2, FSDP over the 8 chips
-    _paper(config, "gpt2-medium", seq_len=1024, batch_size=512, remat_policy="full",
-           mesh=dict(data=1, fsdp=-1))  # fmt: skip
-    config.optim.learning_rate = 3e-4
-
-
-def _gpt2_large(config):  # v5p:4x4x2, FSDP over the 32 chips
-    _paper(config, "gpt2-large", seq_len=1024, batch_size=512, remat_policy="full",
-           mesh=dict(data=1, fsdp=-1))  # fmt: skip
-    config.optim.learning_rate = 2.5e-4
-
-
-def _gpt2_xl(config):  # v5p:4x4x4, FSDP over the 64 chips
-    _paper(config, "gpt2-xl", seq_len=1024, batch_size=512, remat_policy="full",
-           mesh=dict(data=1, fsdp=-1))  # fmt: skip
-    config.optim.learning_rate = 2e-4
-
-
-def _modern_small(config):  # v5p:2x2x1, FSDP over the 4 chips
-    _paper(config, "modern-small", seq_len=2048, batch_size=128, remat_policy="full",
-           mesh=dict(data=1, fsdp=-1))  # fmt: skip
-
-
+# Each preset's comment names the slice it is meant for; it compiles and fits there
+# (experiments/compile.py, figures in the README).
 _PRESETS = {
     "pydoc": _pydoc,
     "tiny": _tiny,
-    "gpt2-small": _gpt2_small,
-    "gpt2-medium": _gpt2_medium,
-    "gpt2-large": _gpt2_large,
-    "gpt2-xl": _gpt2_xl,
-    "modern-small": _modern_small,
-}
+    # v5e:2x2, data parallel, GPT-2 small at 128 tokens
+    "gpt2-small": lambda c: _paper(c, "gpt2-small", seq_len=128, batch_size=256,
+                                   remat_policy="none", mesh=dict(data=-1, fsdp=1)),
+    "gpt2-medium": lambda c: _paper(c, "gpt2-medium", learning_rate=3e-4),  # v5p:2x2x2
+    "gpt2-large": lambda c: _paper(c, "gpt2-large", learning_rate=2.5e-4),  # v5p:4x4x2
+    "gpt2-xl": lambda c: _paper(c, "gpt2-xl", learning_rate=2e-4),  # v5p:4x4x4
+    "modern-small": lambda c: _paper(c, "modern-small", seq_len=2048, batch_size=128),  # v5p:2x2x1
+}  # fmt: skip
