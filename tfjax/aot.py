@@ -37,7 +37,7 @@ import time
 import jax
 import numpy as np
 
-from tfjax import chips, experiment, sharding
+from tfjax import chips, evaluation, experiment, sharding
 
 TPU_FORMS = {  # generation -> how many dimensions its topology names
     "v4": 3,
@@ -170,7 +170,7 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
         "train": lambda: exp.train_step.lower(state, exp.train_batch, exp.abstract_rng),
         "eval": lambda: exp.eval_step.lower(state.params, exp.eval_batch),
     }
-    if "decode" in wanted and _decodes(config):
+    if "decode" in wanted and evaluation.decoding(config):
         lowerings["decode"] = lambda: _lower_decode(exp)
     reports = [
         _compile_step(name, lower, hbm=hbm, bf16=config.dtype == "bfloat16")
@@ -200,29 +200,27 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
     )  # fmt: skip
 
 
-def _decodes(config) -> bool:
-    return config.task in ("lm", "translation") and config.get("decode") is not None
-
-
 def _lower_decode(exp):
-    """The eval-time generation of the runner: a batch of eval prompts, config.decode's method
-    (sampling for LM samples; greedy or beam for translation)."""
+    """The eval-time generation of the runner (`tfjax.evaluation`): translation decodes each
+    eval batch as sharded (greedy or beam); an LM continues decode.num_samples prompts of
+    decode.prompt_length tokens, taken to the host and replicated."""
     from tfjax import decode
 
-    config = exp.config
-    d = config.decode
-    key = "inputs" if config.task == "translation" else "tokens"
-    batch = exp.eval_batch[key]
-    if config.task == "translation":
-        prompts, max_new = batch, d.max_new_tokens or batch.shape[1]
+    config, d = exp.config, exp.config.decode
+    if evaluation.decoding(config) == "bleu":
+        prompts = exp.eval_batch["inputs"]
+        max_new = d.max_new_tokens or prompts.shape[1]
+        method = d.method if d.method in experiment.DECODE_METHODS else "greedy"
     else:
-        rows = (batch.shape[0], min(d.prompt_length, batch.shape[1]))
-        prompts = jax.ShapeDtypeStruct(rows, batch.dtype, sharding=batch.sharding)
+        tokens = exp.eval_batch["tokens"]
+        rows = (min(d.num_samples, tokens.shape[0]), min(d.prompt_length, tokens.shape[1]))
+        prompts = jax.ShapeDtypeStruct(rows, tokens.dtype, sharding=exp.replicated)
         max_new = min(d.max_new_tokens or 32, exp.model.max_len - rows[1])
+        method = d.method
     with sharding.logical_context(exp.mesh, exp.rules):
         return decode.lower(
             exp.model, exp.abstract_state.params, prompts, max_new_tokens=max_new, eos_id=2,
-            method=d.method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
+            method=method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
             top_k=d.top_k, top_p=d.top_p,
         )  # fmt: skip
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfjax import metrics
+
 GiB = 2**30
 MiB = 2**20
 
@@ -85,8 +87,6 @@ def peak_flops(mesh, dtype) -> Peak:
         chip = spec.chip
         source = f"{chip.name} table, {chip.peak_flops / 1e12:.0f} TFLOP/s bf16 per chip"
         return Peak(spec.peak_flops * len(devices), source)
-    from tfjax import metrics
-
     return Peak(metrics.measure_peak_flops(mesh, dtype), "measured matmul rate")
 
 

@@ -437,14 +437,14 @@ def lower(model, params, inputs, *, max_new_tokens: int, eos_id: int, method: st
     """`generate`'s jitted program lowered for abstract `params` and `inputs` (ShapeDtypeStructs
     with shardings): compile it ahead of time for a target (`tfjax.aot`) without any data.
     Prompts are taken as fed token by token from the start, as in the runner's eval."""
-    b = inputs.shape[0]
-    repl = jax.sharding.NamedSharding(inputs.sharding.mesh, jax.sharding.PartitionSpec())
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = inputs.sharding.mesh
+    lengths = NamedSharding(mesh, PartitionSpec(*inputs.sharding.spec[:1]))  # as the rows
     key = jax.eval_shape(lambda: jax.random.key(0))
     return _generate.lower(
-        model, params, inputs, jax.ShapeDtypeStruct((b,), jnp.int32, sharding=inputs.sharding
-        if len(inputs.sharding.spec) <= 1 else jax.sharding.NamedSharding(
-            inputs.sharding.mesh, jax.sharding.PartitionSpec(inputs.sharding.spec[0]))),
-        jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=repl),
+        model, params, inputs, jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
+        jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
         max_new_tokens=max_new_tokens, eos_id=eos_id, method=method, beam_size=beam_size,
         alpha=alpha, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=True,
         min_length=1,

@@ -109,13 +109,24 @@ def lm_samples(model, params, tokenizer, batch, decode_config, *, mesh, rules, r
     return [(tokenizer.decode(r), tokenizer.decode(t)) for r, t in zip(rows, tokens, strict=True)]
 
 
+def decoding(config) -> str | None:
+    """What an evaluation of `config` decodes: "bleu" (translation: every eval batch),
+    "samples" (LM: continuations of decode.num_samples prompts) or None."""
+    d = config.get("decode")
+    if d is None:
+        return None
+    if config.task == "translation":
+        return "bleu"
+    return "samples" if config.task == "lm" and d.num_samples else None
+
+
 def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
     """evaluate(params, step) -> eval metrics of `exp` (a tfjax.experiment.Experiment); BLEU
     and samples when the task decodes (see the module docstring)."""
     config, mesh, rules, model = exp.config, exp.mesh, exp.rules, exp.model
     decode_config = config.get("decode")
     bleu_fn = None
-    if config.task == "translation" and decode_config is not None:
+    if decoding(config) == "bleu":
         target_len = eval_loader.element_spec["targets"].shape[1]
         bleu_fn = make_bleu_fn(
             model, tokenizer, decode_config, mesh=mesh, rules=rules,
@@ -142,7 +153,7 @@ def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
             result["bleu"] = corpus_bleu(hyps, refs)
             samples = [{"output": h, "reference": r} for h, r in zip(hyps, refs, strict=True)]
             samples = samples[: decode_config.num_samples]
-        elif config.task == "lm" and decode_config is not None and decode_config.num_samples:
+        elif decoding(config) == "samples":
             rng = jax.random.fold_in(jax.random.key(config.seed), step)
             pairs = lm_samples(model, params, tokenizer, first[0], decode_config, mesh=mesh,
                                rules=rules, rng=rng)  # fmt: skip

@@ -135,6 +135,7 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     task = tasks.get(config.task)
     rules = sharding.check_rules(config.logical_axis_rules)
     mesh = sharding.make_mesh(config.mesh, devices)
+    # set_up checks these again; here they fail before any dataset or tokenizer is built.
     experiment.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
     experiment.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
 
