@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # What the tests, benchmarks and experiments/compile.py add: pytest and ruff, the interop
-# references, and libtpu (the TPU compiler, for compiling ahead of time on this host).
+# references, libtpu and JAX's CUDA plugin with ptxas (the TPU and GPU compilers, for
+# compiling ahead of time on this host).
 install-dev: $(DEV_STAMP)
 
 $(DEV_STAMP): $(STAMP)

@@ -1,15 +1,18 @@
-r"""Compiles an experiment for a TPU slice from this host: does it fit, and what will it cost?
+r"""Compiles an experiment for a TPU slice or GPU hosts from this host: does it fit, and what
+will it cost?
 
     python experiments/compile.py --config=configs/lm.py:gpt2-small --topology=v5e:4x4 \
         [--num_slices=2] [--config.model.remat_policy=dots ...] [--json=report.json]
+    python experiments/compile.py --config=configs/lm.py:gpt2-small --topology=h100:8
 
-No data, workdir or accelerator is needed (libtpu must be installed: `make install-dev` or
-`pip install -e .[tpu]`). For each step of the config (train, eval, and decode for generating
-tasks) it prints the mesh and per-device batch, parameter and optimizer bytes per device,
-compile time, memory (arguments, temporaries, peak) against the chip's HBM, model FLOPs per
-step and the ideal step time at the chip's peak bf16 rate (a lower bound), and collective
-bytes per step by kind; it warns on a large replicated array, float32 matmuls under a bf16
-config, and a peak above 90% of HBM (see tfjax.aot for how each is measured).
+No data, workdir or accelerator is needed: for a TPU, libtpu; for a GPU, JAX's CUDA plugin and
+ptxas (`make install-dev` installs all three). For each step of the config (train, eval, and
+decode for generating tasks) it prints the mesh and per-device batch, parameter and optimizer
+bytes per device, compile time, memory (arguments, temporaries, peak) against the chip's HBM
+(on a GPU, the 75% of it JAX allocates from), model FLOPs per step and the ideal step time at
+the chip's peak bf16 rate (a lower bound), and collective bytes per step by kind; it warns on
+a large replicated array, float32 matmuls under a bf16 config, and a peak above 90% of HBM
+(see tfjax.aot for how each is measured).
 
 Exit status: 0 when every step fits, 1 when one does not ("DOES NOT FIT: needs X GiB, the chip
 has Y", with what to change), 2 for bad input (an unknown topology, a mesh that does not match
@@ -32,7 +35,13 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/<family>.py[:preset,...]).", lock_config=True
 )
 _TOPOLOGY = flags.DEFINE_string(
-    "topology", None, "TPU slice: v4:AxBxC, v5e:AxB, v5p:AxBxC or v6e:AxB (e.g. v5e:4x4)."
+    "topology",
+    None,
+    "TPU slice (v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB, e.g. v5e:4x4) or GPU "
+    "hosts (a100:N, h100:N, h200:N; h100:HxN for H hosts).",
+)
+_PLATFORM = flags.DEFINE_enum(
+    "platform", None, ["tpu", "cuda"], "Optional: the topology's platform, checked against it."
 )
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by DCN (data parallel).")
 _STEPS = flags.DEFINE_list("steps", ["train", "eval", "decode"], "Which steps to compile.")
@@ -53,7 +62,9 @@ def main(argv):
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     name = spec + "".join(f" --config.{k}={v}" for k, v in sorted(overrides.items()))
     try:
-        devices = aot.topology_devices(_TOPOLOGY.value, num_slices=_NUM_SLICES.value)
+        devices = aot.topology_devices(
+            _TOPOLOGY.value, num_slices=_NUM_SLICES.value, platform=_PLATFORM.value
+        )
         topology = _TOPOLOGY.value
         if _NUM_SLICES.value > 1:
             topology += f" x {_NUM_SLICES.value} slices"

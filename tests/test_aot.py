@@ -1,9 +1,11 @@
-"""tfjax.aot and experiments/compile.py: experiments compiled for TPU slices on this CPU host.
+"""tfjax.aot and experiments/compile.py: experiments compiled for TPU slices and GPU hosts on
+this CPU host.
 
-libtpu's compiler does the work (installed by `make test`); no TPU is used. Each family's tiny
-preset compiles for v5e:2x2 on a (data, fsdp, tensor) mesh and fits; an oversized program is
-refused with "DOES NOT FIT" and a non-zero exit; two slices join on the data axis; bad input
-is refused before anything compiles.
+libtpu's compiler and JAX's CUDA plugin do the work (installed by `make test`); no TPU or GPU
+is used. Each family's tiny preset compiles for v5e:2x2 on a (data, fsdp, tensor) mesh and
+fits; an oversized program is refused with "DOES NOT FIT" and a non-zero exit, on a TPU and on
+GPUs; two slices join on the data axis; one GPU node; bad input is refused before anything
+compiles.
 """
 
 import os
@@ -12,6 +14,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from tfjax import aot, experiment
@@ -107,9 +110,11 @@ def test_too_big_does_not_fit_and_exits_non_zero():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--topology=v5e:4"], "accepted: v4:AxBxC, v5e:AxB"),
+        (["--topology=v5e:4"], "accepted: TPU slices v4:AxBxC, v5e:AxB"),
         (["--topology=v7:2x2"], "unknown chip 'v7'"),
-        (["--topology=h100:1x8"], "GPU targets are not supported yet"),
+        (["--topology=h100:1x2x8"], "GPU targets are h100:N or h100:HxN"),
+        (["--topology=h100:8", "--num_slices=2"], "num_slices applies to TPU slices"),
+        (["--topology=v5e:2x2", "--platform=cuda"], "does not match topology 'v5e:2x2'"),
         (["--topology=v5e:2x2", "--config.mesh.fsdp=3"], "does not divide the 4 devices"),
         (
             ["--topology=v5e:2x2", "--config.mesh.data=2", "--config.mesh.fsdp=4"],
@@ -156,11 +161,37 @@ ENTRY %main (a: f32[8]) -> f32[8] {
 
 
 def test_f32_dot_fraction():
-    hlo = """
-  %d1 = f32[64,64]{1,0} dot(f32[64,32]{1,0} %a, f32[32,64]{1,0} %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %d2 = f32[64,64]{1,0} dot(bf16[64,96]{1,0} %c, bf16[96,64]{1,0} %d), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-"""  # noqa: E501
-    assert aot.f32_dot_fraction(hlo) == pytest.approx(32 / (32 + 96))
+    def dots(a, b, c, d):  # [64, 32] @ [32, 64] in float32 and mixed, [64, 96] @ [96, 64] in bf16
+        mixed = jnp.dot(a, b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        return a @ b + mixed + jnp.dot(c, d, preferred_element_type=jnp.float32)
+
+    shapes = [((64, 32), jnp.float32), ((32, 64), jnp.float32), ((64, 96), jnp.bfloat16),
+              ((96, 64), jnp.bfloat16)]  # fmt: skip
+    lowered = jax.jit(dots).lower(*(jax.ShapeDtypeStruct(*s) for s in shapes))
+    assert aot.f32_dot_fraction(lowered.as_text()) == pytest.approx(64 / (64 + 96))
+
+
+def test_a_gpu_node_compiles_and_fits():
+    devices = aot.topology_devices("h100:4", platform="cuda")
+    assert len(devices) == 4 and devices[0].device_kind == "NVIDIA H100 80GB HBM3"
+    report = aot.compile_experiment(tiny("translate.py:tiny"), devices, topology="h100:4")
+    assert report.mesh == MESH and report.fits and [s.name for s in report.steps] == [
+        "train", "eval", "decode"]  # fmt: skip
+    # JAX's GPU client allocates from 75% of the memory (XLA_PYTHON_CLIENT_MEM_FRACTION).
+    assert report.hbm_bytes == int(0.75 * 81_559 * 2**20) and report.peak_flops == 989e12
+    train = report.steps[0]
+    assert 0 < train.peak_bytes < report.hbm_bytes and train.f32_dot_fraction == 0.0
+    assert train.collectives.get("all-gather", 0) > 0
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in aot.format_report(report)
+
+
+def test_too_big_for_a_gpu_does_not_fit():
+    """The GPU compiler accepts any size; tfjax compares the peak with what JAX may allocate."""
+    proc, seconds = compile_cli("--config=configs/lm.py:tiny", "--topology=h100:2",
+                                "--steps=train", "--config.model.vocab_size=33554432")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    assert "DOES NOT FIT: needs" in proc.stdout and "the chip has 59.74 GiB" in proc.stdout
+    assert seconds < 120
 
 
 def test_the_host_stays_on_the_cpu():

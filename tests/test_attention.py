@@ -232,3 +232,20 @@ def test_kv_cache_matches_full_forward(pos, kv):
         cache = mut["cache"]
         outs.append(y)
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "chunked"])
+def test_bf16_attention_trains_with_bf16_matmuls_only(implementation):
+    """Forward and backward: no matmul takes a float32 operand (JAX lowers those for GPUs as
+    float32 matmuls); products still accumulate in float32."""
+    from tfjax import aot
+
+    q, k, v = qkv(b=2, t=64, s=64, n=4, kh=2, h=16, dtype=jnp.bfloat16)
+
+    def loss(q, k, v):
+        out = dot_product_attention(q, k, v, is_causal=True, implementation=implementation,
+                                    chunk_size=16)  # fmt: skip
+        return jnp.sum(out.astype(jnp.float32))
+
+    stablehlo = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).as_text()
+    assert "dot_general" in stablehlo and aot.f32_dot_fraction(stablehlo) == 0.0

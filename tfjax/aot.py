@@ -1,6 +1,7 @@
-"""Compile an experiment for a TPU slice or a GPU node from a CPU host: fit, memory, FLOPs.
+"""Compile an experiment for a TPU slice or GPU hosts from a CPU host: fit, memory, FLOPs.
 
     devices = aot.topology_devices("v5e:4x4", num_slices=2)     # compile-only devices
+    devices = aot.topology_devices("h100:2x8")                  # 2 hosts of 8 H100s
     report = aot.compile_experiment(config, devices)             # every step of the config
     print(aot.format_report(report))
 
@@ -16,9 +17,13 @@ Measured how:
   memory    XLA's `memory_analysis()` of the compiled program, per device: arguments (state and
             batch), temporaries, and as "peak" the larger of XLA's peak and arguments + outputs
             (less donated) + temporaries, which is what must fit. The TPU compiler itself refuses
-            a program over its HBM ("RESOURCE_EXHAUSTED"), naming what it needed.
+            a program over its HBM ("RESOURCE_EXHAUSTED"), naming what it needed; the GPU
+            compiler does not, so tfjax compares the peak with the share of GPU memory JAX
+            allocates from (75% unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise).
   FLOPs     tfjax.metrics' count of the model (XLA's `cost_analysis()` counts a loop body once,
-            so scanned layers would be undercounted).
+            so scanned layers would be undercounted, and gives nothing for GPUs). The float32
+            share of matmul FLOPs is read from the program as lowered (StableHLO), before a
+            backend rewrites its matmuls into library calls.
   collectives  each all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute
             of the compiled HLO: its result bytes times the trip count of the loops around it
             (read from each while loop's condition). Async collectives that the compiler splits
@@ -45,20 +50,37 @@ TPU_FORMS = {  # generation -> how many dimensions its topology names
     "v5p": 3,
     "v6e": 2,
 }
+GPU_NAMES = ("a100", "h100", "h200")  # the GPUs of tfjax.chips that have compiler facts
 TOPOLOGY_HELP = (
-    "v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (chips per dimension, e.g. v5e:4x4), with "
-    "num_slices for several slices"
+    "TPU slices v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (chips per dimension, e.g. v5e:4x4; "
+    "--num_slices for several slices); GPU nodes a100:N, h100:N, h200:N (N GPUs on one host) "
+    "or h100:HxN (H hosts of N GPUs)"
 )
 FIT_MARGIN = 0.10  # a peak above 90% of HBM is warned about: runtime buffers need room too
 LARGE_REPLICATED_BYTES = 256 * 2**20  # a replicated state array above this is warned about
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# JAX's GPU client preallocates this share of each GPU's memory and allocates only from it
+# (XLA_PYTHON_CLIENT_MEM_FRACTION, default .75): what a program may use on a GPU.
+GPU_MEM_FRACTION_DEFAULT = 0.75
 
 
 # ------------------------------------------------------------------------------ the target
-def topology_devices(topology: str, *, num_slices: int = 1) -> list:
-    """The compile-only devices of a TPU topology ("v5e:4x4"), `num_slices` slices of it.
+def platform_of(topology: str) -> str:
+    """ "tpu" or "cuda" for a topology name; ValueError listing the accepted forms."""
+    name = topology.partition(":")[0].lower()
+    if name in TPU_FORMS:
+        return "tpu"
+    if name in GPU_NAMES:
+        return "cuda"
+    raise ValueError(f"topology {topology!r}: unknown chip {name!r}; accepted: {TOPOLOGY_HELP}")
 
-    Raises ValueError naming the accepted forms before anything is loaded.
+
+def topology_devices(topology: str, *, num_slices: int = 1, platform: str | None = None) -> list:
+    """The compile-only devices of a TPU slice ("v5e:4x4", `num_slices` of them) or of GPU
+    hosts ("h100:8", "h100:2x8"). `platform` ("tpu" / "cuda"), when given, must agree.
+
+    Raises ValueError naming the accepted forms, and RuntimeError naming what to install,
+    before anything is compiled.
     """
     name, _, dims = topology.partition(":")
     name = name.lower()
@@ -67,18 +89,21 @@ def topology_devices(topology: str, *, num_slices: int = 1) -> list:
         raise ValueError(f"topology {topology!r} is not understood; accepted: {TOPOLOGY_HELP}")
     if num_slices < 1:
         raise ValueError(f"num_slices must be >= 1, got {num_slices}")
-    from jax.experimental import topologies
-
-    if name not in TPU_FORMS:
+    kind = platform_of(topology)
+    if platform not in (None, kind):
         raise ValueError(
-            f"topology {topology!r}: unknown chip {name!r}; accepted: {TOPOLOGY_HELP} (GPU "
-            "targets are not supported yet)"
+            f"platform {platform!r} does not match topology {topology!r}, a {kind} target; "
+            f"accepted: {TOPOLOGY_HELP}"
         )
+    if kind == "cuda":
+        return _gpu_devices(topology, name, [int(s) for s in sizes], num_slices)
     if len(sizes) != TPU_FORMS[name]:
         raise ValueError(
             f"topology {topology!r}: {name} slices are named with {TPU_FORMS[name]} "
             f"dimensions; accepted: {TOPOLOGY_HELP}"
         )
+    from jax.experimental import topologies
+
     # Compile-only use: several processes may load libtpu at once (tests, scripts).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
@@ -95,6 +120,99 @@ def topology_devices(topology: str, *, num_slices: int = 1) -> list:
     return list(topo.devices)
 
 
+def _gpu_devices(topology, name, sizes, num_slices) -> list:
+    if len(sizes) > 2:
+        raise ValueError(
+            f"topology {topology!r}: GPU targets are {name}:N or {name}:HxN (hosts x GPUs per "
+            f"host); accepted: {TOPOLOGY_HELP}"
+        )
+    if num_slices != 1:
+        raise ValueError(
+            f"num_slices applies to TPU slices; name several GPU hosts as {name}:HxN instead"
+        )
+    hosts, gpus = ([1] + sizes)[-2:]
+    from jax.experimental import topologies
+
+    try:
+        topo = topologies.get_topology_desc(
+            topology_name=topology, platform="cuda", topology=f"1x{hosts}x{gpus}",
+            target_config=gpu_target_config(chips.gpu_chip(name)),
+        )  # fmt: skip
+    except RuntimeError as e:
+        if "not installed" in str(e) or "Unknown backend" in str(e) or "cuda" in str(e):
+            raise RuntimeError(_GPU_INSTALL) from None
+        raise
+    if _ptxas() is None:
+        raise RuntimeError(_GPU_INSTALL)
+    return list(topo.devices)
+
+
+_GPU_INSTALL = (
+    "compiling for a GPU needs JAX's CUDA plugin and ptxas: pip install "
+    "'jax-cuda12-plugin==<your jaxlib version>' nvidia-cuda-nvcc-cu12 (`make install-dev` does)"
+)
+
+
+def _ptxas() -> str | None:
+    """The ptxas that XLA's GPU compiler will find: the pip CUDA compiler, else on PATH."""
+    try:
+        import nvidia.cuda_nvcc
+
+        for root in nvidia.cuda_nvcc.__path__:
+            path = os.path.join(root, "bin", "ptxas")
+            if os.access(path, os.X_OK):
+                return path
+    except ImportError:
+        pass
+    import shutil
+
+    return shutil.which("ptxas") or shutil.which("ptxas", path="/usr/local/cuda/bin")
+
+
+def gpu_target_config(chip: chips.Chip) -> str:
+    """The GpuTargetConfigProto text that lets XLA compile for `chip` without it (tfjax.chips
+    figures; the cuDNN version is the one the CUDA 12 wheels of this JAX require)."""
+    g = chip.gpu
+    major, minor = g.compute_capability
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {g.shared_memory_per_sm}
+  shared_memory_per_block_optin: {g.shared_memory_per_sm - 1024}
+  threads_per_core_limit: 2048
+  core_count: {g.sms}
+  fpus_per_core: {g.fp32_lanes_per_sm}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(g.memory_bandwidth)}
+  l2_cache_size: {g.l2_bytes}
+  clock_rate_ghz: {g.clock_ghz}
+  device_memory_size: {chip.hbm_bytes}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+device_description_str: "{g.device_kind}"
+"""
+
+
+def usable_memory(spec: chips.DeviceSpec | None) -> tuple[int, str]:
+    """Bytes a program may use on one device, and what they are: a TPU's HBM; on a GPU, the
+    share of its memory JAX's client preallocates (XLA_PYTHON_CLIENT_MEM_FRACTION, .75)."""
+    if spec is None:
+        return 0, ""
+    if spec.chip.gpu is None:
+        return spec.hbm_bytes, "HBM"
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEM_FRACTION_DEFAULT))
+    label = (f"GPU memory JAX allocates from ({fraction:.0%} of {_gib(spec.hbm_bytes)}, "
+             "XLA_PYTHON_CLIENT_MEM_FRACTION)")  # fmt: skip
+    return int(spec.hbm_bytes * fraction), label
+
+
 # ------------------------------------------------------------------------------ the report
 @dataclasses.dataclass
 class StepReport:
@@ -106,7 +224,7 @@ class StepReport:
     temp_bytes: int
     peak_bytes: int  # max(XLA's peak, arguments + outputs - aliased + temporaries)
     collectives: dict[str, float]  # kind -> bytes per step (result bytes x trip count)
-    f32_dot_fraction: float  # of the dot FLOPs, the share with float32 operands
+    f32_dot_fraction: float  # of the matmul FLOPs, the share with a float32 operand
     fits: bool
     error: str = ""  # the compiler's refusal, first line
 
@@ -117,7 +235,8 @@ class Report:
     topology: str
     devices: str  # "16 x TPU v5 lite (...)"
     num_devices: int
-    hbm_bytes: int  # per device
+    hbm_bytes: int  # per device: what a program may use (on a GPU, JAX's preallocated share)
+    memory_label: str  # what hbm_bytes is: "HBM", or the GPU share
     peak_flops: float  # per device, bf16
     mesh: dict
     per_device_batch: float  # train rows per device (of the data-parallel axes)
@@ -160,7 +279,7 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
     inputs = experiment.planned_inputs(config)
     exp = experiment.set_up(config, mesh, inputs=inputs)
     spec = chips.of(devices[0], devices)
-    hbm = spec.hbm_bytes if spec else 0
+    hbm, memory_label = usable_memory(spec)
     peak = spec.peak_flops if spec else float("nan")
     state = exp.abstract_state
     param_bytes = _shard_bytes(state.params)
@@ -181,17 +300,19 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
         if r.fits and hbm and r.peak_bytes > (1 - FIT_MARGIN) * hbm:
             warnings.append(
                 f"{r.name} step: peak {_gib(r.peak_bytes)} is {r.peak_bytes / hbm:.0%} of the "
-                f"{_gib(hbm)} HBM (over {1 - FIT_MARGIN:.0%}); runtime buffers may not fit"
+                f"{_gib(hbm)} {memory_label} (over {1 - FIT_MARGIN:.0%}); runtime buffers may "
+                "not fit"
             )
         if r.f32_dot_fraction > 0.05:
             warnings.append(
-                f"{r.name} step: {r.f32_dot_fraction:.0%} of the matmul FLOPs take float32 "
-                "operands under dtype=bfloat16 (something promotes the compute to float32)"
+                f"{r.name} step: {r.f32_dot_fraction:.0%} of the matmul FLOPs take a float32 "
+                "operand under dtype=bfloat16 (something promotes the compute to float32)"
             )
     dp = sharding.data_parallel_size(mesh, exp.rules)
     return Report(
         config=name, topology=topology,
         devices=chips.describe(devices), num_devices=len(devices), hbm_bytes=hbm,
+        memory_label=memory_label,
         peak_flops=peak, mesh=dict(mesh.shape), per_device_batch=config.batch_size / dp,
         num_params=exp.num_params, param_bytes=param_bytes,
         opt_bytes=_shard_bytes(state) - param_bytes, flops_per_step=exp.flops_per_step,
@@ -226,9 +347,10 @@ def _lower_decode(exp):
 
 
 def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
+    lowered = lower()
     start = time.perf_counter()
     try:
-        compiled = lower().compile()
+        compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory refusal is kept
         message = str(e)
         if "RESOURCE_EXHAUSTED" not in message and "Ran out of memory" not in message:
@@ -243,11 +365,10 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
     total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes)  # fmt: skip
     peak = max(getattr(m, "peak_memory_in_bytes", 0), total)
-    text = compiled.as_text()
     return StepReport(
         name, seconds, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-        m.temp_size_in_bytes, peak, collective_bytes(text),
-        f32_dot_fraction(text) if bf16 else 0.0, fits=not hbm or peak <= hbm,
+        m.temp_size_in_bytes, peak, collective_bytes(compiled.as_text()),
+        f32_dot_fraction(lowered.as_text()) if bf16 else 0.0, fits=not hbm or peak <= hbm,
     )  # fmt: skip
 
 
@@ -375,23 +496,24 @@ def collective_bytes(text: str) -> dict[str, float]:
     return dict(out)
 
 
-def f32_dot_fraction(text: str) -> float:
-    """Of the dot FLOPs in compiled HLO text (loops counted once), the share whose operands
-    are both float32."""
+_DOT = re.compile(
+    r"stablehlo\.dot_general .*contracting_dims = \[([\d, ]*)\] x .*"
+    r": \(tensor<([\dx]*)x(\w+)>, tensor<[\dx]*x(\w+)>\) -> tensor<([\dx]*)x\w+>"
+)
+
+
+def f32_dot_fraction(stablehlo: str) -> float:
+    """Of the matmul FLOPs a lowered program asks for (StableHLO text, before any backend
+    rewrites them; loop bodies counted once), the share with a float32 operand: JAX lowers a
+    float32 x bf16 matmul for GPUs as a float32 one."""
     flops = {"f32": 0.0, "all": 0.0}
-    for line in text.splitlines():
-        if " dot(" not in line:
-            continue
-        shapes = _SHAPE.findall(line)
-        contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
-        if len(shapes) < 3 or not contracting:
-            continue
-        out_elems = math.prod(int(d) for d in shapes[0][1].split(",") if d)
-        lhs_dims = [int(d) for d in shapes[1][1].split(",") if d]
-        k = math.prod(lhs_dims[int(i)] for i in contracting.group(1).split(",") if i)
-        f = 2.0 * out_elems * k
+    for m in _DOT.finditer(stablehlo):
+        contracting, lhs, lhs_type, rhs_type, out = m.groups()
+        lhs_dims = [int(d) for d in lhs.split("x") if d]
+        k = math.prod(lhs_dims[int(i)] for i in contracting.split(",") if i.strip())
+        f = 2.0 * math.prod(int(d) for d in out.split("x") if d) * k
         flops["all"] += f
-        if shapes[1][0] == "f32" and shapes[2][0] == "f32":
+        if "f32" in (lhs_type, rhs_type):
             flops["f32"] += f
     return flops["f32"] / flops["all"] if flops["all"] else 0.0
 
@@ -415,11 +537,11 @@ def format_report(r: Report) -> str:
         if not s.fits:
             need = f"needs {_gib(s.peak_bytes)}" if s.peak_bytes else "needs more than that"
             lines.append(
-                f"  {s.name}: DOES NOT FIT: {need}, the chip has {_gib(hbm)} "
+                f"  {s.name}: DOES NOT FIT: {need}, the chip has {_gib(hbm)} {r.memory_label} "
                 f"(compile {s.compile_s:.1f} s){': ' + s.error if s.error else ''}"
             )
             continue
-        share = f" = {s.peak_bytes / hbm:.0%} of {_gib(hbm)} HBM" if hbm else ""
+        share = f" = {s.peak_bytes / hbm:.0%} of {_gib(hbm)} {r.memory_label}" if hbm else ""
         coll = ", ".join(f"{k} {_gib(v)}" for k, v in sorted(s.collectives.items())) or "none"
         lines.append(
             f"  {s.name}: compile {s.compile_s:.1f} s; arguments {_gib(s.argument_bytes)}, "

@@ -14,6 +14,14 @@ chip, two TensorCores; v5e: 197 TFLOP/s, 16 GiB; v5p: 459 TFLOP/s, 95 GiB; v6e /
 918 TFLOP/s, 32 GiB) and NVIDIA's data sheets (dense bf16 tensor-core rates without sparsity:
 A100 312 TFLOP/s, H100 SXM 989 TFLOP/s, H200 989 TFLOP/s; memory as nvidia-smi reports it:
 A100 80GB 81,920 MiB, H100 80GB 81,559 MiB, H200 143,771 MiB).
+
+What XLA's GPU compiler needs to compile for a GPU that is not here (`Gpu`): NVIDIA's A100
+and H100 architecture whitepapers and H200 data sheet (streaming multiprocessors, boost clock,
+L2 cache, memory bandwidth: A100 SXM 80GB 108 SMs, 1.41 GHz, 40 MB, 2.04 TB/s; H100 SXM 132
+SMs, 1.98 GHz, 50 MB, 3.35 TB/s; H200 as H100 with 4.8 TB/s) and the CUDA programming guide's
+per-compute-capability limits (shared memory per SM 164 KB on 8.0 and 228 KB on 9.0, 1 KB less
+per block opted in; 64K registers and 2,048 threads per SM; FP32 lanes per SM 64 on 8.0 and
+128 on 9.0).
 """
 
 from __future__ import annotations
@@ -27,11 +35,26 @@ MiB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
+class Gpu:
+    """An NVIDIA GPU as XLA's GPU compiler models it (for compiling without the GPU)."""
+
+    device_kind: str  # as JAX reports it on the real GPU
+    compute_capability: tuple[int, int]
+    sms: int
+    clock_ghz: float
+    l2_bytes: int
+    memory_bandwidth: float  # bytes/s
+    fp32_lanes_per_sm: int
+    shared_memory_per_sm: int  # bytes
+
+
+@dataclasses.dataclass(frozen=True)
 class Chip:
     name: str  # as tfjax writes it: "v5e", "H100"
     peak_flops: float  # dense bf16 matmul FLOP/s of one chip
     hbm_bytes: int  # accelerator memory of one chip
     cores: int = 1  # TensorCores per chip that compile-only topologies show as separate devices
+    gpu: Gpu | None = None  # what XLA needs to compile for it (GPUs)
 
 
 # device_kind prefix (as JAX reports it) -> the chip. Longer prefixes first where they overlap.
@@ -43,10 +66,21 @@ CHIPS: dict[str, Chip] = {
     "TPU v5": Chip("v5p", 459e12, 95 * GiB),
     "TPU v6 lite": Chip("v6e", 918e12, 32 * GiB),
     "TPU v6e": Chip("v6e", 918e12, 32 * GiB),
-    "NVIDIA A100": Chip("A100", 312e12, 81_920 * MiB),
-    "NVIDIA H100": Chip("H100", 989e12, 81_559 * MiB),
-    "NVIDIA H200": Chip("H200", 989e12, 143_771 * MiB),
-}
+    "NVIDIA A100": Chip("A100", 312e12, 81_920 * MiB,
+                        gpu=Gpu("NVIDIA A100-SXM4-80GB", (8, 0), 108, 1.41, 40 * MiB, 2.039e12,
+                                64, 164 * 1024)),
+    "NVIDIA H100": Chip("H100", 989e12, 81_559 * MiB,
+                        gpu=Gpu("NVIDIA H100 80GB HBM3", (9, 0), 132, 1.98, 50 * MiB, 3.35e12,
+                                128, 228 * 1024)),
+    "NVIDIA H200": Chip("H200", 989e12, 143_771 * MiB,
+                        gpu=Gpu("NVIDIA H200", (9, 0), 132, 1.98, 50 * MiB, 4.8e12, 128,
+                                228 * 1024)),
+}  # fmt: skip
+
+
+def gpu_chip(name: str) -> Chip | None:
+    """The table's GPU called `name` ("h100", any case), or None."""
+    return next((c for c in CHIPS.values() if c.gpu and c.name.lower() == name.lower()), None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,35 @@ DEFAULT_CHUNK_SIZE = 512
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
 
+def _einsum_f32(spec, a, b):
+    """einsum(spec, a, b) accumulated and returned in float32; for bf16 operands its backward
+    pass also runs bf16 matmuls (see _einsum_f32_low)."""
+    if a.dtype == b.dtype == jnp.float32:
+        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    return _einsum_f32_low(spec, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _einsum_f32_low(spec, a, b):
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _einsum_f32_low_fwd(spec, a, b):
+    return _einsum_f32_low(spec, a, b), (a, b)
+
+
+def _einsum_f32_low_bwd(spec, residuals, g):
+    # The float32 cotangent is rounded to the operands' dtype: autodiff would otherwise emit
+    # f32 x bf16 matmuls, which JAX lowers for GPUs as float32 matmuls (the TPU's default
+    # precision rounds them to bf16 anyway, so on TPUs this changes nothing).
+    a, b = residuals
+    _, vjp = jax.vjp(lambda a, b: jnp.einsum(spec, a, b), a, b)
+    return vjp(g.astype(jnp.result_type(a, b)))
+
+
+_einsum_f32_low.defvjp(_einsum_f32_low_fwd, _einsum_f32_low_bwd)
+
+
 def _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng):
     if implementation not in (None, *IMPLEMENTATIONS):
         raise ValueError(
@@ -142,14 +171,12 @@ def _head_major_logits(q, k, mask, bias, is_causal, scale):
         # weights and their gradient (12 more [B, N, T, S] copies per step in a 6-layer
         # decoder; benchmarks/train_step_vs_torch.py).
         # [B, N, T, S]
-        logits = jnp.einsum(
-            "bnth,bnsh->bnts", jnp.swapaxes(q, 1, 2), kt, preferred_element_type=jnp.float32
-        )
+        logits = _einsum_f32("bnth,bnsh->bnts", jnp.swapaxes(q, 1, 2), kt)
         return _masked_logits(logits, mask, bias, is_causal)[0]
     # [B, K, G, T, H]
     qg = q.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
     # [B, K, G, T, S]
-    logits = jnp.einsum("bkgth,bksh->bkgts", qg, kt, preferred_element_type=jnp.float32)
+    logits = _einsum_f32("bkgth,bksh->bkgts", qg, kt)
     return _masked_logits(logits, _group(mask, kh), _group(bias, kh), is_causal)[0]
 
 
@@ -173,10 +200,10 @@ def _xla_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_
     weights = unnormalised.astype(v.dtype)
     if kh == n:
         # [B, N, T, H] -> [B, T, N, H]
-        out = jnp.einsum("bnts,bnsh->bnth", weights, vt, preferred_element_type=jnp.float32)
+        out = _einsum_f32("bnts,bnsh->bnth", weights, vt)
         return jnp.swapaxes(out / row_sums, 1, 2).astype(v.dtype)
     # [B, K, G, T, H] -> [B, T, K, G, H]
-    out = jnp.einsum("bkgts,bksh->bkgth", weights, vt, preferred_element_type=jnp.float32)
+    out = _einsum_f32("bkgts,bksh->bkgth", weights, vt)
     return (out / row_sums).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(v.dtype)
 
 
@@ -277,9 +304,15 @@ def _flash_bwd(statics, residuals, dout):
     qg, kc, vc, mask, bias, rng, out, m, l = residuals
     mask_xs, mask_const = _split_chunked(mask)
     bias_xs, bias_const = _split_chunked(bias)
-    dout = dout.astype(jnp.float32)
+    # The matmuls take operands in the inputs' dtype and accumulate in float32, as the forward
+    # pass does (float32 operands would run as float32 matmuls on GPUs under a bf16 config).
+    dt = jnp.result_type(qg, kc, vc)
     # [B, K, G, T]: rowsum(dO * O), the softmax-backward correction term.
-    delta = jnp.sum(dout * out.astype(jnp.float32), axis=-1)
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    dout = dout.astype(dt)
+
+    def mm(spec, a, b):
+        return jnp.einsum(spec, a.astype(dt), b.astype(dt), preferred_element_type=jnp.float32)
 
     def body(carry, xs):
         dq, dbias_acc = carry
@@ -292,18 +325,18 @@ def _flash_bwd(statics, residuals, dout):
         p = jnp.exp(logits - m[..., None]) / l[..., None]
         p_drop = p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
         # [B, C, K, H]
-        dv_j = jnp.einsum("bkgtc,bkgth->bckh", p_drop, dout)
+        dv_j = mm("bkgtc,bkgth->bckh", p_drop, dout)
         # [B, K, G, T, C]
-        dp = jnp.einsum("bkgth,bckh->bkgtc", dout, v_j.astype(jnp.float32))
+        dp = mm("bkgth,bckh->bkgtc", dout, v_j)
         if keep is not None:
             dp = jnp.where(keep, dp / (1.0 - rate), 0.0)
         ds = p * (dp - delta[..., None])
         if allowed is not None:
             ds = jnp.where(allowed, ds, 0.0)
         # [B, K, G, T, H]
-        dq = dq + jnp.einsum("bkgtc,bckh->bkgth", ds, k_j.astype(jnp.float32))
+        dq = dq + mm("bkgtc,bckh->bkgth", ds, k_j)
         # [B, C, K, H]
-        dk_j = jnp.einsum("bkgtc,bkgth->bckh", ds, qg.astype(jnp.float32)) * scale
+        dk_j = mm("bkgtc,bkgth->bckh", ds, qg) * scale
         dbias_j = None
         if bias is not None:
             if chunked_bias:
