@@ -196,3 +196,11 @@ def test_too_big_for_a_gpu_does_not_fit():
 
 def test_the_host_stays_on_the_cpu():
     assert jax.default_backend() == "cpu"
+
+
+def test_beam_search_on_a_data_parallel_mesh_gathers_nothing(v5e):
+    """Beams are reordered within each row, so the sharded KV cache is never all-gathered."""
+    config = tiny("translate.py:tiny", **{"mesh.data": 4, "mesh.fsdp": 1, "mesh.tensor": 1,
+                                          "decode.method": "beam"})  # fmt: skip
+    report = aot.compile_experiment(config, v5e, steps=("decode",))
+    assert report.fits and report.steps[0].collectives == {}

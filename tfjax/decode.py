@@ -217,14 +217,21 @@ def _length_penalty(length, alpha):
 
 
 def _gather_beams(tree, index, batch, beams, scanned):
-    """Reorders every batched leaf of [B * K, ...] (or [layers, B * K, ...]) by index [B, K]."""
-    flat = (index + beams * jnp.arange(batch)[:, None]).reshape(-1)
+    """Reorders every batched leaf of [B * K, ...] (or [layers, B * K, ...]) by index [B, K].
+
+    Each row picks among its own K beams (a gather batched over B), so with the batch sharded
+    the reordering stays on each device; a gather by flat [B * K] indices made XLA all-gather
+    the whole KV cache at every step.
+    """
 
     def gather(path, x):
         axis = 1 if scanned and any(getattr(p, "key", None) == "layers" for p in path) else 0
         if x.ndim <= axis or x.shape[axis] != batch * beams:
             return x  # cache indices: not per example
-        return jnp.take(x, flat, axis=axis)
+        rows = x.reshape(x.shape[:axis] + (batch, beams) + x.shape[axis + 1 :])
+        picked = jax.vmap(lambda r, i: jnp.take(r, i, axis=axis), in_axes=(axis, 0),
+                          out_axes=axis)(rows, index)  # fmt: skip
+        return picked.reshape(x.shape)
 
     return jax.tree_util.tree_map_with_path(gather, tree)
 
