@@ -16,7 +16,8 @@ a large replicated array, float32 matmuls under a bf16 config, and a peak above 
 
 Exit status: 0 when every step fits, 1 when one does not ("DOES NOT FIT: needs X GiB, the chip
 has Y", with what to change), 2 for bad input (an unknown topology, a mesh that does not match
-the devices, a config error), reported before anything is compiled.
+the devices, a config error), reported before anything is compiled; 3 when the compiler itself
+fails on a step (its first line is printed).
 """
 
 import json
@@ -70,6 +71,9 @@ def main(argv):
             topology += f" x {_NUM_SLICES.value} slices"
         report = aot.compile_experiment(config, devices, topology=topology, name=name,
                                         steps=tuple(_STEPS.value))  # fmt: skip
+    except aot.CompileError as e:
+        print(f"{name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
+        return 3
     except (ValueError, RuntimeError) as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2

@@ -213,6 +213,10 @@ def usable_memory(spec: chips.DeviceSpec | None) -> tuple[int, str]:
     return int(spec.hbm_bytes * fraction), label
 
 
+class CompileError(RuntimeError):
+    """The target's compiler failed on a step for a reason other than memory."""
+
+
 # ------------------------------------------------------------------------------ the report
 @dataclasses.dataclass
 class StepReport:
@@ -354,7 +358,7 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
     except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory refusal is kept
         message = str(e)
         if "RESOURCE_EXHAUSTED" not in message and "Ran out of memory" not in message:
-            raise
+            raise CompileError(f"{name} step: the compiler failed: {_first_line(message)}") from e
         used = _refused_bytes(message)
         return StepReport(name, time.perf_counter() - start, 0, 0, 0, 0, used, {}, 0.0,
                           fits=False, error=_first_line(message))  # fmt: skip
