@@ -138,8 +138,8 @@ def _gpu_devices(topology, name, sizes, num_slices) -> list:
             topology_name=topology, platform="cuda", topology=f"1x{hosts}x{gpus}",
             target_config=gpu_target_config(chips.gpu_chip(name)),
         )  # fmt: skip
-    except RuntimeError as e:
-        if "not installed" in str(e) or "Unknown backend" in str(e) or "cuda" in str(e):
+    except (RuntimeError, NotImplementedError) as e:  # without the CUDA plugin
+        if any(m in str(e) for m in ("not implemented for cuda", "not installed", "Unknown")):
             raise RuntimeError(_GPU_INSTALL) from None
         raise
     if _ptxas() is None:
