@@ -37,10 +37,12 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 import time
 
 import jax
 import numpy as np
+from jax.experimental import topologies
 
 from tfjax import chips, evaluation, experiment, sharding
 
@@ -50,7 +52,6 @@ TPU_FORMS = {  # generation -> how many dimensions its topology names
     "v5p": 3,
     "v6e": 2,
 }
-GPU_NAMES = ("a100", "h100", "h200")  # the GPUs of tfjax.chips that have compiler facts
 TOPOLOGY_HELP = (
     "TPU slices v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (chips per dimension, e.g. v5e:4x4; "
     "--num_slices for several slices); GPU nodes a100:N, h100:N, h200:N (N GPUs on one host) "
@@ -70,7 +71,7 @@ def platform_of(topology: str) -> str:
     name = topology.partition(":")[0].lower()
     if name in TPU_FORMS:
         return "tpu"
-    if name in GPU_NAMES:
+    if chips.gpu_chip(name) is not None:  # a GPU of the table, with what its compiler needs
         return "cuda"
     raise ValueError(f"topology {topology!r}: unknown chip {name!r}; accepted: {TOPOLOGY_HELP}")
 
@@ -102,8 +103,6 @@ def topology_devices(topology: str, *, num_slices: int = 1, platform: str | None
             f"topology {topology!r}: {name} slices are named with {TPU_FORMS[name]} "
             f"dimensions; accepted: {TOPOLOGY_HELP}"
         )
-    from jax.experimental import topologies
-
     # Compile-only use: several processes may load libtpu at once (tests, scripts).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
@@ -131,8 +130,6 @@ def _gpu_devices(topology, name, sizes, num_slices) -> list:
             f"num_slices applies to TPU slices; name several GPU hosts as {name}:HxN instead"
         )
     hosts, gpus = ([1] + sizes)[-2:]
-    from jax.experimental import topologies
-
     try:
         topo = topologies.get_topology_desc(
             topology_name=topology, platform="cuda", topology=f"1x{hosts}x{gpus}",
@@ -164,8 +161,6 @@ def _ptxas() -> str | None:
                 return path
     except ImportError:
         pass
-    import shutil
-
     return shutil.which("ptxas") or shutil.which("ptxas", path="/usr/local/cuda/bin")
 
 
