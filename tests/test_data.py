@@ -5,7 +5,11 @@ import collections
 import glob
 import json
 import os
+import re
+import shlex
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -329,6 +333,21 @@ def test_missing_and_unprepared_data(tmp_path):
         make({"name": "pydoc"}, tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=r"'pydoc' is not prepared in .*tfjax.data.prepare"):
         make({"name": "pydoc"}, tmp_path)
+
+
+def test_advice_for_a_damaged_dataset_folder_rebuilds_it(data_dir, tmp_path):
+    shutil.copytree(f"{data_dir}/digits", tmp_path / "digits")
+    (version,) = os.listdir(tmp_path / "digits")
+    folder = tmp_path / "digits" / version
+    os.remove(folder / "dataset_info.json")
+    kept = sorted(os.listdir(folder))
+    with pytest.raises(FileNotFoundError, match=f"'digits' in {folder} is damaged") as error:
+        td.open_source("digits", "train", tmp_path)
+    command = re.search(r"run `(.*?)`", str(error.value)).group(1)  # the advice, as given
+    assert command.startswith("python -c ")
+    subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True, timeout=300)
+    assert len(td.open_source("digits", "train", tmp_path)) == 1498
+    assert sorted(os.listdir(f"{folder}.damaged-1")) == kept  # moved aside, not deleted
 
 
 def test_sequence_length_must_hold_a_token(data_dir):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import itertools
 import os
 
 import ml_collections
@@ -299,8 +300,11 @@ def _data_dir(data_dir: str | os.PathLike | None) -> str:
     return os.path.abspath(os.path.expanduser(os.fspath(data_dir or default_data_dir())))
 
 
-def _prepare_hint(name: str, data_dir: str) -> str:
+def _prepare_hint(name: str, data_dir: str, *, damaged: bool = False) -> str:
     hint = f'run `python -c "import tfjax.data; tfjax.data.prepare({name!r}, {data_dir!r})"`'
+    if damaged:
+        hint += " (it moves the damaged folder aside, deleting nothing, and builds it again"
+        return hint + (", offline in seconds)" if name in embedded.BUILDERS else ")")
     if name in embedded.BUILDERS:
         return hint + " (builds it offline in seconds)"
     build = f"tfds build {name} --file_format=array_record --data_dir={data_dir}"
@@ -324,7 +328,8 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
 
     Embedded datasets build offline. Catalog datasets download (and mnist/cifar10 need
     TensorFlow installed to encode their images while preparing; reading never does).
-    Never deletes anything. Returns the dataset's folder.
+    Never deletes anything: a damaged folder (no dataset_info.json) is renamed
+    `<version>.damaged-<n>` and the dataset built again. Returns the dataset's folder.
     """
     data_dir = _data_dir(data_dir)
     os.makedirs(data_dir, exist_ok=True)
@@ -333,6 +338,12 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
         if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
             raise ValueError(_wrong_format(name, builder))
         return os.fspath(builder.data_dir)
+    if os.path.exists(builder.data_path):
+        # tfds writes dataset_info.json before it renames a finished build into place, so this
+        # folder is damaged; tfds itself would "reuse" it and build nothing.
+        aside = _move_aside(os.fspath(builder.data_path))
+        logging.warning("%s has no dataset_info.json (damaged): moved it to %s; preparing %r "
+                        "again", builder.data_path, aside, name)  # fmt: skip
     try:
         builder.download_and_prepare(file_format="array_record")
     except ModuleNotFoundError as e:
@@ -343,6 +354,14 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
             "`pip install tensorflow-cpu`, prepare once, then it is read without TensorFlow."
         ) from e
     return os.fspath(builder.data_dir)
+
+
+def _move_aside(path: str) -> str:
+    for n in itertools.count(1):
+        aside = f"{path}.damaged-{n}"  # not a version name: tfds ignores it
+        if not os.path.exists(aside):
+            os.rename(path, aside)
+            return aside
 
 
 def _wrong_format(name: str, builder) -> str:
@@ -418,6 +437,11 @@ def open_source(
         source = builder.as_data_source(split=split)
     except Exception as e:  # noqa: BLE001 - diagnose below, keep the original as the cause
         if not builder.is_prepared():
+            if os.path.exists(builder.data_path):  # `tfds build` would "reuse" it
+                raise FileNotFoundError(
+                    f"dataset {name!r} in {builder.data_path} is damaged (no dataset_info.json); "
+                    f"{_prepare_hint(name, data_dir, damaged=True)}"
+                ) from e
             raise FileNotFoundError(
                 f"dataset {name!r} is not prepared in {data_dir}; {_prepare_hint(name, data_dir)}"
             ) from e
