@@ -22,6 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -65,24 +66,50 @@ def _number(v):
     return v if math.isfinite(v) else None  # JSON has no NaN
 
 
+def _read(path: str) -> tuple[list[dict], bool]:
+    """The entries of a metrics.jsonl, and whether it needs rewriting to stay valid JSONL.
+
+    A line that is not a JSON object (the partial last line of a run killed mid-write) is
+    skipped with a warning naming the file and line: it must not stop a resume or a plot.
+    """
+    rows, damaged = [], False
+    # errors="replace": a torn write may leave bytes that are not UTF-8; that line is skipped.
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or "step" not in row:
+                logging.warning("%s line %d is not a complete entry (a run killed while writing "
+                                "it?); skipped: %.80r", path, number, line)  # fmt: skip
+                damaged = True
+                continue
+            rows.append(row)
+            damaged |= not line.endswith("\n")  # the next entry must not join this line
+    return rows, damaged
+
+
 def _drop_after(path: str, step: int) -> None:
-    with open(path) as f:
-        lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line)["step"] <= step]
-    if len(keep) != len(lines):
+    """Keeps the entries up to `step`, rewriting the file without damaged or later lines."""
+    rows, damaged = _read(path)
+    keep = [row for row in rows if row["step"] <= step]
+    if damaged or len(keep) != len(rows):
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
-            f.writelines(keep)
+            f.writelines(json.dumps(row) + "\n" for row in keep)
         os.replace(tmp, path)
 
 
 def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
-    """The entries of a run's metrics.jsonl (of one split when given)."""
+    """The entries of a run's metrics.jsonl (of one split when given); damaged lines are
+    skipped with a warning."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist: is {workdir!r} the workdir of a run?")
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows, _ = _read(path)
     return [r for r in rows if split is None or r["split"] == split]
 
 
