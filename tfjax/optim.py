@@ -37,8 +37,10 @@ def make_schedule(optim_config, *, d_model: int, num_train_steps: int) -> optax.
     if c.schedule not in SCHEDULES:
         raise ValueError(f"optim.schedule={c.schedule!r} is unknown; allowed: {SCHEDULES}")
     peak, warmup = float(c.learning_rate), int(c.warmup_steps)
-    if warmup < 0:
-        raise ValueError(f"optim.warmup_steps must be >= 0, got {warmup}")
+    # A negative rate or end fraction ascends the loss; zero is allowed (a run that only evals).
+    for field in ("learning_rate", "warmup_steps", "end_learning_rate_fraction"):
+        if c[field] < 0:
+            raise ValueError(f"optim.{field} must be >= 0, got {c[field]}")
     if c.schedule == "rsqrt":
         if warmup < 1:
             raise ValueError("optim.schedule='rsqrt' needs optim.warmup_steps >= 1")
@@ -89,6 +91,13 @@ def make_optimizer(
     c = optim_config
     if c.name not in OPTIMIZERS:
         raise ValueError(f"optim.name={c.name!r} is unknown; allowed: {OPTIMIZERS}")
+    for field in ("weight_decay", "grad_clip_norm") + (("eps",) if c.name == "adamw" else ()):
+        if c[field] < 0:  # 0 is "off"; a negative one grows the weights or flips the gradients
+            raise ValueError(f"optim.{field} must be >= 0, got {c[field]}")
+    # Adam divides by 1 - b^t (zero at b = 1); momentum 1 never forgets, beyond 1 it diverges.
+    for field in ("b1", "b2") if c.name == "adamw" else ("b1",):
+        if not 0.0 <= c[field] < 1.0:
+            raise ValueError(f"optim.{field} must be in [0, 1), got {c[field]}")
     schedule = make_schedule(c, d_model=d_model, num_train_steps=num_train_steps)
     if c.name == "adamw":
         tx = optax.adamw(
