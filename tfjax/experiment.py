@@ -83,6 +83,27 @@ def check_config(config) -> None:
         raise ValueError(
             f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}"
         )
+    _check_checkpoint(config.checkpoint)
+    module = model_module(config.model.name)
+    variant = config.model.get("variant")
+    if variant is not None and variant not in module.VARIANTS:
+        raise ValueError(
+            f"model.variant={variant!r} is unknown for model.name={config.model.name!r}; "
+            f"allowed: {', '.join(module.VARIANTS)}"
+        )
+    # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
+    # only scales the values of the "rsqrt" schedule.
+    optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
+
+
+def _check_checkpoint(c) -> None:
+    # tfjax.checkpoint.make_manager checks these again, but only once the data is built.
+    if c.get("keep", 1) < 1:
+        raise ValueError(f"checkpoint.keep must be >= 1, got {c.keep}")
+    if c.get("best_mode", "max") not in ("max", "min"):
+        raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {c.best_mode!r}")
+    if c.get("timeout_s", 1) < 1:
+        raise ValueError(f"checkpoint.timeout_s must be >= 1 (seconds), got {c.timeout_s}")
 
 
 def _check_decode(config) -> None:
@@ -106,6 +127,68 @@ def check_batch(name, size, mesh, rules, num_microbatches=1) -> None:
         if num_microbatches > 1:
             what += f" x num_microbatches={num_microbatches}"
         raise ValueError(f"{name}={size} is not divisible by {what}")
+
+
+def check_paths(config, workdir: str, *, restore: bool = False) -> None:
+    """--workdir, config.data_dir and config.init_from must be usable directories: checked
+    before any data work, and nothing is created.
+
+    workdir may be missing (training creates it) but then must be creatable; with restore=True
+    (decoding) it must hold a checkpoint and init_from is not used.
+    """
+    if not workdir:
+        raise ValueError("--workdir is empty; give the directory of the run")
+    _check_dir(f"--workdir={workdir!r}", workdir, must_exist=restore, writable=not restore)
+    if restore and not _has_checkpoint(workdir):
+        raise FileNotFoundError(f"--workdir={workdir!r} holds no checkpoint to restore")
+    # Missing is fine: embedded datasets are prepared there and others say how to prepare.
+    if config.data_dir:
+        _check_dir(f"config.data_dir={config.data_dir!r}", config.data_dir)
+    else:
+        from tfjax.data import catalog  # here, as in planned_inputs: only runs need tfjax.data
+
+        data_dir = catalog.default_data_dir()
+        _check_dir(f"the data directory {data_dir!r} (config.data_dir is '': $TFJAX_DATA_DIR, "
+                   "$TFDS_DATA_DIR or ~/tensorflow_datasets)", data_dir)  # fmt: skip
+    # init_from is read only when the run starts, not when it resumes (its source may be gone).
+    if config.get("init_from") and not restore and not _has_checkpoint(workdir):
+        _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)
+        if not _has_checkpoint(config.init_from):
+            raise FileNotFoundError(
+                f"config.init_from={config.init_from!r} holds no checkpoint (neither it nor its "
+                "checkpoints/ has a step directory); give another run's workdir"
+            )
+
+
+def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool = False):
+    """`path` is a directory, or can be made one (below a directory, writable if asked)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            kind = "a file" if os.path.isfile(path) else "not a directory"
+            raise NotADirectoryError(f"{what} is {kind}; a directory is needed")
+        nearest = path
+    elif must_exist:
+        raise FileNotFoundError(f"{what}: no such directory")
+    else:  # it will be created below its nearest existing ancestor
+        nearest = os.path.dirname(path)
+        while not os.path.lexists(nearest):
+            nearest = os.path.dirname(nearest)
+        if not os.path.isdir(nearest):
+            raise NotADirectoryError(f"{what} cannot be created: {nearest} is not a directory")
+    if writable and not os.access(nearest, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what}: {nearest} is not writable")
+
+
+def _has_checkpoint(path: str) -> bool:
+    """A run's workdir, or its checkpoints directory, holds a step directory (Orbax's names)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    sub = os.path.join(path, "checkpoints")
+    directory = sub if os.path.isdir(sub) else path
+    return os.path.isdir(directory) and any(
+        name.isdigit() and os.path.isdir(os.path.join(directory, name))
+        for name in os.listdir(directory)
+    )
 
 
 # ------------------------------------------------------------------------------------ inputs
@@ -169,12 +252,8 @@ def planned_inputs(config, data_config=None) -> Inputs:
 
 
 # ------------------------------------------------------------------------------------- model
-def build_model(config, *, vocab_size: int | None = None, num_classes: int | None = None):
-    """tfjax.models.<config.model.name>.Model(**config.model without name), compute dtype from
-    config.dtype. Fields that are None take the model's default, except vocab_size (the
-    tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's)."""
-    fields = dict(config.model)
-    name = fields.pop("name")
+def model_module(name: str):
+    """The module tfjax.models.<name> (its Model factory and VARIANTS)."""
     try:
         module = importlib.import_module(f"tfjax.models.{name}")
     except ModuleNotFoundError:
@@ -184,6 +263,15 @@ def build_model(config, *, vocab_size: int | None = None, num_classes: int | Non
             f"model.name={name!r}: tfjax.models has no such model family; allowed: "
             "transformer, encoder, decoder, vit"
         )
+    return module
+
+
+def build_model(config, *, vocab_size: int | None = None, num_classes: int | None = None):
+    """tfjax.models.<config.model.name>.Model(**config.model without name), compute dtype from
+    config.dtype. Fields that are None take the model's default, except vocab_size (the
+    tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's)."""
+    fields = dict(config.model)
+    module = model_module(fields.pop("name"))
     if fields.get("vocab_size") is None and vocab_size is not None:
         # Rounded up so that the vocab axis shards evenly over any tensor-parallel size up to
         # 128 (and matmuls tile well); the extra ids never occur, their logits learn to be low.
