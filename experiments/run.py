@@ -4,7 +4,9 @@ r"""Runs an experiment: a config file, a workdir, optional overrides.
         [--config.batch_size=256 --config.mesh.fsdp=2 ...]
 
 The config is locked: a misspelt override or a value of the wrong type is an error naming the
-key. Running the same command again resumes from the workdir's newest checkpoint.
+key, and the config's values and the paths are checked before any data work; these errors are
+a line or two and exit with status 2. Running the same command again resumes from the
+workdir's newest checkpoint.
 
 SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
 with status 143 or 130 (128 + the signal) and a line saying where to resume; a non-finite loss
@@ -25,12 +27,14 @@ error, which names no process. Orbax's background commit waits at most
 config.checkpoint.timeout_s for the other processes.
 """
 
+import difflib
 import logging as std_logging
 import os
 import signal
 import sys
 import threading
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -94,9 +98,92 @@ class _OwnInfoOnly(std_logging.Filter):
         )
 
 
+def _usage_error(message: str):
+    """A mistake on the command line: its message alone, status 2 (as absl's usage errors)."""
+    sys.stderr.write(f"{os.path.basename(sys.argv[0])}: {message}\n")
+    sys.exit(2)
+
+
+def _parse_flags(argv):
+    """absl's flag parsing, with a bad --config or --config.<key> a short error (status 2).
+
+    ml_collections raises a KeyError or AttributeError (with a long traceback) for an override
+    of a key the config lacks, and returns a config that raises on first use for a missing file.
+    """
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
+        lines = str(e).rstrip().splitlines() or [""]
+        message, last = lines[0], lines[-1]
+        if message.endswith("Error whilst parsing config file:") and last.startswith("ValueError"):
+            # get_config refused its argument (an unknown preset) with a message that says what
+            # is allowed; the traceback around it adds nothing.
+            message = message.replace("Error whilst parsing config file:", last.split(": ", 1)[1])
+        _usage_error(message)
+    except (AttributeError, KeyError, IndexError, OSError):
+        message = _bad_override(argv)
+        if message is None:
+            raise
+        _usage_error(message)
+    path = config_flags.get_config_filename(flags.FLAGS["config"]).partition(":")[0]
+    if not os.path.isfile(path):
+        _usage_error(f"--config={path}: no such file")
+    return rest
+
+
+def _bad_override(argv) -> str | None:
+    """What is wrong with the first --config.<key>=... of `argv` that the config lacks."""
+    spec, keys = None, []
+    for i, arg in enumerate(argv):
+        name = arg.lstrip("-").partition("=")[0] if arg.startswith("-") else ""
+        if name == "config":
+            spec = arg.partition("=")[2] if "=" in arg else argv[i + 1]
+        elif name.startswith("config."):
+            keys.append(name.removeprefix("config."))
+    if spec is None:
+        return None
+    if not os.path.isfile(spec.partition(":")[0]):
+        return f"--config={spec}: no such file"
+    from tfjax import experiment
+
+    config = experiment.load_config(spec)
+    fields = _field_paths(config)
+    for key in keys:
+        node, path = config, []
+        for part in key.split("."):
+            if not isinstance(node, ml_collections.ConfigDict):
+                return (f"--config.{key}: {'.'.join(path)} is a value ({type(node).__name__}), "
+                        "not a group of fields")  # fmt: skip
+            if part not in node:
+                near = difflib.get_close_matches(key, fields, n=2, cutoff=0.8)
+                group = f"config.{'.'.join(path)}" if path else "the config"
+                hint = (f"did you mean {' or '.join(near)}?" if near else
+                        f"the fields of {group}: {', '.join(node)}")  # fmt: skip
+                return f"--config.{key}: {spec} has no field {key}; {hint}"
+            node, path = node[part], [*path, part]
+    return None
+
+
+def _field_paths(config, prefix="") -> list[str]:
+    """Every field of `config` as a dotted path (groups and their fields)."""
+    paths = []
+    for key, value in config.items():
+        paths.append(prefix + key)
+        if isinstance(value, ml_collections.ConfigDict):
+            paths += _field_paths(value, f"{prefix}{key}.")
+    return paths
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from tfjax import experiment  # starts no JAX backend
+
+    try:  # tfjax.train checks again; here the error is a line, not a traceback
+        experiment.check_config(_CONFIG.value)
+        experiment.check_paths(_CONFIG.value, _WORKDIR.value)
+    except (ValueError, OSError) as e:
+        _usage_error(str(e))
     if logging.get_verbosity() <= logging.INFO:  # --verbosity=1 shows everything
         logging.get_absl_handler().addFilter(_OwnInfoOnly())
     from tfjax import host_memory
@@ -229,4 +316,4 @@ def _summary(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
