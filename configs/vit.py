@@ -92,6 +92,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint.async_save = True  # write in the background while training goes on
     config.checkpoint.replica_parallel = True  # replicas share writing (faster on many devices)
     config.checkpoint.timeout_s = 1200  # most seconds a save waits for the other processes
+    config.checkpoint.restore_step = config_dict.placeholder(int)  # None: newest that verifies
     config.init_from = ""  # another run's workdir: start from its parameters ("": no)
 
     for preset in (arg or "digits").split(","):

@@ -22,6 +22,22 @@ Crash safety (what a SIGKILL at any moment leaves behind):
 Everything in a checkpoint is read as JSON, msgpack or tensorstore arrays: nothing is
 unpickled, so nothing stored can import or execute code.
 
+Verified restores (what a flipped bit or a truncated file does):
+  * Every save records a checksum of each array's values in the step's metadata (computed on
+    the devices where the arrays live: two 32-bit position-weighted sums of the bit patterns,
+    so any single changed value always changes them); every restore recomputes them on the
+    restored arrays and refuses a step whose values differ, naming the array. The data
+    position's JSON carries its own SHA-256.
+  * `restore_newest` tries the newest step first; a step that fails verification or reading
+    is named with the file and the reason in a few lines, and the run resumes from the newest
+    step that verifies (config.checkpoint.restore_step picks one explicitly). The unusable
+    steps (and, with restore_step, newer ones) are then moved, files unchanged, into
+    `<workdir>/checkpoints_set_aside/`, so that the resumed run's new steps neither collide
+    with them nor get deleted in their favour.
+  * A write that fails (a full disk) stops the run with one error naming the directory, the
+    step and the free space; older steps are untouched.
+  * TRASH is emptied when the manager closes: a finished run keeps `keep` steps, no more.
+
 Restoring takes an abstract target (jax.ShapeDtypeStruct with the *new* shardings), so a
 checkpoint written on one mesh restores onto any other mesh or device count. Before anything
 is restored the stored parameter shapes are compared with the model's, and a mismatch is an
@@ -39,6 +55,7 @@ Fields of `config.checkpoint`:
   async_save    write in a background thread: training continues while the files are written
   replica_parallel   replicas of a replicated array each write a slice of it (faster saves
                 on many devices; the first save compiles small slicing programs, seconds on CPU)
+  restore_step  resume from this step instead of the newest one that verifies (None: newest)
   timeout_s     the most seconds a save's background commit waits for the other processes to
                 finish writing (Orbax's barrier) before it fails with an error; a process that
                 died is caught sooner by JAX's heartbeat (experiments/run.py --heartbeat_timeout)
@@ -48,11 +65,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
+import hashlib
 import importlib.metadata
 import json
+import logging as std_logging
 import os
 import shutil
+import sys
 import threading
 
 import jax
@@ -67,6 +88,20 @@ ITEMS = ("params", "state", "data")
 TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
 VERSIONED = ("jax", "flax", "optax", "orbax-checkpoint", "tfjax")
 TIMEOUT_S = 1200  # checkpoint.timeout_s when a config has none (Orbax's own default)
+UNUSABLE = "checkpoints_set_aside"  # beside checkpoints/: steps a resumed run moved away
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint is readable but written for another model or optimizer: a config error,
+    so no older step is tried instead."""
+
+
+class UnusableCheckpointError(RuntimeError):
+    """A checkpoint step cannot be read or fails its checksums."""
+
+
+class CheckpointWriteError(OSError):
+    """A save could not be written (disk full, permissions)."""
 
 
 @functools.cache  # read once per process: every save records them
@@ -85,10 +120,17 @@ def versions() -> dict[str, str]:
     return out
 
 
+def _custom_metadata(manager, step: int) -> dict:
+    """The custom metadata of a step, read from its JSON file alone (Orbax's `metadata(step)`
+    also opens every array, which fails on a damaged step before it says anything useful)."""
+    path = epath.Path(manager.directory) / str(step) / "_CHECKPOINT_METADATA"
+    return json.loads(path.read_text()).get("custom_metadata") or {}
+
+
 def check_versions(manager, step: int) -> None:
     """Warns (naming both lists) when the checkpoint was written under other package versions."""
     try:
-        stored = (manager.metadata(step).custom_metadata or {}).get("versions")
+        stored = _custom_metadata(manager, step).get("versions")
     except Exception as e:  # noqa: BLE001 - metadata is advisory, never a reason to fail
         logging.warning("Checkpoint %s/%d: cannot read its metadata (%s)", manager.directory,
                         step, e)  # fmt: skip
@@ -137,6 +179,27 @@ def _data_file(directory: epath.Path) -> epath.Path:
     return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
 
+def _data_text(state: dict) -> str:
+    """The position as JSON, with the SHA-256 of its canonical form (checked on restore)."""
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+    return json.dumps({"sha256": digest, "state": state})
+
+
+def _read_data(path: epath.Path) -> dict:
+    try:
+        stored = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(stored, dict) or not stored.keys() & {"sha256", "state"}:
+        return stored  # written before the checksum: the loader state itself
+    if stored.keys() != {"sha256", "state"}:
+        raise UnusableCheckpointError(f"{path}: its fields are damaged ({sorted(stored)})")
+    digest = hashlib.sha256(json.dumps(stored.get("state"), sort_keys=True).encode()).hexdigest()
+    if digest != stored["sha256"]:
+        raise UnusableCheckpointError(f"{path}: its content does not match its SHA-256")
+    return stored["state"]
+
+
 class DataStateHandler(ocp.AsyncCheckpointHandler):
     """Saves each process's loader state (a JSON-serialisable dict) in its own file.
 
@@ -145,7 +208,7 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
     """
 
     async def async_save(self, directory: epath.Path, args: DataSave):
-        text = json.dumps(args.state)  # serialised now: the loader moves on during the write
+        text = _data_text(args.state)  # serialised now: the loader moves on during the write
 
         async def write():
             _data_file(directory).write_text(text)
@@ -154,13 +217,13 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
         return [ocp_future.CommitFutureAwaitingContractedSignals(write(), name="data_save")]
 
     def save(self, directory: epath.Path, args: DataSave):
-        _data_file(directory).write_text(json.dumps(args.state))
+        _data_file(directory).write_text(_data_text(args.state))
 
     def restore(self, directory: epath.Path, args: DataRestore | None = None):
         path = _data_file(directory)
         if not path.exists():
             return None  # saved by a different number of processes
-        return json.loads(path.read_text())
+        return _read_data(path)
 
     def metadata(self, directory: epath.Path):
         return None
@@ -267,14 +330,17 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
 def save(manager, step: int, *, params, state: dict, data_state: dict | None, metrics=None):
     """Starts saving (returns once arrays are copied off the devices when async).
 
-    Waits for the previous asynchronous save first, and raises its error if it failed.
+    Waits for the previous asynchronous save first, and raises its error if it failed
+    (CheckpointWriteError for a full disk).
     """
     items = dict(params=ocp.args.PyTreeSave(params), state=ocp.args.PyTreeSave(state))
     if data_state is not None:
         items["data"] = DataSave(data_state)
-    with _unfinished_writes_end_before_errors(manager):
+    metadata = {"versions": versions(), "checksums": checksums({"params": params, "state": state})}
+    with _write_errors(manager, step):
         manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
-                     custom_metadata={"versions": versions()})  # fmt: skip
+                     custom_metadata=metadata)  # fmt: skip
+    manager.tfjax_writing = step  # named if its background write fails
     # The previous save (and its deletions) finished inside manager.save.
     empty_trash(manager.directory, background=True)
 
@@ -282,8 +348,43 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
 def wait_until_finished(manager) -> None:
     """manager.wait_until_finished(), raising a failed save's error only once the writes of
     that save's other items have ended."""
-    with _unfinished_writes_end_before_errors(manager):
+    with _write_errors(manager, None):
         manager.wait_until_finished()
+
+
+def close(manager) -> None:
+    """Waits for the last save (raising its error), closes the manager and empties TRASH, so
+    that a finished run keeps `keep` steps on disk and no deleted one."""
+    try:
+        wait_until_finished(manager)
+    finally:
+        manager.close()
+        if not manager._options.read_only:  # noqa: SLF001 - Orbax has no public getter
+            empty_trash(manager.directory)
+
+
+@contextlib.contextmanager
+def _write_errors(manager, step):
+    """Lets a failed save's other writes end first; a full disk becomes one short error."""
+    try:
+        with _unfinished_writes_end_before_errors(manager):
+            yield
+    except Exception as e:
+        if not _disk_full(e):
+            raise
+        directory = os.fspath(manager.directory)
+        failed = getattr(manager, "tfjax_writing", step)
+        usage = shutil.disk_usage(directory)
+        latest = manager.latest_step()
+        raise CheckpointWriteError(
+            errno.ENOSPC,
+            f"checkpoint step {failed} could not be written to {directory}: no space left on "
+            f"the device ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB). "
+            + (f"The newest complete checkpoint, step {latest}, is intact"
+               if latest is not None else "No complete checkpoint was written")
+            + "; the partial step is removed at the next start. Free space (or move the "
+            "workdir), then run the same command again to resume.",
+        ) from None  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -311,6 +412,18 @@ def _unfinished_writes_end_before_errors(manager):
         raise
 
 
+def _disk_full(e: BaseException | None) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(e):  # tensorstore's errors carry only the text
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 # ------------------------------------------------------------------------------ compatibility
 def _path_str(path) -> str:
     parts = []
@@ -324,10 +437,75 @@ def _shapes(tree) -> dict[str, tuple]:
     return {_path_str(path): tuple(leaf.shape) for path, leaf in leaves if leaf is not None}
 
 
-def stored_state_keys(manager, step: int) -> set[str]:
-    """The top-level keys of the "state" item saved at `step` (older checkpoints have fewer)."""
-    metadata = manager.item_metadata(step)["state"]
-    return set(getattr(metadata, "tree", metadata) or {})
+# ---------------------------------------------------------------------------------- checksums
+def _bits(x):
+    """Each element's bit pattern as uint32 (8-byte types: one uint32 per 32-bit word)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    size = x.dtype.itemsize
+    if size < 4:
+        return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[size]).astype(
+            jnp.uint32
+        )
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+
+
+def _checksum(x):
+    """[2] uint32: two sums (mod 2**32) of each element's bits times an odd weight of its
+    position. Odd weights are invertible mod 2**32, so changing any one element always changes
+    both; the index is built from per-axis iotas, so a sharded array is summed where it lies."""
+    u = _bits(x)
+    index, stride = jnp.zeros(u.shape, jnp.uint32), 1
+    for axis in reversed(range(u.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, u.shape, axis) * jnp.uint32(stride)
+        stride = stride * u.shape[axis] % 2**32
+    a = jnp.sum(u * (index * 2 + 1), dtype=jnp.uint32)
+    b = jnp.sum((u ^ (u >> 16)) * (index * jnp.uint32(0x9E3779B1) | 1), dtype=jnp.uint32)
+    return jnp.stack([a, b])
+
+
+@functools.cache
+def _checksums_fn(out_sharding):
+    return jax.jit(lambda leaves: [_checksum(x) for x in leaves], out_shardings=out_sharding)
+
+
+def checksums(tree) -> dict[str, str]:
+    """{"params/encoder/.../kernel": "89abcdef01234567"}: each array's checksum (16 hex digits),
+    computed on the devices that hold it, one program per device set."""
+    groups = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if leaf is None:
+            continue
+        x = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+        groups.setdefault(frozenset(x.sharding.device_set), []).append((_path_str(path), x))
+    out = {}
+    for members in groups.values():
+        first = members[0][1].sharding
+        replicated = (jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
+                      if isinstance(first, jax.sharding.NamedSharding) else None)  # fmt: skip
+        sums = jax.device_get(_checksums_fn(replicated)([x for _, x in members]))
+        out.update({name: f"{int(a):08x}{int(b):08x}" for (name, _), (a, b) in
+                    zip(members, sums, strict=True)})  # fmt: skip
+    return out
+
+
+def _verify(manager, step: int, restored: dict) -> None:
+    """Raises UnusableCheckpointError naming the arrays whose values differ from the checksums
+    recorded at save time (steps saved before tfjax recorded them: a warning)."""
+    stored = _custom_metadata(manager, step).get("checksums")
+    if stored is None:
+        logging.warning("Checkpoint %s/%d records no checksums (written before tfjax recorded "
+                        "them): its values are not verified.", manager.directory, step)  # fmt: skip
+        return
+    now = checksums(restored)
+    bad = sorted(k for k in now if k in stored and stored[k] != now[k])
+    if bad:
+        raise UnusableCheckpointError(
+            f"{manager.directory}/{step}: the values of {bad[0]}"
+            + (f" (and {len(bad) - 1} more arrays)" if len(bad) > 1 else "")
+            + " differ from the checksums recorded when it was saved (the files were changed "
+            "or damaged on disk)"
+        )
 
 
 def stored_param_shapes(manager, step: int) -> dict[str, tuple]:
@@ -337,48 +515,205 @@ def stored_param_shapes(manager, step: int) -> dict[str, tuple]:
 
 
 def check_params_fit(stored: dict[str, tuple], abstract_params, where: str) -> None:
-    """Raises ValueError naming the first parameter whose path or shape differs."""
-    wanted = _shapes(abstract_params)
+    """Raises CheckpointMismatchError naming the first parameter whose path or shape differs."""
+    _check_fit(stored, abstract_params, where, "parameter", "the config the checkpoint was "
+               "written with")  # fmt: skip
+
+
+def _check_fit(stored: dict[str, tuple], abstract, where: str, what: str, hint: str) -> None:
+    wanted = _shapes(abstract)
     problems = []
     for name in sorted(wanted.keys() | stored.keys()):
         if name not in stored:
-            problems.append(f"parameter {name!r} {wanted[name]} of the model is not in it")
+            problems.append(f"{what} {name!r} {wanted[name]} of the model is not in it")
         elif name not in wanted:
-            problems.append(f"its parameter {name!r} {stored[name]} is not in the model")
+            problems.append(f"its {what} {name!r} {stored[name]} is not in the model")
         elif stored[name] != wanted[name]:
             problems.append(
-                f"parameter {name!r} has shape {stored[name]} there but {wanted[name]} in the model"
+                f"{what} {name!r} has shape {stored[name]} there but {wanted[name]} in the model"
             )
     if problems:
-        raise ValueError(
-            f"the checkpoint {where} does not fit this model: {problems[0]}"
+        raise CheckpointMismatchError(
+            f"the checkpoint {where} does not fit this run: {problems[0]}"
             + (f" (and {len(problems) - 1} more differences)" if len(problems) > 1 else "")
-            + ". Nothing was restored or deleted; use another workdir or the config the "
-            "checkpoint was written with."
+            + f". Nothing was restored or deleted; use another workdir or {hint}."
         )
 
 
-def restore(manager, step: int, *, abstract_params, abstract_state: dict, data: bool = True):
-    """{"params", "state", "data"} restored onto the shardings of the abstract targets.
+@functools.cache  # installed once, before the first restore
+def _drop_closed_loop_noise() -> None:
+    """After Orbax gives up on a failed read it closes its event loop while tensorstore still
+    completes the other reads. Each completion then raises "Event loop is closed" as an
+    unraisable exception, and each abandoned read (a coroutine or task) reports its own
+    tensorstore error as unraisable or as asyncio's "exception was never retrieved": hundreds
+    of traceback lines that say nothing the first error did not. Drop only those."""
+    previous = sys.unraisablehook
 
-    "data" is None when the checkpoint has no position for this process (written by a different
-    number of processes) or data=False.
+    def noise(e) -> bool:
+        text = str(e)
+        return text == "Event loop is closed" or "TensorStore" in text or "OCDBT" in text
+
+    def hook(unraisable):
+        if not noise(unraisable.exc_value):
+            previous(unraisable)
+
+    def keep(record) -> bool:
+        e = record.exc_info[1] if record.exc_info else None
+        return not ("never retrieved" in record.getMessage() and noise(e))
+
+    sys.unraisablehook = hook
+    std_logging.getLogger("asyncio").addFilter(keep)
+
+
+def _short(e: BaseException, limit: int = 400) -> str:
+    """One line of an exception, from the innermost cause (tensorstore's names the file;
+    Orbax's wrappers around it run to many lines and name none)."""
+    seen = set()
+    while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(e).split()).split(" [tensorstore_spec=")[0]  # the spec is a page long
+    return f"{type(e).__name__}: {text[:limit]}{' ...' if len(text) > limit else ''}"
+
+
+def _check_files(manager, step: int, items) -> None:
+    """Names the missing or unparsable metadata file of a step before Orbax reads it."""
+    _drop_closed_loop_noise()  # before the first read that could fail
+    root = epath.Path(manager.directory) / str(step)
+    files = [root / "_CHECKPOINT_METADATA"]
+    for item in items:
+        if not (root / item).is_dir():
+            raise UnusableCheckpointError(f"{root / item}: missing (the step lacks its {item})")
+        if item != "data":
+            files.append(root / item / "_METADATA")
+    for path in files:
+        try:
+            json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UnusableCheckpointError(f"{path}: missing") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def restore(manager, step: int, *, abstract_params, abstract_state: dict, optional_state=(),
+            data: bool = True):  # fmt: skip
+    """{"params", "state", "data"} of `step`, verified, on the shardings of the abstract targets.
+
+    Keys of abstract_state named in `optional_state` are restored only where the step has them
+    (older checkpoints lack some). "data" is None when the checkpoint has no position for this
+    process (written by a different number of processes) or data=False.
+    Raises CheckpointMismatchError when the step was written for another model or optimizer,
+    UnusableCheckpointError when it cannot be read or fails its checksums.
     """
-    check_params_fit(
-        stored_param_shapes(manager, step), abstract_params, f"{manager.directory}/{step}"
-    )
+    where = f"{manager.directory}/{step}"
+    _check_files(manager, step, ("params", "state"))
+    try:
+        stored_params = stored_param_shapes(manager, step)
+        state_metadata = manager.item_metadata(step)["state"]
+        stored_state = _shapes(getattr(state_metadata, "tree", state_metadata))
+        has_data = data and "data" in (manager.item_metadata(step) or {})
+    except Exception as e:  # noqa: BLE001 - any failure to read metadata makes the step unusable
+        raise UnusableCheckpointError(f"{where}: its metadata cannot be read ({_short(e)})") from e
+    check_params_fit(stored_params, abstract_params, where)
+    stored_keys = {name.split("/")[0] for name in stored_state}
+    abstract_state = {k: v for k, v in abstract_state.items()
+                      if k in stored_keys or k not in optional_state}  # fmt: skip
+    _check_fit(stored_state, abstract_state, where, "state array", "the optimizer and EMA "
+               "settings it was written with")  # fmt: skip
     check_versions(manager, step)
     items = dict(params=_restore_args(abstract_params), state=_restore_args(abstract_state))
-    if data and "data" in (manager.item_metadata(step) or {}):
+    if has_data:
         items["data"] = DataRestore()
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))
-    except ValueError as e:
-        raise ValueError(
-            f"the training state in checkpoint {manager.directory}/{step} does not fit this run "
-            f"(a different optimizer or EMA setting?): {e}. Nothing was restored or deleted."
-        ) from e
+    except UnusableCheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
+        raise UnusableCheckpointError(f"{where}: reading it failed ({_short(e)})") from e
+    _verify(manager, step, {"params": restored["params"], "state": restored["state"]})
     return {"params": restored["params"], "state": restored["state"], "data": restored.get("data")}
+
+
+def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs):
+    """(step, restored) of the newest step that reads and verifies, or (None, None) when the
+    directory has no step. A step that fails is logged (file and reason) and left on disk, and
+    the next older one is tried; `restore_step` restores that step or raises. With no usable
+    step, raises UnusableCheckpointError listing them all. `restore_kwargs` go to `restore`.
+
+    Every process takes the same decision: a step that fails on one process fails on all.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    if restore_step is not None:
+        if restore_step not in steps:
+            raise ValueError(f"checkpoint.restore_step={restore_step}: {manager.directory} has "
+                             f"no such step (it has {sorted(steps) or 'none'})")  # fmt: skip
+        steps = [restore_step]
+    failures = []
+    for step in steps:
+        restored, error = None, None
+        try:
+            restored = restore(manager, step, **restore_kwargs)
+        except CheckpointMismatchError:
+            raise  # the config's fault, not the step's: an older step would not fit either
+        except UnusableCheckpointError as e:
+            error = e
+        error = _agree(error, f"{manager.directory}/{step}")
+        if error is None:
+            if failures:
+                logging.warning("Resuming from checkpoint %s/%d, the newest that verifies.",
+                                manager.directory, step)  # fmt: skip
+            return step, restored
+        failures.append(str(error))
+        if restore_step is not None:
+            raise error
+        logging.error("Checkpoint unusable: %s. Its files are left as they are; trying an "
+                      "older step.", error)  # fmt: skip
+    if failures:
+        raise UnusableCheckpointError(
+            f"no checkpoint in {manager.directory} can be restored, and nothing was deleted:\n  "
+            + "\n  ".join(failures)
+            + "\nMove them away to start over in this workdir, or use another workdir."
+        )
+    return None, None
+
+
+def _agree(error, where: str):
+    """The error of a step on every process when it failed on any (a collective)."""
+    if jax.process_count() == 1:
+        return error
+    from jax.experimental import multihost_utils
+
+    ok = multihost_utils.process_allgather(np.int32(error is None))
+    if error is None and not ok.all():
+        failed = [i for i, flag in enumerate(ok) if not flag]
+        error = UnusableCheckpointError(f"{where}: process(es) {failed} could not restore it "
+                                        "(their logs name the file)")  # fmt: skip
+    return error
+
+
+def set_aside(manager, steps) -> None:
+    """Moves whole steps (files unchanged) into `<workdir>/checkpoints_set_aside/<step>`, out of
+    the manager's listing: a run resumed from an older step then neither collides with their
+    step numbers nor has its own new steps deleted in their favour (keep counts the newest)."""
+    steps = sorted(steps)
+    if not steps:
+        return
+    directory = os.fspath(manager.directory)
+    aside = os.path.join(os.path.dirname(directory), UNUSABLE)
+    if jax.process_index() == 0:
+        os.makedirs(aside, exist_ok=True)
+        for step in steps:
+            target = os.path.join(aside, str(step))
+            n = 1
+            while os.path.exists(target):
+                target, n = os.path.join(aside, f"{step}.{n}"), n + 1
+            os.rename(os.path.join(directory, str(step)), target)
+            logging.warning("Checkpoint step %d moved, files unchanged, to %s", step, target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("tfjax: checkpoints set aside")
+    manager.reload()
 
 
 def _checkpoints_dir(path: str) -> str:
@@ -413,13 +748,12 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
             )
         total = None
         for step in steps:
+            _check_files(manager, step, ("params",))
             check_params_fit(
                 stored_param_shapes(manager, step), abstract_params, f"{directory}/{step} ({what})"
             )
             check_versions(manager, step)
-            params = manager.restore(
-                step, args=ocp.args.Composite(params=_restore_args(abstract_params))
-            )["params"]
+            params = _restore_verified_params(manager, step, abstract_params)
             # Summed in float32 one checkpoint at a time: memory stays at two copies.
             total = params if total is None else jax.tree.map(jnp.add, total, params)
     finally:
@@ -430,6 +764,18 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
     else:
         logging.info("Restored the parameters of %s/%d", directory, steps[0])
     return total
+
+
+def _restore_verified_params(manager, step: int, abstract_params):
+    where = f"{manager.directory}/{step}"
+    try:
+        restored = manager.restore(
+            step, args=ocp.args.Composite(params=_restore_args(abstract_params))
+        )["params"]
+    except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
+        raise UnusableCheckpointError(f"{where}: reading it failed ({_short(e)})") from e
+    _verify(manager, step, {"params": restored})
+    return restored
 
 
 def abstract_like(tree, shardings):

@@ -9,15 +9,18 @@ the model (`tfjax.models.<config.model.name>`, by importlib), the loss (`tfjax.t
 optimizer (`tfjax.optim`); `tfjax.checkpoint` restores; then the loop runs `train_step`, and
 `tfjax.metrics` reports. Everything of a run lives in the workdir:
 
-  config.json       the resolved config
+  run.lock          held by the run that owns the workdir (see `tfjax.workdirs`)
+  config.json       the resolved config (a resume with a changed one keeps the earlier one as
+                    config.<step>.json and logs what changed)
   tokenizer.model   the run's SentencePiece model (text datasets not tokenized as bytes), so
                     that decoding needs only the workdir
   checkpoints/      Orbax checkpoints (parameters, optimizer state, step, rng, data position)
   metrics.jsonl     one JSON object per logged step and split
   tensorboard/      TensorBoard events of the same scalars
 
-Running again with the same workdir resumes from the newest checkpoint, data position included,
-and continues exactly as if never stopped.
+Running again with the same workdir resumes from the newest checkpoint that verifies, data
+position included, and continues exactly as if never stopped (see `tfjax.checkpoint` for what
+happens to a damaged step). A second run on a workdir that a live run owns refuses to start.
 
 Stopping and failing safely:
   * SIGTERM or SIGINT (preemption, Ctrl-C) finishes the current step, saves a checkpoint and
@@ -58,6 +61,7 @@ from tfjax import (
     sharding,
     steps,
     tasks,
+    workdirs,
 )
 from tfjax.experiment import load_config  # noqa: F401 (tfjax.train.load_config, documented)
 
@@ -169,6 +173,8 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
         return train_loader, eval_loader
 
     with contextlib.ExitStack() as cleanup:  # closes loaders and checkpoint writers on errors too
+        # One run per workdir, from before anything is written (released last).
+        cleanup.enter_context(workdirs.claim(workdir))
         train_loader, eval_loader = preemption.primary_first(loaders)
         cleanup.callback(eval_loader.close)
         cleanup.callback(train_loader.close)
@@ -205,11 +211,8 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
 
     # ---- restore (every check before anything in the workdir is written)
     _check_workdir_tokenizer(workdir, tokenizer)
-    os.makedirs(workdir, exist_ok=True)
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
-    cleanup.callback(manager.close)
-    cleanup.callback(checkpoint.wait_until_finished, manager)  # runs first: pending writes
-    latest = manager.latest_step()
+    cleanup.callback(checkpoint.close, manager)  # pending writes end, TRASH is emptied
     # Keys are made and converted inside jit: in a multi-process run every array the loop
     # touches must be a global array, replicated over the mesh.
     init_key, dropout_key = jax.jit(
@@ -224,21 +227,25 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
             d["ema_params"] = state.ema_params
         return d
 
+    rng_shape = jax.eval_shape(jax.random.key_data, dropout_key)
+    abstract_ckpt_state = dict(
+        step=abstract_state.step, opt_state=abstract_state.opt_state,
+        rng=jax.ShapeDtypeStruct(rng_shape.shape, rng_shape.dtype, sharding=repl),
+        skipped=abstract_state.skipped, skipped_in_a_row=abstract_state.skipped_in_a_row,
+    )  # fmt: skip
+    if ema:
+        abstract_ckpt_state["ema_params"] = abstract_state.ema_params
+    # The newest step that reads and verifies (or checkpoint.restore_step); checkpoints written
+    # before the skip counters existed have none: they start at 0.
+    latest, restored = checkpoint.restore_newest(
+        manager, restore_step=config.checkpoint.get("restore_step"),
+        abstract_params=abstract_state.params, abstract_state=abstract_ckpt_state,
+        optional_state=("skipped", "skipped_in_a_row"),
+    )  # fmt: skip
     if latest is not None:
-        abstract_ckpt_state = dict(step=abstract_state.step, opt_state=abstract_state.opt_state)
-        rng_shape = jax.eval_shape(jax.random.key_data, dropout_key)
-        abstract_ckpt_state["rng"] = jax.ShapeDtypeStruct(rng_shape.shape, rng_shape.dtype,
-                                                          sharding=repl)  # fmt: skip
-        if ema:
-            abstract_ckpt_state["ema_params"] = abstract_state.ema_params
-        # Checkpoints written before the skip counters existed have none: they start at 0.
-        counters = {"skipped", "skipped_in_a_row"} & checkpoint.stored_state_keys(manager, latest)
-        for name in counters:
-            abstract_ckpt_state[name] = getattr(abstract_state, name)
-        restored = checkpoint.restore(
-            manager, latest, abstract_params=abstract_state.params,
-            abstract_state=abstract_ckpt_state,
-        )  # fmt: skip
+        # Newer steps (unusable, or passed over by restore_step) would collide with this
+        # run's next saves: moved aside, files unchanged.
+        checkpoint.set_aside(manager, [k for k in manager.all_steps() if k > latest])
         s = restored["state"]
         zero = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=repl)
         state = steps.TrainState(
@@ -263,9 +270,8 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
             state = state.replace(params=params, ema_params=params if ema else None)
 
     start_step = int(state.step)
+    workdirs.record_config(workdir, config, start_step if latest is not None else None)
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json(indent=2))
         stored = os.path.join(workdir, TOKENIZER_FILE)
         # SentencePiece only (bytes need no file); a stored one was checked equal above.
         if hasattr(tokenizer, "save") and not os.path.exists(stored):
