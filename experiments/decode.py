@@ -9,14 +9,15 @@ r"""Generates with a trained run: translations or continuations of the given tex
 Give the same --config (and overrides) the run was trained with. The newest checkpoint is
 loaded (--average_last=N averages the newest N, as the paper does with 5). Decoding options
 default to the config's `decode` section; flags override them. One input per --input flag, per
-line of --input_file, or per line of stdin when neither is given. Prints one line per input:
-`input<TAB>output`.
+line of --input_file, or per line of stdin when neither is given, as UTF-8. Prints one line per
+input: `input<TAB>output`; an input longer than the rows the model was trained on
+(dataset.seq_len tokens) is decoded with a warning.
 """
 
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,22 +40,41 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _inputs() -> list[str]:
+def _utf8(data: bytes, where: str) -> str:
+    """`data` as text, or a usage error naming `where` and its first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise app.UsageError(
+            f"{where} is not UTF-8 text: byte {e.start} (line {line}) is 0x{data[e.start]:02x}. "
+            "Give the inputs as UTF-8, e.g. convert a file with `iconv -f <its encoding> "
+            "-t utf-8`."
+        ) from None
+
+
+def _inputs() -> tuple[list[str], list[str]]:
+    """The non-empty inputs, and where each comes from ("line 3 of FILE") for messages."""
     if _INPUT.value and _INPUT_FILE.value:
         raise app.UsageError("give --input or --input_file, not both")
     if _INPUT_FILE.value:
-        if not os.path.isfile(_INPUT_FILE.value):
-            raise app.UsageError(f"--input_file={_INPUT_FILE.value!r} does not exist")
-        with open(_INPUT_FILE.value) as f:
-            lines = f.read().splitlines()
+        path = _INPUT_FILE.value
+        if not os.path.isfile(path):
+            raise app.UsageError(f"--input_file={path!r} does not exist")
+        with open(path, "rb") as f:
+            lines = _utf8(f.read(), f"--input_file={path!r}").splitlines()
+        where = [f"line {i} of {path}" for i in range(1, len(lines) + 1)]
     elif _INPUT.value:
-        lines = _INPUT.value
+        # Python decodes argv with surrogateescape; os.fsencode gives back the bytes typed.
+        lines = [_utf8(os.fsencode(x), f"--input #{i}") for i, x in enumerate(_INPUT.value, 1)]
+        where = [f"--input #{i}" for i in range(1, len(lines) + 1)]
     else:
-        lines = sys.stdin.read().splitlines()
-    lines = [line for line in lines if line.strip()]
-    if not lines:
+        lines = _utf8(sys.stdin.buffer.read(), "stdin").splitlines()
+        where = [f"stdin line {i}" for i in range(1, len(lines) + 1)]
+    keep = [i for i, line in enumerate(lines) if line.strip()]
+    if not keep:
         raise app.UsageError("no input: give --input, --input_file or text on stdin")
-    return lines
+    return [lines[i] for i in keep], [where[i] for i in keep]
 
 
 def _option(flag, config_value):
@@ -62,6 +82,14 @@ def _option(flag, config_value):
 
 
 def main(argv):
+    try:
+        _decode(argv)
+    except app.UsageError as e:  # a few lines naming the flag or input, not absl's whole help
+        print(f"decode.py: {e}", file=sys.stderr)
+        return 2
+
+
+def _decode(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
@@ -69,7 +97,14 @@ def main(argv):
         raise app.UsageError(
             f"task={config.task!r} does not generate text; decode.py runs translation and lm"
         )
-    texts = _inputs()
+    encoder_decoder = config.task == "translation"
+    default_new = config.dataset.seq_len + 50 if encoder_decoder else 32  # the paper: input + 50
+    if _MAX_NEW.value is not None and _MAX_NEW.value < 0:
+        raise app.UsageError(
+            f"--max_new_tokens={_MAX_NEW.value}: give the number of tokens to generate per input "
+            f"(at least 1), or 0 for the default ({default_new})"
+        )
+    texts, where = _inputs()
     d = config.decode
     method = _option(_METHOD, d.method)
     average_last = _option(_AVERAGE, d.average_last)
@@ -83,13 +118,18 @@ def main(argv):
         config, _WORKDIR.value, average_last=average_last
     )
     ids = [tokenizer.encode(t) for t in texts]
-    encoder_decoder = config.task == "translation"
     if encoder_decoder:
         ids = [np.append(x, tokenizer.eos_id) for x in ids]  # sources end with eos, as in training
-        default_new = config.dataset.seq_len + 50  # the paper: input length + 50
     else:
         ids = [np.insert(x, 0, tokenizer.bos_id) for x in ids]  # rows start with bos
-        default_new = 32
+    for x, w in zip(ids, where, strict=True):
+        # Training cut every row to seq_len tokens: later positions were never learned from.
+        if len(x) > config.dataset.seq_len:
+            logging.warning(
+                "%s is %d tokens long, but the model was trained on at most %d "
+                "(dataset.seq_len): its output for it is unreliable", w, len(x),
+                config.dataset.seq_len,
+            )  # fmt: skip
     max_new = _option(_MAX_NEW, d.max_new_tokens) or default_new
     if not encoder_decoder:
         max_new = min(max_new, model.max_len - max(len(x) for x in ids))

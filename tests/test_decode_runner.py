@@ -132,13 +132,20 @@ def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):
         train.restore_model(config, workdir, average_last=4, devices=jax.devices()[:4])
 
 
-def decode_cli(workdir, data_dir, *args, stdin=None):
+def decode_cli(workdir, data_dir, *args, stdin=None, config="configs/translate.py:tiny"):
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "experiments/decode.py"),
-         "--config=" + os.path.join(ROOT, "configs/translate.py:tiny"),
+         "--config=" + os.path.join(ROOT, config),
          f"--config.data_dir={data_dir}", f"--workdir={workdir}", *args],
-        capture_output=True, text=True, input=stdin, timeout=300,
+        capture_output=True, text=not isinstance(stdin, bytes), input=stdin, timeout=300,
     )  # fmt: skip
+
+
+def assert_short_error(out, message):
+    """Exit status 2 and the message, without a traceback or absl's help on every flag."""
+    stderr = out.stderr if isinstance(out.stderr, str) else out.stderr.decode()
+    assert out.returncode == 2, stderr
+    assert message in stderr and "Traceback" not in stderr and "--top_p" not in stderr, stderr
 
 
 def test_decode_cli_translates_each_input(translate_run, data_dir, tmp_path):
@@ -174,3 +181,51 @@ def test_decode_cli_bad_input_names_the_option(translate_run, data_dir, args, me
 def test_decode_cli_without_checkpoint_names_the_workdir(data_dir, tmp_path):
     out = decode_cli(str(tmp_path), data_dir, "--input=1")
     assert out.returncode != 0 and "no checkpoint in" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "source, where, byte",
+    [
+        ("file", "--input_file='{path}'", "byte 5 (line 2)"),
+        ("stdin", "stdin", "byte 5 (line 2)"),
+        ("flag", "--input #2", "byte 2 (line 1)"),
+    ],
+)
+def test_decode_cli_input_that_is_not_utf8_names_it(
+    translate_run, data_dir, tmp_path, source, where, byte
+):
+    text = b"17\n40\xff21\n"  # a Latin-1 byte at offset 5, on line 2
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(text)
+    args = {
+        "file": [f"--input_file={path}"],
+        "stdin": [],
+        "flag": ["--input=17", b"--input=40\xff21"],
+    }
+    stdin = text if source == "stdin" else None
+    out = decode_cli(translate_run[1], data_dir, *args[source], stdin=stdin)
+    message = (
+        f"{where.format(path=path)} is not UTF-8 text: {byte} is 0xff. Give the inputs as UTF-8"
+    )
+    assert_short_error(out, message)
+
+
+def test_decode_cli_negative_max_new_tokens_names_the_flag(data_dir, tmp_path):
+    for config in ("configs/translate.py:tiny", "configs/lm.py:tiny"):
+        # No run in the workdir: the flag is refused before anything is loaded.
+        out = decode_cli(tmp_path, data_dir, "--input=17", "--max_new_tokens=-1", config=config)
+        assert_short_error(out, "--max_new_tokens=-1: give the number of tokens to generate per "
+                                "input (at least 1), or 0 for the default")  # fmt: skip
+
+
+def test_decode_cli_warns_of_sources_longer_than_trained(translate_run, data_dir, tmp_path):
+    config, workdir = translate_run
+    path = tmp_path / "sources.txt"
+    path.write_text("17\n" + "1234567890" * 3 + "\n")  # bytes: 30 tokens + eos
+    out = decode_cli(workdir, data_dir, f"--input_file={path}", "--max_new_tokens=4")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 2
+    trained = config.dataset.seq_len
+    assert (f"line 2 of {path} is 31 tokens long, but the model was trained on at most {trained} "
+            "(dataset.seq_len): its output for it is unreliable") in out.stderr  # fmt: skip
+    assert "line 1 of" not in out.stderr
