@@ -9,8 +9,10 @@ a line or two and exit with status 2. Running the same command again resumes fro
 workdir's newest checkpoint.
 
 SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
-with status 143 or 130 (128 + the signal) and a line saying where to resume; a non-finite loss
-exits with a FloatingPointError naming the step (see tfjax.train).
+with status 143 or 130 (128 + the signal) and a line saying where to resume. A non-finite loss,
+a workdir another run owns, a checkpoint that does not fit or cannot be restored, and a save
+that cannot be written (a full disk) exit with status 1 and their message alone (see
+tfjax.train, tfjax.workdirs, tfjax.checkpoint).
 
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
@@ -209,9 +211,17 @@ def main(argv):
         "Process %d of %d; %d local devices of %d (%s)", jax.process_index(),
         jax.process_count(), jax.local_device_count(), jax.device_count(), jax.default_backend(),
     )  # fmt: skip
-    from tfjax import train
+    from tfjax import checkpoint, train, workdirs
 
-    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    try:
+        result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except (
+        workdirs.WorkdirBusyError, checkpoint.CheckpointMismatchError,
+        checkpoint.UnusableCheckpointError, checkpoint.CheckpointWriteError, FloatingPointError,
+    ) as e:  # fmt: skip
+        # Errors whose message says what happened and what to do: no traceback around them.
+        sys.stderr.write(f"{os.path.basename(sys.argv[0])}: {type(e).__name__}: {e}\n")
+        sys.exit(1)
     if result["stopped_by"]:
         # Every process says so (each may be watched on its own); the status is the shell's
         # for a process ended by that signal, so a wrapper script sees the run did not finish.

@@ -180,7 +180,7 @@ def test_decode_cli_bad_input_names_the_option(translate_run, data_dir, args, me
 
 def test_decode_cli_without_checkpoint_names_the_workdir(data_dir, tmp_path):
     out = decode_cli(str(tmp_path), data_dir, "--input=1")
-    assert out.returncode != 0 and "no checkpoint in" in out.stderr
+    assert out.returncode != 0 and f"{tmp_path} holds no checkpoint" in out.stderr
 
 
 @pytest.mark.parametrize(

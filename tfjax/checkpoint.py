@@ -276,20 +276,31 @@ def _restore_args(abstract_tree):
     )
 
 
+def check_options(c) -> None:
+    """Raises ValueError naming the first invalid field of config.checkpoint."""
+    timeout_s = c.get("timeout_s", TIMEOUT_S)
+    if not isinstance(timeout_s, int) or timeout_s < 1:
+        raise ValueError(f"checkpoint.timeout_s must be a whole number of seconds >= 1, "
+                         f"got {timeout_s!r}")  # fmt: skip
+    if c.get("every", 0) < 0:
+        raise ValueError(f"checkpoint.every must be >= 0, got {c.every}")
+    if c.get("keep", 1) < 1:
+        raise ValueError(f"checkpoint.keep must be >= 1, got {c.keep}")
+    if c.get("best_mode", "max") not in ("max", "min"):
+        raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {c.best_mode!r}")
+    if c.get("restore_step") is not None and c.restore_step < 0:
+        raise ValueError(f"checkpoint.restore_step must be a step >= 0 (or None: the newest), "
+                         f"got {c.restore_step}")  # fmt: skip
+
+
 def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.CheckpointManager:
     """The CheckpointManager of a run's `checkpoints/` directory (created when missing)."""
     policies = []
     timeout_s = TIMEOUT_S
     if checkpoint_config is not None:
         c = checkpoint_config
+        check_options(c)
         timeout_s = c.get("timeout_s", TIMEOUT_S)
-        if not isinstance(timeout_s, int) or timeout_s < 1:
-            raise ValueError(f"checkpoint.timeout_s must be a whole number of seconds >= 1, "
-                             f"got {timeout_s!r}")  # fmt: skip
-        if c.keep < 1:
-            raise ValueError(f"checkpoint.keep must be >= 1, got {c.keep}")
-        if c.best_mode not in ("max", "min"):
-            raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {c.best_mode!r}")
         policies.append(ocp.checkpoint_managers.LatestN(n=c.keep))
         if c.best_metric:
             metric = c.best_metric
@@ -317,6 +328,7 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         if policies
         else None,
     )
+    _shorten_disk_full_logs()
     replica_parallel = checkpoint_config is None or checkpoint_config.replica_parallel
     manager = ocp.CheckpointManager(
         epath.Path(directory).absolute(), options=options,
@@ -376,15 +388,16 @@ def _write_errors(manager, step):
         failed = getattr(manager, "tfjax_writing", step)
         usage = shutil.disk_usage(directory)
         latest = manager.latest_step()
-        raise CheckpointWriteError(
-            errno.ENOSPC,
+        error = CheckpointWriteError(
             f"checkpoint step {failed} could not be written to {directory}: no space left on "
             f"the device ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB). "
             + (f"The newest complete checkpoint, step {latest}, is intact"
                if latest is not None else "No complete checkpoint was written")
             + "; the partial step is removed at the next start. Free space (or move the "
-            "workdir), then run the same command again to resume.",
-        ) from None  # fmt: skip
+            "workdir), then run the same command again to resume."
+        )  # fmt: skip
+        error.errno = errno.ENOSPC
+        raise error from None
 
 
 @contextlib.contextmanager
@@ -410,6 +423,24 @@ def _unfinished_writes_end_before_errors(manager):
             except Exception:  # the save's error is already being raised
                 pass
         raise
+
+
+class _ShortDiskFullLogs(std_logging.Filter):
+    """Orbax logs a failed background write from each of its threads with a full traceback (a
+    full disk: ~500 lines). Those caused by a full disk keep one line each; the run's own error
+    (CheckpointWriteError) says what to do."""
+
+    def filter(self, record):
+        e = record.exc_info[1] if record.exc_info else None
+        if e is not None and f"{os.sep}orbax{os.sep}" in record.pathname and _disk_full(e):
+            record.msg, record.args = "Orbax: %s failed: %s", (record.funcName, _short(e, 200))
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+@functools.cache  # once per process
+def _shorten_disk_full_logs() -> None:
+    std_logging.getLogger("absl").addFilter(_ShortDiskFullLogs())
 
 
 def _disk_full(e: BaseException | None) -> bool:
@@ -510,7 +541,16 @@ def _verify(manager, step: int, restored: dict) -> None:
 
 def stored_param_shapes(manager, step: int) -> dict[str, tuple]:
     """{"encoder/layers_0/mlp/wi/kernel": shape} of the parameters saved at `step`."""
-    metadata = manager.item_metadata(step)["params"]
+    return _stored_shapes(manager, step, "params")
+
+
+def _stored_shapes(manager, step: int, item: str) -> dict[str, tuple]:
+    try:
+        metadata = manager.item_metadata(step)[item]
+    except Exception as e:  # noqa: BLE001 - any failure to read metadata makes the step unusable
+        raise UnusableCheckpointError(
+            f"{manager.directory}/{step}: the metadata of its {item} cannot be read ({_short(e)})"
+        ) from e
     return _shapes(getattr(metadata, "tree", metadata))
 
 
@@ -607,13 +647,9 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, option
     """
     where = f"{manager.directory}/{step}"
     _check_files(manager, step, ("params", "state"))
-    try:
-        stored_params = stored_param_shapes(manager, step)
-        state_metadata = manager.item_metadata(step)["state"]
-        stored_state = _shapes(getattr(state_metadata, "tree", state_metadata))
-        has_data = data and "data" in (manager.item_metadata(step) or {})
-    except Exception as e:  # noqa: BLE001 - any failure to read metadata makes the step unusable
-        raise UnusableCheckpointError(f"{where}: its metadata cannot be read ({_short(e)})") from e
+    stored_params = stored_param_shapes(manager, step)
+    stored_state = _stored_shapes(manager, step, "state")
+    has_data = data and (epath.Path(manager.directory) / str(step) / "data").is_dir()
     check_params_fit(stored_params, abstract_params, where)
     stored_keys = {name.split("/")[0] for name in stored_state}
     abstract_state = {k: v for k, v in abstract_state.items()

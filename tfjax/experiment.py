@@ -70,8 +70,6 @@ def check_config(config) -> None:
     for field in ("eval_every", "eval_steps"):
         if config[field] < 0:
             raise ValueError(f"{field} must be >= 0, got {config[field]}")
-    if config.checkpoint.every < 0:
-        raise ValueError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
     if config.get("nonfinite", "error") not in NONFINITE:
         raise ValueError(f"nonfinite={config.nonfinite!r} is unknown; allowed: {NONFINITE}")
     if config.get("max_nonfinite_skips", 1) < 1:
@@ -83,7 +81,7 @@ def check_config(config) -> None:
         raise ValueError(
             f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}"
         )
-    _check_checkpoint(config.checkpoint)
+    checkpoint.check_options(config.checkpoint)
     module = model_module(config.model.name)
     variant = config.model.get("variant")
     if variant is not None and variant not in module.VARIANTS:
@@ -94,16 +92,6 @@ def check_config(config) -> None:
     # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
     # only scales the values of the "rsqrt" schedule.
     optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
-
-
-def _check_checkpoint(c) -> None:
-    # tfjax.checkpoint.make_manager checks these again, but only once the data is built.
-    if c.get("keep", 1) < 1:
-        raise ValueError(f"checkpoint.keep must be >= 1, got {c.keep}")
-    if c.get("best_mode", "max") not in ("max", "min"):
-        raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {c.best_mode!r}")
-    if c.get("timeout_s", 1) < 1:
-        raise ValueError(f"checkpoint.timeout_s must be >= 1 (seconds), got {c.timeout_s}")
 
 
 def _check_decode(config) -> None:

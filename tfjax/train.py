@@ -79,6 +79,7 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     import tfjax.data
 
     experiment.check_config(config)
+    experiment.check_paths(config, workdir, restore=True)
     task = tasks.get(config.task)
     rules = sharding.check_rules(config.logical_axis_rules)
     mesh = sharding.make_mesh(config.mesh, devices)
@@ -135,6 +136,7 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
     experiment.check_config(config)
+    experiment.check_paths(config, workdir)  # before the lock (which creates the workdir)
     workdir = os.path.abspath(os.path.expanduser(workdir))
     task = tasks.get(config.task)
     rules = sharding.check_rules(config.logical_axis_rules)

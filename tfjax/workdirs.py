@@ -7,8 +7,9 @@ host or, through a shared file system's locks, on another) refuses at start, nam
 run's lock ends with its process, so a relaunch is never blocked by a dead owner and never
 has to guess from the lock's age. On many processes only process 0 locks, and the others
 learn the outcome before they go on. The lock file itself is never deleted (deleting a lock
-file that another process has open would let two runs hold "the" lock); it only records the
-newest owner.
+file that another process has open would let two runs hold "the" lock); it names the owner
+while a run lives and is emptied when it ends, so the next run can say that the previous one
+was killed.
 
 `record_config(workdir, config, step)` writes `config.json`; when a resumed run's config
 differs from the stored one, it logs each changed field and keeps the earlier file as
@@ -80,8 +81,9 @@ def _lock(workdir: str):
                         "run on this workdir.", workdir, e.strerror)  # fmt: skip
     f.seek(0)
     previous = f.read()
-    if previous:
-        logging.info("Workdir %s was last owned by %s", workdir, _describe(previous))
+    if previous:  # a run that ends, however it fails, empties the file
+        logging.warning("Workdir %s: the run that owned it before did not end cleanly (killed?): "
+                        "%s. Taking it over.", workdir, _describe(previous))  # fmt: skip
     f.seek(0)
     f.truncate()
     f.write(_owner_text() + "\n")
@@ -116,6 +118,7 @@ def claim(workdir: str):
         ok = True
     finally:
         if lock is not None:
+            lock.truncate(0)  # a clean end; a killed run leaves its name for the next one
             lock.close()  # releases the flock
         if created and not ok and jax.process_index() == 0:
             _remove_if_empty(workdir)
