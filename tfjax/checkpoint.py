@@ -23,11 +23,12 @@ Everything in a checkpoint is read as JSON, msgpack or tensorstore arrays: nothi
 unpickled, so nothing stored can import or execute code.
 
 Verified restores (what a flipped bit or a truncated file does):
-  * Every save records a checksum of each array's values in the step's metadata (computed on
-    the devices where the arrays live: two 32-bit position-weighted sums of the bit patterns,
-    so any single changed value always changes them); every restore recomputes them on the
-    restored arrays and refuses a step whose values differ, naming the array. The data
-    position's JSON carries its own SHA-256.
+  * Every save records a checksum of each array's values (`<step>/checksums/checksums.json`;
+    two 32-bit position-weighted sums of the bit patterns, computed on the devices where the
+    arrays live and fetched by the background commit, so any single changed value always
+    changes them and the loop does not wait); every restore recomputes them on the restored
+    arrays and refuses a step whose values differ, naming the array. The data position's JSON
+    carries its own SHA-256.
   * `restore_newest` tries the newest step first; a step that fails verification or reading
     is named with the file and the reason in a few lines, and the run resumes from the newest
     step that verifies (config.checkpoint.restore_step picks one explicitly). The unusable
@@ -88,6 +89,7 @@ ITEMS = ("params", "state", "data")
 TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
 VERSIONED = ("jax", "flax", "optax", "orbax-checkpoint", "tfjax")
 TIMEOUT_S = 1200  # checkpoint.timeout_s when a config has none (Orbax's own default)
+CHECKSUMS_FILE = "checksums.json"  # in the step's "checksums" item
 UNUSABLE = "checkpoints_set_aside"  # beside checkpoints/: steps a resumed run moved away
 
 
@@ -265,6 +267,8 @@ def _registry(replica_parallel: bool):
         registry.add(item, ocp.args.PyTreeRestore, handler)
     registry.add("data", DataSave)
     registry.add("data", DataRestore)
+    registry.add("checksums", ChecksumsSave)
+    registry.add("checksums", ChecksumsRestore)
     return registry
 
 
@@ -348,10 +352,18 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
     items = dict(params=ocp.args.PyTreeSave(params), state=ocp.args.PyTreeSave(state))
     if data_state is not None:
         items["data"] = DataSave(data_state)
-    metadata = {"versions": versions(), "checksums": checksums({"params": params, "state": state})}
-    with _write_errors(manager, step):
-        manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
-                     custom_metadata=metadata)  # fmt: skip
+    # Written by the background commit, which waits for them (see ChecksumsHandler); an async
+    # save starts them after its copy off the devices, so that the two never compete.
+    sums = _PendingChecksums()
+    items["checksums"] = ChecksumsSave(sums)
+    if not manager._options.enable_async_checkpointing:  # noqa: SLF001 - no public getter
+        sums.start({"params": params, "state": state})
+    try:
+        with _write_errors(manager, step):
+            manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
+                         custom_metadata={"versions": versions()})  # fmt: skip
+    finally:
+        sums.start({"params": params, "state": state})
     manager.tfjax_writing = step  # named if its background write fails
     # The previous save (and its deletions) finished inside manager.save.
     empty_trash(manager.directory, background=True)
@@ -483,16 +495,20 @@ def _bits(x):
 
 def _checksum(x):
     """[2] uint32: two sums (mod 2**32) of each element's bits times an odd weight of its
-    position. Odd weights are invertible mod 2**32, so changing any one element always changes
-    both; the index is built from per-axis iotas, so a sharded array is summed where it lies."""
+    position. The weight is a product of one odd number per axis, so it is odd and invertible
+    mod 2**32: changing any one element always changes both sums; the two weightings differ, so
+    other changes collide with a chance of about 2**-64. Reducing one axis at a time with its
+    weights costs a multiply-add per element and sums a sharded array where it lies."""
     u = _bits(x)
-    index, stride = jnp.zeros(u.shape, jnp.uint32), 1
-    for axis in reversed(range(u.ndim)):
-        index = index + jax.lax.broadcasted_iota(jnp.uint32, u.shape, axis) * jnp.uint32(stride)
-        stride = stride * u.shape[axis] % 2**32
-    a = jnp.sum(u * (index * 2 + 1), dtype=jnp.uint32)
-    b = jnp.sum((u ^ (u >> 16)) * (index * jnp.uint32(0x9E3779B1) | 1), dtype=jnp.uint32)
-    return jnp.stack([a, b])
+    sums = []
+    for salt in (0x9E3779B1, 0x85EBCA77):
+        h = u
+        for axis in reversed(range(u.ndim)):
+            position = jnp.arange(u.shape[axis], dtype=jnp.uint32)
+            weight = position * jnp.uint32(salt) + jnp.uint32(2 * axis + 1) | 1
+            h = jnp.sum(h * weight, axis=-1, dtype=jnp.uint32)
+        sums.append(h)
+    return jnp.stack(sums)
 
 
 @functools.cache
@@ -500,9 +516,9 @@ def _checksums_fn(out_sharding):
     return jax.jit(lambda leaves: [_checksum(x) for x in leaves], out_shardings=out_sharding)
 
 
-def checksums(tree) -> dict[str, str]:
-    """{"params/encoder/.../kernel": "89abcdef01234567"}: each array's checksum (16 hex digits),
-    computed on the devices that hold it, one program per device set."""
+def _start_checksums(tree) -> dict:
+    """{"params/encoder/.../kernel": [2] uint32 device array} of each leaf, dispatched (not
+    waited for): one program per device set, on the devices that hold the arrays."""
     groups = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if leaf is None:
@@ -514,16 +530,91 @@ def checksums(tree) -> dict[str, str]:
         first = members[0][1].sharding
         replicated = (jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
                       if isinstance(first, jax.sharding.NamedSharding) else None)  # fmt: skip
-        sums = jax.device_get(_checksums_fn(replicated)([x for _, x in members]))
-        out.update({name: f"{int(a):08x}{int(b):08x}" for (name, _), (a, b) in
-                    zip(members, sums, strict=True)})  # fmt: skip
+        sums = _checksums_fn(replicated)([x for _, x in members])
+        out.update({name: s for (name, _), s in zip(members, sums, strict=True)})
     return out
+
+
+def _hex(sums: dict) -> dict[str, str]:
+    return {name: f"{int(a):08x}{int(b):08x}" for name, (a, b) in jax.device_get(sums).items()}
+
+
+def checksums(tree) -> dict[str, str]:
+    """{"params/encoder/.../kernel": "89abcdef01234567"}: each array's checksum (16 hex digits),
+    as `save` records them in `<step>/checksums/checksums.json`."""
+    return _hex(_start_checksums(tree))
+
+
+class _PendingChecksums:
+    """Checksums that a save starts (dispatches to the devices) once, and its writer waits for."""
+
+    def __init__(self):
+        self._sums, self._started = None, threading.Event()
+
+    def start(self, tree) -> None:
+        if not self._started.is_set():
+            self._sums = _start_checksums(tree)
+            self._started.set()
+
+    def text(self, timeout_s: float) -> str:
+        if not self._started.wait(timeout_s):
+            raise TimeoutError(f"the checksums were not started within {timeout_s} s")
+        return json.dumps(_hex(self._sums))
+
+
+class ChecksumsHandler(ocp.AsyncCheckpointHandler):
+    """Writes the arrays' checksums as JSON (process 0). They are computed on the devices; the
+    save only starts that computation, and the background commit waits for the 16 bytes per
+    array, so the training loop never waits for it."""
+
+    async def async_save(self, directory: epath.Path, args: ChecksumsSave):
+        async def write():
+            text = args.sums.text(TIMEOUT_S)
+            if jax.process_index() == 0:
+                (directory / CHECKSUMS_FILE).write_text(text)
+
+        return [ocp_future.CommitFutureAwaitingContractedSignals(write(), name="checksums")]
+
+    def save(self, directory: epath.Path, args: ChecksumsSave):
+        text = args.sums.text(TIMEOUT_S)
+        if jax.process_index() == 0:
+            (directory / CHECKSUMS_FILE).write_text(text)
+
+    def restore(self, directory: epath.Path, args: ChecksumsRestore | None = None):
+        return json.loads((directory / CHECKSUMS_FILE).read_text())
+
+    def metadata(self, directory: epath.Path):
+        return None
+
+    def finalize(self, directory: epath.Path):
+        pass
+
+    def close(self):
+        pass
+
+
+@ocp.args.register_with_handler(ChecksumsHandler, for_save=True)
+@dataclasses.dataclass
+class ChecksumsSave(ocp.args.CheckpointArgs):
+    sums: _PendingChecksums
+
+
+@ocp.args.register_with_handler(ChecksumsHandler, for_restore=True)
+@dataclasses.dataclass
+class ChecksumsRestore(ocp.args.CheckpointArgs):
+    pass
 
 
 def _verify(manager, step: int, restored: dict) -> None:
     """Raises UnusableCheckpointError naming the arrays whose values differ from the checksums
     recorded at save time (steps saved before tfjax recorded them: a warning)."""
-    stored = _custom_metadata(manager, step).get("checksums")
+    path = epath.Path(manager.directory) / str(step) / "checksums" / CHECKSUMS_FILE
+    try:
+        stored = json.loads(path.read_text())
+    except FileNotFoundError:
+        stored = None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
     if stored is None:
         logging.warning("Checkpoint %s/%d records no checksums (written before tfjax recorded "
                         "them): its values are not verified.", manager.directory, step)  # fmt: skip
