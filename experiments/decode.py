@@ -82,11 +82,18 @@ def _option(flag, config_value):
 
 
 def main(argv):
+    from tfjax import checkpoint
+
     try:
         _decode(argv)
     except app.UsageError as e:  # a few lines naming the flag or input, not absl's whole help
         print(f"decode.py: {e}", file=sys.stderr)
         return 2
+    except (ValueError, FileNotFoundError, NotADirectoryError,
+            checkpoint.UnusableCheckpointError) as e:  # fmt: skip
+        # tfjax's checks of options, workdirs and checkpoints: their message says it all.
+        print(f"decode.py: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
 
 
 def _decode(argv):

@@ -33,3 +33,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if platform in item.keywords:
                 item.add_marker(skip)
+
+
+def set_fields(config, overrides: dict):
+    """Sets {"optim.learning_rate": 0.1, ...} on a config, as --config.<key>= does; returns it."""
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        target = config
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return config

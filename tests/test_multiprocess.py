@@ -89,3 +89,20 @@ def test_two_processes_match_one_and_resume(data_dir, tmp_path):
         b = [(r["step"], r["loss"]) for r in metrics.read_metrics(two, split)]
         assert [s for s, _ in b] == [s for s, _ in a] and len(a) >= 2
         np.testing.assert_allclose([v for _, v in b], [v for _, v in a], rtol=1e-5)
+
+
+def test_a_step_one_process_cannot_read_is_given_up_by_both(data_dir, tmp_path):
+    """Process 1's data position of the newest step is damaged: both processes fall back to the
+    older step together (a step that fails on one process fails on all) and set it aside."""
+    workdir = str(tmp_path / "two")
+    run_two_processes(workdir, data_dir, steps=6)  # checkpoints 3 and 6
+    damaged = os.path.join(workdir, "checkpoints", "6", "data", "process_1-of-2.json")
+    with open(damaged, "w") as f:
+        f.write("{bad")
+    outputs = run_two_processes(workdir, data_dir, steps=7)
+    assert f"{damaged}: not valid JSON" in outputs[1]
+    assert "/checkpoints/6: process(es) [1] could not restore it" in outputs[0]
+    for out in outputs:
+        assert "Resumed from" in out and "/checkpoints/3" in out
+    assert os.listdir(os.path.join(workdir, "checkpoints_set_aside")) == ["6"]
+    assert "7" in os.listdir(os.path.join(workdir, "checkpoints"))

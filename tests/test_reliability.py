@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import set_fields
 
 from tfjax import checkpoint, evaluation, experiment, metrics, train
 
@@ -63,13 +64,7 @@ def env(tmp_path_factory):
 def vit_config(data_dir, **overrides):
     config = train.load_config(VIT + ":tiny")
     config.data_dir = data_dir
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        target = config
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return config
+    return set_fields(config, overrides)
 
 
 def command(workdir, data_dir, overrides):

@@ -7,6 +7,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import set_fields
 from jax.sharding import PartitionSpec as P
 
 from tfjax import metrics, train
@@ -28,13 +29,7 @@ def lm_config(data_dir, **overrides):
     config.model.dropout_rate = 0.1
     config.update(num_train_steps=10, log_every=1, eval_every=0, eval_steps=1)
     config.checkpoint.every = 0
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return config
+    return set_fields(config, overrides)
 
 
 def losses(workdir, split="train"):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import set_fields
 
 from tfjax import experiment
 
@@ -15,14 +16,8 @@ RUN = os.path.join(ROOT, "experiments", "run.py")
 
 
 def tiny(name="vit", **overrides):
-    config = experiment.load_config(os.path.join(ROOT, "configs", f"{name}.py:tiny"))
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        target = config
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return config
+    return set_fields(experiment.load_config(os.path.join(ROOT, "configs", f"{name}.py:tiny")),
+                      overrides)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- check_config

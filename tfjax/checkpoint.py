@@ -202,7 +202,20 @@ def _read_data(path: epath.Path) -> dict:
     return stored["state"]
 
 
-class DataStateHandler(ocp.AsyncCheckpointHandler):
+class _FileItemHandler(ocp.AsyncCheckpointHandler):
+    """An item of tfjax's own files: no metadata, nothing to finalize or close."""
+
+    def metadata(self, directory: epath.Path):
+        return None
+
+    def finalize(self, directory: epath.Path):
+        pass
+
+    def close(self):
+        pass
+
+
+class DataStateHandler(_FileItemHandler):
     """Saves each process's loader state (a JSON-serialisable dict) in its own file.
 
     Orbax's JSON handler writes from the primary process only; every process reads its own
@@ -226,15 +239,6 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
         if not path.exists():
             return None  # saved by a different number of processes
         return _read_data(path)
-
-    def metadata(self, directory: epath.Path):
-        return None
-
-    def finalize(self, directory: epath.Path):
-        pass
-
-    def close(self):
-        pass
 
 
 @ocp.args.register_with_handler(DataStateHandler, for_save=True)
@@ -268,7 +272,6 @@ def _registry(replica_parallel: bool):
     registry.add("data", DataSave)
     registry.add("data", DataRestore)
     registry.add("checksums", ChecksumsSave)
-    registry.add("checksums", ChecksumsRestore)
     return registry
 
 
@@ -562,7 +565,7 @@ class _PendingChecksums:
         return json.dumps(_hex(self._sums))
 
 
-class ChecksumsHandler(ocp.AsyncCheckpointHandler):
+class ChecksumsHandler(_FileItemHandler):
     """Writes the arrays' checksums as JSON (process 0). They are computed on the devices; the
     save only starts that computation, and the background commit waits for the 16 bytes per
     array, so the training loop never waits for it."""
@@ -580,29 +583,14 @@ class ChecksumsHandler(ocp.AsyncCheckpointHandler):
         if jax.process_index() == 0:
             (directory / CHECKSUMS_FILE).write_text(text)
 
-    def restore(self, directory: epath.Path, args: ChecksumsRestore | None = None):
+    def restore(self, directory: epath.Path, args=None):  # restores verify with the file itself
         return json.loads((directory / CHECKSUMS_FILE).read_text())
-
-    def metadata(self, directory: epath.Path):
-        return None
-
-    def finalize(self, directory: epath.Path):
-        pass
-
-    def close(self):
-        pass
 
 
 @ocp.args.register_with_handler(ChecksumsHandler, for_save=True)
 @dataclasses.dataclass
 class ChecksumsSave(ocp.args.CheckpointArgs):
     sums: _PendingChecksums
-
-
-@ocp.args.register_with_handler(ChecksumsHandler, for_restore=True)
-@dataclasses.dataclass
-class ChecksumsRestore(ocp.args.CheckpointArgs):
-    pass
 
 
 def _verify(manager, step: int, restored: dict) -> None:
