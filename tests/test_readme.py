@@ -1,0 +1,200 @@
+"""Every ```python block of README.md runs as written, so none can drift from the code again.
+
+Each block runs in a fresh Python process, in a new temporary directory that holds a link to
+the checkout's `configs/` (the README's commands run from the checkout), with the 8 CPU
+devices conftest asks XLA for. A failure names the README line of the statement that raised
+and the error.
+
+Most blocks run exactly as written. A block that needs something the README says to make
+first (a trained run, a downloaded checkpoint) gets it from its entry in PREPARED, keyed by the
+block's first line: a tiny stand-in made in the temporary directory, and the text replacements
+that point the block at the tiny config. Each replacement must match the block, or the test
+fails: a block that changes is never run half-substituted. NOT_RUN lists, with the reason, the
+blocks deliberately left out; it is empty, and the test asserts that it is exactly that list.
+Shell blocks (```bash and plain ```) are not run here: `make train` has tests/test_quickstart.py.
+"""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+BLOCK_FILE = "readme_block.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    line: int  # README line of the block's first code line
+    code: str
+
+    @property
+    def first_line(self) -> str:
+        return self.code.splitlines()[0].strip()
+
+
+def readme_blocks(path: str = README) -> list[Block]:
+    """The ```python blocks of a Markdown file, with the line each one's code starts on."""
+    blocks, code, start = [], None, 0
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            fence = re.match(r"^\s*```\s*(\S*)", line)
+            if code is None and fence:
+                if fence.group(1).lower() in ("python", "py"):
+                    code, start = [], number + 1
+                else:  # another language: skip to its closing fence
+                    code, start = False, number + 1
+            elif code is not None and fence and not fence.group(1):
+                if code is not False:
+                    blocks.append(Block(start, "".join(code)))
+                code = None
+            elif code is not None and code is not False:
+                code.append(line)
+    assert code is None, f"README.md:{start - 1}: a fenced block is never closed"
+    return blocks
+
+
+# ------------------------------------------------------------------------- what a block needs
+
+
+def _tiny_gpt2_checkpoint(cwd: str) -> None:
+    """A Hugging Face GPT-2 directory (config.json + model.safetensors) at path/to/gpt2, as
+    `save_pretrained` writes it: GPT-2's vocabulary, 2 layers of width 32, random weights."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(os.path.join(cwd, "path", "to", "gpt2"), safe_serialization=True)
+
+
+def _tiny_translate_run(cwd: str) -> None:
+    """workdirs/translate_demo as `make train CONFIG=configs/translate.py:demo` leaves it, but
+    trained with configs/translate.py:tiny (2 steps, byte tokenizer) in a few seconds."""
+    from tfjax import train
+
+    config = train.load_config(os.path.join(ROOT, "configs", "translate.py:tiny"))
+    config.data_dir = os.environ["TFJAX_DATA_DIR"]
+    train.train_and_evaluate(config, os.path.join(cwd, "workdirs", "translate_demo"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    why: str  # what the README says the block needs
+    setup: Callable[[str], None]  # makes it in the block's working directory
+    replace: tuple[tuple[str, str], ...] = ()  # (as written, as run) in the block's text
+
+
+PREPARED = {
+    "# path/to/gpt2: a local Hugging Face GPT-2 checkpoint directory": Prepared(
+        "a local Hugging Face GPT-2 checkpoint directory at path/to/gpt2",
+        _tiny_gpt2_checkpoint,
+    ),
+    "# After `make train CONFIG=configs/translate.py:demo`, in the checkout:": Prepared(
+        "a trained translation demo run in workdirs/translate_demo",
+        _tiny_translate_run,
+        (('"configs/translate.py:demo"', '"configs/translate.py:tiny"'),),
+    ),
+}
+
+NOT_RUN: dict[str, str] = {}  # first line -> why the block is not run (none are)
+
+
+# ------------------------------------------------------------------------------------ tests
+
+BLOCKS = readme_blocks()
+
+
+def test_the_readme_has_its_python_blocks_and_every_table_entry_names_one():
+    firsts = [b.first_line for b in BLOCKS]
+    assert len(firsts) >= 5, f"README.md has only {len(firsts)} ```python blocks: {firsts}"
+    assert len(set(firsts)) == len(firsts), f"two blocks share a first line: {firsts}"
+    stale = sorted((set(PREPARED) | set(NOT_RUN)) - set(firsts))
+    assert not stale, f"entries for blocks README.md no longer has: {stale}"
+    assert not set(PREPARED) & set(NOT_RUN)
+    assert NOT_RUN == {}, "a block left out of the run must be listed here with its reason"
+
+
+def _failure(block: Block, result: subprocess.CompletedProcess) -> str:
+    """The README line of the deepest frame in the block, and the error."""
+    frames = re.findall(rf'File "[^"]*{re.escape(BLOCK_FILE)}", line (\d+)', result.stderr)
+    where = block.line + int(frames[-1]) - 1 if frames else block.line
+    lines = [s for s in result.stderr.strip().splitlines() if s.strip()]
+    error = lines[-1] if lines else f"exit status {result.returncode}, nothing on stderr"
+    statement = block.code.splitlines()[where - block.line].strip() if frames else ""
+    return (
+        f"README.md:{where}: the ```python block starting at line {block.line} fails"
+        + (f" at `{statement}`" if statement else "")
+        + f": {error}\n--- stderr (end) ---\n{result.stderr[-4000:]}"
+    )
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfjax_data"))
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
+def test_readme_block_runs_as_written(block, tmp_path, data_dir, monkeypatch):
+    if block.first_line in NOT_RUN:
+        pytest.skip(f"README.md:{block.line}: {NOT_RUN[block.first_line]}")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    os.symlink(os.path.join(ROOT, "configs"), cwd / "configs")
+    monkeypatch.setenv("TFJAX_DATA_DIR", data_dir)
+    code = block.code
+    prepared = PREPARED.get(block.first_line)
+    if prepared is not None:
+        for written, run in prepared.replace:
+            assert written in code, (
+                f"README.md:{block.line}: the test runs this block with {written!r} replaced "
+                f"by {run!r}, but the block no longer contains {written!r}"
+            )
+            code = code.replace(written, run)
+        prepared.setup(str(cwd))
+    (cwd / BLOCK_FILE).write_text(code, encoding="utf-8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TFJAX_DATA_DIR=data_dir)
+    result = subprocess.run(
+        [sys.executable, BLOCK_FILE], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, _failure(block, result)
+
+
+def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
+    """`import tfjax` then `tfjax.train.restore_model`, as the README writes it, without
+    importing the data pipeline (or TensorFlow) until a submodule is asked for."""
+    code = (
+        "import sys, tfjax\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', "
+        "'tensorflow_datasets', 'grain', 'jax')]\n"
+        "assert not heavy, heavy\n"
+        "assert 'tfjax.data' not in sys.modules\n"
+        "assert callable(tfjax.train.restore_model) and callable(tfjax.decode.generate)\n"
+        "assert 'train' in dir(tfjax)\n"
+        "try:\n"
+        "    tfjax.no_such_module\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_module' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('tfjax.no_such_module did not raise')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_failing_block_is_reported_at_its_readme_line(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# t\n\n```bash\nls\n```\n\n```python\nx = 1\nraise ValueError('no')\n```\n")
+    (block,) = readme_blocks(str(readme))
+    assert (block.line, block.first_line) == (8, "x = 1")
+    (tmp_path / BLOCK_FILE).write_text(block.code)
+    result = subprocess.run(
+        [sys.executable, BLOCK_FILE], cwd=tmp_path, capture_output=True, text=True
+    )
+    message = _failure(block, result)
+    assert message.startswith("README.md:9: ") and "ValueError: no" in message, message
