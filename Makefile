@@ -26,9 +26,12 @@ $(STAMP): pyproject.toml
 install-dev: $(DEV_STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	# torch first and pinned: the CPU wheel (on this machine's disk, else the CPU index), never a
-	# multi-GB CUDA build pulled in by transformers.
-	$(BIN)/python -m pip install -q "torch==2.13.0" $(TORCH_INDEX)
+	# torch first and pinned: the CPU wheel, never a multi-GB CUDA build pulled in by
+	# transformers. A CPU wheel pip already finds without an index (find-links, a wheel cache)
+	# is taken as it is; only otherwise is PyTorch's CPU index asked (where it is unreachable pip
+	# would retry it for every package first). Its dependencies come with the next line.
+	$(BIN)/python -m pip install -q --no-index --no-deps "torch==2.13.0+cpu" 2>/dev/null || \
+	  $(BIN)/python -m pip install -q "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e ".[data,dev,interop]"
 	touch $(DEV_STAMP)
 

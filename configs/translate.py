@@ -9,7 +9,8 @@ numbers_translate task ("4021" -> "four thousand twenty-one"; SentencePiece, off
 
   Expected (measured on a 2-core CPU, 1 device, shared machine; dataset and tokenizer
   already prepared, which the first run does in about 2 minutes): corpus BLEU 92.4 on the
-  1,000 held-out numbers after 400 steps and 99.4 after 800 (greedy decoding; teacher-forced
+  1,000 held-out numbers after 400 steps and 99.4 after 800 (beam search as configured below:
+  4 beams, alpha 0.6; teacher-forced
   token accuracy 0.985 / 0.998); 5 min 27 s wall clock including start-up and compilation.
   Then `experiments/decode.py --config=configs/translate.py:demo --workdir=/tmp/translate_demo
   --input=17 --input=4021` writes "seventeen" and "four thousand twenty-one".

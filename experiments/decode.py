@@ -16,6 +16,7 @@ input: `input<TAB>output`; an input longer than the rows the model was trained o
 
 import os
 import sys
+import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -119,7 +120,7 @@ def _decode(argv):
     import jax
     import numpy as np
 
-    from tfjax import decode, train
+    from tfjax import decode, metrics, train
 
     model, params, tokenizer = train.restore_model(
         config, _WORKDIR.value, average_last=average_last
@@ -158,6 +159,8 @@ def _decode(argv):
     for i, x in enumerate(ids):
         groups.setdefault(len(x) if method == "beam" and not encoder_decoder else 0, []).append(i)
     outputs = [None] * len(ids)
+    bar = metrics.progress(total=len(ids), unit="input", desc="decoding")
+    start, generated = time.perf_counter(), 0
     for members in groups.values():
         width = max(len(ids[i]) for i in members)
         batch = np.zeros((len(members), width), np.int32)
@@ -167,8 +170,15 @@ def _decode(argv):
             model, params, batch, max_new_tokens=max_new, eos_id=tokenizer.eos_id,
             rng=jax.random.key(_SEED.value), **options,
         )  # fmt: skip
+        tokens = np.asarray(tokens)
         for row, i in enumerate(members):
-            outputs[i] = tokenizer.decode(np.asarray(tokens[row]))
+            outputs[i] = tokenizer.decode(tokens[row])
+            ends = np.flatnonzero(tokens[row] == tokenizer.eos_id)
+            generated += int(ends[0]) + 1 if ends.size else len(tokens[row])
+        bar.update(len(members))
+    bar.close()
+    logging.info("Decoded %d inputs: %s generated", len(ids),
+                 metrics.throughput(generated, "tokens", time.perf_counter() - start))  # fmt: skip
     for text, out in zip(texts, outputs, strict=True):
         print(f"{text}\t{out}", flush=True)
 

@@ -180,7 +180,7 @@ def test_decode_cli_bad_input_names_the_option(translate_run, data_dir, args, me
 
 def test_decode_cli_without_checkpoint_names_the_workdir(data_dir, tmp_path):
     out = decode_cli(str(tmp_path), data_dir, "--input=1")
-    assert out.returncode != 0 and f"{tmp_path} holds no checkpoint" in out.stderr
+    assert out.returncode != 0 and f"{str(tmp_path)!r} holds no checkpoint" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -230,3 +230,47 @@ def test_decode_cli_warns_of_sources_longer_than_trained(translate_run, data_dir
     assert (f"line 2 of {path} is 31 tokens long, but the model was trained on at most {trained} "
             "(dataset.seq_len): its output for it is unreliable") in out.stderr  # fmt: skip
     assert "line 1 of" not in out.stderr
+
+
+def _run_in_terminal(cmd, timeout=300) -> str:
+    """Runs cmd with stdout and stderr on a pseudo-terminal of 120 columns (a user's terminal);
+    returns everything it printed."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(timeout=timeout) == 0, out.decode(errors="replace")[-3000:]
+    return out.decode(errors="replace")
+
+
+def test_decoding_a_file_shows_progress_and_logs_its_rate(translate_run, data_dir, tmp_path):
+    _, workdir = translate_run
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{n}\n" for n in range(1, 41)))
+    args = (f"--input_file={prompts}", "--max_new_tokens=6")
+    out = decode_cli(workdir, data_dir, *args)
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stderr.splitlines() if "Decoded 40 inputs: " in x]
+    assert "tokens in" in line and "tokens/s) generated" in line
+    assert "input/s" not in out.stderr  # no bar where stderr is not a terminal
+    shown = _run_in_terminal(
+        [sys.executable, os.path.join(ROOT, "experiments/decode.py"),
+         "--config=" + os.path.join(ROOT, "configs/translate.py:tiny"),
+         f"--config.data_dir={data_dir}", f"--workdir={workdir}", *args]
+    )  # fmt: skip
+    assert "decoding: 100%" in shown and "40/40" in shown and "input/s]" in shown

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import logging
 import os
 
 import jax
@@ -218,3 +219,13 @@ def test_init_from_takes_parameters_only(data_dir, finished_run, tmp_path):
     same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), source,
                         result["state"].params)  # fmt: skip
     assert all(jax.tree.leaves(same))
+
+
+def test_evaluation_logs_its_throughput(data_dir, tmp_path, caplog):
+    config = set_fields(train.load_config(os.path.join(ROOT, "configs/vit.py:tiny")),
+                        {"data_dir": data_dir, "num_train_steps": 2, "eval_steps": 2})  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    [line] = [r.getMessage() for r in caplog.records if "Evaluation at step 2" in r.getMessage()]
+    batch = config.eval_batch_size
+    assert f": {2 * batch} examples in " in line and " examples/s)" in line

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +19,15 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from tfjax import sharding
+from tfjax import metrics, sharding
 from tfjax.experiment import DECODE_METHODS
 
 
-def evaluate_split(eval_step, params, loader, mesh, rules, max_batches, on_batch=None):
+def evaluate_split(eval_step, params, loader, mesh, rules, max_batches, on_batch=None, *,
+                   progress=None):  # fmt: skip
     """Sums of eval stats over the eval split (or its first max_batches batches);
-    on_batch(params, global batch), when given, sees every batch too (decoding)."""
+    on_batch(params, global batch), when given, sees every batch too (decoding).
+    progress(batch) is called after each batch (a progress bar's update)."""
     loader.reset()
     total, n = None, 0
     agree = jax.process_count() > 1 and loader.num_batches is None
@@ -45,6 +48,8 @@ def evaluate_split(eval_step, params, loader, mesh, rules, max_batches, on_batch
             on_batch(params, batch)
         total = stats if total is None else jax.tree.map(jnp.add, total, stats)
         n += 1
+        if progress is not None:
+            progress(batch)
     if total is None:
         raise ValueError("the eval split gave no batches")
     return jax.tree.map(float, jax.device_get(total))
@@ -145,9 +150,26 @@ def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
                 hyps.extend(h)
                 refs.extend(r)
 
-        stats = evaluate_split(exp.eval_step, params, eval_loader, mesh, rules,
-                               config.eval_steps, on_batch)  # fmt: skip
-        result = exp.task.summarize(stats)
+        task, start = exp.task, time.perf_counter()
+        batches = config.eval_steps or eval_loader.num_batches
+        units = 0
+        per_batch = task.units_per_batch(exp.inputs.eval)
+        bar = metrics.progress(total=batches and batches * per_batch, unit=task.UNIT,
+                               desc=f"eval step {step}", unit_scale=True)  # fmt: skip
+
+        def count(batch):
+            nonlocal units
+            units += per_batch
+            bar.update(per_batch)
+
+        try:
+            stats = evaluate_split(exp.eval_step, params, eval_loader, mesh, rules,
+                                   config.eval_steps, on_batch, progress=count)  # fmt: skip
+        finally:
+            bar.close()
+        logging.info("Evaluation at step %d: %s", step,
+                     metrics.throughput(units, task.UNIT, time.perf_counter() - start))  # fmt: skip
+        result = task.summarize(stats)
         samples = []
         if bleu_fn is not None:
             result["bleu"] = corpus_bleu(hyps, refs)

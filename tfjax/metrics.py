@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -111,6 +112,23 @@ def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
         raise FileNotFoundError(f"{path} does not exist: is {workdir!r} the workdir of a run?")
     rows, _ = _read(path)
     return [r for r in rows if split is None or r["split"] == split]
+
+
+def progress(*, total=None, unit="it", desc=None, initial=0, unit_scale=False):
+    """A progress bar with its rate and ETA (tqdm) on process 0 in a terminal; elsewhere a
+    disabled one with the same methods: logs and notebooks would keep every refresh as a line,
+    so callers log a summary (`throughput`) when the wait ends."""
+    import tqdm
+
+    shown = jax.process_index() == 0 and sys.stderr.isatty()
+    return tqdm.tqdm(total=total, initial=initial, unit=unit, desc=desc, unit_scale=unit_scale,
+                     dynamic_ncols=True, leave=False, disable=not shown)  # fmt: skip
+
+
+def throughput(count: float, unit: str, seconds: float) -> str:
+    """ "12,288 tokens in 3.1 s (3,964 tokens/s)" """
+    rate = f"{count / seconds:,.0f} {unit}/s" if seconds > 0 else "-"
+    return f"{count:,.0f} {unit} in {seconds:.1f} s ({rate})"
 
 
 def format_line(step, total, split, metrics, *, eta_s=None) -> str:

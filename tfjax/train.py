@@ -41,14 +41,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 from absl import logging
 
 from tfjax import (
@@ -347,10 +345,7 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
 
     # A progress bar in a terminal (process 0); logs and notebooks get the periodic lines only.
-    progress = tqdm.tqdm(
-        total=last_step, initial=start_step, unit="step", dynamic_ncols=True, leave=False,
-        disable=jax.process_index() != 0 or not sys.stderr.isatty(),
-    )  # fmt: skip
+    progress = metrics.progress(total=last_step, initial=start_step, unit="step")
     cleanup.callback(progress.close)
 
     def log_train(step):

@@ -44,6 +44,7 @@ import copy
 import importlib
 import itertools
 import os
+import time
 
 import ml_collections
 import numpy as np
@@ -51,6 +52,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from ml_collections import config_dict
 
+from tfjax import metrics
 from tfjax.data import embedded, preprocess
 from tfjax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, train_sentencepiece
 
@@ -344,6 +346,7 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
         aside = _move_aside(os.fspath(builder.data_path))
         logging.warning("%s has no dataset_info.json (damaged): moved it to %s; preparing %r "
                         "again", builder.data_path, aside, name)  # fmt: skip
+    start = time.perf_counter()  # tfds shows its own progress bars in a terminal
     try:
         builder.download_and_prepare(file_format="array_record")
     except ModuleNotFoundError as e:
@@ -353,6 +356,7 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
             f"preparing {name!r} needs TensorFlow to encode its images: "
             "`pip install tensorflow-cpu`, prepare once, then it is read without TensorFlow."
         ) from e
+    logging.info("Prepared %r in %s in %.1f s", name, builder.data_dir, time.perf_counter() - start)
     return os.fspath(builder.data_dir)
 
 
@@ -517,13 +521,24 @@ def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
         path,
     )
 
+    # SentencePiece reads every record first (the bar), then trains (no progress to show).
+    bar = metrics.progress(total=len(keys), unit="record", desc="SentencePiece: reading")
+    start = time.perf_counter()
+
     def texts():
-        for start in range(0, len(keys), 8192):
-            for record in source.read(keys[start : start + 8192]):
+        for begin in range(0, len(keys), 8192):
+            batch = keys[begin : begin + 8192]
+            for record in source.read(batch):
                 for field in fields:
                     yield as_text(record[field])
+            bar.update(len(batch))
+        bar.close()
+        elapsed = time.perf_counter() - start
+        logging.info("SentencePiece: read %s; training", metrics.throughput(len(keys), "records",
+                                                                             elapsed))  # fmt: skip
 
     train_sentencepiece(texts(), path, vocab_size=cfg.vocab_size)
+    logging.info("SentencePiece for %s trained in %.1f s", cfg.name, time.perf_counter() - start)
     return SentencePieceTokenizer.load(path)
 
 
