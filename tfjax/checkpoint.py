@@ -202,6 +202,26 @@ def _read_data(path: epath.Path) -> dict:
     return stored["state"]
 
 
+@dataclasses.dataclass
+class _ReadFailure:
+    """What an item's restore returns instead of raising. Orbax's restore ends with a barrier
+    of every process; an item that raised on one process only would skip it and leave the
+    others waiting there. So every process reaches the barrier, and `restore` then agrees on
+    the outcome (`_agree`) and raises on all of them."""
+
+    error: BaseException
+
+
+class _PyTreeHandler(ocp.PyTreeCheckpointHandler):
+    """Orbax's PyTree handler whose read errors come back as a _ReadFailure."""
+
+    def restore(self, directory: epath.Path, args=None):
+        try:
+            return super().restore(directory, args=args)
+        except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
+            return _ReadFailure(e)
+
+
 class _FileItemHandler(ocp.AsyncCheckpointHandler):
     """An item of tfjax's own files: no metadata, nothing to finalize or close."""
 
@@ -238,7 +258,10 @@ class DataStateHandler(_FileItemHandler):
         path = _data_file(directory)
         if not path.exists():
             return None  # saved by a different number of processes
-        return _read_data(path)
+        try:
+            return _read_data(path)
+        except UnusableCheckpointError as e:
+            return _ReadFailure(e)  # raised after Orbax's barrier (see _ReadFailure)
 
 
 @ocp.args.register_with_handler(DataStateHandler, for_save=True)
@@ -266,7 +289,7 @@ def _registry(replica_parallel: bool):
     )
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for item in ("params", "state"):
-        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=arrays)
+        handler = _PyTreeHandler(type_handler_registry=arrays)
         registry.add(item, ocp.args.PyTreeSave, handler)
         registry.add(item, ocp.args.PyTreeRestore, handler)
     registry.add("data", DataSave)
@@ -740,11 +763,15 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, option
     if has_data:
         items["data"] = DataRestore()
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(**items))
-    except UnusableCheckpointError:
-        raise
+        restored = dict(manager.restore(step, args=ocp.args.Composite(**items)))
     except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
-        raise UnusableCheckpointError(f"{where}: reading it failed ({_short(e)})") from e
+        restored = {"all items": _ReadFailure(e)}
+    error = next((v.error for v in restored.values() if isinstance(v, _ReadFailure)), None)
+    if error is not None and not isinstance(error, UnusableCheckpointError):
+        error = UnusableCheckpointError(f"{where}: reading it failed ({_short(error)})")
+    error = _agree(error, where)  # before _verify, whose checksums are computed by all
+    if error is not None:
+        raise error
     _verify(manager, step, {"params": restored["params"], "state": restored["state"]})
     return {"params": restored["params"], "state": restored["state"], "data": restored.get("data")}
 
@@ -771,8 +798,7 @@ def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs
         except CheckpointMismatchError:
             raise  # the config's fault, not the step's: an older step would not fit either
         except UnusableCheckpointError as e:
-            error = e
-        error = _agree(error, f"{manager.directory}/{step}")
+            error = e  # the same on every process (see restore)
         if error is None:
             if failures:
                 logging.warning("Resuming from checkpoint %s/%d, the newest that verifies.",
@@ -888,7 +914,13 @@ def _restore_verified_params(manager, step: int, abstract_params):
             step, args=ocp.args.Composite(params=_restore_args(abstract_params))
         )["params"]
     except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
-        raise UnusableCheckpointError(f"{where}: reading it failed ({_short(e)})") from e
+        restored = _ReadFailure(e)
+    error = None
+    if isinstance(restored, _ReadFailure):
+        error = UnusableCheckpointError(f"{where}: reading it failed ({_short(restored.error)})")
+    error = _agree(error, where)
+    if error is not None:
+        raise error
     _verify(manager, step, {"params": restored})
     return restored
 
