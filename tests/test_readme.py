@@ -9,8 +9,7 @@ Most blocks run exactly as written. A block that needs something the README says
 first (a trained run, a downloaded checkpoint) gets it from its entry in PREPARED, keyed by the
 block's first line: a tiny stand-in made in the temporary directory, and the text replacements
 that point the block at the tiny config. Each replacement must match the block, or the test
-fails: a block that changes is never run half-substituted. NOT_RUN lists, with the reason, the
-blocks deliberately left out; it is empty, and the test asserts that it is exactly that list.
+fails: a block that changes is never run half-substituted. No block is left out.
 Shell blocks (```bash and plain ```) are not run here: `make train` has tests/test_quickstart.py.
 """
 
@@ -65,8 +64,9 @@ def readme_blocks(path: str = README) -> list[Block]:
 def _tiny_gpt2_checkpoint(cwd: str) -> None:
     """A Hugging Face GPT-2 directory (config.json + model.safetensors) at path/to/gpt2, as
     `save_pretrained` writes it: GPT-2's vocabulary, 2 layers of width 32, random weights."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64)
     model = transformers.GPT2LMHeadModel(config)
@@ -102,9 +102,6 @@ PREPARED = {
     ),
 }
 
-NOT_RUN: dict[str, str] = {}  # first line -> why the block is not run (none are)
-
-
 # ------------------------------------------------------------------------------------ tests
 
 BLOCKS = readme_blocks()
@@ -114,10 +111,8 @@ def test_the_readme_has_its_python_blocks_and_every_table_entry_names_one():
     firsts = [b.first_line for b in BLOCKS]
     assert len(firsts) >= 5, f"README.md has only {len(firsts)} ```python blocks: {firsts}"
     assert len(set(firsts)) == len(firsts), f"two blocks share a first line: {firsts}"
-    stale = sorted((set(PREPARED) | set(NOT_RUN)) - set(firsts))
+    stale = sorted(set(PREPARED) - set(firsts))
     assert not stale, f"entries for blocks README.md no longer has: {stale}"
-    assert not set(PREPARED) & set(NOT_RUN)
-    assert NOT_RUN == {}, "a block left out of the run must be listed here with its reason"
 
 
 def _failure(block: Block, result: subprocess.CompletedProcess) -> str:
@@ -141,8 +136,6 @@ def data_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
 def test_readme_block_runs_as_written(block, tmp_path, data_dir, monkeypatch):
-    if block.first_line in NOT_RUN:
-        pytest.skip(f"README.md:{block.line}: {NOT_RUN[block.first_line]}")
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     os.symlink(os.path.join(ROOT, "configs"), cwd / "configs")

@@ -83,6 +83,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 from orbax.checkpoint import future as ocp_future
 
 ITEMS = ("params", "state", "data")
@@ -122,10 +123,14 @@ def versions() -> dict[str, str]:
     return out
 
 
+def _step_dir(manager, step: int) -> epath.Path:
+    return epath.Path(manager.directory) / str(step)
+
+
 def _custom_metadata(manager, step: int) -> dict:
     """The custom metadata of a step, read from its JSON file alone (Orbax's `metadata(step)`
     also opens every array, which fails on a damaged step before it says anything useful)."""
-    path = epath.Path(manager.directory) / str(step) / "_CHECKPOINT_METADATA"
+    path = _step_dir(manager, step) / "_CHECKPOINT_METADATA"
     return json.loads(path.read_text()).get("custom_metadata") or {}
 
 
@@ -181,10 +186,14 @@ def _data_file(directory: epath.Path) -> epath.Path:
     return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
 
+def _digest(state) -> str:
+    """The SHA-256 of a data position's canonical JSON."""
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
 def _data_text(state: dict) -> str:
-    """The position as JSON, with the SHA-256 of its canonical form (checked on restore)."""
-    digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
-    return json.dumps({"sha256": digest, "state": state})
+    """The position as JSON, with its SHA-256 (checked on restore)."""
+    return json.dumps({"sha256": _digest(state), "state": state})
 
 
 def _read_data(path: epath.Path) -> dict:
@@ -196,8 +205,7 @@ def _read_data(path: epath.Path) -> dict:
         return stored  # written before the checksum: the loader state itself
     if stored.keys() != {"sha256", "state"}:
         raise UnusableCheckpointError(f"{path}: its fields are damaged ({sorted(stored)})")
-    digest = hashlib.sha256(json.dumps(stored.get("state"), sort_keys=True).encode()).hexdigest()
-    if digest != stored["sha256"]:
+    if _digest(stored["state"]) != stored["sha256"]:
         raise UnusableCheckpointError(f"{path}: its content does not match its SHA-256")
     return stored["state"]
 
@@ -481,16 +489,19 @@ def _shorten_disk_full_logs() -> None:
     std_logging.getLogger("absl").addFilter(_ShortDiskFullLogs())
 
 
-def _disk_full(e: BaseException | None) -> bool:
+def _chain(e: BaseException | None):
+    """e, then the exception it was raised from (or during), and so on."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(e):  # tensorstore's errors carry only the text
-            return True
+        yield e
         e = e.__cause__ or e.__context__
-    return False
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    # tensorstore's errors carry only the text
+    return any((isinstance(x, OSError) and x.errno == errno.ENOSPC)
+               or "No space left on device" in str(x) for x in _chain(e))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ compatibility
@@ -595,16 +606,13 @@ class ChecksumsHandler(_FileItemHandler):
 
     async def async_save(self, directory: epath.Path, args: ChecksumsSave):
         async def write():
-            text = args.sums.text(TIMEOUT_S)
-            if jax.process_index() == 0:
-                (directory / CHECKSUMS_FILE).write_text(text)
+            self.save(directory, args)
 
         return [ocp_future.CommitFutureAwaitingContractedSignals(write(), name="checksums")]
 
     def save(self, directory: epath.Path, args: ChecksumsSave):
-        text = args.sums.text(TIMEOUT_S)
-        if jax.process_index() == 0:
-            (directory / CHECKSUMS_FILE).write_text(text)
+        if jax.process_index() == 0:  # the sums are replicated: the others fetch nothing
+            (directory / CHECKSUMS_FILE).write_text(args.sums.text(TIMEOUT_S))
 
     def restore(self, directory: epath.Path, args=None):  # restores verify with the file itself
         return json.loads((directory / CHECKSUMS_FILE).read_text())
@@ -619,7 +627,7 @@ class ChecksumsSave(ocp.args.CheckpointArgs):
 def _verify(manager, step: int, restored: dict) -> None:
     """Raises UnusableCheckpointError naming the arrays whose values differ from the checksums
     recorded at save time (steps saved before tfjax recorded them: a warning)."""
-    path = epath.Path(manager.directory) / str(step) / "checksums" / CHECKSUMS_FILE
+    path = _step_dir(manager, step) / "checksums" / CHECKSUMS_FILE
     try:
         stored = json.loads(path.read_text())
     except FileNotFoundError:
@@ -710,10 +718,7 @@ def _drop_closed_loop_noise() -> None:
 def _short(e: BaseException, limit: int = 400) -> str:
     """One line of an exception, from the innermost cause (tensorstore's names the file;
     Orbax's wrappers around it run to many lines and name none)."""
-    seen = set()
-    while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
+    *_, e = _chain(e)
     text = " ".join(str(e).split()).split(" [tensorstore_spec=")[0]  # the spec is a page long
     return f"{type(e).__name__}: {text[:limit]}{' ...' if len(text) > limit else ''}"
 
@@ -721,7 +726,7 @@ def _short(e: BaseException, limit: int = 400) -> str:
 def _check_files(manager, step: int, items) -> None:
     """Names the missing or unparsable metadata file of a step before Orbax reads it."""
     _drop_closed_loop_noise()  # before the first read that could fail
-    root = epath.Path(manager.directory) / str(step)
+    root = _step_dir(manager, step)
     files = [root / "_CHECKPOINT_METADATA"]
     for item in items:
         if not (root / item).is_dir():
@@ -751,7 +756,7 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, option
     _check_files(manager, step, ("params", "state"))
     stored_params = stored_param_shapes(manager, step)
     stored_state = _stored_shapes(manager, step, "state")
-    has_data = data and (epath.Path(manager.directory) / str(step) / "data").is_dir()
+    has_data = data and (_step_dir(manager, step) / "data").is_dir()
     check_params_fit(stored_params, abstract_params, where)
     stored_keys = {name.split("/")[0] for name in stored_state}
     abstract_state = {k: v for k, v in abstract_state.items()
@@ -762,6 +767,14 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, option
     items = dict(params=_restore_args(abstract_params), state=_restore_args(abstract_state))
     if has_data:
         items["data"] = DataRestore()
+    restored = _read_verified(manager, step, items)
+    return {"params": restored["params"], "state": restored["state"], "data": restored.get("data")}
+
+
+def _read_verified(manager, step: int, items: dict) -> dict:
+    """manager.restore of `items` at `step`, checked against the step's checksums; a failure on
+    any process raises UnusableCheckpointError on every process."""
+    where = f"{manager.directory}/{step}"
     try:
         restored = dict(manager.restore(step, args=ocp.args.Composite(**items)))
     except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
@@ -772,8 +785,8 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, option
     error = _agree(error, where)  # before _verify, whose checksums are computed by all
     if error is not None:
         raise error
-    _verify(manager, step, {"params": restored["params"], "state": restored["state"]})
-    return {"params": restored["params"], "state": restored["state"], "data": restored.get("data")}
+    _verify(manager, step, {k: restored[k] for k in ("params", "state") if k in restored})
+    return restored
 
 
 def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs):
@@ -822,8 +835,6 @@ def _agree(error, where: str):
     """The error of a step on every process when it failed on any (a collective)."""
     if jax.process_count() == 1:
         return error
-    from jax.experimental import multihost_utils
-
     ok = multihost_utils.process_allgather(np.int32(error is None))
     if error is None and not ok.all():
         failed = [i for i, flag in enumerate(ok) if not flag]
@@ -848,16 +859,14 @@ def set_aside(manager, steps) -> None:
             n = 1
             while os.path.exists(target):
                 target, n = os.path.join(aside, f"{step}.{n}"), n + 1
-            os.rename(os.path.join(directory, str(step)), target)
+            os.rename(_step_dir(manager, step), target)
             logging.warning("Checkpoint step %d moved, files unchanged, to %s", step, target)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("tfjax: checkpoints set aside")
     manager.reload()
 
 
-def _checkpoints_dir(path: str) -> str:
+def checkpoints_dir(path: str) -> str:
     """A run's workdir or its checkpoints directory -> the checkpoints directory."""
     path = os.path.abspath(os.path.expanduser(path))
     sub = os.path.join(path, "checkpoints")
@@ -872,7 +881,7 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
     averages the last 5 for evaluation); fewer kept than N is an error naming both. `what`
     names the option in error messages.
     """
-    directory = _checkpoints_dir(path)
+    directory = checkpoints_dir(path)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{what}={path!r}: no such directory")
     if average_last < 1:
@@ -894,7 +903,8 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
                 stored_param_shapes(manager, step), abstract_params, f"{directory}/{step} ({what})"
             )
             check_versions(manager, step)
-            params = _restore_verified_params(manager, step, abstract_params)
+            items = {"params": _restore_args(abstract_params)}
+            params = _read_verified(manager, step, items)["params"]
             # Summed in float32 one checkpoint at a time: memory stays at two copies.
             total = params if total is None else jax.tree.map(jnp.add, total, params)
     finally:
@@ -905,24 +915,6 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
     else:
         logging.info("Restored the parameters of %s/%d", directory, steps[0])
     return total
-
-
-def _restore_verified_params(manager, step: int, abstract_params):
-    where = f"{manager.directory}/{step}"
-    try:
-        restored = manager.restore(
-            step, args=ocp.args.Composite(params=_restore_args(abstract_params))
-        )["params"]
-    except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many kinds
-        restored = _ReadFailure(e)
-    error = None
-    if isinstance(restored, _ReadFailure):
-        error = UnusableCheckpointError(f"{where}: reading it failed ({_short(restored.error)})")
-    error = _agree(error, where)
-    if error is not None:
-        raise error
-    _verify(manager, step, {"params": restored})
-    return restored
 
 
 def abstract_like(tree, shardings):

@@ -170,9 +170,7 @@ def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool
 
 def _has_checkpoint(path: str) -> bool:
     """A run's workdir, or its checkpoints directory, holds a step directory (Orbax's names)."""
-    path = os.path.abspath(os.path.expanduser(path))
-    sub = os.path.join(path, "checkpoints")
-    directory = sub if os.path.isdir(sub) else path
+    directory = checkpoint.checkpoints_dir(path)
     return os.path.isdir(directory) and any(
         name.isdigit() and os.path.isdir(os.path.join(directory, name))
         for name in os.listdir(directory)

@@ -59,8 +59,6 @@ def _describe(text: str) -> str:
 
 def _lock(workdir: str):
     """The open, locked lock file of `workdir` (created with the workdir when missing)."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise NotADirectoryError(f"workdir {workdir} is a file, not a directory")
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, LOCK_FILE)
     f = open(path, "a+")  # noqa: SIM115 - held open for the run's lifetime
