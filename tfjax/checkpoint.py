@@ -367,6 +367,7 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         else None,
     )
     _shorten_disk_full_logs()
+    _drop_closed_loop_noise()  # before the first read or write that could fail
     replica_parallel = checkpoint_config is None or checkpoint_config.replica_parallel
     manager = ocp.CheckpointManager(
         epath.Path(directory).absolute(), options=options,
@@ -690,11 +691,11 @@ def _check_fit(stored: dict[str, tuple], abstract, where: str, what: str, hint: 
         )
 
 
-@functools.cache  # installed once, before the first restore
+@functools.cache  # installed once, with the first manager
 def _drop_closed_loop_noise() -> None:
-    """After Orbax gives up on a failed read it closes its event loop while tensorstore still
-    completes the other reads. Each completion then raises "Event loop is closed" as an
-    unraisable exception, and each abandoned read (a coroutine or task) reports its own
+    """After Orbax gives up on a failed read or write it closes its event loop while
+    tensorstore still completes the others. Each completion then raises "Event loop is closed"
+    as an unraisable exception, and each abandoned one (a coroutine or task) reports its own
     tensorstore error as unraisable or as asyncio's "exception was never retrieved": hundreds
     of traceback lines that say nothing the first error did not. Drop only those."""
     previous = sys.unraisablehook
@@ -725,7 +726,6 @@ def _short(e: BaseException, limit: int = 400) -> str:
 
 def _check_files(manager, step: int, items) -> None:
     """Names the missing or unparsable metadata file of a step before Orbax reads it."""
-    _drop_closed_loop_noise()  # before the first read that could fail
     root = _step_dir(manager, step)
     files = [root / "_CHECKPOINT_METADATA"]
     for item in items:
