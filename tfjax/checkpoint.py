@@ -702,7 +702,8 @@ def _drop_closed_loop_noise() -> None:
 
     def noise(e) -> bool:
         text = str(e)
-        return text == "Event loop is closed" or "TensorStore" in text or "OCDBT" in text
+        return (text == "Event loop is closed" or "TensorStore" in text or "OCDBT" in text
+                or "'_read_array_index_and_device_put' was never awaited" in text)  # fmt: skip
 
     def hook(unraisable):
         if not noise(unraisable.exc_value):
