@@ -51,6 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.dropout_rate = 0.0  # embeddings and residual sub-layers
     config.model.scan_layers = False  # nn.scan over layers (compile time flat in depth)
     config.model.remat_policy = "none"  # recompute activations in the backward pass
+    # Attention backend: "xla", "cudnn", "chunked", "splash"; None: the best for the target.
+    config.model.implementation = config_dict.placeholder(str)
 
     config.dataset = ml_collections.ConfigDict()  # a tfjax.data dataset config (its defaults
     config.dataset.name = "pydoc"  # fill every field not set here; see tfjax.data.catalog)
@@ -90,6 +92,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss = ml_collections.ConfigDict()
     config.loss.label_smoothing = 0.0  # eps of the smoothed targets
     config.loss.z_loss = 1e-4  # coefficient of log(Z)^2, as in PaLM (0: off)
+    config.loss.chunks = 1  # >1: logits and loss in this many slices of T, never all [B, T, V]
 
     config.decode = ml_collections.ConfigDict()  # eval samples and experiments/decode.py
     config.decode.method = "sample"  # "greedy", "sample" or "beam"
@@ -112,6 +115,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint.replica_parallel = True  # replicas share writing (faster on many devices)
     config.checkpoint.timeout_s = 1200  # most seconds a save waits for the other processes
     config.checkpoint.restore_step = config_dict.placeholder(int)  # None: newest that verifies
+    config.profile = ml_collections.ConfigDict()  # a jax.profiler trace in WORKDIR/profile
+    config.profile.start_step = 10  # first step traced (after compilation and warm-up)
+    config.profile.num_steps = 0  # steps traced (0: off)
+    config.profile.dump_hlo = False  # also write the compiled train step's HLO there
     config.init_from = ""  # another run's workdir: start from its parameters ("": no)
 
     for preset in (arg or "pydoc").split(","):
