@@ -33,6 +33,10 @@ $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-index --no-deps "torch==2.13.0+cpu" 2>/dev/null || \
 	  $(BIN)/python -m pip install -q "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e ".[data,dev,interop]"
+	# cuDNN's library (1.1 GB) without the cuBLAS and NVRTC it lists (1 GB more, not needed to
+	# compile): JAX checks cuDNN's version when it traces cuDNN attention, so with it a GPU
+	# compile from this host takes the attention path a GPU run takes.
+	$(BIN)/python -m pip install -q --no-deps "nvidia-cudnn-cu12>=9.8,<10"
 	touch $(DEV_STAMP)
 
 train: install

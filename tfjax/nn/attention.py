@@ -1,18 +1,24 @@
-"""Scaled dot-product attention (three backends) and the multi-head attention module.
+"""Scaled dot-product attention (four backends) and the multi-head attention module.
 
 Letters: B batch, T query length, S key/value length, N query heads, K key/value heads,
 G query heads per kv head (N = K * G), H head dim, D model width, C key chunk length.
 
 `dot_product_attention` computes softmax(Q K^T / sqrt(H)) V with grouped-query heads:
-- "xla": the plain formula; materialises the [B, N, T, S] weights. Fastest for short S.
+- "xla": the plain formula; materialises the [B, N, T, S] weights.
 - "cudnn": cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
+- "splash": the Pallas splash (flash) attention kernel for TPUs (tfjax.nn.splash): causal and
+  segment-id masks, no dense mask, bias or dropout.
 - "chunked": exact online softmax over key chunks with a hand-written backward pass that
   recomputes the weights chunk by chunk, so forward and backward memory grow linearly in S.
   Runs on every backend.
-- None: cuDNN where it applies, else "xla" up to `CHUNKED_MIN_LENGTH` keys, else "chunked".
+- None: `choose_implementation` picks one for the platform being compiled for (see there).
+
+Packed and padded rows are best given as segment ids (`segment_ids`, `kv_segment_ids`): the
+kernels compare ids block by block, where a dense [B, 1, T, S] mask is read whole.
 """
 
 import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +28,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from tfjax.nn import axes, position
+from tfjax.nn import axes, masks, position, splash
 
-IMPLEMENTATIONS = ("xla", "cudnn", "chunked")
-# With implementation=None, key lengths from here on use "chunked" (off GPU): below it the
-# [B, N, T, S] weights are small and the plain path is faster.
+IMPLEMENTATIONS = ("xla", "cudnn", "splash", "chunked")
+# With implementation=None, key lengths from here on use a kernel whose memory is linear in S
+# ("splash" on TPUs, else "chunked"): below it the [B, N, T, S] weights are small. The figures
+# behind the values: benchmarks/attention_kernels.py (README, "Attention kernels").
 CHUNKED_MIN_LENGTH = 4096
+SPLASH_MIN_LENGTH = 1024
 DEFAULT_CHUNK_SIZE = 512
 
 # Masked logits get the most negative finite value, as in jax.nn and Flax: a query with every
@@ -64,7 +72,8 @@ def _einsum_f32_low_bwd(spec, residuals, g):
 _einsum_f32_low.defvjp(_einsum_f32_low_fwd, _einsum_f32_low_bwd)
 
 
-def _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng):
+def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, implementation,
+                  dropout_rate, dropout_rng):  # fmt: skip
     if implementation not in (None, *IMPLEMENTATIONS):
         raise ValueError(
             f"implementation={implementation!r} is unknown; allowed: None, "
@@ -91,16 +100,59 @@ def _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and x.ndim > 4:
             raise ValueError(f"{name} must broadcast to [B, N, T, S], got shape {x.shape}")
+    for name, x, shape in (("segment_ids [B, T]", segment_ids, q.shape[:2]),
+                           ("kv_segment_ids [B, S]", kv_segment_ids, k.shape[:2])):  # fmt: skip
+        if x is not None and (x.shape != shape or not jnp.issubdtype(x.dtype, jnp.integer)):
+            raise ValueError(f"{name} must be integers of shape {shape}, got {x.dtype} {x.shape}")
+    if kv_segment_ids is None and segment_ids is not None and k.shape[1] != q.shape[1]:
+        raise ValueError("segment_ids with keys of another length (S != T) need kv_segment_ids")
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
 
 
-def _cudnn_unsupported_reason(q, k, dropout_rate) -> str | None:
+def target_platform() -> str:
+    """ "cpu", "gpu" or "tpu": what the computation being traced is compiled for.
+
+    The devices of the mesh in context (`tfjax.sharding.logical_context` sets it around every
+    step), so that compiling for a TPU slice or a GPU node from a CPU host chooses what a run
+    there would; JAX's default backend without a mesh.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else mesh.abstract_device
+    platform = jax.default_backend() if device is None else device.platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def choose_implementation(q, k, *, mask=None, bias=None, dropout_rate=0.0,
+                          platform: str | None = None) -> str:  # fmt: skip
+    """The implementation `implementation=None` runs, for the target platform (the one place
+    where that is decided): cuDNN on GPUs where it applies; from SPLASH_MIN_LENGTH keys the
+    splash kernel on TPUs where it applies; from CHUNKED_MIN_LENGTH keys "chunked"; else "xla".
+    """
+    platform = platform or target_platform()
+    s = k.shape[1]
+    if platform == "gpu" and _cudnn_unsupported_reason(q, k, dropout_rate, platform) is None:
+        return "cudnn"
+    if (
+        platform == "tpu"
+        and s >= SPLASH_MIN_LENGTH
+        and splash.unsupported_reason(mask=mask, bias=bias, dropout_rate=dropout_rate) is None
+    ):
+        return "splash"
+    return "chunked" if s >= CHUNKED_MIN_LENGTH else "xla"
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logging.getLogger(__name__).warning(message)
+
+
+def _cudnn_unsupported_reason(q, k, dropout_rate, platform) -> str | None:
     """Why cuDNN cannot run this call, or None when it can."""
-    if jax.default_backend() != "gpu":
-        return f"it needs a GPU and the default backend is {jax.default_backend()!r}"
+    if platform != "gpu":
+        return f"it needs a GPU and the target is {platform!r}"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"it needs bfloat16 or float16 inputs, got {q.dtype}"
     if dropout_rate > 0.0:
@@ -242,11 +294,15 @@ def _reduce_to(x, shape):
     return jnp.sum(x, axis=dims, keepdims=True)
 
 
-def _chunk_probs(qg, kc, j, mask_c, bias_c, rng, statics):
+def _chunk_probs(qg, kc, j, mask_c, bias_c, ids_c, rng, statics):
     """Scaled, masked logits [B, K, G, T, C] of chunk j, the allowed pattern, the dropout keep
-    mask (or None)."""
+    mask (or None). ids_c: (query ids [B, T], chunk j's key ids [B, C]) or None."""
     is_causal, scale, rate, chunk, key_length = statics
     logits = jnp.einsum("bkgth,bckh->bkgtc", qg, kc, preferred_element_type=jnp.float32)
+    if ids_c is not None:
+        # [B, 1, 1, T, C], built per chunk: no [B, T, S] mask exists at any time.
+        same = masks.segment_mask(*ids_c)[:, :, None]
+        mask_c = same if mask_c is None else jnp.logical_and(mask_c, same)
     logits, allowed = _masked_logits(
         logits * scale, mask_c, bias_c, is_causal, k_offset=j * chunk, key_length=key_length
     )
@@ -256,12 +312,17 @@ def _chunk_probs(qg, kc, j, mask_c, bias_c, rng, statics):
     return logits, allowed, keep
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _flash(qg, kc, vc, mask, bias, rng, statics):
-    return _flash_fwd(qg, kc, vc, mask, bias, rng, statics)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _flash(qg, kc, vc, mask, bias, ids, rng, statics):
+    return _flash_fwd(qg, kc, vc, mask, bias, ids, rng, statics)[0]
 
 
-def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
+def _chunk_ids(ids, kv_ids_j):
+    return None if ids is None else (ids[0], kv_ids_j)
+
+
+def _flash_fwd(qg, kc, vc, mask, bias, ids, rng, statics):
+    """ids: (query ids [B, T], key ids by chunk [nc, B, C]) or None."""
     rate = statics[2]
     mask_xs, mask_const = _split_chunked(mask)
     bias_xs, bias_const = _split_chunked(bias)
@@ -269,10 +330,12 @@ def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
 
     def body(carry, xs):
         m, l, acc = carry
-        j, k_j, v_j, mask_j, bias_j = xs
+        j, k_j, v_j, mask_j, bias_j, ids_j = xs
         mask_j = mask_const if mask_j is None else mask_j
         bias_j = bias_const if bias_j is None else bias_j
-        logits, _, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
+        logits, _, keep = _chunk_probs(
+            qg, k_j, j, mask_j, bias_j, _chunk_ids(ids, ids_j), rng, statics
+        )
         m_new = jnp.maximum(m, logits.max(-1))
         alpha = jnp.exp(m - m_new)
         # [B, K, G, T, C]
@@ -291,17 +354,17 @@ def _flash_fwd(qg, kc, vc, mask, bias, rng, statics):
         jnp.zeros((b, kh, g, t), jnp.float32),
         jnp.zeros((b, kh, g, t, h), jnp.float32),
     )
-    xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs)
+    xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs, None if ids is None else ids[1])
     (m, l, acc), _ = lax.scan(body, init, xs)
     out = (acc / l[..., None]).astype(qg.dtype)
     # The softmax statistics [B, K, G, T]; kept apart (not as m + log l) because for a fully
     # masked row m is the most negative float, which would absorb log l.
-    return out, (qg, kc, vc, mask, bias, rng, out, m, l)
+    return out, (qg, kc, vc, mask, bias, ids, rng, out, m, l)
 
 
 def _flash_bwd(statics, residuals, dout):
     is_causal, scale, rate, chunk, key_length = statics
-    qg, kc, vc, mask, bias, rng, out, m, l = residuals
+    qg, kc, vc, mask, bias, ids, rng, out, m, l = residuals
     mask_xs, mask_const = _split_chunked(mask)
     bias_xs, bias_const = _split_chunked(bias)
     # The matmuls take operands in the inputs' dtype and accumulate in float32, as the forward
@@ -316,11 +379,13 @@ def _flash_bwd(statics, residuals, dout):
 
     def body(carry, xs):
         dq, dbias_acc = carry
-        j, k_j, v_j, mask_j, bias_j = xs
+        j, k_j, v_j, mask_j, bias_j, ids_j = xs
         chunked_bias = bias_j is not None
         mask_j = mask_const if mask_j is None else mask_j
         bias_j = bias_const if bias_j is None else bias_j
-        logits, allowed, keep = _chunk_probs(qg, k_j, j, mask_j, bias_j, rng, statics)
+        logits, allowed, keep = _chunk_probs(
+            qg, k_j, j, mask_j, bias_j, _chunk_ids(ids, ids_j), rng, statics
+        )
         # [B, K, G, T, C]
         p = jnp.exp(logits - m[..., None]) / l[..., None]
         p_drop = p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
@@ -346,7 +411,7 @@ def _flash_bwd(statics, residuals, dout):
         return (dq, dbias_acc), (dk_j, dv_j, dbias_j)
 
     dbias0 = None if bias is None or bias_xs is not None else jnp.zeros(bias.shape, jnp.float32)
-    xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs)
+    xs = (jnp.arange(kc.shape[0]), kc, vc, mask_xs, bias_xs, None if ids is None else ids[1])
     (dq, dbias_const), (dk, dv, dbias_xs) = lax.scan(
         body, (jnp.zeros(qg.shape, jnp.float32), dbias0), xs
     )
@@ -360,15 +425,15 @@ def _flash_bwd(statics, residuals, dout):
         None,
         dbias,
         None,
+        None,
     )
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _chunked_attention(
-    q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng, chunk_size
-):
+def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
+                       dropout_rate, dropout_rng, chunk_size):  # fmt: skip
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     chunk = min(chunk_size, s)
@@ -379,10 +444,16 @@ def _chunked_attention(
     kc, vc = _chunk_keys(k, chunk, num_chunks), _chunk_keys(v, chunk, num_chunks)
     mask = _chunk_last(_group(mask, kh), chunk, num_chunks, False)
     bias = _chunk_last(_group(bias, kh), chunk, num_chunks, 0.0)
+    ids = None
+    if segment_ids is not None:
+        kv_ids = segment_ids if kv_segment_ids is None else kv_segment_ids
+        # [nc, B, C]: padded keys get id 0, which no query attends.
+        kv_ids = jnp.pad(kv_ids, ((0, 0), (0, num_chunks * chunk - s)))
+        ids = (segment_ids, jnp.moveaxis(kv_ids.reshape(b, num_chunks, chunk), 1, 0))
     rng = dropout_rng if dropout_rate > 0.0 else None
     key_length = s if num_chunks * chunk != s else None
     statics = (is_causal, scale, dropout_rate, chunk, key_length)
-    out = _flash(qg, kc, vc, mask, bias, rng, statics)
+    out = _flash(qg, kc, vc, mask, bias, ids, rng, statics)
     # [B, K, G, T, H] -> [B, T, N, H]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
 
@@ -394,6 +465,8 @@ def dot_product_attention(
     *,
     mask=None,
     bias=None,
+    segment_ids=None,
+    kv_segment_ids=None,
     is_causal: bool = False,
     scale: float | None = None,
     dropout_rate: float = 0.0,
@@ -408,39 +481,60 @@ def dot_product_attention(
       k, v: [B, S, K, H] keys and values; K divides N (K = N: multi-head, K = 1: multi-query).
       mask: boolean, True where a query may attend, broadcastable to [B, N, T, S].
       bias: additive float bias broadcastable to [B, N, T, S] (ALiBi, relative positions).
+      segment_ids: [B, T] ints for packed or padded rows: a query attends only to keys of its
+        own id, and id 0 (padding) to none (as `masks.segment_mask`; ANDed with `mask`).
+      kv_segment_ids: [B, S] the keys' ids; segment_ids when None (self-attention).
       is_causal: query t attends only keys s <= t; no [T, S] mask is materialised.
       scale: logit scale; 1/sqrt(H) when None.
       dropout_rate: dropout on the attention weights (needs dropout_rng).
-      implementation: "xla", "cudnn", "chunked" or None (the best available; see module doc).
+      implementation: "xla", "cudnn", "splash", "chunked" or None (`choose_implementation`).
       chunk_size: key chunk length C of the "chunked" path.
     Returns:
       [B, T, N, H] in q's dtype.
     """
-    _check_inputs(q, k, v, mask, bias, implementation, dropout_rate, dropout_rng)
+    _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, implementation,
+                  dropout_rate, dropout_rng)  # fmt: skip
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    platform = target_platform()
+    if kv_segment_ids is None:
+        kv_segment_ids = segment_ids
+    requested = implementation
+    if implementation is None:
+        implementation = choose_implementation(
+            q, k, mask=mask, bias=bias, dropout_rate=dropout_rate, platform=platform
+        )
+    if implementation == "splash":
+        reason = splash.unsupported_reason(mask=mask, bias=bias, dropout_rate=dropout_rate)
+        if reason is None and platform == "gpu":
+            reason = "it is a TPU kernel and the target is a GPU"
+        if reason:
+            raise ValueError(f'implementation="splash" is not available: {reason}')
+        return splash.splash_attention(
+            q, k, v, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+            is_causal=is_causal, scale=scale, interpret=platform != "tpu",
+        )  # fmt: skip
+    if implementation == "chunked":
+        return _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal,
+                                  scale, dropout_rate, dropout_rng, chunk_size)  # fmt: skip
+    if segment_ids is not None:  # the other paths take a dense [B, 1, T, S] mask
+        mask = masks.combine_masks(mask, masks.segment_mask(segment_ids, kv_segment_ids))
     if implementation == "cudnn":
-        reason = _cudnn_unsupported_reason(q, k, dropout_rate)
+        reason = _cudnn_unsupported_reason(q, k, dropout_rate, platform)
         if reason:
             raise ValueError(f'implementation="cudnn" is not available: {reason}')
-    if implementation in ("cudnn", None) and _cudnn_unsupported_reason(q, k, dropout_rate) is None:
         try:
             return jax.nn.dot_product_attention(
-                q,
-                k,
-                v,
-                bias=bias,
-                mask=mask,
-                scale=scale,
-                is_causal=is_causal,
+                q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                 implementation="cudnn",
-            )
-        except Exception:  # an unsupported shape or cuDNN version: a slower path still works
-            if implementation == "cudnn":
+            )  # fmt: skip
+        except Exception as e:  # an unsupported shape or cuDNN version: a slower path works
+            if requested == "cudnn":
                 raise
-    if implementation == "chunked" or (implementation is None and k.shape[1] >= CHUNKED_MIN_LENGTH):
-        return _chunked_attention(
-            q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng, chunk_size
-        )
+            _warn_once(f"cuDNN attention is not available ({str(e).splitlines()[0]}); "
+                       "attention runs without it, with more memory")  # fmt: skip
+            if k.shape[1] >= CHUNKED_MIN_LENGTH:
+                return _chunked_attention(q, k, v, mask, bias, None, None, is_causal, scale,
+                                          dropout_rate, dropout_rng, chunk_size)  # fmt: skip
     return _xla_attention(q, k, v, mask, bias, is_causal, scale, dropout_rate, dropout_rng)
 
 
@@ -522,6 +616,8 @@ class MultiHeadAttention(nn.Module):
         context=None,
         *,
         mask=None,
+        segment_ids=None,
+        context_segment_ids=None,
         is_causal: bool = False,
         positions=None,
         train: bool = False,
@@ -533,6 +629,9 @@ class MultiHeadAttention(nn.Module):
           x: [B, T, D] queries' input.
           context: [B, S, D'] keys' and values' input for cross-attention.
           mask: boolean, broadcastable to [B, N, T, S], True where a query may attend.
+          segment_ids: [B, T] ints: packed or padded rows (see dot_product_attention); the
+            kernels take them without a [T, S] mask.
+          context_segment_ids: [B, S] the context's ids (cross-attention).
           is_causal: self-attention sees only earlier and current positions.
           positions: [B, T] or [T] positions for RoPE / ALiBi; 0..T-1 (or the cache index
             onwards when decoding) when None.
@@ -569,7 +668,19 @@ class MultiHeadAttention(nn.Module):
         if self_attention and self.position == "rope":
             q = position.rope(q, positions, base=self.rope_base)
             k = position.rope(k, positions, base=self.rope_base)
+        kv_segment_ids = segment_ids if self_attention else context_segment_ids
+        if not self_attention and (segment_ids is None) != (kv_segment_ids is None):
+            # One side given: the other side's rows are all real (id 1).
+            if segment_ids is None:
+                segment_ids = jnp.ones(x.shape[:2], jnp.int32)
+            else:
+                kv_segment_ids = jnp.ones(context.shape[:2], jnp.int32)
         if decoding:
+            if segment_ids is not None:
+                raise ValueError(
+                    "MultiHeadAttention: decode=True takes a mask, not segment_ids (the cache "
+                    "keeps no ids)"
+                )
             k, v, mask = self._update_cache(k, v, mask, offset)
             is_causal = False  # the cache mask is causal already
         bias = None
@@ -581,10 +692,13 @@ class MultiHeadAttention(nn.Module):
         if rate > 0.0:
             dropout_rng = self.make_rng("dropout")
         if self.is_mutable_collection("intermediates"):
+            dense = mask
+            if segment_ids is not None:
+                dense = masks.combine_masks(mask, masks.segment_mask(segment_ids, kv_segment_ids))
             self.sow(
                 "intermediates",
                 "attention_weights",
-                attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal),
+                attention_weights(q, k, mask=dense, bias=bias, is_causal=is_causal),
             )
         out = dot_product_attention(
             q,
@@ -592,6 +706,8 @@ class MultiHeadAttention(nn.Module):
             v,
             mask=mask,
             bias=bias,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
             is_causal=is_causal,
             dropout_rate=rate,
             dropout_rng=dropout_rng,

@@ -1,0 +1,172 @@
+"""TPU splash attention: JAX's Pallas flash-attention kernel behind `dot_product_attention`.
+
+Letters as in tfjax.nn.attention: B batch, T query length, S key length, N query heads,
+K key/value heads, H head dim.
+
+The kernel (`jax.experimental.pallas.ops.tpu.splash_attention`) computes one example's
+softmax(Q K^T) V block by block in the TPU's on-chip memory, forward and backward, skipping
+blocks that a static causal mask hides; packed and padded rows come in as segment ids, which
+it compares tile by tile. Neither the [T, S] weights nor any [T, S] mask is ever in HBM.
+
+What it takes: causal or full attention, segment ids (equal ids attend; id 0 is padding and
+attends to nothing, as in `tfjax.nn.masks.segment_mask`), grouped-query heads, T != S (also
+with causal, top-left aligned as elsewhere in tfjax). Not a dense mask, a bias or dropout:
+`unsupported_reason` names what is refused. Lengths that are not multiples of the block are
+padded here (padded keys get an id no query has) and the padding sliced off.
+
+Under a mesh (inside `tfjax.sharding.logical_context`) the kernel runs per shard through
+`jax.shard_map`, batch and heads split as the logical rules split the activations; a kernel
+call is opaque to XLA's partitioner, which would otherwise gather the whole batch onto every
+device. Off TPUs it runs in Pallas's interpret mode (exact, slow): for tests on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as kernel
+
+from tfjax.nn import axes
+
+# Query and key block length. The kernel tiles by it (a multiple of the TPU's 128 lanes); MaxText
+# uses 512 by default and larger for long contexts. Shorter inputs use one block of their
+# length rounded up to 128.
+BLOCK = 512
+LANES = 128
+_PADDED_QUERY, _PADDED_KEY = -2, -1  # segment ids of the rows and columns added as padding
+
+
+def unsupported_reason(*, mask, bias, dropout_rate) -> str | None:
+    """Why the kernel cannot compute this call, or None when it can."""
+    if mask is not None:
+        return "it takes causal attention and segment ids, not a dense mask"
+    if bias is not None:
+        return "it has no additive bias (ALiBi, relative positions)"
+    if dropout_rate > 0.0:
+        return "it has no attention dropout"
+    return None
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _block(length: int) -> int:
+    return min(BLOCK, _round_up(length, LANES))
+
+
+def _pad_to(x, axis: int, length: int, value=0):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+@functools.lru_cache(maxsize=64)
+def _make_kernel(num_heads, t, s, block_q, block_kv, is_causal, interpret):
+    """The kernel for local shapes (cached: building it computes the block masks in NumPy)."""
+    head_mask = kernel.CausalMask((t, s)) if is_causal else kernel.FullMask((t, s))
+    blocks = kernel.BlockSizes(
+        block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+        block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
+        block_q_dq=block_q, block_kv_dq=block_kv,
+    )  # fmt: skip
+    return kernel.make_splash_mha(
+        kernel.MultiHeadMask([head_mask] * num_heads),
+        block_sizes=blocks,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+    )
+
+
+def splash_attention(q, k, v, *, segment_ids=None, kv_segment_ids=None, is_causal=False,
+                     scale: float, interpret: bool = False):  # fmt: skip
+    """softmax(Q K^T * scale) V by the splash kernel.
+
+    Args:
+      q: [B, T, N, H]; k, v: [B, S, K, H] with K dividing N.
+      segment_ids: [B, T] ints or None; kv_segment_ids: [B, S] (segment_ids when None and
+        S = T). A query attends to the keys of its own nonzero id.
+      interpret: run the kernel in Pallas's interpreter (any backend).
+    Returns:
+      [B, T, N, H] in q's dtype.
+    """
+    b, t, n, _ = q.shape
+    s = k.shape[1]
+    if kv_segment_ids is None and segment_ids is not None:
+        if s != t:
+            raise ValueError(f"splash attention: T={t} != S={s} needs kv_segment_ids")
+        kv_segment_ids = segment_ids
+    if segment_ids is None and kv_segment_ids is not None:
+        segment_ids = jnp.ones((b, t), jnp.int32)
+    block_q, block_kv = _block(t), _block(s)
+    tp, sp = _round_up(t, block_q), _round_up(s, block_kv)
+    ids = None
+    if segment_ids is not None or tp != t or sp != s:
+        q_ids = jnp.ones((b, t), jnp.int32) if segment_ids is None else segment_ids
+        kv_ids = jnp.ones((b, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids
+        # Padding (id 0) attends to nothing, as in masks.segment_mask; in the kernel equal ids
+        # attend, so its queries get an id no key has.
+        q_ids = jnp.where(q_ids == 0, _PADDED_QUERY, q_ids.astype(jnp.int32))
+        ids = (
+            _pad_to(q_ids, 1, tp, _PADDED_QUERY),
+            _pad_to(kv_ids.astype(jnp.int32), 1, sp, _PADDED_KEY),
+        )
+    # Scaled on q, as in the other implementations (the kernel has no scale).
+    q = q * jnp.asarray(scale, q.dtype)
+    # [B, N, T, H] and [B, K, S, H]: the kernel's head-major layout.
+    qh = _pad_to(jnp.swapaxes(q, 1, 2), 2, tp)
+    kh = _pad_to(jnp.swapaxes(k, 1, 2), 2, sp)
+    vh = _pad_to(jnp.swapaxes(v, 1, 2), 2, sp)
+
+    def per_shard(qh, kh, vh, ids):
+        run = _make_kernel(qh.shape[1], tp, sp, block_q, block_kv, is_causal, interpret)
+        if ids is None:
+            return jax.vmap(run)(qh, kh, vh)
+        return jax.vmap(lambda q, k, v, qi, ki: run(q, k, v, kernel.SegmentIds(qi, ki)))(
+            qh, kh, vh, *ids
+        )
+
+    out = _sharded(per_shard, qh, kh, vh, ids)
+    # [B, N, T, H] -> [B, T, N, H]
+    return jnp.swapaxes(out[:, :, :t], 1, 2)
+
+
+def _sharded(per_shard, qh, kh, vh, ids):
+    """per_shard(qh, kh, vh, ids) run on each shard of the context's mesh (batch and heads
+    split as the logical rules split activations), or directly without a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return per_shard(qh, kh, vh, ids)
+    spec = jax.sharding.PartitionSpec
+    batch, heads = nn.logical_to_mesh_axes((axes.BATCH, axes.ACT_HEADS))
+    head_parts = _size(mesh, heads)
+    if head_parts > 1 and kh.shape[1] % head_parts:
+        # Fewer kv heads than head shards: each shard gets the kv heads its query heads read.
+        kh, vh = (jnp.repeat(x, qh.shape[1] // kh.shape[1], axis=1) for x in (kh, vh))
+    if _size(mesh, batch) > 1 and qh.shape[0] % _size(mesh, batch):
+        batch = None  # a batch that does not split (decoding one row): every shard takes all
+    if head_parts > 1 and qh.shape[1] % head_parts:
+        heads = None
+    q_spec = spec(batch, heads, None, None)
+    ids_spec = None if ids is None else (spec(batch, None), spec(batch, None))
+    return jax.shard_map(
+        per_shard,
+        mesh=mesh,
+        in_specs=(q_spec, q_spec, q_spec, ids_spec),
+        out_specs=q_spec,
+        check_vma=False,
+    )(qh, kh, vh, ids)
+
+
+def _size(mesh, names) -> int:
+    if names is None:
+        return 1
+    names = (names,) if isinstance(names, str) else names
+    size = 1
+    for name in names:
+        size *= mesh.shape[name]
+    return size
