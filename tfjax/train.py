@@ -17,6 +17,8 @@ optimizer (`tfjax.optim`); `tfjax.checkpoint` restores; then the loop runs `trai
   checkpoints/      Orbax checkpoints (parameters, optimizer state, step, rng, data position)
   metrics.jsonl     one JSON object per logged step and split
   tensorboard/      TensorBoard events of the same scalars
+  profile/          a jax.profiler trace of config.profile's window of steps, and the train
+                    step's compiled HLO (profile.dump_hlo); see `tfjax.profiling`
 
 Running again with the same workdir resumes from the newest checkpoint that verifies, data
 position included, and continues exactly as if never stopped (see `tfjax.checkpoint` for what
@@ -56,6 +58,7 @@ from tfjax import (
     experiment,
     metrics,
     preemption,
+    profiling,
     sharding,
     steps,
     tasks,
@@ -134,6 +137,7 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
     experiment.check_config(config)
+    profiling.check_profile(config)
     experiment.check_paths(config, workdir)  # before the lock (which creates the workdir)
     workdir = os.path.abspath(os.path.expanduser(workdir))
     task = tasks.get(config.task)
@@ -344,6 +348,9 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         saved_step = step
         logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
 
+    # The profiler window (config.profile): a trace of whole steps and the step's HLO.
+    window = profiling.Window(config, workdir, first_step=start_step + 1, last_step=last_step)
+    cleanup.callback(window.close)  # a trace still running when the run stops early ends
     # A progress bar in a terminal (process 0); logs and notebooks get the periodic lines only.
     progress = metrics.progress(total=last_step, initial=start_step, unit="step")
     cleanup.callback(progress.close)
@@ -379,6 +386,9 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
     stopped_by = None
     while step < last_step:
         batch = sharding.shard_batch(next(train_loader), mesh, rules)
+        if step == start_step:
+            window.maybe_compile(train_step, (state, batch, dropout_key))
+        window.begin(step + 1, state)
         state, stats = train_step(state, batch, dropout_key)
         pending.append(stats)
         step += 1
@@ -387,6 +397,8 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         if step == start_step + 1:  # keep compilation out of the throughput
             jax.block_until_ready(stats)
             logging.info("First step (compilation included): %.1fs", time.perf_counter() - timer)
+            timer_step, timer = step, time.perf_counter()
+        if window.end(step, (state, stats)):  # the trace's export is not training time
             timer_step, timer = step, time.perf_counter()
         log_step = step % config.log_every == 0 or step == last_step
         if log_step:
@@ -421,6 +433,7 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         if eval_now or step == saved_step:  # do not count evaluation and saving as training
             timer_step, timer = step, time.perf_counter()
     progress.close()
+    window.close()  # a window cut short by a stop signal
     if saved_step != step:
         save(step)
     check_finite()  # a step after the newest save (none: already checked by save)
