@@ -81,6 +81,7 @@ def check_config(config) -> None:
         raise ValueError(
             f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}"
         )
+    _check_loss_chunks(config)
     checkpoint.check_options(config.checkpoint)
     module = model_module(config.model.name)
     variant = config.model.get("variant")
@@ -92,6 +93,38 @@ def check_config(config) -> None:
     # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
     # only scales the values of the "rsqrt" schedule.
     optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
+
+
+def loss_chunks(config) -> int:
+    """config.loss.chunks: slices of T for the logits and the loss (1 where the config has none,
+    as classification configs)."""
+    return config.loss.get("chunks", 1)
+
+
+def _check_loss_chunks(config, lengths=None) -> None:
+    """loss.chunks is >= 1, used by a task with a vocabulary head only, and divides the
+    sequence lengths: `lengths` {what: T}, by default dataset.seq_len (resolved)."""
+    chunks = loss_chunks(config)
+    if chunks < 1:
+        raise ValueError(f"loss.chunks must be >= 1, got {chunks}")
+    if chunks == 1:
+        return
+    if config.task not in tasks.TOKEN_TASKS:
+        raise ValueError(
+            f"loss.chunks={chunks} applies to the tasks with a vocabulary head "
+            f"{tasks.TOKEN_TASKS}; task={config.task!r} allows only 1"
+        )
+    if lengths is None:
+        from tfjax.data import catalog  # here, as in check_paths: only runs need tfjax.data
+
+        lengths = {"dataset.seq_len": catalog.resolve_config(dict(config.dataset)).seq_len}
+    for what, length in lengths.items():
+        if length % chunks:
+            divisors = [str(d) for d in range(1, length + 1) if length % d == 0]
+            raise ValueError(
+                f"loss.chunks={chunks} does not divide the sequence length {length} ({what}); "
+                f"allowed: {', '.join(divisors)}"
+            )
 
 
 def _check_decode(config) -> None:
@@ -403,6 +436,12 @@ def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
     rules = sharding.check_rules(config.logical_axis_rules)
     check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
     check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+    chunks = loss_chunks(config)
+    if chunks > 1:  # the lengths of the batches the steps will get (`inputs` may not be planned)
+        lengths = {f"the {split} batches' labels":
+                   jax.eval_shape(task.labels_and_weights, spec)[0].shape[1]
+                   for split, spec in (("train", inputs.train), ("eval", inputs.eval))}  # fmt: skip
+        _check_loss_chunks(config, lengths)
     model = build_model(config, vocab_size=inputs.vocab_size, num_classes=inputs.num_classes)
     schedule = optim.make_schedule(config.optim, d_model=model.width,
                                    num_train_steps=config.num_train_steps)  # fmt: skip
@@ -427,14 +466,14 @@ def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
         make_train_step(
             model, task, tx, mesh=mesh, rules=rules, num_microbatches=config.num_microbatches,
             label_smoothing=config.loss.label_smoothing, z_loss=config.loss.z_loss,
-            ema_decay=config.optim.ema_decay,
+            ema_decay=config.optim.ema_decay, loss_chunks=chunks,
         ),
         in_shardings=(state_shardings, {k: s.sharding for k, s in train_batch.items()}, repl),
         out_shardings=(state_shardings, repl),
         donate_argnums=0,
     )  # fmt: skip
     eval_step = jax.jit(
-        make_eval_step(model, task, mesh=mesh, rules=rules),
+        make_eval_step(model, task, mesh=mesh, rules=rules, loss_chunks=chunks),
         in_shardings=(param_shardings, {k: s.sharding for k, s in eval_batch.items()}),
         out_shardings=repl,
     )

@@ -7,10 +7,15 @@
 They are plain functions of arrays: `tfjax.experiment.set_up` jits them with their shardings
 and donation, and the runner, `experiments/compile.py`, the benchmarks and the tests call that.
 `mesh` and `rules` only give the model's logical activation constraints a context.
+
+With loss_chunks C > 1 (tasks.TOKEN_TASKS) both steps take the model's final hidden states
+(`apply_head=False`) and make the logits and the loss in C slices of T
+(`tasks.losses.chunked_cross_entropy_sums`): the [B, T, V] logits are never all in memory.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from tfjax import sharding
+from tfjax.tasks import losses
 
 
 @flax.struct.dataclass
@@ -34,8 +40,26 @@ class TrainState:
     skipped_in_a_row: Any = None  # int32 []: of those, how many just before this step
 
 
+def loss_and_stats(model, task, params, batch, *, train, rngs=None, loss_chunks=1,
+                   label_smoothing=0.0, z_loss=0.0):  # fmt: skip
+    """(summed loss, stats) of the model on a batch: the task's loss of the full logits, or with
+    loss_chunks > 1 the same sums made from the final hidden states in slices of T."""
+    args, kwargs = task.model_inputs(batch)
+    variables = {"params": params}
+    if loss_chunks == 1:
+        logits, _ = model.apply(variables, *args, **kwargs, train=train, rngs=rngs)
+        return task.loss_and_stats(logits, batch, label_smoothing=label_smoothing, z_loss=z_loss)
+    hidden, _ = model.apply(variables, *args, **kwargs, train=train, rngs=rngs, apply_head=False)
+    stats = losses.chunked_cross_entropy_sums(
+        functools.partial(model.apply, variables, method="logits"), hidden,
+        *task.labels_and_weights(batch), chunks=loss_chunks, label_smoothing=label_smoothing,
+        z_loss=z_loss,
+    )  # fmt: skip
+    return stats["loss"], stats
+
+
 def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_smoothing=0.0,
-                    z_loss=0.0, ema_decay=0.0):  # fmt: skip
+                    z_loss=0.0, ema_decay=0.0, loss_chunks=1):  # fmt: skip
     """train_step(state, batch, rng) -> (state, stats): one optimizer update on a global batch.
 
     `rng` is the run's dropout key; the step's key is fold_in(rng, state.step), so the
@@ -43,6 +67,7 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
     num_microbatches M > 1 the batch is processed in M parts whose gradients are summed
     (gradient accumulation); as every loss is a sum normalised once by the total weight, the
     update equals that of one big batch. `stats` are sums (see tfjax.tasks) plus "grad_norm".
+    With loss_chunks C > 1 the logits and the loss are made in C slices of T (see above).
 
     A step whose loss or gradient has a NaN or Inf leaves params, opt_state and the EMA as they
     were (only step and the skip counters move); its stats are zeros except "nonfinite" (1),
@@ -51,13 +76,10 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
     """
 
     def loss_fn(params, batch, rng):
-        args, kwargs = task.model_inputs(batch)
-        logits, _ = model.apply(
-            {"params": params}, *args, **kwargs, train=True, rngs={"dropout": rng}
-        )
-        loss, stats = task.loss_and_stats(
-            logits, batch, label_smoothing=label_smoothing, z_loss=z_loss
-        )
+        loss, stats = loss_and_stats(
+            model, task, params, batch, train=True, rngs={"dropout": rng},
+            loss_chunks=loss_chunks, label_smoothing=label_smoothing, z_loss=z_loss,
+        )  # fmt: skip
         if num_microbatches == 1:
             # The mean's division at the root of the backward pass: the gradients come out
             # normalised, with no pass over them (which would also be materialised for the
@@ -136,14 +158,14 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
     return train_step
 
 
-def make_eval_step(model, task, *, mesh, rules):
+def make_eval_step(model, task, *, mesh, rules, loss_chunks=1):
     """eval_step(params, batch) -> stats (sums, as in training, without dropout). The eval
-    "loss" is the plain cross-entropy: no label smoothing, no z-loss."""
+    "loss" is the plain cross-entropy: no label smoothing, no z-loss. loss_chunks as in
+    training."""
 
     def eval_step(params, batch):
         with sharding.logical_context(mesh, rules):
-            args, kwargs = task.model_inputs(batch)
-            logits, _ = model.apply({"params": params}, *args, **kwargs, train=False)
-            return task.loss_and_stats(logits, batch)[1]
+            return loss_and_stats(model, task, params, batch, train=False,
+                                  loss_chunks=loss_chunks)[1]  # fmt: skip
 
     return eval_step

@@ -8,6 +8,11 @@ SwiGLU FFN, RoPE, grouped-query attention, no biases, untied output projection.
 
     model = decoder.Model(variant="gpt2-small", vocab_size=50257)
     logits, aux = model.apply(variables, tokens)            # [B, T] -> [B, T, V]
+    hidden, aux = model.apply(variables, tokens, apply_head=False)      # -> [B, T, D]
+    logits = model.apply(variables, hidden, method="logits")            # -> [B, T, V]
+
+The second form lets a loss apply the output projection to slices of T (`loss.chunks`), so
+that the [B, T, V] logits of a large vocabulary are never all in memory.
 
 logits[:, t] predict tokens[:, t + 1]. For generation, initialise the cache with
 `model.init(rng, tokens_of_max_length, decode=True)` and call with one token and decode=True.
@@ -20,7 +25,7 @@ import jax.numpy as jnp
 
 from tfjax import nn as tnn
 from tfjax.models.common import check_tokens, from_variant
-from tfjax.nn import axes, masks
+from tfjax.nn import axes
 
 _MODERN = dict(
     position="rope",
@@ -83,12 +88,42 @@ class Decoder(nn.Module):
             raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
         super().__post_init__()
 
+    def setup(self):
+        # The modules the output head shares with __call__, here so that `logits` can be
+        # applied on its own; everything else is declared inline in __call__.
+        self.embed = tnn.Embed(
+            self.vocab_size,
+            self.width,
+            init_stddev=self.init_stddev,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
+        if not self.tie_embeddings:
+            self.output_proj = tnn.ffn.dense(
+                self.vocab_size,
+                (axes.EMBED, axes.VOCAB),
+                name=None,  # named by the attribute
+                use_bias=False,
+                kernel_init=nn.initializers.normal(self.init_stddev),
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+            )
+
+    def logits(self, x):
+        """The output head: x [B, T, D] final hidden states -> [B, T, V] logits."""
+        # [B, T, V]
+        logits = self.embed.attend(x) if self.tie_embeddings else self.output_proj(x)
+        return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
+
     @nn.compact
-    def __call__(self, tokens, *, segment_ids=None, positions=None, train=False, decode=False):
+    def __call__(self, tokens, *, segment_ids=None, positions=None, train=False, decode=False,
+                 apply_head=True):  # fmt: skip
         """Args:
           tokens: [B, T] ids.
           segment_ids, positions: [B, T] for packed rows (attention stays within a segment).
           decode: use the KV cache (one or more new tokens per call).
+          apply_head: False returns the final hidden states [B, T, D] in place of the logits
+            (`logits(hidden)` gives the logits).
         Returns:
           ([B, T, V] logits, aux) with aux["pre_logits"] [B, T, D].
         """
@@ -97,14 +132,7 @@ class Decoder(nn.Module):
         if t > self.max_len:
             raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
         init = nn.initializers.normal(self.init_stddev)
-        embed = tnn.Embed(
-            self.vocab_size,
-            self.width,
-            init_stddev=self.init_stddev,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="embed",
-        )
+        embed = self.embed
         if positions is None:
             positions = tnn.position.DecodePositions()(t) if decode else jnp.arange(t)
         # [B, T, D]
@@ -140,7 +168,6 @@ class Decoder(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
         )
-        mask = masks.segment_mask(segment_ids) if segment_ids is not None else None
         pos = positions if positions.ndim == 2 else positions[None]
         x = tnn.Stack(
             self.num_layers,
@@ -148,21 +175,8 @@ class Decoder(nn.Module):
             scan_layers=self.scan_layers,
             remat_policy=self.remat_policy,
             name="decoder",
-        )(x, mask=mask, positions=pos, train=train, decode=decode)
-        if self.tie_embeddings:
-            logits = embed.attend(x)
-        else:
-            logits = tnn.ffn.dense(
-                self.vocab_size,
-                (axes.EMBED, axes.VOCAB),
-                name="output_proj",
-                use_bias=False,
-                kernel_init=init,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-            )(x)
-        logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
-        return logits, {"pre_logits": x}
+        )(x, segment_ids=segment_ids, positions=pos, train=train, decode=decode)
+        return (self.logits(x) if apply_head else x), {"pre_logits": x}
 
 
 def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)

@@ -8,8 +8,14 @@ embeddings plus an output bias) or the pooler (tanh dense on the first token) an
 
     model = encoder.Model(variant="bert-base", vocab_size=30522)
     logits, aux = model.apply(variables, tokens)          # [B, T] -> [B, T, V] (head="mlm")
+    hidden, aux = model.apply(variables, tokens, apply_head=False)   # [B, T, D] (head="mlm")
+    logits = model.apply(variables, hidden, method="logits")         # [B, T, V]
     model = encoder.Model(variant="bert-base", vocab_size=30522, head="classifier", num_classes=2)
     logits, aux = model.apply(variables, tokens)          # [B, T] -> [B, C]
+
+With head="mlm", `apply_head=False` stops before the projection onto the vocabulary (after the
+head's dense, GELU and LayerNorm) and `logits` applies it: a loss can then make the logits in
+slices of T (`loss.chunks`), never all [B, T, V] at once.
 """
 
 from collections.abc import Callable
@@ -63,6 +69,32 @@ class Encoder(nn.Module):
             raise ValueError(f"head={self.head!r} is unknown; allowed: {HEADS}")
         super().__post_init__()
 
+    def setup(self):
+        # What the masked-LM projection shares with __call__, here so that `logits` can be
+        # applied on its own; everything else is declared inline in __call__.
+        self.embed = tnn.Embed(
+            self.vocab_size,
+            self.width,
+            init_stddev=self.init_stddev,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
+        if self.head == "mlm":
+            self.mlm_bias = self.param(
+                "mlm_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
+                (self.vocab_size,),
+                self.param_dtype,
+            )
+
+    def logits(self, h):
+        """The masked-LM projection: h [B, T, D] (after the head's LayerNorm) -> [B, T, V]."""
+        if self.head != "mlm":
+            raise ValueError(f"logits is the projection of head='mlm'; this head={self.head!r}")
+        # [B, T, V]
+        logits = self.embed.attend(h) + self.mlm_bias.astype(h.dtype)
+        return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
+
     @property
     def _kernel_init(self) -> Callable:
         return nn.initializers.normal(self.init_stddev)
@@ -84,11 +116,14 @@ class Encoder(nn.Module):
         )
 
     @nn.compact
-    def __call__(self, tokens, *, token_types=None, segment_ids=None, positions=None, train=False):
+    def __call__(self, tokens, *, token_types=None, segment_ids=None, positions=None, train=False,
+                 apply_head=True):  # fmt: skip
         """Args:
           tokens: [B, T] ids, 0 = padding.
           token_types: [B, T] sentence ids (0 or 1); zeros when None.
           segment_ids, positions: [B, T] for packed rows.
+          apply_head: False (head="mlm" only) returns the masked-LM head's hidden states
+            [B, T, D] in place of the logits (`logits(hidden)` gives the logits).
         Returns:
           (logits, aux): [B, T, V] (mlm) or [B, C] (classifier); aux["encoded"] [B, T, D]
           and, for the classifier, aux["pooled"] [B, D].
@@ -97,14 +132,9 @@ class Encoder(nn.Module):
         t = tokens.shape[1]
         if t > self.max_len:
             raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
-        embed = tnn.Embed(
-            self.vocab_size,
-            self.width,
-            init_stddev=self.init_stddev,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="embed",
-        )
+        if not apply_head and self.head != "mlm":
+            raise ValueError(f"apply_head=False is for head='mlm'; this head={self.head!r}")
+        embed = self.embed
         positions = jnp.arange(t)[None] if positions is None else positions
         # [B, T, D]
         x = embed(tokens) + tnn.LearnedPositions(
@@ -127,11 +157,8 @@ class Encoder(nn.Module):
             )(types)
         x = self._norm("embed_norm")(x)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-        mask = (
-            masks.segment_mask(segment_ids)
-            if segment_ids is not None
-            else masks.padding_mask(tokens)
-        )
+        if segment_ids is None:  # padding (id 0) attends to nothing and is never attended
+            segment_ids = masks.padding_ids(tokens)
         block = tnn.Block(
             num_heads=self.num_heads,
             mlp_dim=self.mlp_dim,
@@ -151,23 +178,13 @@ class Encoder(nn.Module):
             scan_layers=self.scan_layers,
             remat_policy=self.remat_policy,
             name="encoder",
-        )(x, mask=mask, train=train)
+        )(x, segment_ids=segment_ids, train=train)
         aux = {"encoded": x}
         if self.head == "mlm":
             # [B, T, D]
             h = tnn.gelu(self._dense(self.width, (axes.EMBED, axes.MLP), "mlm_dense")(x))
             h = self._norm("mlm_norm")(h)
-            bias = self.param(
-                "mlm_bias",
-                nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
-                (self.vocab_size,),
-                self.param_dtype,
-            )
-            # [B, T, V]
-            logits = embed.attend(h) + bias.astype(h.dtype)
-            return nn.with_logical_constraint(
-                logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB)
-            ), aux
+            return (self.logits(h) if apply_head else h), aux
         # [B, D]
         pooled = jnp.tanh(self._dense(self.width, (axes.EMBED, axes.MLP), "pooler")(x[:, 0]))
         aux["pooled"] = pooled

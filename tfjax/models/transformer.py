@@ -9,9 +9,13 @@ and on every sub-layer's output.
 
     model = transformer.Model(variant="base", vocab_size=37000)
     logits, aux = model.apply(variables, inputs, targets)   # [B, S], [B, T] -> [B, T, V]
+    hidden, aux = model.apply(variables, inputs, targets, apply_head=False)  # -> [B, T, D]
+    logits = model.apply(variables, hidden, method="logits")                 # -> [B, T, V]
 
 `targets` are shifted right inside the model (0 is the start token), so logits at t predict
 targets[t]. For generation call `encode` once, then `decode` token by token with decode=True.
+The second form above lets a loss make the logits in slices of T (`loss.chunks`), never all
+[B, T, V] at once.
 """
 
 from collections.abc import Callable
@@ -122,16 +126,22 @@ class Transformer(nn.Module):
         x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         return self.dropout(x, deterministic=not train)
 
+    def logits(self, y):
+        """The output projection: y [B, T, D] final decoder states -> [B, T, V] logits."""
+        # [B, T, V]
+        logits = self.embed.attend(y) if self.share_embeddings else self.output_proj(y)
+        if self.logits_bias:
+            logits = logits + self.output_bias.astype(logits.dtype)
+        return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
+
     def encode(self, inputs, *, inputs_segment_ids=None, inputs_positions=None, train=False):
         """inputs: [B, S] source ids (0 = padding) -> [B, S, D] encoder output."""
         check_tokens(inputs, "inputs")
         positions = jnp.arange(inputs.shape[1]) if inputs_positions is None else inputs_positions
         x = self._embed(self.embed, inputs, positions, train)
-        if inputs_segment_ids is not None:
-            mask = masks.segment_mask(inputs_segment_ids)
-        else:
-            mask = masks.padding_mask(inputs)
-        return self.encoder(x, mask=mask, train=train)
+        if inputs_segment_ids is None:  # padding (id 0) attends to nothing, is never attended
+            inputs_segment_ids = masks.padding_ids(inputs)
+        return self.encoder(x, segment_ids=inputs_segment_ids, train=train)
 
     def decode(
         self,
@@ -145,6 +155,7 @@ class Transformer(nn.Module):
         targets_positions=None,
         train=False,
         decode=False,
+        apply_head=True,
     ):
         """Decoder logits for already-shifted decoder inputs.
 
@@ -153,6 +164,7 @@ class Transformer(nn.Module):
           inputs: [B, S] source ids (for the cross-attention padding mask).
           decoder_inputs: [B, T] ids; one token per call when decode=True.
           targets: [B, T] unshifted targets, for the decoder's padding mask in training.
+          apply_head: False gives the final decoder states in place of the logits.
         Returns:
           ([B, T, V] logits, [B, T, D] final decoder states).
         """
@@ -166,23 +178,18 @@ class Transformer(nn.Module):
             positions = jnp.arange(t)
         embed = self.embed if self.share_embeddings else self.target_embed
         y = self._embed(embed, decoder_inputs, positions, train)
-        if targets_segment_ids is not None:
-            self_mask = masks.segment_mask(targets_segment_ids)
-            cross_mask = masks.segment_mask(targets_segment_ids, inputs_segment_ids)
-        elif targets is not None:
-            self_mask = masks.padding_mask(targets)
-            cross_mask = masks.padding_mask(targets, inputs)
-        else:
-            self_mask = None
-            cross_mask = masks.key_padding_mask(inputs)
+        # Segment ids, not [T, S] masks (the attention kernels compare them block by block):
+        # packed rows' own, else 1 for tokens and 0 for padding. Decoding (no targets) has a
+        # causal cache and masks only the padded source keys.
+        if inputs_segment_ids is None:
+            inputs_segment_ids = masks.padding_ids(inputs)
+        if targets_segment_ids is None and targets is not None:
+            targets_segment_ids = masks.padding_ids(targets)
         y = self.decoder(
-            y, encoded, mask=self_mask, context_mask=cross_mask, train=train, decode=decode
-        )
-        logits = self.embed.attend(y) if self.share_embeddings else self.output_proj(y)
-        if self.logits_bias:
-            logits = logits + self.output_bias.astype(logits.dtype)
-        logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
-        return logits, y
+            y, encoded, segment_ids=targets_segment_ids, context_segment_ids=inputs_segment_ids,
+            train=train, decode=decode,
+        )  # fmt: skip
+        return (self.logits(y) if apply_head else y), y
 
     def __call__(
         self,
@@ -194,6 +201,7 @@ class Transformer(nn.Module):
         inputs_positions=None,
         targets_positions=None,
         train: bool = False,
+        apply_head: bool = True,
     ):
         """Teacher-forced logits.
 
@@ -201,6 +209,8 @@ class Transformer(nn.Module):
           inputs: [B, S] source ids, 0 = padding.
           targets: [B, T] target ids, 0 = padding; shifted right inside.
           *_segment_ids, *_positions: [B, S] / [B, T] for packed rows.
+          apply_head: False returns the final decoder states [B, T, D] in place of the logits
+            (`logits(hidden)` gives the logits).
         Returns:
           ([B, T, V] logits, aux) with aux["encoded"] [B, S, D], aux["pre_logits"] [B, T, D].
         """
@@ -221,6 +231,7 @@ class Transformer(nn.Module):
             inputs_segment_ids=inputs_segment_ids,
             targets_positions=targets_positions,
             train=train,
+            apply_head=apply_head,
         )
         return logits, {"encoded": encoded, "pre_logits": y}
 

@@ -5,21 +5,33 @@ no registry. Each module provides:
 
   UNIT                      what throughput counts: "examples" or "tokens"
   model_inputs(batch)       -> (args, kwargs) for `model.apply(variables, *args, **kwargs)`
+  labels_and_weights(batch) -> (labels, weights): what each output position predicts ([B] or
+                               [B, T] ints) and how much it counts (0: nothing to predict)
   loss_and_stats(logits, batch, *, label_smoothing, z_loss)
                             -> (loss_sum, stats): the summed loss whose gradient is taken
                                (normalised by stats["weight"] over the whole global batch, so
                                gradient accumulation equals one big batch) and a dict of
-                               scalar sums that add up over micro-batches, steps and eval batches
+                               scalar sums that add up over micro-batches, steps and eval batches:
+                               `losses.cross_entropy_sums` of the logits against
+                               labels_and_weights(batch)
   summarize(stats)          -> {metric name: float} from summed stats (host side)
   units_per_batch(batch)    -> examples or tokens in a batch, for throughput
   DATA_TASKS                the `tfjax.data` tasks whose batches this task accepts
 
 Token id 0 is padding everywhere; padding rows and tokens get weight 0.
+
+With config.loss.chunks > 1 (TOKEN_TASKS only) the train and eval steps (`tfjax.steps`) take
+the model's final hidden states (`apply_head=False`) and its output head (the `logits` method)
+and make the same sums with `losses.chunked_cross_entropy_sums` against
+labels_and_weights(batch): labels and weights are defined once, for both paths.
 """
 
 import importlib
 
 TASKS = ("classification", "lm", "mlm", "translation")
+# Tasks that predict a token at every position through a model's vocabulary head: their loss
+# can be made in slices of T (config.loss.chunks, `losses.chunked_cross_entropy_sums`).
+TOKEN_TASKS = ("lm", "mlm", "translation")
 
 
 def get(name: str):

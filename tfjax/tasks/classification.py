@@ -17,16 +17,17 @@ def model_inputs(batch):
     return ((batch["image"] if "image" in batch else batch["tokens"]),), {}
 
 
-def _weights(batch):
+def labels_and_weights(batch):
+    """([B] labels, [B] weights): every row counts unless batch["weights"] says otherwise."""
     if "weights" in batch:
-        return batch["weights"]
-    return jnp.ones(batch["label"].shape, jnp.float32)
+        return batch["label"], batch["weights"]
+    return batch["label"], jnp.ones(batch["label"].shape, jnp.float32)
 
 
 def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
     """logits [B, C] against batch["label"] [B]."""
     stats = losses.cross_entropy_sums(
-        logits, batch["label"], _weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
+        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
     )
     return stats["loss"], stats
 

@@ -26,18 +26,22 @@ def _next(a, *, fill):
     return jnp.pad(a[:, 1:], ((0, 0), (0, 1)), constant_values=fill)
 
 
-def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
-    tokens = batch["tokens"]
-    # [B, T]: the next token of every position, 0 (padding: weight 0) after the last one. The
-    # logits are used whole: slicing off the last position copied the [B, T, V] logits and
-    # padded their gradient back (about 1.5% of a GPT-2-small step on CPU).
-    labels = _next(tokens, fill=0)
+def labels_and_weights(batch):
+    """([B, T] labels, [B, T] weights): the next token of every position, 0 (padding: weight 0)
+    after the last one; in packed rows a position whose next token starts another example has
+    weight 0. All T positions are kept: slicing off the last one copied the [B, T, V] logits
+    and padded their gradient back (about 1.5% of a GPT-2-small step on CPU)."""
+    labels = _next(batch["tokens"], fill=0)
     weights = labels != 0
     if "tokens_segment_ids" in batch:
         seg = batch["tokens_segment_ids"]
         weights = weights & (seg == _next(seg, fill=-1))
+    return labels, weights
+
+
+def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
     stats = losses.cross_entropy_sums(
-        logits, labels, weights, label_smoothing=label_smoothing, z_loss=z_loss
+        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
     )
     return stats["loss"], stats
 

@@ -1,12 +1,19 @@
 """Losses and counts shared by the tasks. Everything returns sums, never means, so that
 micro-batches, steps and evaluation batches add up exactly before one final division.
 
-Letters: B batch, T length, V vocab (or classes C).
+Letters: B batch, T length, D model width, V vocab (or classes C).
 """
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from tfjax.nn import axes
+
+SUMS = ("loss", "nll", "correct", "weight")  # the keys of cross_entropy_sums' result
 
 
 def cross_entropy_sums(logits, labels, weights, *, label_smoothing=0.0, z_loss=0.0):
@@ -45,6 +52,55 @@ def cross_entropy_sums(logits, labels, weights, *, label_smoothing=0.0, z_loss=0
         "correct": jnp.sum(correct * weights),
         "weight": jnp.sum(weights),
     }
+
+
+def chunked_cross_entropy_sums(logits_fn, hidden, labels, weights, *, chunks, label_smoothing=0.0,
+                               z_loss=0.0):  # fmt: skip
+    """cross_entropy_sums(logits_fn(hidden), labels, weights, ...) made over `chunks` slices of
+    T, so that the [B, T, V] logits are never all in memory, in the forward or the backward pass.
+
+    A scan over the slices makes each slice's logits [B, T/chunks, V], reduces them to the four
+    sums and drops them. Each slice is a jax.checkpoint: the backward pass keeps only the slice's
+    hidden states and makes its logits again (one more output-projection matmul per step, the
+    price of the memory), and the gradient of the parameters logits_fn closes over (a tied
+    embedding or an output kernel [D, V]) adds up across the slices in the scan's backward.
+    The same sums as the plain loss, up to float rounding (they are added slice by slice).
+
+    Args:
+      logits_fn: [B, T/chunks, D] -> [B, T/chunks, V], the model's output head closed over its
+        parameters (`functools.partial(model.apply, variables, method="logits")`).
+      hidden: [B, T, D] what the head takes (`model.apply(..., apply_head=False)`).
+      labels: [B, T] ints in [0, V).
+      weights: [B, T], 0 where nothing is predicted.
+      chunks: the number of slices; divides T.
+      label_smoothing, z_loss: as in cross_entropy_sums.
+    Returns:
+      the dict of cross_entropy_sums.
+    """
+    b, t = labels.shape
+    if chunks < 1 or t % chunks:
+        raise ValueError(f"chunks={chunks} must be >= 1 and divide the length T={t}")
+
+    def split(x):
+        # [B, T, ...] -> [chunks, B, T/chunks, ...]: slice c holds the positions from c T/chunks.
+        x = jnp.moveaxis(x.reshape(b, chunks, t // chunks, *x.shape[2:]), 1, 0)
+        # Each slice keeps the batch split over the devices as the rows were.
+        names = (None, axes.BATCH, axes.LENGTH, axes.ACT_EMBED)[: x.ndim]
+        return nn.with_logical_constraint(x, names)
+
+    # prevent_cse=False: inside a scan the recomputation cannot be merged with the forward.
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def slice_sums(h, y, w):
+        return cross_entropy_sums(
+            logits_fn(h), y, w, label_smoothing=label_smoothing, z_loss=z_loss
+        )
+
+    def body(total, xs):
+        return jax.tree.map(jnp.add, total, slice_sums(*xs)), None
+
+    zeros = {k: jnp.zeros((), jnp.float32) for k in SUMS}
+    sums, _ = jax.lax.scan(body, zeros, (split(hidden), split(labels), split(weights)))
+    return sums
 
 
 def first_argmax(x):

@@ -19,9 +19,14 @@ def model_inputs(batch):
     return (batch["tokens"],), kwargs
 
 
+def labels_and_weights(batch):
+    """([B, T] original tokens, [B, T] weights: 1 where picked for prediction)."""
+    return batch["targets"], batch["weights"]
+
+
 def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
     stats = losses.cross_entropy_sums(
-        logits, batch["targets"], batch["weights"], label_smoothing=label_smoothing, z_loss=z_loss
+        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
     )
     return stats["loss"], stats
 

@@ -18,10 +18,15 @@ def model_inputs(batch):
     return (batch["inputs"], batch["targets"]), kwargs
 
 
-def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
+def labels_and_weights(batch):
+    """([B, T] targets, [B, T] weights: 1 on every real target token, 0 on padding)."""
     targets = batch["targets"]
+    return targets, targets != 0
+
+
+def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
     stats = losses.cross_entropy_sums(
-        logits, targets, targets != 0, label_smoothing=label_smoothing, z_loss=z_loss
+        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
     )
     return stats["loss"], stats
 
