@@ -45,6 +45,13 @@ def segment_mask(query_segment_ids, key_segment_ids=None) -> jnp.ndarray:
     return (q == k) & (q != 0)
 
 
+def padding_ids(tokens, *, pad_id: int = 0) -> jnp.ndarray:
+    """[B, T] int32 segment ids of unpacked rows: 1 for tokens, 0 for padding. As segment ids
+    (`segment_mask`, or `segment_ids=` of the attention functions, which need no [T, S] mask)
+    they mean what `padding_mask` means."""
+    return (tokens != pad_id).astype(jnp.int32)
+
+
 def combine_masks(*masks):
     """AND of the given masks (None entries skipped); None when all are None."""
     masks = [m for m in masks if m is not None]
