@@ -126,6 +126,8 @@ class Block(nn.Module):
         *,
         mask=None,
         context_mask=None,
+        segment_ids=None,
+        context_segment_ids=None,
         positions=None,
         train: bool = False,
         decode: bool = False,
@@ -135,6 +137,9 @@ class Block(nn.Module):
           context: [B, S, D] encoder output (with cross_attention).
           mask: self-attention mask, boolean, broadcastable to [B, N, T, T].
           context_mask: cross-attention mask, broadcastable to [B, N, T, S].
+          segment_ids: [B, T] ints for packed or padded rows (see dot_product_attention): the
+            attention kernels take them without a [T, S] mask.
+          context_segment_ids: [B, S] the context's ids, for cross-attention.
           positions: [B, T] positions for RoPE / ALiBi.
         Returns:
           [B, T, D].
@@ -146,8 +151,14 @@ class Block(nn.Module):
         x = self._residual(
             x,
             lambda y: attend(
-                y, mask=mask, is_causal=self.causal, positions=positions, train=train, decode=decode
-            ),
+                y,
+                mask=mask,
+                segment_ids=segment_ids,
+                is_causal=self.causal,
+                positions=positions,
+                train=train,
+                decode=decode,
+            ),  # fmt: skip
             "self_attention",
             train,
         )
@@ -157,7 +168,14 @@ class Block(nn.Module):
             cross = self._attention("cross_attention", None)
             x = self._residual(
                 x,
-                lambda y: cross(y, context, mask=context_mask, train=train),
+                lambda y: cross(
+                    y,
+                    context,
+                    mask=context_mask,
+                    segment_ids=segment_ids,
+                    context_segment_ids=context_segment_ids,
+                    train=train,
+                ),
                 "cross_attention",
                 train,
             )
@@ -210,6 +228,8 @@ class Stack(nn.Module):
         *,
         mask=None,
         context_mask=None,
+        segment_ids=None,
+        context_segment_ids=None,
         positions=None,
         train: bool = False,
         decode: bool = False,
@@ -222,6 +242,8 @@ class Stack(nn.Module):
                 context,
                 mask=mask,
                 context_mask=context_mask,
+                segment_ids=segment_ids,
+                context_segment_ids=context_segment_ids,
                 positions=positions,
                 train=train,
                 decode=decode,
