@@ -39,6 +39,9 @@ def tiny(name="vit", **overrides):
         ("vit", {"checkpoint.keep": 0}, r"checkpoint.keep must be >= 1, got 0"),
         ("vit", {"checkpoint.best_mode": "lowest"}, r"checkpoint.best_mode must be 'max' or"),
         ("vit", {"checkpoint.timeout_s": 0}, r"checkpoint.timeout_s must be a whole number"),
+        ("lm", {"profile.num_steps": -1}, r"profile.num_steps must be >= 0, got -1"),
+        ("vit", {"profile.start_step": 0, "profile.num_steps": 1},
+         r"profile.start_step must be >= 1"),
     ],
 )  # fmt: skip
 def test_check_config_refuses_invalid_values_naming_the_field(name, overrides, message):
@@ -156,6 +159,7 @@ def run(tmp_path, *args, config="configs/vit.py:tiny"):
         (["--config.optim.learning_rate=-1"], "optim.learning_rate must be >= 0, got -1.0"),
         (["--config.model.variant=B/15"], "model.variant='B/15' is unknown"),
         (["--config.optim.schedule=linear"], "optim.schedule='linear' is unknown"),
+        (["--config.profile.num_steps=-1"], "profile.num_steps must be >= 0, got -1"),
     ],
 )  # fmt: skip
 def test_run_refuses_a_bad_override_in_a_few_lines(tmp_path, args, message):

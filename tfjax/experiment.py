@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from tfjax import checkpoint, metrics, optim, sharding, tasks
+from tfjax import checkpoint, metrics, optim, profiling, sharding, tasks
 from tfjax.steps import TrainState, make_eval_step, make_train_step
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -83,6 +83,7 @@ def check_config(config) -> None:
         )
     _check_loss_chunks(config)
     checkpoint.check_options(config.checkpoint)
+    profiling.check_profile(config)
     module = model_module(config.model.name)
     variant = config.model.get("variant")
     if variant is not None and variant not in module.VARIANTS:

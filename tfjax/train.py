@@ -137,7 +137,6 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
     experiment.check_config(config)
-    profiling.check_profile(config)
     experiment.check_paths(config, workdir)  # before the lock (which creates the workdir)
     workdir = os.path.abspath(os.path.expanduser(workdir))
     task = tasks.get(config.task)
