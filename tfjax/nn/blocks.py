@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from tfjax.nn import axes
 from tfjax.nn.attention import MultiHeadAttention
@@ -27,11 +28,31 @@ from tfjax.nn.ffn import ALL_ACTIVATIONS, make_mlp
 
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
+LAYER_INPUT = "layer_input"  # checkpoint_name of each block's input, the residual stream
+# What the backward pass of each layer finds saved from its forward pass; everything else is
+# recomputed from the layer's input. The "offload_" policies move what they save from the
+# accelerator's memory to the host's (pinned) memory during the forward pass and back during
+# the backward pass (TPU and GPU; the host link carries those bytes twice per step). On the CPU
+# backend JAX lowers those transfers as nothing, and that is kept, not refused: there the
+# device memory is the host memory, so what offloading promises already holds, and an offload
+# policy runs as its twin ("offload_dots_no_batch" as "dots_no_batch", "offload_layer_inputs"
+# as "full") with the same numbers, so a TPU config's CPU smoke run works unchanged.
 REMAT_POLICIES = {
     "none": None,  # no rematerialisation: keep every activation
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
     "dots": jax.checkpoint_policies.checkpoint_dots,  # keep matmul outputs
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep x @ W
+    # x @ W outputs (the projections; not attention's scores) go to host memory instead
+    "offload_dots_no_batch": jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+        offload_src="device", offload_dst="pinned_host"
+    ),
+    # recompute the whole block, as "full", from its input kept in host memory
+    "offload_layer_inputs": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=(),
+        names_which_can_be_offloaded=(LAYER_INPUT,),
+        offload_src="device",
+        offload_dst="pinned_host",
+    ),
 }
 
 
@@ -147,6 +168,8 @@ class Block(nn.Module):
         if x.ndim != 3:
             raise ValueError(f"Block: x must be [B, T, D], got shape {x.shape}")
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
+        # The identity, named for the remat policies that save the layer's input by name.
+        x = checkpoint_name(x, LAYER_INPUT)
         attend = self._attention("self_attention", self.position)
         x = self._residual(
             x,
