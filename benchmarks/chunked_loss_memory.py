@@ -127,7 +127,7 @@ def main():
         f"{base['per_device_batch']:g} rows per device\n")  # fmt: skip
     header = "| loss.chunks | " + " | ".join(
         f"{n} peak GiB | {n} peak / chunks={base['chunks']}" for n in args.steps
-    ) + " | recomputed head FLOPs | fits |"  # fmt: skip
+    ) + " | train step: recomputed head FLOPs | fits |"  # fmt: skip
     log(header)
     log("|" + "---|" * (header.count("|") - 1))
     for row in rows:
