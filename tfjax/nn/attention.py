@@ -31,10 +31,13 @@ from jax import lax
 from tfjax.nn import axes, masks, position, splash
 
 IMPLEMENTATIONS = ("xla", "cudnn", "splash", "chunked")
-# With implementation=None, key lengths from here on use a kernel whose memory is linear in S
-# ("splash" on TPUs, else "chunked"): below it the [B, N, T, S] weights are small. The figures
-# behind the values: benchmarks/attention_kernels.py (README, "Attention kernels").
+# With implementation=None, key lengths from here on use "chunked" (when no fused kernel
+# applies): below it the [B, N, T, S] weights are small.
 CHUNKED_MIN_LENGTH = 4096
+# On TPUs, key lengths from here on use "splash": two of its blocks (splash.BLOCK), where a
+# causal mask first lets it skip blocks (3 of 4 computed at 1,024, 10 of 16 at 2,048), while the
+# plain path computes all of [T, S]; below it one block covers everything and the compiled peak
+# memory of the modern-small step is the same either way (benchmarks/attention_kernels.py).
 SPLASH_MIN_LENGTH = 1024
 DEFAULT_CHUNK_SIZE = 512
 
@@ -142,6 +145,17 @@ def choose_implementation(q, k, *, mask=None, bias=None, dropout_rate=0.0,
     ):
         return "splash"
     return "chunked" if s >= CHUNKED_MIN_LENGTH else "xla"
+
+
+def _sharded_alike(q, k, v):
+    """q, k and v with one layout, batch and heads split as the rules split activations (cuDNN's
+    partitioner refuses others: a decode step's cached keys otherwise keep the cache's layout);
+    kv heads repeated when they do not split like the query heads."""
+    parts = axes.shards(axes.ACT_HEADS)
+    if parts > 1 and k.shape[2] % parts:
+        k, v = (jnp.repeat(x, q.shape[2] // k.shape[2], axis=2) for x in (k, v))
+    names = (axes.BATCH, axes.LENGTH, axes.ACT_HEADS, None)
+    return tuple(nn.with_logical_constraint(x, names) for x in (q, k, v))
 
 
 @functools.cache
@@ -523,6 +537,7 @@ def dot_product_attention(
         if reason:
             raise ValueError(f'implementation="cudnn" is not available: {reason}')
         try:
+            q, k, v = _sharded_alike(q, k, v)
             return jax.nn.dot_product_attention(
                 q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                 implementation="cudnn",

@@ -23,3 +23,22 @@ HEAD_DIM = "head_dim"
 VOCAB = "vocab"
 NORM = "norm"
 LAYERS = "layers"  # the stacked axis of scanned layers
+
+
+def shards(name: str) -> int:
+    """Into how many parts the rules and mesh in context split logical axis `name` (1 outside
+    `tfjax.sharding.logical_context`)."""
+    import flax.linen as nn
+    import jax
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    (mesh_axes,) = nn.logical_to_mesh_axes((name,))
+    if mesh_axes is None:
+        return 1
+    mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+    size = 1
+    for axis in mesh_axes:
+        size *= mesh.shape[axis]
+    return size

@@ -143,13 +143,13 @@ def _sharded(per_shard, qh, kh, vh, ids):
         return per_shard(qh, kh, vh, ids)
     spec = jax.sharding.PartitionSpec
     batch, heads = nn.logical_to_mesh_axes((axes.BATCH, axes.ACT_HEADS))
-    head_parts = _size(mesh, heads)
+    head_parts = axes.shards(axes.ACT_HEADS)
     if head_parts > 1 and kh.shape[1] % head_parts:
         # Fewer kv heads than head shards: each shard gets the kv heads its query heads read.
         kh, vh = (jnp.repeat(x, qh.shape[1] // kh.shape[1], axis=1) for x in (kh, vh))
-    if _size(mesh, batch) > 1 and qh.shape[0] % _size(mesh, batch):
+    if qh.shape[0] % axes.shards(axes.BATCH):
         batch = None  # a batch that does not split (decoding one row): every shard takes all
-    if head_parts > 1 and qh.shape[1] % head_parts:
+    if qh.shape[1] % head_parts:
         heads = None
     q_spec = spec(batch, heads, None, None)
     ids_spec = None if ids is None else (spec(batch, None), spec(batch, None))
@@ -160,13 +160,3 @@ def _sharded(per_shard, qh, kh, vh, ids):
         out_specs=q_spec,
         check_vma=False,
     )(qh, kh, vh, ids)
-
-
-def _size(mesh, names) -> int:
-    if names is None:
-        return 1
-    names = (names,) if isinstance(names, str) else names
-    size = 1
-    for name in names:
-        size *= mesh.shape[name]
-    return size
