@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import set_fields
 
 from tfjax import aot, experiment, sharding, steps, tasks
 from tfjax.models import decoder, encoder, transformer
@@ -169,13 +170,7 @@ def test_heads_apart_from_the_model_give_the_same_logits():
 def _config(spec, **overrides):
     config = experiment.load_config(f"configs/{spec}")
     with config.unlocked():
-        for key, value in overrides.items():
-            *parents, leaf = key.split(".")
-            target = config
-            for p in parents:
-                target = target[p]
-            target[leaf] = value
-    return config
+        return set_fields(config, overrides)
 
 
 MESH_2X2X2 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
