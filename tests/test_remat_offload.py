@@ -138,3 +138,16 @@ def test_train_step_compiles_with_host_offload(topology, policy):
         assert host > config.model.num_layers * layer_input
     else:
         assert host == 0
+
+
+def test_the_compile_report_counts_offloaded_bytes_apart_from_hbm():
+    """XLA's peak counts host-memory buffers with HBM's; tfjax.aot reports them apart."""
+    config = tiny_lm("offload_layer_inputs")
+    report = aot.compile_experiment(config, aot.topology_devices("v5e:2x2"), steps=("train",))
+    (train,) = report.steps
+    rows = config.batch_size // 2
+    layer_input = rows * config.dataset.seq_len * config.model.width * 2  # [B, T, D] bf16
+    assert train.host_bytes == config.model.num_layers * layer_input
+    assert train.peak_bytes == (train.argument_bytes + train.output_bytes - train.alias_bytes
+                                + train.temp_bytes)  # fmt: skip
+    assert "offloaded to host memory" in aot.format_report(report)

@@ -221,11 +221,12 @@ class StepReport:
     output_bytes: int
     alias_bytes: int
     temp_bytes: int
-    peak_bytes: int  # max(XLA's peak, arguments + outputs - aliased + temporaries)
+    peak_bytes: int  # of HBM: max(XLA's peak, arguments + outputs - aliased + temporaries)
     collectives: dict[str, float]  # kind -> bytes per step (result bytes x trip count)
     f32_dot_fraction: float  # of the matmul FLOPs, the share with a float32 operand
     fits: bool
     error: str = ""  # the compiler's refusal, first line
+    host_bytes: int = 0  # temporaries placed in host memory (remat policies that offload)
 
 
 @dataclasses.dataclass
@@ -363,11 +364,15 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
     # temporaries alone, and its compiler refuses a program by its temporaries.
     total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes)  # fmt: skip
-    peak = max(getattr(m, "peak_memory_in_bytes", 0), total)
+    host = getattr(m, "host_temp_size_in_bytes", 0) or 0
+    # XLA's peak counts buffers offloaded to host memory with HBM's: with any, the total is
+    # HBM's figure.
+    peak = total if host else max(getattr(m, "peak_memory_in_bytes", 0), total)
     return StepReport(
         name, seconds, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
         m.temp_size_in_bytes, peak, collective_bytes(compiled.as_text()),
         f32_dot_fraction(lowered.as_text()) if bf16 else 0.0, fits=not hbm or peak <= hbm,
+        host_bytes=host,
     )  # fmt: skip
 
 
@@ -545,12 +550,14 @@ def format_report(r: Report) -> str:
         lines.append(
             f"  {s.name}: compile {s.compile_s:.1f} s; arguments {_gib(s.argument_bytes)}, "
             f"temporaries {_gib(s.temp_bytes)}, peak {_gib(s.peak_bytes)}{share}; "
-            f"collectives per step: {coll}"
+            + (f"offloaded to host memory {_gib(s.host_bytes)}; " if s.host_bytes else "")
+            + f"collectives per step: {coll}"
         )
     lines += [f"  warning: {w}" for w in r.warnings]
     if not r.fits:
         lines.append(
-            "  To fit: --config.model.remat_policy=dots (or full) recomputes activations; "
+            "  To fit: --config.model.remat_policy=dots (or full) recomputes activations, "
+            "offload_layer_inputs also keeps layer inputs in host memory; "
             "--config.model.scan_layers=True; --config.num_microbatches=2 halves the "
             "activations per pass; a larger --config.mesh.fsdp shards parameters and "
             "optimizer state over more devices; or a smaller --config.batch_size."
