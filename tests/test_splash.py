@@ -183,6 +183,7 @@ def test_the_target_chooses_the_backend_not_the_host():
     )
     assert _chosen(gpu, 256) == "cudnn"
     assert _chosen(gpu, 256, dtype=jnp.float32) == "xla"  # cuDNN takes bf16/fp16 only
+    assert _chosen(gpu, 197) == "xla"  # a ViT's 196 + 1 tokens: cuDNN's backward refuses odd T
     assert _chosen(cpu, n) == "xla"
     assert _chosen(cpu, attention.CHUNKED_MIN_LENGTH) == "chunked"
 

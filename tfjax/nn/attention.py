@@ -173,6 +173,9 @@ def _cudnn_unsupported_reason(q, k, dropout_rate, platform) -> str | None:
         return "jax.nn.dot_product_attention has no dropout"
     if q.shape[-1] % 8 or q.shape[-1] > 128:
         return f"it needs a head dim that is a multiple of 8 and at most 128, got {q.shape[-1]}"
+    if q.shape[1] % 2 or k.shape[1] % 2:
+        # jax.nn refuses it in the backward pass, traced after this function has returned.
+        return f"its backward pass needs even lengths, got T={q.shape[1]}, S={k.shape[1]}"
     return None
 
 
