@@ -21,10 +21,14 @@ HBM):
     python experiments/compile.py --config=configs/lm.py:gpt2-xl --topology=v5p:4x4x4
 
   gpt2-small   batch 256 x 128, data parallel on v5e:2x2: 11.7 of 16 GiB (73%)
-  gpt2-medium  batch 512 x 1024, FSDP, remat full, v5p:2x2x2: 18.7 of 95 GiB (20%)
-  gpt2-large   batch 512 x 1024, FSDP, remat full, v5p:4x4x2: 8.0 of 95 GiB (8%)
-  gpt2-xl      batch 512 x 1024, FSDP, remat full, v5p:4x4x4: 4.7 of 95 GiB (5%)
-  modern-small batch 128 x 2048, FSDP, remat full, v5p:2x2x1: 14.8 of 95 GiB (16%)
+  gpt2-medium  batch 512 x 1024, FSDP, remat full, v5p:2x2x2: 18.8 of 95 GiB (20%)
+  gpt2-large   batch 512 x 1024, FSDP, remat full, v5p:4x4x2: 6.3 of 95 GiB (7%)
+  gpt2-xl      batch 512 x 1024, FSDP, remat full, v5p:4x4x4: 4.5 of 95 GiB (5%)
+  modern-small batch 128 x 2048, FSDP, remat full, v5p:2x2x1: 14.7 of 95 GiB (15%)
+
+  (TPU attention from 1,024 tokens is the splash kernel. For long contexts and large
+  vocabularies see the README's "Attention backends" and "Memory levers": loss.chunks,
+  remat_policy="offload_layer_inputs".)
 """
 
 import ml_collections
