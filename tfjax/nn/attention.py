@@ -151,9 +151,7 @@ def _sharded_alike(q, k, v):
     """q, k and v with one layout, batch and heads split as the rules split activations (cuDNN's
     partitioner refuses others: a decode step's cached keys otherwise keep the cache's layout);
     kv heads repeated when they do not split like the query heads."""
-    parts = axes.shards(axes.ACT_HEADS)
-    if parts > 1 and k.shape[2] % parts:
-        k, v = (jnp.repeat(x, q.shape[2] // k.shape[2], axis=2) for x in (k, v))
+    k, v = splash.split_like_query_heads(k, v, q.shape[2], axis=2)
     names = (axes.BATCH, axes.LENGTH, axes.ACT_HEADS, None)
     return tuple(nn.with_logical_constraint(x, names) for x in (q, k, v))
 

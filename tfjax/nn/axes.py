@@ -6,6 +6,9 @@ Parameter axes and activation axes have different names because they shard diffe
 FSDP: a weight's `embed` axis is split over `fsdp`, an activation's `act_embed` is not.
 """
 
+import flax.linen as nn
+import jax
+
 # Activations.
 BATCH = "batch"
 LENGTH = "length"
@@ -28,9 +31,6 @@ LAYERS = "layers"  # the stacked axis of scanned layers
 def shards(name: str) -> int:
     """Into how many parts the rules and mesh in context split logical axis `name` (1 outside
     `tfjax.sharding.logical_context`)."""
-    import flax.linen as nn
-    import jax
-
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return 1

@@ -50,6 +50,16 @@ def unsupported_reason(*, mask, bias, dropout_rate) -> str | None:
     return None
 
 
+def split_like_query_heads(k, v, num_heads: int, axis: int):
+    """k, v with their kv heads (on `axis`) repeated up to `num_heads` when the rules in context
+    split query heads into parts the kv heads do not divide: every shard then holds the kv heads
+    its query heads read (a sharded kernel call, splash or cuDNN, needs that)."""
+    parts = axes.shards(axes.ACT_HEADS)
+    if parts > 1 and k.shape[axis] % parts:
+        k, v = (jnp.repeat(x, num_heads // k.shape[axis], axis=axis) for x in (k, v))
+    return k, v
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
@@ -143,13 +153,10 @@ def _sharded(per_shard, qh, kh, vh, ids):
         return per_shard(qh, kh, vh, ids)
     spec = jax.sharding.PartitionSpec
     batch, heads = nn.logical_to_mesh_axes((axes.BATCH, axes.ACT_HEADS))
-    head_parts = axes.shards(axes.ACT_HEADS)
-    if head_parts > 1 and kh.shape[1] % head_parts:
-        # Fewer kv heads than head shards: each shard gets the kv heads its query heads read.
-        kh, vh = (jnp.repeat(x, qh.shape[1] // kh.shape[1], axis=1) for x in (kh, vh))
+    kh, vh = split_like_query_heads(kh, vh, qh.shape[1], axis=1)
     if qh.shape[0] % axes.shards(axes.BATCH):
         batch = None  # a batch that does not split (decoding one row): every shard takes all
-    if qh.shape[1] % head_parts:
+    if qh.shape[1] % axes.shards(axes.ACT_HEADS):
         heads = None
     q_spec = spec(batch, heads, None, None)
     ids_spec = None if ids is None else (spec(batch, None), spec(batch, None))
