@@ -3,6 +3,7 @@
 Letters: B batch, T length, N heads, H head dim, D model width.
 """
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -78,25 +79,134 @@ class LearnedPositions(nn.Module):
         return jnp.take(table, positions, axis=0).astype(self.dtype or self.param_dtype)
 
 
-def rope(x, positions, *, base: float = 10_000.0):
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """How a RoPE model stretches its frequencies past its training length.
+
+    Every kind works on the inverse frequencies base^(-2i/H), i < H/2 (H the rotated width):
+      "linear":  all divided by `factor` (position interpolation, Chen et al., 2023).
+      "dynamic": NTK-aware: the base grows with the longest position L seen in the call once L
+                 passes `original_length` (O): base * (factor L / O - factor + 1)^(H / (H - 2)).
+      "llama3":  Llama 3.1's split by wavelength w = 2 pi / f: w below original_length /
+                 high_freq_factor kept, above original_length / low_freq_factor divided by
+                 `factor`, blended linearly in between.
+      "yarn":    YaRN (Peng et al., 2023): frequencies that turn fewer than `beta_slow` times in
+                 `original_length` divided by `factor`, more than `beta_fast` kept, a linear ramp
+                 over the dimensions between; cos and sin scaled by `attention_factor`.
+    """
+
+    kind: str  # one of SCALING_KINDS
+    factor: float  # how many times longer than original_length the model is meant to read
+    original_length: int  # the pretraining length the scaling starts from
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn: rotations above which a frequency is kept
+    beta_slow: float = 1.0  # yarn: rotations below which a frequency is divided by factor
+    attention_factor: float | None = None  # yarn: cos/sin scale; None: 0.1 ln(factor) + 1
+    truncate: bool = True  # yarn: round the ramp's ends to whole dimensions
+
+    def __post_init__(self):
+        if self.kind not in SCALING_KINDS:
+            raise ValueError(f"RopeScaling.kind={self.kind!r}; supported: {SCALING_KINDS}")
+        if not self.factor > 0 or self.original_length < 1:
+            raise ValueError(
+                f"RopeScaling needs factor > 0 and original_length >= 1; got factor={self.factor}, "
+                f"original_length={self.original_length}"
+            )
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(
+                f"RopeScaling(kind='llama3') needs high_freq_factor > low_freq_factor; got "
+                f"{self.high_freq_factor} and {self.low_freq_factor}"
+            )
+
+
+SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
+
+
+def rope_frequencies(width: int, base: float, scaling: RopeScaling | None = None, *, length=None):
+    """Inverse frequencies [width/2] (float32) and the cos/sin scale of RoPE.
+
+    Args:
+      width: rotated channels per head (H), even.
+      base: wavelength base (rope_theta).
+      scaling: None for the plain frequencies base^(-2i/H), else how they are stretched.
+      length: "dynamic" only: the longest position + 1 in this call (a traced scalar is fine).
+    Returns:
+      (inv_freq [width/2], scale): the angle of channel pair i at position p is p * inv_freq[i];
+      cos and sin are multiplied by `scale` (1.0 except for yarn).
+    """
+    if scaling is None:
+        return base ** (-jnp.arange(0, width, 2, dtype=jnp.float32) / width), 1.0
+    # The scaled kinds are computed once, in float64, from the static fields (dynamic: below).
+    exponents = np.arange(0, width, 2, dtype=np.float64) / width  # [H/2]
+    plain = 1.0 / float(base) ** exponents
+    factor, original = scaling.factor, scaling.original_length
+    if scaling.kind == "linear":
+        return jnp.asarray(plain / factor, jnp.float32), 1.0
+    if scaling.kind == "dynamic":
+        if length is None:
+            raise ValueError(
+                "rope_frequencies: RopeScaling(kind='dynamic') needs the call's length"
+            )
+        length = jnp.maximum(jnp.asarray(length, jnp.float32), original)
+        grown = base * (factor * length / original - (factor - 1)) ** (width / (width - 2))
+        return 1.0 / grown ** jnp.asarray(exponents, jnp.float32), 1.0
+    if scaling.kind == "llama3":
+        wavelength = 2 * math.pi / plain
+        short = original / scaling.high_freq_factor  # wavelengths below: kept
+        long = original / scaling.low_freq_factor  # wavelengths above: divided by factor
+        blend = (original / wavelength - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - blend) * plain / factor + blend * plain
+        out = np.where(
+            wavelength > long, plain / factor, np.where(wavelength < short, plain, blended)
+        )
+        return jnp.asarray(out.astype(np.float32)), 1.0
+
+    # yarn: the dimension d at which a frequency turns r times in `original` positions.
+    def dimension(rotations):
+        return width * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, width - 1)
+    high = high + 0.001 if high == low else high  # a ramp of zero width would divide by zero
+    ramp = np.clip((np.arange(width // 2) - low) / (high - low), 0, 1)
+    out = (plain / factor) * ramp + plain * (1 - ramp)
+    scale = scaling.attention_factor
+    if scale is None:
+        scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return jnp.asarray(out.astype(np.float32)), float(scale)
+
+
+def rope(x, positions, *, base: float = 10_000.0, scaling: RopeScaling | None = None):
     """Rotary position embedding (Su et al., 2021), rotate-half layout (GPT-NeoX, Llama).
 
     Args:
       x: [B, T, N, H] queries or keys, H even.
       positions: [B, T] or [T] int positions.
+      base: wavelength base (rope_theta).
+      scaling: None, or how frequencies are stretched past the training length (RopeScaling).
     Returns:
-      [B, T, N, H] with channel pairs (i, i + H/2) rotated by angle pos * base^(-2i/H).
+      [B, T, N, H] with channel pairs (i, i + H/2) rotated by angle pos * inv_freq[i]
+      (inv_freq = base^(-2i/H) unscaled; rope_frequencies).
     """
     h = x.shape[-1]
     if h % 2:
         raise ValueError(f"rope: head_dim must be even, got {h}")
-    inv_freq = base ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)  # [H/2]
-    positions = jnp.asarray(positions, jnp.float32)
+    positions = jnp.asarray(positions)
+    length = jnp.max(positions) + 1 if scaling is not None and scaling.kind == "dynamic" else None
+    inv_freq, scale = rope_frequencies(h, base, scaling, length=length)  # [H/2]
+    positions = positions.astype(jnp.float32)
     if positions.ndim == 1:
         positions = positions[None]
     # [B, T, 1, H/2]
     angles = (positions[..., None] * inv_freq)[:, :, None, :]
     sin, cos = jnp.sin(angles), jnp.cos(angles)
+    if scale != 1.0:
+        sin, cos = sin * scale, cos * scale
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
