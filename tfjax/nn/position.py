@@ -1,4 +1,5 @@
-"""Positional information: sinusoidal, learned, 2-D sin-cos, RoPE and ALiBi.
+"""Positional information: sinusoidal, learned, 2-D sin-cos, RoPE (and its scalings), ALiBi and
+T5's relative position buckets.
 
 Letters: B batch, T length, N heads, H head dim, D model width.
 """
@@ -240,6 +241,75 @@ def alibi_bias(num_heads: int, query_positions, key_positions):
     k = jnp.atleast_2d(key_positions)[:, None, None, :]
     slopes = jnp.asarray(alibi_slopes(num_heads))[None, :, None, None]
     return -slopes * jnp.abs(q - k).astype(jnp.float32)
+
+
+def relative_position_bucket(
+    relative_position, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+):
+    """T5's bucket of each key - query offset (Raffel et al., 2020, section 2.1).
+
+    Half the buckets (all of them when causal, where only offsets <= 0 occur) hold exact
+    distances 0 .. n/2 - 1; the rest cover n/2 .. max_distance on a log scale, and every
+    farther distance shares the last bucket. Bidirectional buckets give keys after the query
+    their own half.
+
+    Args:
+      relative_position: int array of key position - query position (any shape).
+    Returns:
+      int32 buckets in [0, num_buckets), same shape.
+    """
+    relative_position = jnp.asarray(relative_position, jnp.int32)
+    bucket = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = jnp.where(relative_position > 0, num_buckets, 0)
+        distance = jnp.abs(relative_position)
+    else:
+        distance = -jnp.minimum(relative_position, 0)
+    exact = num_buckets // 2
+    # log-spaced beyond `exact`; the max() keeps the log finite where the exact branch is taken
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / exact) / math.log(
+        max_distance / exact
+    )
+    far = jnp.minimum(
+        exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32), num_buckets - 1
+    )
+    return bucket + jnp.where(distance < exact, distance, far)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned attention bias: one scalar per (bucket, head), added to the logits.
+
+    T5 computes it in the first layer of each stack and shares it with every layer of that
+    stack; a model holds one of these per stack and passes its output to all layers.
+    """
+
+    num_heads: int  # N
+    bidirectional: bool  # True in the encoder, False in the (causal) decoder
+    num_buckets: int = 32  # T5's default
+    max_distance: int = 128  # T5's default
+    param_dtype: jnp.dtype = jnp.float32  # storage dtype
+
+    @nn.compact
+    def __call__(self, query_positions, key_positions):
+        """query_positions: [T] or [B, T]; key_positions: [S] or [B, S] -> [B|1, N, T, S] f32."""
+        q = jnp.atleast_2d(query_positions)[:, :, None]
+        k = jnp.atleast_2d(key_positions)[:, None, :]
+        # [B|1, T, S]
+        buckets = relative_position_bucket(
+            k - q,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        table = self.param(
+            "embedding",
+            nn.with_logical_partitioning(nn.initializers.normal(1.0), (None, axes.HEADS)),
+            (self.num_buckets, self.num_heads),
+            self.param_dtype,
+        )
+        # [B|1, T, S, N] -> [B|1, N, T, S]
+        return jnp.take(table, buckets, axis=0).astype(jnp.float32).transpose(0, 3, 1, 2)
 
 
 class DecodePositions(nn.Module):

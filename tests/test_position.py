@@ -1,4 +1,5 @@
-"""RoPE scaling (linear, dynamic NTK, Llama 3.1, YaRN) against transformers' own rotary layer."""
+"""Positions converted checkpoints need: RoPE scaling (linear, dynamic NTK, Llama 3.1, YaRN) and
+T5's relative position buckets, against transformers' own layers."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -123,3 +124,51 @@ def test_dynamic_scaling_follows_the_longest_position():
 def test_bad_scaling_is_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         position.RopeScaling(**fields)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (16, 20), (8, 8)])
+def test_relative_position_buckets_match_t5(bidirectional, num_buckets, max_distance):
+    modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    offsets = np.arange(-400, 401)
+    ref = modeling_t5.T5Attention._relative_position_bucket(
+        torch.from_numpy(offsets),
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+    ).numpy()
+    out = position.relative_position_bucket(
+        offsets, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    np.testing.assert_array_equal(np.asarray(out), ref)
+    # The offsets reach every bucket (bidirectional: but one, "after the query at distance 0").
+    assert len(np.unique(ref)) == num_buckets - bidirectional
+
+
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_relative_position_bias_matches_t5(is_decoder):
+    import flax.linen
+    import jax
+    from transformers import T5Config
+
+    modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    config = T5Config(
+        d_model=16,
+        d_kv=4,
+        num_heads=4,
+        relative_attention_num_buckets=16,
+        relative_attention_max_distance=24,
+        is_decoder=is_decoder,
+    )
+    attention = modeling_t5.T5Attention(config, has_relative_attention_bias=True)
+    bias = position.RelativePositionBias(
+        num_heads=4, bidirectional=not is_decoder, num_buckets=16, max_distance=24
+    )
+    variables = flax.linen.unbox(bias.init(jax.random.key(0), jnp.arange(5), jnp.arange(5)))
+    attention.relative_attention_bias.weight.data = torch.from_numpy(
+        np.array(variables["params"]["embedding"])
+    )
+    # A decode step: 3 queries after 30 cached tokens, against all 33 keys.
+    ref = attention.compute_bias(3, 33, past_seen_tokens=30).detach().numpy()
+    out = bias.apply(variables, 30 + jnp.arange(3), jnp.arange(33))
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6)
