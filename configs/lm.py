@@ -45,14 +45,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "decoder"  # tfjax.models.decoder
-    config.model.variant = "tiny"  # preset of sizes; fields below override
+    config.model.variant = "demo"  # preset of sizes in decoder.VARIANTS
     config.model.vocab_size = config_dict.placeholder(int)  # None: tokenizer's, rounded up (x128)
-    config.model.width = 128  # D
-    config.model.num_layers = 4  # L
-    config.model.num_heads = 4  # N
-    config.model.mlp_dim = 512  # F
-    config.model.max_len = 256  # context length (learned position table)
-    config.model.dropout_rate = 0.0  # embeddings and residual sub-layers
+    # None: the preset's; a value overrides it (--config.model.num_layers=8).
+    config.model.width = config_dict.placeholder(int)  # D
+    config.model.num_layers = config_dict.placeholder(int)  # L
+    config.model.num_heads = config_dict.placeholder(int)  # N
+    config.model.mlp_dim = config_dict.placeholder(int)  # F
+    config.model.max_len = config_dict.placeholder(int)  # context length (learned position table)
+    config.model.dropout_rate = config_dict.placeholder(float)  # embeddings, residual sub-layers
     config.model.scan_layers = False  # nn.scan over layers (compile time flat in depth)
     config.model.remat_policy = "none"  # recompute activations in the backward pass
     # Attention backend: "xla", "cudnn", "chunked", "splash"; None: the best for the target.
@@ -138,7 +139,7 @@ def _pydoc(config):
 
 
 def _tiny(config):
-    config.model.update(width=32, num_layers=2, num_heads=4, mlp_dim=64)
+    config.model.update(variant="tiny", mlp_dim=64)
     config.dataset.seq_len = 32
     config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
                   eval_every=2, eval_steps=1)  # fmt: skip
@@ -153,9 +154,7 @@ FSDP = dict(data=1, fsdp=-1)  # parameters and optimizer state sharded over ever
 def _paper(config, variant, *, seq_len=1024, batch_size=512, remat_policy="full",
            mesh=FSDP, learning_rate=6e-4):  # fmt: skip
     """A published decoder size (its sizes from decoder.VARIANTS) trained on lm1b in bf16."""
-    config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
-                        mlp_dim=None, max_len=None, dropout_rate=None, scan_layers=True,
-                        remat_policy=remat_policy)  # fmt: skip
+    config.model.update(variant=variant, scan_layers=True, remat_policy=remat_policy)
     config.dataset.update(name="lm1b", seq_len=seq_len)
     config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=100_000,
                   log_every=100, eval_every=5000, eval_steps=50, dtype="bfloat16")  # fmt: skip

@@ -31,14 +31,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "encoder"  # tfjax.models.encoder
-    config.model.variant = "tiny"  # preset of sizes; fields below override
+    config.model.variant = "demo"  # preset of sizes in encoder.VARIANTS
     config.model.vocab_size = config_dict.placeholder(int)  # None: tokenizer's, rounded up (x128)
     config.model.head = "mlm"  # masked-LM logits over the vocabulary
-    config.model.width = 128  # D
-    config.model.num_layers = 4  # L
-    config.model.num_heads = 4  # N
-    config.model.mlp_dim = 512  # F
-    config.model.max_len = 128  # learned position table
+    # None: the preset's; a value overrides it (--config.model.num_layers=8).
+    config.model.width = config_dict.placeholder(int)  # D
+    config.model.num_layers = config_dict.placeholder(int)  # L
+    config.model.num_heads = config_dict.placeholder(int)  # N
+    config.model.mlp_dim = config_dict.placeholder(int)  # F
+    config.model.max_len = config_dict.placeholder(int)  # learned position table
     config.model.norm_position = "post"  # "post" (BERT) or "pre" (stabler at high rates)
     config.model.dropout_rate = 0.0  # embeddings and residual sub-layers (BERT: 0.1)
     config.model.attention_dropout_rate = 0.0  # attention weights (BERT: 0.1)
@@ -118,7 +119,7 @@ def _pydoc(config):
 
 
 def _tiny(config):
-    config.model.update(width=32, num_layers=2, num_heads=4, mlp_dim=64)
+    config.model.variant = "tiny"
     config.dataset.seq_len = 32
     config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
                   eval_every=2, eval_steps=1)  # fmt: skip
@@ -128,8 +129,7 @@ def _tiny(config):
 
 def _paper(config, variant, *, batch_size, mesh):
     """A published BERT size (its sizes from encoder.VARIANTS), masked LM on lm1b in bf16."""
-    config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
-                        mlp_dim=None, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
+    config.model.update(variant=variant, dropout_rate=0.1, attention_dropout_rate=0.1,
                         scan_layers=True)  # fmt: skip
     config.dataset.update(name="lm1b", seq_len=128)
     config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1_000_000,

@@ -37,13 +37,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "transformer"  # tfjax.models.transformer
-    config.model.variant = "small"  # preset of sizes; fields below override
+    config.model.variant = "demo"  # preset of sizes in transformer.VARIANTS
     config.model.vocab_size = config_dict.placeholder(int)  # None: tokenizer's, rounded up (x128)
-    config.model.width = 128  # D = d_model
-    config.model.num_layers = 2  # N, in the encoder and in the decoder
-    config.model.num_heads = 4  # h
-    config.model.mlp_dim = 512  # d_ff
-    config.model.dropout_rate = 0.1  # P_drop
+    # None: the preset's; a value overrides it (--config.model.num_layers=8).
+    config.model.width = config_dict.placeholder(int)  # D = d_model
+    config.model.num_layers = config_dict.placeholder(int)  # N, in the encoder and the decoder
+    config.model.num_heads = config_dict.placeholder(int)  # h
+    config.model.mlp_dim = config_dict.placeholder(int)  # d_ff
+    config.model.dropout_rate = config_dict.placeholder(float)  # P_drop
     config.model.share_embeddings = True  # one matrix for source, target and output
     config.model.scan_layers = False  # nn.scan over layers (compile time flat in depth)
     config.model.remat_policy = "none"  # recompute activations in the backward pass
@@ -132,8 +133,7 @@ def _demo(config):
 
 
 def _tiny(config):
-    config.model.update(variant="tiny", width=32, num_layers=2, num_heads=4, mlp_dim=64,
-                        dropout_rate=0.0)  # fmt: skip
+    config.model.variant = "tiny"
     config.dataset.tokenizer = "bytes"  # no SentencePiece training in a smoke run
     config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
                   eval_every=2, eval_steps=1)  # fmt: skip
@@ -142,10 +142,10 @@ def _tiny(config):
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
 
-def _paper(config, variant, dropout, rows, steps):
-    """Vaswani et al.'s base or big (sizes from transformer.VARIANTS) on WMT'14 en-de, bf16."""
-    config.model.update(variant=variant, width=None, num_layers=None, num_heads=None,
-                        mlp_dim=None, dropout_rate=dropout, scan_layers=True)  # fmt: skip
+def _paper(config, variant, rows, steps):
+    """Vaswani et al.'s base or big (sizes and dropout from transformer.VARIANTS) on WMT'14
+    en-de, bf16."""
+    config.model.update(variant=variant, scan_layers=True)
     config.dataset.update(name="wmt14_translate/de-en", seq_len=256, packing=True)
     config.update(batch_size=rows, eval_batch_size=rows, num_train_steps=steps, log_every=100,
                   eval_every=5000, dtype="bfloat16")  # fmt: skip
@@ -154,11 +154,11 @@ def _paper(config, variant, dropout, rows, steps):
 
 
 def _base(config):  # v5e:2x2, data parallel
-    _paper(config, "base", 0.1, 128, 100_000)
+    _paper(config, "base", 128, 100_000)
 
 
 def _big(config):  # v5e:2x4, data parallel
-    _paper(config, "big", 0.3, 192, 300_000)
+    _paper(config, "big", 192, 300_000)
     # v5e:2x4 with remat dots: 8.2 of 16 GiB (51%); without remat it does not fit (16.5 GiB).
     config.model.remat_policy = "dots"
 

@@ -36,12 +36,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "vit"  # tfjax.models.vit
-    config.model.variant = "tiny/2"  # preset of sizes, "<size>/<patch>"; fields below override
+    config.model.variant = "demo/2"  # "<size>/<patch>" of vit.VARIANTS
     config.model.num_classes = config_dict.placeholder(int)  # None: the dataset's
-    config.model.width = 64  # D
-    config.model.num_layers = 4  # L
-    config.model.num_heads = 4  # N
-    config.model.mlp_dim = 128  # F
+    # None: the preset's; a value overrides it (--config.model.num_layers=8).
+    config.model.width = config_dict.placeholder(int)  # D
+    config.model.num_layers = config_dict.placeholder(int)  # L
+    config.model.num_heads = config_dict.placeholder(int)  # N
+    config.model.mlp_dim = config_dict.placeholder(int)  # F
     config.model.pool = "gap"  # "cls" or "gap" (mean of patch tokens)
     config.model.posemb = "sincos2d"  # "learned" or "sincos2d" (fixed: better on 1.5k images)
     config.model.dropout_rate = 0.0  # embeddings and residual sub-layers
@@ -118,7 +119,7 @@ def _digits(config):
 
 
 def _tiny(config):
-    config.model.update(width=32, num_layers=2, mlp_dim=64)
+    config.model.variant = "tiny/2"
     config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
                   eval_every=2, eval_steps=1)  # fmt: skip
     config.optim.warmup_steps = 1
@@ -126,8 +127,7 @@ def _tiny(config):
 
 
 def _cifar10(config):
-    config.model.update(variant="S/4", width=384, num_layers=12, num_heads=6, mlp_dim=1536,
-                        pool="gap", dropout_rate=0.1)  # fmt: skip
+    config.model.update(variant="S/4", pool="gap", dropout_rate=0.1)
     config.dataset.update(name="cifar10", crop="pad", crop_padding=4)
     config.update(batch_size=512, eval_batch_size=1000, num_train_steps=40_000,
                   log_every=200, eval_every=2000)  # fmt: skip
@@ -136,8 +136,7 @@ def _cifar10(config):
 
 
 def _imagenet(config):  # v4:2x2x2 (8 chips, 16 TensorCores), data parallel
-    config.model.update(variant="B/16", width=None, num_layers=None, num_heads=None,
-                        mlp_dim=None, pool="cls", dropout_rate=0.1, scan_layers=True,
+    config.model.update(variant="B/16", pool="cls", dropout_rate=0.1, scan_layers=True,
                         remat_policy="full")  # fmt: skip
     config.model.posemb = "learned"
     config.dataset.update(name="imagenet2012", crop="inception", crop_padding=0)

@@ -57,6 +57,18 @@ def test_every_preset_loads_locked_and_documented(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_preset_names_a_model_variant_and_sets_only_what_differs(name):
+    """Sizes have one source of truth, the model file's VARIANTS: a config field that repeats
+    its variant's value would hide whether the preset applies."""
+    module = config_module(name)
+    for preset in module._PRESETS:
+        config = module.get_config(preset)
+        variant = experiment.model_module(config.model.name).VARIANTS[config.model.variant]
+        repeated = {k: v for k, v in config.model.items() if k in variant and v == variant[k]}
+        assert not repeated, (preset, config.model.variant, repeated)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_tiny_preset_trains_compiling_each_step_once(name, data_dir, tmp_path, caplog):
     config = load(name, "tiny")
     config.data_dir = data_dir

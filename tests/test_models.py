@@ -358,7 +358,7 @@ def test_few_steps_drive_the_loss_down(family):
 
 
 def test_unknown_variant_lists_the_known_ones():
-    with pytest.raises(ValueError, match="variant='gpt5'.*allowed: tiny, gpt2-small"):
+    with pytest.raises(ValueError, match="variant='gpt5'.*allowed: tiny, demo, gpt2-small"):
         decoder.Model(variant="gpt5", vocab_size=10)
     with pytest.raises(ValueError, match="variant='Z/16'.*B/16"):
         vit.Model(variant="Z/16")

@@ -37,6 +37,8 @@ _MODERN = dict(
 )
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
+    # configs/lm.py's CPU experiment (pydoc): trains in minutes on two cores
+    "demo": dict(width=128, num_layers=4, num_heads=4, mlp_dim=512, max_len=256, dropout_rate=0.0),
     "gpt2-small": dict(width=768, num_layers=12, num_heads=12),
     "gpt2-medium": dict(width=1024, num_layers=24, num_heads=16),
     "gpt2-large": dict(width=1280, num_layers=36, num_heads=20),

@@ -31,6 +31,8 @@ from tfjax.nn import axes, masks
 # Sizes of BERT (Devlin et al.) and its miniatures (Turc et al., 2019); "tiny" for tests.
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=64, max_len=128),
+    # configs/mlm.py's CPU experiment (pydoc): trains in minutes on two cores
+    "demo": dict(width=128, num_layers=4, num_heads=4, mlp_dim=512, max_len=128),
     "bert-mini": dict(width=256, num_layers=4, num_heads=4, mlp_dim=1024),
     "bert-small": dict(width=512, num_layers=4, num_heads=8, mlp_dim=2048),
     "bert-medium": dict(width=512, num_layers=8, num_heads=8, mlp_dim=2048),

@@ -9,8 +9,8 @@ exact GELU, a final LayerNorm and a linear head (zero-initialised, as in big_vis
     model = vit.Model(variant="B/16", num_classes=1000)
     logits, aux = model.apply(variables, images)        # [B, H, W, 3] float -> [B, C]
 
-Variants are "<size>/<patch>" with size Ti, S, B, L, H and any patch size (8, 14, 16, 32),
-plus "tiny/<patch>" for tests.
+Variants are "<size>/<patch>" with size Ti, S, B, L, H and patch 2, 4, 8, 14, 16 or 32,
+plus "tiny/<patch>" for tests and "demo/<patch>" for configs/vit.py's CPU experiment.
 """
 
 from typing import Any
@@ -24,6 +24,7 @@ from tfjax.nn import axes
 
 SIZES = {
     "tiny": dict(width=32, num_layers=2, mlp_dim=64, num_heads=4),
+    "demo": dict(width=64, num_layers=4, mlp_dim=128, num_heads=4),
     "Ti": dict(width=192, num_layers=12, mlp_dim=768, num_heads=3),
     "S": dict(width=384, num_layers=12, mlp_dim=1536, num_heads=6),
     "B": dict(width=768, num_layers=12, mlp_dim=3072, num_heads=12),
@@ -40,9 +41,9 @@ class PatchEmbed(nn.Module):
     """[B, H, W, C] -> [B, H/p, W/p, D]: the p x p convolution with stride p, done as a matmul.
 
     The parameters are nn.Conv's (kernel [p, p, C, D], lecun-normal; bias [D]), so checkpoints
-    and converters see a convolution. Patches do not overlap, so the convolution is the
-    patches times the kernel; XLA's CPU backend runs the strided convolution's forward and
-    gradients 6x slower than this matmul (ViT-S/16, batch 8: 105 vs 17 ms).
+    and converters see a convolution. Patches do not overlap, so the output at each grid position
+    is its p x p x C patch, flattened, times the kernel flattened to [p * p * C, D]: the same
+    linear map as the stride-p convolution, written as a reshape and one einsum.
     """
 
     features: int  # D
