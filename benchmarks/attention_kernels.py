@@ -11,28 +11,24 @@ attention implementation. The loss runs in `--loss_chunks` slices (config.loss.c
 [B, T, V] logits would otherwise put a floor of about 16 GiB under every row (1 keeps them).
 "peak" is what tfjax.aot reports (what must fit in HBM per chip); a program over the chip's HBM
 is refused by the compiler, and the row gives what it asked for. Nothing runs on a TPU: speed
-is not measured here. Results: benchmarks/results/attention_kernels.json and a Markdown table
-on stdout (the README's), with each implementation's peak as a ratio of "chunked"'s at the
-same T, compiled in the same run.
+is not measured here. Results: benchmarks/results/attention_kernels.json (or --out) and a
+Markdown table on stdout (the README's), with each implementation's peak as a ratio of
+"chunked"'s at the same T, compiled in the same run.
 """
 
-import argparse
 import json
-import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
 
-from tfjax import aot, experiment  # noqa: E402
+from tfjax import aot, experiment
 
 TOKENS_PER_STEP = 128 * 2048  # the modern-small preset's batch
 GiB = 2**30
 
 
 def config_for(length: int, implementation: str, num_devices: int, loss_chunks: int):
-    config = experiment.load_config("configs/lm.py:modern-small")
+    config = experiment.load_config(f"{harness.ROOT}/configs/lm.py:modern-small")
     batch = max(TOKENS_PER_STEP // length, num_devices)
     config.dataset.seq_len = length
     config.model.max_len = length
@@ -82,23 +78,20 @@ def table(rows: list[dict], topology: str) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "attention_kernels", tiny=False)
     parser.add_argument("--topology", default="v5p:2x2x1")
     parser.add_argument("--lengths", default="2048,4096,8192,16384,32768")
     parser.add_argument("--implementations", default="xla,chunked,splash")
     parser.add_argument("--loss_chunks", type=int, default=16)
-    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results",
-                                                       "attention_kernels.json"))  # fmt: skip
     args = parser.parse_args()
     rows = []
     for length in (int(x) for x in args.lengths.split(",")):
         for implementation in args.implementations.split(","):
             rows.append(measure(args.topology, length, implementation, args.loss_chunks))
-            print(json.dumps(rows[-1]), flush=True)
-    print(table(rows, args.topology))
-    with open(args.json, "w") as f:
-        json.dump({"topology": args.topology, "loss_chunks": args.loss_chunks, "rows": rows},
-                  f, indent=1)  # fmt: skip
+            harness.log(json.dumps(rows[-1]))
+    harness.log(table(rows, args.topology))
+    harness.write_json(args.out, dict(topology=args.topology, loss_chunks=args.loss_chunks,
+                                      rows=rows))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ r"""Attention matmuls on token-major vs head-major operands, against PyTorch's S
 
 q, k, v arrive as [B, T, N, H] (what the projections give). Contenders, float32, no mask
 ("vit": ViT-S/16 at 224 px, batch 8) and a causal mask ("decoder": the d=512 GPT-like decoder
-of train_step_vs_torch.py, batch 4):
+of contenders.py, batch 4):
   token_major  einsums straight on [B, T, N, H] ("btnh,bsnh->bnts"), XLA picks the layouts
                (tfjax before this benchmark)
   tfjax        tfjax.nn.dot_product_attention(implementation="xla"): q, k, v swapped to
@@ -16,15 +16,7 @@ ratios to token_major and to torch_sdpa. The forward outputs are checked to
 agree (1e-4) before timing. Writes benchmarks/results/attention_layouts.json.
 """
 
-import argparse
-import json
-import os
-import statistics
-import sys
-import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
 
 SHAPES = {"vit": dict(B=8, T=197, N=6, H=64, causal=False),
           "decoder": dict(B=4, T=256, N=8, H=64, causal=True)}  # fmt: skip
@@ -59,8 +51,8 @@ def jax_contenders(shape, qkv):
         fwd = jax.jit(lambda q, k, v, fn=fn: fn(q, k, v, causal))
         grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, causal) * cot),
                                 argnums=(0, 1, 2)))  # fmt: skip
-        out[f"{name} fwd"] = lambda f=fwd: jax.block_until_ready(f(*qkv))
-        out[f"{name} fwd+bwd"] = lambda g=grad: jax.block_until_ready(g(*qkv))
+        out[f"{name} fwd"] = lambda f=fwd: f(*qkv)
+        out[f"{name} fwd+bwd"] = lambda g=grad: g(*qkv)
     return out
 
 
@@ -86,19 +78,14 @@ def torch_contenders(shape, qkv_np):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, "attention_layouts")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
-                                                      "attention_layouts.json"))  # fmt: skip
     args = parser.parse_args()
-    # libgomp's busy-waiting slows torch badly on a shared machine (see train_step_vs_torch.py).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    cores = harness.use_cores()
     import jax
     import numpy as np
     import torch
 
-    cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)
     print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, "
           f"{cores} cores, float32; medians of {args.rounds} rounds (ms)")  # fmt: skip
@@ -109,9 +96,6 @@ def main():
                                       dtype=np.float32) for _ in range(3)]  # fmt: skip
         cases = {**jax_contenders(shape, [jax.numpy.asarray(a) for a in qkv_np]),
                  **torch_contenders(shape, qkv_np)}  # fmt: skip
-        for run in cases.values():  # compile and warm up
-            run()
-            run()
         # The contenders compute the same attention ([B, T, N, H] outputs).
         want = np.asarray(cases["token_major fwd"]())
         for n in ("tfjax fwd", "torch_sdpa fwd"):
@@ -119,13 +103,8 @@ def main():
             if not np.allclose(got, want, atol=1e-4):
                 raise SystemExit(f"{n} differs from token_major: {np.abs(got - want).max()}")
         names = list(cases)
-        times = {n: [] for n in names}
-        for r in range(args.rounds):
-            for n in names[r % len(names) :] + names[: r % len(names)]:
-                start = time.perf_counter()
-                cases[n]()
-                times[n].append(time.perf_counter() - start)
-        median = {n: statistics.median(t) for n, t in times.items()}
+        times = harness.time_rounds(cases, args.rounds, warmup=2)
+        median = harness.medians(times)
         print(f"\n[{model}] {shape}")
         print(f"  {'contender':22} {'median ms':>10} {'min ms':>8}")
         for n in names:
@@ -135,13 +114,11 @@ def main():
             for base in ("token_major", "torch_sdpa"):
                 key = f"tfjax/{base} {pass_}"
                 ratios[key] = median[f"tfjax {pass_}"] / median[f"{base} {pass_}"]
-                print(f"  ratio {key} = {ratios[key]:.3f}")
+                print(f"  {harness.ratio_line(key, ratios[key])}")
         results[model] = dict(shape=shape, median_s=median, step_s=times, ratios=ratios)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(benchmark="attention_layouts", tiny=args.tiny, jax=jax.__version__,
-                       torch=torch.__version__, results=results), f, indent=1)  # fmt: skip
-    print(f"wrote {args.out}")
+    harness.write_json(args.out, dict(benchmark="attention_layouts", tiny=args.tiny,
+                                      jax=jax.__version__, torch=torch.__version__,
+                                      results=results))  # fmt: skip
 
 
 if __name__ == "__main__":

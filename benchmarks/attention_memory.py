@@ -21,20 +21,16 @@ alike; the table shows medians (and minimums), the chunked/xla ratio and the att
 all; causal masking not discounted). --tiny runs toy sizes for the smoke test.
 """
 
-import argparse
-import json
+import functools
 import os
-import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
+import jax
+import jax.numpy as jnp
+from harness import log
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from tfjax.nn import attention, dot_product_attention  # noqa: E402
+from tfjax.nn import attention, dot_product_attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -93,7 +89,7 @@ def time_lengths(impls, lengths, args, dtype, log):
         for impl in impls:
             fns[impl] = grad_fn(impl, args.causal)
             start = time.perf_counter()
-            grads = jax.block_until_ready(fns[impl](q, k, v, cot))
+            grads = harness.block(fns[impl](q, k, v, cot))
             first_s[impl] = time.perf_counter() - start
             if ref is None:
                 ref = grads
@@ -101,13 +97,9 @@ def time_lengths(impls, lengths, args, dtype, log):
                 float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                 for a, b in zip(grads, ref, strict=True)
             )
-        times = {impl: [] for impl in impls}
-        for r in range(args.rounds):
-            for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
-                start = time.perf_counter()
-                jax.block_until_ready(fns[impl](q, k, v, cot))
-                times[impl].append(time.perf_counter() - start)
-        median = {i: statistics.median(ts) for i, ts in times.items()}
+        calls = {impl: functools.partial(fn, q, k, v, cot) for impl, fn in fns.items()}
+        times = harness.time_rounds(calls, args.rounds, warmup=0)
+        median = harness.medians(times)
         flops = attention_flops(args.batch, t, args.heads, args.head_dim)
         row = {
             "length": t,
@@ -164,7 +156,7 @@ def memory_lengths(impls, lengths, args, dtype, log):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "attention_memory")
     parser.add_argument("--lengths", default=None, help="memory (default 1024,...,16384)")
     parser.add_argument("--time-lengths", default=None, help="timed (default 256,...,4096)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5)")
@@ -173,9 +165,6 @@ def main():
     parser.add_argument("--head-dim", type=int, default=None, help="H (default 64)")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
-    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
-                                                      "attention_memory.json"))  # fmt: skip
     args = parser.parse_args()
     tiny = dict(lengths="64,128", time_lengths="64,128", rounds=2, heads=2, head_dim=16)
     full = dict(lengths="1024,2048,4096,8192,16384", time_lengths="256,512,1024,2048,4096",
@@ -184,9 +173,6 @@ def main():
         if getattr(args, k) is None:
             setattr(args, k, v)
     dtype = DTYPES[args.dtype]
-
-    def log(msg):
-        print(msg, flush=True)
 
     log(
         f"attention forward+backward; backend {jax.default_backend()} "
@@ -199,24 +185,20 @@ def main():
     timed = time_lengths(impls, [int(x) for x in args.time_lengths.split(",")], args, dtype, log)
     load_end = os.getloadavg()
     log(f"load average at end: {load_end}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "benchmark": "attention_memory",
-                "args": vars(args),
-                "backend": jax.default_backend(),
-                "device": jax.devices()[0].device_kind,
-                "jax": jax.__version__,
-                "implementations": impls,
-                "rows": memory,
-                "time_rows": timed,
-                "load_average_end": load_end,
-            },
-            f,
-            indent=1,
-        )
-    log(f"wrote {args.out}")
+    harness.write_json(
+        args.out,
+        {
+            "benchmark": "attention_memory",
+            "args": vars(args),
+            "backend": jax.default_backend(),
+            "device": jax.devices()[0].device_kind,
+            "jax": jax.__version__,
+            "implementations": impls,
+            "rows": memory,
+            "time_rows": timed,
+            "load_average_end": load_end,
+        },
+    )
 
 
 if __name__ == "__main__":

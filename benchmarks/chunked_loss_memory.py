@@ -20,20 +20,16 @@ Results go to benchmarks/results/chunked_loss_memory.json (or --out). --tiny com
 tiny LM preset with the same vocabulary at T=128 on v5e:2x2, for a smoke run.
 """
 
-import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 # Compile-only: the host computes nothing, and must not try to start a TPU backend of its own.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import jax  # noqa: E402
+import harness  # noqa: E402
+from harness import ROOT, log  # noqa: E402
 
 from tfjax import aot, experiment  # noqa: E402
 
@@ -87,7 +83,7 @@ def measure(args, chunks, log):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "chunked_loss_memory")
     parser.add_argument("--chunks", default="1,4,8,16", help="first = baseline")
     parser.add_argument("--config", default="configs/lm.py:modern-small")
     parser.add_argument("--topology", default="v5p:2x2x1")
@@ -96,18 +92,12 @@ def main():
     parser.add_argument("--seq_len", type=int, default=4096)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--steps", default="train,eval")
-    parser.add_argument("--tiny", action="store_true", help="tiny LM on v5e:2x2 (smoke run)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
-                                                      "chunked_loss_memory.json"))  # fmt: skip
     args = parser.parse_args()
     if args.tiny:
         args.config, args.topology, args.seq_len = "configs/lm.py:tiny", "v5e:2x2", 128
         args.mesh = args.mesh or json.dumps({"data": 1, "fsdp": 2, "tensor": 2})
     args.steps = [s for s in args.steps.split(",") if s]
     chunks = [int(c) for c in args.chunks.split(",")]
-
-    def log(line):
-        print(line, flush=True)
 
     log(f"{args.config}, vocab {args.vocab_size:,}, T={args.seq_len}, batch {args.batch_size}, "
         f"on {args.topology}; loss.chunks {chunks} (baseline {chunks[0]})")  # fmt: skip
@@ -147,23 +137,11 @@ def main():
         "seq_len": args.seq_len, "batch_size": args.batch_size, "hbm_bytes": hbm,
         "devices": reports[0].devices, "rows": rows,
         "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
-        "machine": {"jax": jax.__version__, "python": platform.python_version(),
-                    "libtpu": _version("libtpu")},
+        "machine": harness.machine("jax", "libtpu"),
     }  # fmt: skip
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    log(f"\nwrote {args.out}")
+    log()
+    harness.write_json(args.out, result)
     return 0 if all(r["fits"] for r in rows) else 1
-
-
-def _version(package):
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

@@ -1,16 +1,15 @@
 r"""Every paper-scale preset compiled for the TPU slice it names (and two for a GPU host): fit,
 memory, FLOPs, collectives.
 
-    .venv/bin/python benchmarks/compile_presets.py [--only=lm.py:gpt2-xl,...]
+    .venv/bin/python benchmarks/compile_presets.py [--only=lm.py:gpt2-xl,...] [--out=FILE]
 
 Each preset runs `experiments/compile.py` in its own process (libtpu's TPU compiler or XLA's
-GPU compiler, on this CPU host; no TPU or GPU is used or needed) and the results go to
-benchmarks/results/compile_presets.json and a Markdown table on stdout (the README's). Nothing
-here is timed on TPU hardware: "ideal step" is the model's FLOPs at the chips' peak bf16 rate,
-a lower bound on the step time.
+GPU compiler, on this CPU host; no TPU or GPU is used or needed) and the results go to a
+Markdown table on stdout (the README's) and, for a run of them all, to
+benchmarks/results/compile_presets.json (or --out). Nothing here is timed on TPU hardware:
+"ideal step" is the model's FLOPs at the chips' peak bf16 rate, a lower bound on the step time.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -18,7 +17,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import harness
+from harness import ROOT
+
 # (config, the slice its docstring names)
 PRESETS = [
     ("configs/translate.py:base", "v5e:2x2"),
@@ -77,7 +78,7 @@ def row(r: dict) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "compile_presets", tiny=False)
     parser.add_argument("--only", default="", help="comma-separated configs (lm.py:gpt2-xl)")
     args = parser.parse_args()
     wanted = [w for w in args.only.split(",") if w]
@@ -90,11 +91,8 @@ def main():
     for r in reports:
         print(row(r))
     print(f"\n{len(reports)} presets in {time.perf_counter() - start:.0f} s")
-    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "benchmarks", "results", "compile_presets.json")
-    if not wanted:
-        with open(path, "w") as f:
-            json.dump(reports, f, indent=2)
+    if not wanted:  # a partial run leaves the record of a whole one as it is
+        harness.write_json(args.out, reports)
     return 0 if all(r["fits"] for r in reports) else 1
 
 

@@ -4,7 +4,7 @@ cold vs warm start with JAX's persistent compilation cache.
     .venv/bin/python benchmarks/compile_time.py [--depths=2,4,8,16,32] [--reps=2]
         [--parts=depth,cache] [--runner_config=configs/vit.py:tiny] [--tiny]
 
-depth: the GPT-like decoder of benchmarks/train_step_vs_torch.py (d=512, 8 heads, F=2048,
+depth: the GPT-like decoder of contenders.py (d=512, 8 heads, F=2048,
 V=8192, T=256, batch 4, float32, its config and AdamW) at each depth, `scan_layers` False and
 True; the whole train step (`train_step` of tfjax.experiment.set_up, with its shardings and
 donation) is traced and lowered (`.lower` on the abstract state and batch), then compiled by
@@ -28,10 +28,7 @@ Prints the tables and ratios (scanned L=32 / L=2; warm / cold) and writes
 benchmarks/results/compile_time.json (or --out). --tiny: depths 1,2 of a toy model, one round.
 """
 
-import argparse
-import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -40,9 +37,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # train_step_vs_torch: the decoder
+import contenders
+import harness
+from harness import ROOT, log
 
 SPEC = dict(width=512, heads=8, mlp=2048, vocab=8192, length=256, batch=4)
 TINY_SPEC = dict(width=32, heads=4, mlp=64, vocab=128, length=16, batch=2)
@@ -53,12 +50,10 @@ FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
 
 def compile_once(spec, depth, scan):
     """(trace + lower seconds, XLA compile seconds) of one fresh train step."""
-    import train_step_vs_torch
-
     decoder = dict(kind="lm", width=spec["width"], layers=depth, heads=spec["heads"],
                    mlp=spec["mlp"], vocab=spec["vocab"], length=spec["length"],
                    max_len=spec["length"], batch=spec["batch"])  # fmt: skip
-    exp = train_step_vs_torch.set_up_tfjax(decoder, scan_layers=scan)
+    exp = contenders.set_up_tfjax(decoder, scan_layers=scan)
     start = time.perf_counter()
     lowered = exp.train_step.lower(exp.abstract_state, exp.train_batch, exp.abstract_rng)
     lower_s = time.perf_counter() - start
@@ -71,8 +66,7 @@ def depth_part(spec, depths, reps, log):
     configs = [(d, s) for d in depths for s in (False, True)]
     times = {c: [] for c in configs}
     for r in range(reps):
-        order = configs[r % len(configs) :] + configs[: r % len(configs)]
-        for depth, scan in order:
+        for depth, scan in harness.rotated(configs, r):
             times[(depth, scan)].append(compile_once(spec, depth, scan))
             lo, co = times[(depth, scan)][-1]
             log(f"  round {r + 1}: L={depth:<3} {'scan' if scan else 'unrolled':8} "
@@ -124,8 +118,7 @@ def cache_part(config, modes, reps, log):
     base.setdefault("MPLCONFIGDIR", os.path.expanduser("~/.config/matplotlib"))
     runs = {m: {"cold": [], "warm": []} for m in modes}
     for r in range(reps):
-        order = modes[r % len(modes) :] + modes[: r % len(modes)]
-        for mode in order:
+        for mode in harness.rotated(modes, r):
             scratch = tempfile.mkdtemp(prefix="tfjax_cache_bench_")
             env = dict(base)
             if mode == "runner":
@@ -155,15 +148,12 @@ def cache_part(config, modes, reps, log):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, "compile_time")
     parser.add_argument("--depths", default=None, help="default 2,4,8,16,32 (tiny: 1,2)")
     parser.add_argument("--reps", type=int, default=None, help="rounds (default 2, tiny 1)")
     parser.add_argument("--parts", default="depth,cache")
     parser.add_argument("--cache_modes", default="runner,env_cache")
     parser.add_argument("--runner_config", default="configs/vit.py:tiny")
-    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
-                                                      "compile_time.json"))  # fmt: skip
     args = parser.parse_args()
     parts = args.parts.split(",")
     depths = [int(x) for x in (args.depths or ("1,2" if args.tiny else "2,4,8,16,32")).split(",")]
@@ -171,17 +161,10 @@ def main():
     spec = TINY_SPEC if args.tiny else SPEC
 
     import jax
-    import jaxlib
 
     jax.config.update("jax_enable_compilation_cache", False)  # every compile is a real one
 
-    def log(msg):
-        print(msg, flush=True)
-
-    info = dict(python=platform.python_version(), jax=jax.__version__, jaxlib=jaxlib.__version__,
-                platform=platform.platform(), cores=len(os.sched_getaffinity(0)),
-                backend=jax.default_backend(), XLA_FLAGS=os.environ.get("XLA_FLAGS", ""),
-                load_average=os.getloadavg())  # fmt: skip
+    info = dict(harness.machine("jax", "jaxlib"), backend=jax.default_backend())
     log("compile time; " + ", ".join(f"{k} {v}" for k, v in info.items()))
     result = dict(benchmark="compile_time", tiny=args.tiny, machine=info)
     if "depth" in parts:
@@ -201,10 +184,8 @@ def main():
             / rows[f"{lo}/unrolled"]["total_s"],
         }
         for k, v in ratios.items():
-            note = ""
-            if k.startswith("scan") and not args.tiny:
-                note = f"  (target <= {SCAN_TARGET}: {'met' if v <= SCAN_TARGET else 'MISSED'})"
-            log(f"  ratio {k} (lower + compile) = {v:.2f}{note}")
+            target = SCAN_TARGET if k.startswith("scan") and not args.tiny else None
+            log(f"  {harness.ratio_line(f'{k} (lower + compile)', v, digits=2, at_most=target)}")
         result["depth"] = dict(spec=spec, rows=rows, ratios=ratios)
     if "cache" in parts:
         modes = args.cache_modes.split(",")
@@ -225,17 +206,13 @@ def main():
                 f"{ratio:>9.2f}   {c['to_first_step_s']:>20.1f} {w['to_first_step_s']:>7.1f} "
                 f"{ratio_wall:>9.2f}")  # fmt: skip
         for mode, r in ratios.items():
-            note = ""
-            if mode == "runner" and not args.tiny:
-                met = r["first_step"] >= CACHE_TARGET
-                note = f"  (target >= {CACHE_TARGET}: {'met' if met else 'MISSED'})"
-            log(f"  ratio {mode} cold/warm first step (compile) = {r['first_step']:.2f}{note}")
+            target = CACHE_TARGET if mode == "runner" and not args.tiny else None
+            name = f"{mode} cold/warm first step (compile)"
+            log(f"  {harness.ratio_line(name, r['first_step'], digits=2, at_least=target)}")
         result["cache"] = dict(config=args.runner_config, modes=runs, ratios=ratios)
     info["load_average_end"] = os.getloadavg()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=float)
-    log(f"\nwrote {args.out}")
+    log()
+    harness.write_json(args.out, result)
 
 
 if __name__ == "__main__":

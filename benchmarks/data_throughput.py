@@ -10,16 +10,17 @@ size with --step_ms digits=26.1,pydoc_lm=442 (from benchmarks/train_step.py or t
 log), or call `step_ms(step_fn, batch)` from code, and the ratio loader rate / step rate is
 printed; the input pipeline must deliver at least 5x what the step consumes.
 
+Writes benchmarks/results/data_throughput.json (or --out).
+
     .venv/bin/python benchmarks/data_throughput.py [--batches 200] [--batch_size 0]
         [--step_ms digits=26.1,...] [--num_workers 0] [--data_dir DIR] [--out FILE]
 """
 
-import argparse
-import json
 import os
 import tempfile
 import time
 
+import harness
 import jax
 import numpy as np
 
@@ -77,14 +78,13 @@ def step_ms(step_fn, batch, repeats=20):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "data_throughput", tiny=False)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=0, help="0: each experiment's own")
     parser.add_argument("--num_workers", type=int, default=0)
     parser.add_argument("--step_ms", default="", help="name=ms,... training step times")
     parser.add_argument("--only", default=",".join(EXPERIMENTS))
     parser.add_argument("--data_dir", default=None)
-    parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
     steps = {k: float(v) for k, v in (kv.split("=") for kv in args.step_ms.split(",") if kv)}
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="tfjax_data_")
@@ -119,9 +119,7 @@ def main():
     ]
     if short:
         print(f"below the required {REQUIRED_RATIO}x: {', '.join(short)}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    harness.write_json(args.out, results)
 
 
 if __name__ == "__main__":

@@ -4,36 +4,25 @@ For the decoder (GPT-like) and the encoder-decoder, times greedy generation of N
 (EOS never emitted, so every row runs to N) with `use_cache=True` (one token per step through
 the cache) and `use_cache=False` (the whole prefix recomputed every step), interleaving the two
 after a warm-up compile, and prints tokens per second, their ratio, and the cached path's time
-per doubling of N (2.0 = linear).
+per doubling of N (2.0 = linear). Writes benchmarks/results/decode_speed.json (or --out).
 
     .venv/bin/python benchmarks/decode_speed.py [--lengths 32,64,128,256,512] [--repeats 3]
 """
 
-import argparse
 import functools
-import json
-import os
-import statistics
-import time
 
+import harness
 import jax
 
 from tfjax import decode
 from tfjax.models import decoder, transformer
 
 
-def timed(fn):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "decode_speed", tiny=False)
     parser.add_argument("--lengths", default="32,64,128,256,512")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/decode_speed.json")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     vocab = 1000
@@ -77,13 +66,8 @@ def main():
             }
             tokens, _ = fns[True]()
             assert not (tokens == eos).any(), "EOS was generated: pick another id"
-            for fn in fns.values():  # compile
-                timed(fn)
-            times = {True: [], False: []}
-            for _ in range(args.repeats):
-                for cache, fn in fns.items():
-                    times[cache].append(timed(fn))
-            t_c, t_u = (statistics.median(times[c]) for c in (True, False))
+            times = harness.medians(harness.time_rounds(fns, args.repeats))
+            t_c, t_u = times[True], times[False]
             row = dict(
                 model=name,
                 length=n,
@@ -103,10 +87,8 @@ def main():
             )
             rows.append(row)
             prev = row
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "backend": jax.default_backend(), "rows": rows}, f, indent=1)
-    print(f"wrote {args.out}")
+    harness.write_json(args.out, {"args": vars(args), "backend": jax.default_backend(),
+                                  "rows": rows})  # fmt: skip
 
 
 if __name__ == "__main__":

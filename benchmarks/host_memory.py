@@ -2,50 +2,45 @@ r"""tfjax's train step with glibc's malloc defaults vs tfjax.host_memory.keep_fr
 
     .venv/bin/python benchmarks/host_memory.py [--models=gpt2,decoder,vit] [--rounds=N] [--tiny]
 
-The models, batches and step are those of train_step_vs_torch.py's tfjax contender. Two
-processes per model run the same step, one with glibc's defaults, one keeping freed memory
-(as experiments/run.py does), driven one step at a time in rotated rounds by
-train_step_vs_torch.run_model; the tables show
-median step times, page faults per step and the peak resident memory of each process.
-Writes benchmarks/results/host_memory.json (or --out).
+The models, batches and step are those of contenders.py's tfjax contender. Two processes per
+model run the same step, one with glibc's defaults, one keeping freed memory (as
+experiments/run.py does), driven one step at a time in rotated rounds by
+harness.time_processes; the tables show median step times, page faults per step and the peak
+resident memory of each process. Writes benchmarks/results/host_memory.json (or --out).
 """
 
-import argparse
-import json
 import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import train_step_vs_torch as bench  # noqa: E402 (the worker processes and the models)
+import contenders
+import harness
 
 SETTINGS = ("glibc", "keep")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, "host_memory")
     parser.add_argument("--models", default="gpt2,decoder,vit")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     parser.add_argument("--threads", type=int, default=0, help="cores to use (0: all)")
-    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
-    parser.add_argument(
-        "--out", default=os.path.join(bench.ROOT, "benchmarks/results", "host_memory.json")
-    )
     args = parser.parse_args()
-    sizes = bench.TINY if args.tiny else bench.MODELS
+    sizes = contenders.TINY if args.tiny else contenders.MODELS
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in sizes:
             parser.error(f"unknown model {m!r}; allowed: {list(sizes)}")
     print(f"tfjax train step, malloc {' vs '.join(SETTINGS)}; load average {os.getloadavg()}")
-    # The same tfjax worker, its --malloc flag set per entrant.
-    entrants = {s: ("tfjax", argparse.Namespace(**vars(args), malloc=s)) for s in SETTINGS}
     results = {}
     for m in models:
         print(f"\n[{m}] {args.rounds} rounds after {args.warmup} warm-up steps")
-        r = bench.run_model(m, sizes[m], entrants, rounds=args.rounds, log=print)
+        # The same tfjax contender, its malloc setting per process.
+        commands = {
+            s: contenders.command("tfjax", m, warmup=args.warmup, threads=args.threads,
+                                  malloc=s, tiny=args.tiny)
+            for s in SETTINGS
+        }  # fmt: skip
+        r = harness.time_processes(commands, args.rounds)
         failed = [k for k in r if k.endswith("_error")]
         if failed:
             raise RuntimeError(f"{m}: {failed[0][: -len('_error')]} did not start: {r[failed[0]]}")
@@ -61,10 +56,7 @@ def main():
             print(f"  {s:8} {1e3 * row[s]['median_s']:>10.1f} {row[s]['page_faults']:>17,.0f} "
                   f"{row[s]['max_rss_gib']:>13.2f}")  # fmt: skip
         print(f"  step time keep/glibc = {row['ratio keep/glibc']:.3f}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(benchmark="host_memory", tiny=args.tiny, results=results), f, indent=1)
-    print(f"wrote {args.out}")
+    harness.write_json(args.out, dict(benchmark="host_memory", tiny=args.tiny, results=results))
 
 
 if __name__ == "__main__":

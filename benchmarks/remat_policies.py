@@ -22,23 +22,21 @@ train step is compiled twice over:
           which is exact for a stack of identical layers (F(2) - F(1) is one layer's forward,
           recomputation and backward). "layer" is F(2) - F(1), the part remat changes.
 Ratios are to the "none" policy of the same run. Results go to
-benchmarks/results/remat_policies.json (only for the default config, topology and policies)
-and a Markdown table to stdout.
+benchmarks/results/remat_policies.json or --out (only for the default config, topology and
+policies) and a Markdown table to stdout.
 """
 
-import argparse
 import json
 import os
 import sys
 import time
-from importlib import metadata
 
+import harness
 import jax
+from harness import ROOT
 
 from tfjax import aot, chips, experiment, sharding
 from tfjax.nn.blocks import REMAT_POLICIES
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_CONFIG = "configs/lm.py:gpt2-xl"
 DEFAULT_TOPOLOGY = "v5p:4x4x4"
@@ -72,10 +70,10 @@ def memory(spec: str, policy: str, devices) -> dict:
         compiled, seconds = compile_train(config, devices)
     except Exception as e:  # noqa: BLE001 - the TPU compiler's refusal of a program over HBM
         message = str(e)
-        if "RESOURCE_EXHAUSTED" not in message and "Ran out of memory" not in message:
+        if not aot.refused_for_memory(message):
             raise
-        return {"fits": False, "peak_bytes": aot._refused_bytes(message), "host_bytes": None,
-                "error": aot._first_line(message)}  # fmt: skip
+        return {"fits": False, "peak_bytes": aot.refused_bytes(message), "host_bytes": None,
+                "error": aot.first_line(message)}  # fmt: skip
     m = compiled.memory_analysis()
     return {
         "fits": True,
@@ -104,7 +102,7 @@ def flops(spec: str, policy: str, devices) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "remat_policies", tiny=False)
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--topology", default=DEFAULT_TOPOLOGY, help=aot.TOPOLOGY_HELP)
     parser.add_argument("--policies", default=",".join(REMAT_POLICIES))
@@ -151,14 +149,12 @@ def main():
     print(f"\n{len(rows)} policies in {seconds:.0f} s")
     if (args.config, args.topology, policies) == (DEFAULT_CONFIG, DEFAULT_TOPOLOGY,
                                                    list(REMAT_POLICIES)):  # fmt: skip
-        os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-        path = os.path.join(ROOT, "benchmarks", "results", "remat_policies.json")
-        with open(path, "w") as f:
-            json.dump({"config": args.config, "topology": args.topology,
-                       "num_devices": len(devices), "hbm_bytes": hbm, "num_layers": num_layers,
-                       "attention": attention, "jax": jax.__version__,
-                       "libtpu": metadata.version("libtpu"), "wall_s": seconds, "rows": rows},
-                      f, indent=2)  # fmt: skip
+        harness.write_json(args.out, {
+            "config": args.config, "topology": args.topology, "num_devices": len(devices),
+            "hbm_bytes": hbm, "num_layers": num_layers, "attention": attention,
+            "jax": jax.__version__, "libtpu": harness.version("libtpu"), "wall_s": seconds,
+            "rows": rows,
+        })  # fmt: skip
     return 0
 
 

@@ -17,21 +17,18 @@ much as the bytes. Writes benchmarks/results/train_checkpoint.json (or --out); -
 toy model once per kind (smoke test).
 """
 
-import argparse
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
+from harness import ROOT
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, "train_checkpoint")
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=32768)
@@ -39,9 +36,6 @@ def main():
     parser.add_argument("--layouts", default="scanned,unrolled",
                         help="comma-separated: scanned (scan_layers=True), unrolled")  # fmt: skip
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--tiny", action="store_true", help="toy sizes, one timed save")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
-                                                      "train_checkpoint.json"))  # fmt: skip
     args = parser.parse_args()
     if args.tiny:
         args.width, args.layers, args.vocab, args.repeats = 64, 2, 256, 1
@@ -84,13 +78,12 @@ def main():
         results[layout] = dict(arrays=n_arrays, bytes=nbytes, async_over_sync=fraction,
                                **{f"{mode}_s": dict(blocks=b, durable=d)
                                   for mode, (b, d) in blocks.items()})  # fmt: skip
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(benchmark="train_checkpoint", tiny=args.tiny, jax=jax.__version__,
-                       orbax=orbax.checkpoint.__version__, cores=os.cpu_count(),
-                       model=dict(width=args.width, layers=args.layers, vocab=args.vocab),
-                       repeats=args.repeats, results=results), f, indent=1)  # fmt: skip
-    print(f"wrote {args.out}")
+    harness.write_json(args.out, dict(
+        benchmark="train_checkpoint", tiny=args.tiny, jax=jax.__version__,
+        orbax=orbax.checkpoint.__version__, cores=os.cpu_count(),
+        model=dict(width=args.width, layers=args.layers, vocab=args.vocab),
+        repeats=args.repeats, results=results,
+    ))  # fmt: skip
 
 
 def _config(args, scan_layers: bool, batch_size: int):

@@ -8,18 +8,18 @@ figures are the step alone (the input pipeline runs ahead of it in training). MF
 FLOPs (6 N T + attention, see tfjax.metrics) per second over tfjax.chips.peak_flops: the
 vendor's peak on a known accelerator, else the matmul throughput measured in this same run.
 The run also counts compilations: train_step once for all steps, eval_step once for a whole
-evaluation epoch, its zero-padded last batch included.
+evaluation epoch, its zero-padded last batch included. Writes benchmarks/results/train_step.json
+(or --out).
 """
 
-import argparse
+import itertools
 import logging
 import os
 import statistics
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
+from harness import ROOT
 
 FAMILIES = {
     "vit": "configs/vit.py:digits",
@@ -53,7 +53,7 @@ def bench(family, spec, *, steps, devices, data_dir):
     config.data_dir = data_dir or ""
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
     data_config = tfjax.data.resolve_config(dict(config.dataset))
-    if data_config.name in tfjax.data.embedded.BUILDERS:
+    if tfjax.data.is_embedded(data_config.name):
         tfjax.data.prepare(data_config.name, data_dir or None)
     loader = tfjax.data.make_loader(data_config, split=data_config.train_split,
                                     batch_size=config.batch_size, seed=0, shuffle=True,
@@ -69,20 +69,18 @@ def bench(family, spec, *, steps, devices, data_dir):
     step_fn, eval_fn = exp.train_step, exp.eval_step
     key = jax.jit(lambda: jax.random.key(1), out_shardings=exp.replicated)()
 
-    batches = [sharding.shard_batch(next(loader), mesh, rules) for _ in range(4)]
+    batches = itertools.cycle([sharding.shard_batch(next(loader), mesh, rules) for _ in range(4)])
+
+    def step():
+        nonlocal state
+        state, stats = step_fn(state, next(batches), key)
+        return stats
+
     counter = CompileCounter()
     logging.getLogger("jax").addHandler(counter)
     with jax.log_compiles():
-        start = time.perf_counter()
-        state, stats = step_fn(state, batches[0], key)
-        jax.block_until_ready(stats)
-        first = time.perf_counter() - start
-        times = []
-        for i in range(steps):
-            start = time.perf_counter()
-            state, stats = step_fn(state, batches[i % len(batches)], key)
-            jax.block_until_ready(stats)
-            times.append(time.perf_counter() - start)
+        first = harness.timed(step)
+        times = harness.time_rounds({"train_step": step}, steps, warmup=0)["train_step"]
         eval_batches = 0
         for batch in eval_loader:  # one epoch; the last batch is zero-padded to full size
             jax.block_until_ready(eval_fn(state.params, sharding.shard_batch(batch, mesh, rules)))
@@ -115,7 +113,7 @@ def bench(family, spec, *, steps, devices, data_dir):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, "train_step", tiny=False)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--devices", type=int, default=1, help="devices of the mesh (data=-1)")
@@ -146,6 +144,8 @@ def main():
               f"{r['eval_compiles']}/{r['eval_batches']}")  # fmt: skip
     for source in dict.fromkeys(r["peak_source"] for r in rows):
         print(f"peak: {source}")
+    harness.write_json(args.out, dict(benchmark="train_step", devices=args.devices,
+                                      machine=harness.machine("jax"), rows=rows))  # fmt: skip
     bad = [r["family"] for r in rows if r["train_compiles"] != 1 or r["eval_compiles"] != 1]
     if bad:
         sys.exit(f"recompiled: {bad}")

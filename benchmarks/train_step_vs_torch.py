@@ -4,22 +4,9 @@ r"""Train-step time of tfjax against PyTorch (eager, torch.compile) and stock fl
         [--contenders=tfjax,stock_flax,torch_eager,torch_compile] [--threads=N]
         [--malloc=keep|glibc] [--tiny]
 
-One training step = forward, backward and an AdamW update (lr 1e-4, weight decay 0.01, no
-clipping, no dropout), float32, on one fixed batch already in memory, for:
-
-  decoder  GPT-like decoder: d=512, 8 heads, 6 layers, F=2048, V=8192, T=256, batch 4
-  vit      ViT-S/16 at 224 px, 1000 classes, class token, learned positions, batch 8
-  gpt2     GPT-2 small (124M; V=50257, tied output), T=128, batch 4
-
-Contenders, the same shapes and init scale (normal 0.02 for the language models):
-  tfjax          tfjax.models.{decoder,vit} from a config (configs/{lm,vit}.py with these
-                 sizes), its train step, tfjax.optim's AdamW and donation from
-                 tfjax.experiment.set_up, as the runner builds them
-  stock_flax     the same network from flax.linen's nn.Embed / nn.Dense / nn.LayerNorm /
-                 nn.MultiHeadDotProductAttention / nn.Conv, optax.adamw, jitted with donation
-  torch_eager    Hugging Face GPT2LMHeadModel / ViTForImageClassification from a config (random
-                 weights, SDPA attention), torch.optim.AdamW (foreach)
-  torch_compile  the same torch module through torch.compile (inductor); the optimizer eager
+The models (decoder: a d=512 GPT-like decoder, T=256; vit: ViT-S/16 at 224 px; gpt2: GPT-2
+small, T=128) and the contenders' training steps (forward, backward, AdamW, float32) are those
+of contenders.py, which describes them.
 
 Every contender runs in its own process (in one process, torch slowed the JAX contenders by
 uneven amounts), started, compiled and warmed up one after another; then the timed steps run
@@ -44,39 +31,13 @@ Prints versions, the machine, step times, ratios and MFU; writes benchmarks/resu
 train_step_vs_torch.json (or --out). --tiny runs toy sizes for the smoke test.
 """
 
-import argparse
-import json
 import os
-import platform
-import resource
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import contenders
+import harness
+from harness import log
 
-CONTENDERS = ("tfjax", "stock_flax", "torch_eager", "torch_compile")
-# kind "lm": a GPT-2-style decoder (learned positions, pre-LN, tanh-GELU, tied output);
-# kind "vit": ViT with a class token and learned positions, exact GELU, LayerNorm eps 1e-6.
-MODELS = {
-    "decoder": dict(kind="lm", width=512, layers=6, heads=8, mlp=2048, vocab=8192, length=256,
-                    max_len=256, batch=4),
-    "vit": dict(kind="vit", width=384, layers=12, heads=6, mlp=1536, image=224, patch=16,
-                classes=1000, batch=8),
-    "gpt2": dict(kind="lm", width=768, layers=12, heads=12, mlp=3072, vocab=50257, length=128,
-                 max_len=1024, batch=4),
-}  # fmt: skip
-TINY = {
-    "decoder": dict(kind="lm", width=32, layers=2, heads=4, mlp=128, vocab=256, length=16,
-                    max_len=16, batch=2),
-    "vit": dict(kind="vit", width=32, layers=2, heads=4, mlp=64, image=32, patch=16, classes=10,
-                batch=2),
-    "gpt2": dict(kind="lm", width=48, layers=2, heads=4, mlp=192, vocab=512, length=16,
-                 max_len=32, batch=2),
-}  # fmt: skip
 # Targets of issue 9: contender -> the largest allowed tfjax / contender step-time ratio.
 TARGETS = {
     "decoder": {"torch_eager": 1.0},
@@ -84,292 +45,6 @@ TARGETS = {
     "gpt2": {"torch_eager": 0.85, "stock_flax": 0.95},
 }
 MFU_TARGET = {"gpt2": 0.75}
-LR, WEIGHT_DECAY = 1e-4, 0.01
-
-
-def _pin_threads(threads):
-    """Restricts the process to `threads` cores before JAX or torch start their pools."""
-    cores = sorted(os.sched_getaffinity(0))
-    if threads and threads < len(cores):
-        os.sched_setaffinity(0, cores[:threads])
-    return len(os.sched_getaffinity(0))
-
-
-# ------------------------------------------------------------------------------------- data
-def make_batch(spec, seed=0):
-    """numpy batch: lm {"tokens" [B, T] in [1, V)}; vit {"image" [B, H, W, 3], "label" [B]}."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    if spec["kind"] == "lm":
-        tokens = rng.integers(1, spec["vocab"], (spec["batch"], spec["length"]), dtype=np.int32)
-        return {"tokens": tokens}
-    s = spec["image"]
-    return {
-        "image": rng.standard_normal((spec["batch"], s, s, 3), dtype=np.float32),
-        "label": rng.integers(0, spec["classes"], (spec["batch"],), dtype=np.int32),
-    }
-
-
-# ------------------------------------------------------------------------------------ tfjax
-def tfjax_config(spec, **model_overrides):
-    """The config of a tfjax run of `spec`: configs/lm.py:tiny (decoder) or configs/vit.py:tiny
-    (ViT) with the spec's sizes, batch and AdamW (lr LR, weight decay WEIGHT_DECAY, constant,
-    no clipping), no dropout, no label smoothing or z-loss, float32, a data-parallel mesh."""
-    from tfjax import experiment
-
-    if spec["kind"] == "lm":
-        config = experiment.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
-        model = dict(variant="gpt2-small", vocab_size=spec["vocab"], width=spec["width"],
-                     num_layers=spec["layers"], num_heads=spec["heads"], mlp_dim=spec["mlp"],
-                     max_len=spec["max_len"], dropout_rate=0.0)  # fmt: skip
-    else:
-        config = experiment.load_config(os.path.join(ROOT, "configs/vit.py") + ":tiny")
-        model = dict(variant=f"S/{spec['patch']}", num_classes=spec["classes"],
-                     width=spec["width"], num_layers=spec["layers"], num_heads=spec["heads"],
-                     mlp_dim=spec["mlp"], pool="cls", posemb="learned", dropout_rate=0.0,
-                     head_zero_init=False)  # fmt: skip
-    with config.unlocked():  # head_zero_init is not a field of configs/vit.py
-        config.model.update(model, **model_overrides)
-        config.update(batch_size=spec["batch"], eval_batch_size=spec["batch"],
-                      num_train_steps=10**6, dtype="float32")  # fmt: skip
-        config.loss.update(label_smoothing=0.0, z_loss=0.0)
-        config.optim.update(name="adamw", learning_rate=LR, schedule="constant",
-                            warmup_steps=0, end_learning_rate_fraction=1.0, b1=0.9, b2=0.999,
-                            eps=1e-8, weight_decay=WEIGHT_DECAY, grad_clip_norm=0.0,
-                            ema_decay=0.0)  # fmt: skip
-        config.mesh.update(data=-1, fsdp=1, tensor=1)
-    return config
-
-
-def tfjax_inputs(spec):
-    """experiment.Inputs of make_batch(spec)'s batches (their shapes and dtypes)."""
-    import jax
-    import numpy as np
-
-    from tfjax import experiment
-
-    def sds(*shape, dtype):
-        return jax.ShapeDtypeStruct((spec["batch"], *shape), dtype)
-
-    if spec["kind"] == "lm":
-        batch = {"tokens": sds(spec["length"], dtype=np.int32)}
-        return experiment.Inputs(train=batch, eval=batch, vocab_size=spec["vocab"])
-    s = spec["image"]
-    batch = {"image": sds(s, s, 3, dtype=np.float32), "label": sds(dtype=np.int32)}
-    return experiment.Inputs(train=batch, eval=batch, num_classes=spec["classes"])
-
-
-def set_up_tfjax(spec, **model_overrides):
-    """tfjax.experiment.set_up of tfjax_config(spec) on one device."""
-    import jax
-
-    from tfjax import experiment, sharding
-
-    config = tfjax_config(spec, **model_overrides)
-    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-    return experiment.set_up(config, mesh, inputs=tfjax_inputs(spec))
-
-
-def build_tfjax(spec, batch_np):
-    """(step() -> loss, model FLOPs per step, parameter count) for tfjax's own train step."""
-    import jax
-
-    from tfjax import sharding
-
-    exp = set_up_tfjax(spec)
-    box = [exp.init(jax.random.key(0))]
-    batch = sharding.shard_batch(batch_np, exp.mesh, exp.rules)
-    key = jax.random.key(1)
-
-    def step():
-        box[0], stats = exp.train_step(box[0], batch, key)
-        jax.block_until_ready((box[0], stats))
-        return float(stats["loss"]) / float(stats["weight"])
-
-    step.lower = lambda: exp.train_step.lower(box[0], batch, key)  # for profiling
-    return step, exp.flops_per_step, exp.num_params
-
-
-# ------------------------------------------------------------------------------- stock flax
-def stock_flax_modules():
-    """GPT-2-style decoder and ViT built only from stock flax.linen layers."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
-    class Block(nn.Module):
-        heads: int
-        mlp: int
-        eps: float
-        approximate_gelu: bool
-        kernel_init: object
-
-        @nn.compact
-        def __call__(self, x, mask=None):
-            y = nn.LayerNorm(epsilon=self.eps)(x)
-            y = nn.MultiHeadDotProductAttention(
-                num_heads=self.heads, kernel_init=self.kernel_init, deterministic=True
-            )(y, mask=mask)
-            x = x + y
-            y = nn.LayerNorm(epsilon=self.eps)(x)
-            y = nn.Dense(self.mlp, kernel_init=self.kernel_init)(y)
-            y = jax.nn.gelu(y, approximate=self.approximate_gelu)
-            return x + nn.Dense(x.shape[-1], kernel_init=self.kernel_init)(y)
-
-    class GPT(nn.Module):
-        vocab: int
-        width: int
-        layers: int
-        heads: int
-        mlp: int
-        max_len: int
-
-        @nn.compact
-        def __call__(self, tokens):
-            init = nn.initializers.normal(0.02)
-            embed = nn.Embed(self.vocab, self.width, embedding_init=init)
-            pos = nn.Embed(self.max_len, self.width, embedding_init=init)
-            # [B, T, D]
-            x = embed(tokens) + pos(jnp.arange(tokens.shape[1]))[None]
-            mask = nn.make_causal_mask(tokens)
-            for _ in range(self.layers):
-                x = Block(self.heads, self.mlp, 1e-5, True, init)(x, mask)
-            x = nn.LayerNorm(epsilon=1e-5)(x)
-            # [B, T, V]
-            return embed.attend(x)
-
-    class ViT(nn.Module):
-        classes: int
-        patch: int
-        width: int
-        layers: int
-        heads: int
-        mlp: int
-
-        @nn.compact
-        def __call__(self, images):
-            p = self.patch
-            x = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID")(images)
-            b, gh, gw, d = x.shape
-            # [B, P, D]
-            x = x.reshape(b, gh * gw, d)
-            cls = self.param("cls", nn.initializers.zeros, (1, 1, d))
-            # [B, 1 + P, D]
-            x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, d)), x], axis=1)
-            x = x + self.param("pos_embed", nn.initializers.normal(0.02), (1, x.shape[1], d))
-            for _ in range(self.layers):
-                x = Block(self.heads, self.mlp, 1e-6, False, nn.initializers.xavier_uniform())(x)
-            x = nn.LayerNorm(epsilon=1e-6)(x)
-            return nn.Dense(self.classes)(x[:, 0])
-
-    return GPT, ViT
-
-
-def build_stock_flax(spec, batch_np):
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    gpt, vit_cls = stock_flax_modules()
-    if spec["kind"] == "lm":
-        model = gpt(spec["vocab"], spec["width"], spec["layers"], spec["heads"], spec["mlp"],
-                    spec["max_len"])  # fmt: skip
-
-        def loss_fn(params, batch):
-            logits = model.apply({"params": params}, batch["tokens"])
-            return optax.softmax_cross_entropy_with_integer_labels(
-                logits[:, :-1], batch["tokens"][:, 1:]
-            ).mean()
-
-        x = batch_np["tokens"]
-    else:
-        model = vit_cls(spec["classes"], spec["patch"], spec["width"], spec["layers"],
-                        spec["heads"], spec["mlp"])  # fmt: skip
-
-        def loss_fn(params, batch):
-            logits = model.apply({"params": params}, batch["image"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
-
-        x = batch_np["image"]
-    tx = optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WEIGHT_DECAY)
-
-    def init(rng):
-        params = model.init(rng, jnp.asarray(x))["params"]
-        return params, tx.init(params)
-
-    def train_step(state, batch):
-        params, opt_state = state
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    step_fn = jax.jit(train_step, donate_argnums=0)
-    box = [jax.jit(init)(jax.random.key(0))]
-    batch = jax.tree.map(jnp.asarray, batch_np)
-
-    def step():
-        box[0], loss = step_fn(box[0], batch)
-        jax.block_until_ready((box[0], loss))
-        return float(loss)
-
-    step.lower = lambda: step_fn.lower(box[0], batch)  # for profiling
-    n_params = sum(a.size for a in jax.tree.leaves(box[0][0]))
-    return step, n_params
-
-
-# ------------------------------------------------------------------------------------ torch
-def build_torch(spec, batch_np, *, compiled):
-    """(step, parameter count) of the HF module, eager or through torch.compile."""
-    import torch
-    import torch.nn.functional as F
-    import transformers
-
-    torch.manual_seed(0)
-    if spec["kind"] == "lm":
-        config = transformers.GPT2Config(
-            vocab_size=spec["vocab"], n_positions=spec["max_len"], n_embd=spec["width"],
-            n_layer=spec["layers"], n_head=spec["heads"], n_inner=spec["mlp"],
-            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            layer_norm_epsilon=1e-5, initializer_range=0.02, use_cache=False, bos_token_id=0,
-            eos_token_id=0, loss_type="ForCausalLM",
-        )  # fmt: skip
-        model = transformers.GPT2LMHeadModel(config)
-        inputs = torch.from_numpy(batch_np["tokens"]).long()
-
-        def loss_of(m):
-            return m(input_ids=inputs, labels=inputs, use_cache=False).loss
-
-    else:
-        config = transformers.ViTConfig(
-            hidden_size=spec["width"], num_hidden_layers=spec["layers"],
-            num_attention_heads=spec["heads"], intermediate_size=spec["mlp"],
-            image_size=spec["image"], patch_size=spec["patch"], num_labels=spec["classes"],
-            hidden_act="gelu", layer_norm_eps=1e-6, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0, qkv_bias=True, initializer_range=0.02,
-        )  # fmt: skip
-        model = transformers.ViTForImageClassification(config)
-        # [B, C, H, W]: torch's layout
-        images = torch.from_numpy(batch_np["image"]).permute(0, 3, 1, 2).contiguous()
-        labels = torch.from_numpy(batch_np["label"]).long()
-
-        def loss_of(m):
-            return F.cross_entropy(m(pixel_values=images).logits, labels)
-
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WEIGHT_DECAY, foreach=True)  # fmt: skip
-
-    stepped = torch.compile(model) if compiled else model
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of(stepped)
-        loss.backward()
-        opt.step()
-        return float(loss.detach())
-
-    return step, sum(p.numel() for p in model.parameters())
 
 
 # ------------------------------------------------------------------------------ the roofline
@@ -386,17 +61,8 @@ def best_matmul_s(shape, repeats=5):
     b = jax.random.normal(jax.random.key(1), (*batch, k, n), jnp.float32)
     ta, tb = torch.randn(*batch, m, k), torch.randn(*batch, k, n)
     mm = jax.jit(jnp.matmul)
-    run = {"jax": lambda: mm(a, b).block_until_ready(), "torch": lambda: ta @ tb}
-    best = {}
-    for lib, fn in run.items():
-        fn()  # compiles (JAX) and warms up
-        best[lib] = float("inf")
-    for _ in range(repeats):
-        for lib, fn in run.items():
-            start = time.perf_counter()
-            fn()
-            best[lib] = min(best[lib], time.perf_counter() - start)
-    return best
+    times = harness.time_rounds({"jax": lambda: mm(a, b), "torch": lambda: ta @ tb}, repeats)
+    return {lib: min(t) for lib, t in times.items()}
 
 
 def roofline(sizes=(512, 1024, 2048), repeats=5):
@@ -441,182 +107,10 @@ def matmul_time(counts, repeats=5):
 
 
 # ------------------------------------------------------------------------------------- main
-def machine_info(threads):
-    import flax
-    import jax
-    import jaxlib
-    import optax
-    import torch
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return {
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "flax": flax.__version__,
-        "optax": optax.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores_visible": os.cpu_count(),
-        "cores_used": threads,
-        "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "jax_backend": jax.default_backend(),
-        "jax_devices": len(jax.devices()),
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),
-        "load_average": os.getloadavg(),
-    }
-
-
-def build_contender(contender, spec, batch_np):
-    """(step() -> loss, info) for one contender; info holds its parameter count (and FLOPs)."""
-    if contender == "tfjax":
-        step, flops, n = build_tfjax(spec, batch_np)
-        return step, {"flops": flops, "params_tfjax": n}
-    if contender == "stock_flax":
-        step, n = build_stock_flax(spec, batch_np)
-        return step, {"params_stock_flax": n}
-    step, n = build_torch(spec, batch_np, compiled=contender == "torch_compile")
-    return step, {"params_torch": n}
-
-
-REPLY = "@@ "  # marks the worker's protocol lines on its stdout (libraries may print too)
-
-
-def _reply(**fields):
-    print(REPLY + json.dumps(fields, default=float), flush=True)
-
-
-def worker(args, threads):
-    """One contender in this process: build, compile, warm up, then time one step per "step"
-    line on stdin until "quit"; each answer is a REPLY line of JSON. Only the contender's own
-    library is imported."""
-    if args.malloc == "keep":  # every contender alike, before its library starts threads
-        from tfjax import host_memory
-
-        host_memory.keep_freed_memory()
-    if args.worker.startswith("torch"):
-        import torch
-
-        torch.set_num_threads(threads)
-    else:
-        import jax
-
-        jax.config.update("jax_enable_compilation_cache", False)  # measure real compiles
-    spec = (TINY if args.tiny else MODELS)[args.models]
-    batch_np = make_batch(spec)
-    try:
-        start = time.perf_counter()
-        step, info = build_contender(args.worker, spec, batch_np)
-        info["build_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        info["first_loss"] = step()  # compiles (jit, torch.compile) and runs one step
-        info["first_step_s"] = time.perf_counter() - start
-        for _ in range(args.warmup):
-            step()
-    except Exception as e:  # a contender that cannot run here is reported, not fatal
-        _reply(error=f"{type(e).__name__}: {str(e)[:2000]}")
-        return
-    _reply(ready=True, **info)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
-        step()
-        seconds = time.perf_counter() - start
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        _reply(s=seconds, page_faults=usage.ru_minflt - faults, max_rss_kib=usage.ru_maxrss)
-
-
-class Worker:
-    """A contender in its own process (see worker()), so that no library's threads, allocator
-    or JIT state slows another: in one process, torch slowed the JAX contenders unevenly."""
-
-    def __init__(self, contender, model, args):
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), f"--worker={contender}",
-             f"--models={model}", f"--warmup={args.warmup}", f"--threads={args.threads}",
-             f"--malloc={args.malloc}",
-             *(["--tiny"] if args.tiny else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-        )  # fmt: skip
-
-    def ask(self, line=None):
-        if line is not None:
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-        for out in self.proc.stdout:
-            if out.startswith(REPLY):
-                return json.loads(out[len(REPLY) :])
-        self.stderr.seek(0)
-        tail = self.stderr.read()[-1500:]
-        return {"error": f"worker exited with code {self.proc.wait()}: {tail}"}
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-            self.proc.wait()
-        self.stderr.close()
-
-
-def run_model(name, spec, entrants, *, rounds, log):
-    """Starts, warms up and times the entrants on one model; returns its result dict.
-
-    entrants: {label: (contender, args)}, one worker process each (the args set its flags, e.g.
-    --malloc). They start one after another (so that compile times are not shared) and stay
-    idle, waiting on stdin, while the others run."""
-    workers, build_s, first_s, losses, info = {}, {}, {}, {}, {}
-    try:
-        for c, (contender, args) in entrants.items():
-            w = Worker(contender, name, args)
-            reply = w.ask()
-            if "error" in reply:
-                log(f"  {c}: did not start: {reply['error'][:500]}")
-                info[f"{c}_error"] = reply["error"]
-                w.close()
-                continue
-            workers[c] = w
-            build_s[c], first_s[c] = reply.pop("build_s"), reply.pop("first_step_s")
-            losses[c] = reply.pop("first_loss")
-            info.update({k: v for k, v in reply.items() if k != "ready"})
-            log(f"  {c}: built in {build_s[c]:.1f} s, first step (compile) {first_s[c]:.1f} s")
-        names = list(workers)
-        times, faults, rss = ({c: [] for c in names} for _ in range(3))
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for c in order:
-                reply = workers[c].ask("step")
-                if "error" in reply:
-                    raise RuntimeError(f"{c} failed in round {r + 1}: {reply['error']}")
-                times[c].append(reply["s"])
-                faults[c].append(reply["page_faults"])
-                rss[c].append(reply["max_rss_kib"])
-            log(f"  round {r + 1}: " + ", ".join(f"{c} {1e3 * times[c][-1]:.0f} ms" for c in names))
-    finally:
-        for w in workers.values():
-            w.close()
-    median = {c: statistics.median(t) for c, t in times.items()}
-    return dict(spec=spec, contenders=names, build_s=build_s, first_step_s=first_s,
-                first_loss=losses, step_s=times, median_s=median, page_faults=faults,
-                max_rss_gib={c: max(r) / 2**20 for c, r in rss.items()}, **info)  # fmt: skip
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, "train_step_vs_torch")
     parser.add_argument("--models", default="decoder,vit,gpt2")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--contenders", default=",".join(contenders.CONTENDERS))
     parser.add_argument(
         "--rounds", type=int, default=None, help="timed rounds (default 10, gpt2 6)"
     )
@@ -627,35 +121,28 @@ def main():
         help="keep: every contender's process keeps freed memory for reuse "
         "(tfjax.host_memory, as experiments/run.py does); glibc: its defaults",
     )  # fmt: skip
-    parser.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
-    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)  # see worker()
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results",
-                                                      "train_step_vs_torch.json"))  # fmt: skip
     args = parser.parse_args()
-    threads = _pin_threads(args.threads)
-    # libgomp's default busy-waiting makes torch's 2-thread steps 100x slower when other
-    # processes share the cores (measured: 650 ms vs 5 ms for a tiny step); sleep instead.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if args.worker:  # before importing torch here: a JAX contender's process never loads it
-        return worker(args, threads)
+    threads = harness.use_cores(args.threads)
+    import jax
     import torch
 
     torch.set_num_threads(threads)  # the roofline's torch matmuls
-    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    unknown = sorted(set(contenders) - set(CONTENDERS))
+    names = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(names) - set(contenders.CONTENDERS))
     if unknown:
-        parser.error(f"unknown contenders {unknown}; allowed: {CONTENDERS}")
-    sizes = TINY if args.tiny else MODELS
+        parser.error(f"unknown contenders {unknown}; allowed: {contenders.CONTENDERS}")
+    sizes = contenders.TINY if args.tiny else contenders.MODELS
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in sizes:
             parser.error(f"unknown model {m!r}; allowed: {list(sizes)}")
 
-    def log(msg):
-        print(msg, flush=True)
-
-    info = machine_info(threads)
-    info["malloc"] = args.malloc
+    info = harness.machine("jax", "jaxlib", "flax", "optax", "torch", "transformers")
+    info.update(cores_used=threads, torch_threads=torch.get_num_threads(),
+                torch_interop_threads=torch.get_num_interop_threads(),
+                jax_backend=jax.default_backend(), jax_devices=len(jax.devices()),
+                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", ""),
+                malloc=args.malloc)  # fmt: skip
     log("train step (forward + backward + AdamW), float32, CPU")
     log("  " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "load_average"))
     log(f"  load average at start: {info['load_average']}")
@@ -665,8 +152,12 @@ def main():
         spec = sizes[m]
         rounds = args.rounds or (3 if args.tiny else (6 if m == "gpt2" else 10))
         log(f"\n[{m}] {spec}; {rounds} rounds after {args.warmup} warm-up steps")
-        entrants = {c: (c, args) for c in contenders}
-        results[m] = run_model(m, spec, entrants, rounds=rounds, log=log)
+        commands = {
+            c: contenders.command(c, m, warmup=args.warmup, threads=args.threads,
+                                  malloc=args.malloc, tiny=args.tiny)
+            for c in names
+        }  # fmt: skip
+        results[m] = dict(spec=spec, **harness.time_processes(commands, rounds))
     peak_after = roofline(sizes=(128, 256) if args.tiny else (512, 1024, 2048))
     peak_all = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     peak = max(peak_all.values())
@@ -706,21 +197,18 @@ def main():
             for c in r["contenders"]:
                 if c == "tfjax":
                     continue
-                ratios[f"tfjax/{c}"] = r["median_s"]["tfjax"] / r["median_s"][c]
+                ratio = ratios[f"tfjax/{c}"] = r["median_s"]["tfjax"] / r["median_s"][c]
                 target = TARGETS[m].get(c)
-                met = None if target is None else ratios[f"tfjax/{c}"] <= target
                 if target is not None:
-                    checks.append(dict(what=f"tfjax/{c}", value=ratios[f"tfjax/{c}"],
-                                       target=f"<= {target}", met=met))  # fmt: skip
-                note = "" if target is None else f"  (target <= {target}: "
-                note += "" if target is None else ("met)" if met else "MISSED)")
-                log(f"  ratio tfjax/{c} = {ratios[f'tfjax/{c}']:.3f}{note}")
+                    checks.append(dict(what=f"tfjax/{c}", value=ratio, target=f"<= {target}",
+                                       met=ratio <= target))  # fmt: skip
+                log(f"  {harness.ratio_line(f'tfjax/{c}', ratio, at_most=target)}")
             if m in MFU_TARGET:
                 met = mfu["tfjax"] >= MFU_TARGET[m]
                 checks.append(dict(what="tfjax MFU", value=mfu["tfjax"],
                                    target=f">= {MFU_TARGET[m]}", met=met))  # fmt: skip
-                log(f"  tfjax MFU = {mfu['tfjax']:.3f}  (target >= {MFU_TARGET[m]}: "
-                    f"{'met' if met else 'MISSED'})")  # fmt: skip
+                note = harness.target_note(mfu["tfjax"], at_least=MFU_TARGET[m])
+                log(f"  tfjax MFU = {mfu['tfjax']:.3f}{note}")
         for k in [k for k in r if k.endswith("_error")]:
             log(f"  {k[: -len('_error')]} did not run: {r[k][:300]}")
         if args.tiny:
@@ -735,15 +223,12 @@ def main():
         )
     info["load_average_end"] = os.getloadavg()
     log(f"\nload average at end: {info['load_average_end']}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(benchmark="train_step_vs_torch", tiny=args.tiny, machine=info,
-                       roofline_flops=peak, roofline_source=peak_src,
-                       roofline_before=peak_before, roofline_after=peak_after,
-                       flops_convention="6*N*T + 12*L*T*S*D (tfjax.metrics), causal not "
-                                        "discounted", results=results, summary=summary),
-                  f, indent=1, default=float)  # fmt: skip
-    log(f"wrote {args.out}")
+    harness.write_json(args.out, dict(
+        benchmark="train_step_vs_torch", tiny=args.tiny, machine=info, roofline_flops=peak,
+        roofline_source=peak_src, roofline_before=peak_before, roofline_after=peak_after,
+        flops_convention="6*N*T + 12*L*T*S*D (tfjax.metrics), causal not discounted",
+        results=results, summary=summary,
+    ))  # fmt: skip
 
 
 if __name__ == "__main__":

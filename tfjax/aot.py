@@ -44,7 +44,7 @@ import jax
 import numpy as np
 from jax.experimental import topologies
 
-from tfjax import chips, evaluation, experiment, sharding
+from tfjax import chips, experiment, sharding, tasks
 
 TPU_FORMS = {  # generation -> how many dimensions its topology names
     "v4": 3,
@@ -289,7 +289,7 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
         "train": lambda: exp.train_step.lower(state, exp.train_batch, exp.abstract_rng),
         "eval": lambda: exp.eval_step.lower(state.params, exp.eval_batch),
     }
-    if "decode" in wanted and evaluation.decoding(config):
+    if "decode" in wanted and tasks.decode_eval(config):
         lowerings["decode"] = lambda: _lower_decode(exp)
     reports = [
         _compile_step(name, lower, hbm=hbm, bf16=config.dtype == "bfloat16")
@@ -328,7 +328,7 @@ def _lower_decode(exp):
     from tfjax import decode
 
     config, d = exp.config, exp.config.decode
-    if evaluation.decoding(config) == "bleu":
+    if tasks.decode_eval(config).kind == "bleu":
         prompts = exp.eval_batch["inputs"]
         max_new = d.max_new_tokens or prompts.shape[1]
         method = d.method if d.method in experiment.DECODE_METHODS else "greedy"
@@ -353,11 +353,11 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
         compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory refusal is kept
         message = str(e)
-        if "RESOURCE_EXHAUSTED" not in message and "Ran out of memory" not in message:
-            raise CompileError(f"{name} step: the compiler failed: {_first_line(message)}") from e
-        used = _refused_bytes(message)
+        if not refused_for_memory(message):
+            raise CompileError(f"{name} step: the compiler failed: {first_line(message)}") from e
+        used = refused_bytes(message)
         return StepReport(name, time.perf_counter() - start, 0, 0, 0, 0, used, {}, 0.0,
-                          fits=False, error=_first_line(message))  # fmt: skip
+                          fits=False, error=first_line(message))  # fmt: skip
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     # The larger of XLA's peak and everything allocated at once: TPU's peak can be below the
@@ -376,14 +376,20 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
     )  # fmt: skip
 
 
-def _first_line(message: str) -> str:
+def refused_for_memory(message: str) -> bool:
+    """Whether a compiler's error message is its refusal of a program over the chip's memory."""
+    return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message
+
+
+def first_line(message: str) -> str:
+    """The first non-blank line of a (long, multi-line) compiler message, at most 400 chars."""
     for line in message.splitlines():
         if line.strip():
             return line.strip()[:400]
     return message[:400]
 
 
-def _refused_bytes(message: str) -> int:
+def refused_bytes(message: str) -> int:
     """The bytes a refused program needs, from the TPU compiler's message ("the total memory
     required for HLO temporaries (20.00G) exceeds available HBM (15.75G)", or "Used 17.25G of
     15.25G hbm"); 0 when it gives none."""
