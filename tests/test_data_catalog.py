@@ -1,5 +1,6 @@
 """Each catalog dataset's config builds batches of the right shapes from TFDS mock data (nothing
-is downloaded), and importing tfjax never pulls in TensorFlow."""
+is downloaded), importing tfjax never pulls in TensorFlow, and loading a config never pulls in
+TFDS or Grain."""
 
 import subprocess
 import sys
@@ -11,12 +12,19 @@ import tensorflow_datasets as tfds
 import tfjax.data as td
 from tfjax.data import embedded
 
-CATALOG = [name for name in td.CATALOG if name not in embedded.BUILDERS]
+CATALOG = [name for name in td.CATALOG if not td.is_embedded(name)]
 
 
 def test_the_issue_catalog_is_there():
     expected = {"mnist", "cifar10", "imagenet2012", "wmt14_translate/de-en", "lm1b", "glue/sst2"}
     assert set(CATALOG) == expected
+
+
+def test_embedded_datasets_name_their_offline_builders():
+    names = [name for name in td.CATALOG if td.is_embedded(name)]
+    assert names == ["digits", "pydoc", "numbers_translate"]
+    for name in names:
+        assert issubclass(getattr(embedded, td.CATALOG[name]["embedded"]), tfds.core.DatasetBuilder)
 
 
 @pytest.mark.parametrize("name", CATALOG)
@@ -75,3 +83,19 @@ def test_import_tfjax_does_not_import_tensorflow():
         "assert 'tensorflow' not in sys.modules, 'tfjax.data imported TensorFlow'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", ["lm", "mlm", "translate", "vit"])
+def test_loading_a_config_imports_neither_tfds_nor_grain(name):
+    # In a fresh process: the other tests' imports would hide it here.
+    code = (
+        "import sys, importlib.util as u\n"
+        f"s = u.spec_from_file_location('c', 'configs/{name}.py')\n"
+        "m = u.module_from_spec(s); s.loader.exec_module(m); m.get_config('')\n"
+        "heavy = ('tensorflow_datasets', 'tensorflow', 'grain')\n"
+        "print([k for k in sys.modules if k.split('.')[0] in heavy])\n"
+    )
+    root = __file__.rsplit("/tests/", 1)[0]
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         cwd=root)  # fmt: skip
+    assert out.stdout.strip() == "[]"

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import tfjax.data
-from tfjax import checkpoint, decode, evaluation, metrics, train
+from tfjax import checkpoint, decode, metrics, train
 from tfjax.models import decoder, transformer
+from tfjax.tasks import translation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,8 +54,8 @@ def test_translation_eval_logs_bleu_and_samples(translate_run):
 
 def test_corpus_bleu_bounds():
     refs = ["four thousand two hundred twenty-one", "seventeen", "one hundred two thousand five"]
-    assert evaluation.corpus_bleu(refs, refs) == pytest.approx(100.0)
-    assert evaluation.corpus_bleu(["x y z"] * 3, refs) == 0.0
+    assert translation.corpus_bleu(refs, refs) == pytest.approx(100.0)
+    assert translation.corpus_bleu(["x y z"] * 3, refs) == 0.0
 
 
 def test_lm_eval_writes_samples(data_dir, tmp_path):
@@ -71,8 +72,7 @@ def test_workdir_keeps_the_sentencepiece_model_it_was_trained_with(tmp_path):
     config = tiny("configs/lm.py:tiny", data_dir)
     config.dataset.update(tokenizer="sentencepiece", vocab_size=600)
     train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
-    data_config = tfjax.data.resolve_config(dict(config.dataset))
-    data_model = tfjax.data.tokenizer_path(data_config, data_dir)
+    data_model = tfjax.data.tokenizer_path(tfjax.data.dataset_spec(config), data_dir)
     stored = os.path.join(workdir, train.TOKENIZER_FILE)
     with open(stored, "rb") as f, open(data_model, "rb") as g:
         assert f.read() == g.read()

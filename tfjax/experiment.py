@@ -118,7 +118,7 @@ def _check_loss_chunks(config, lengths=None) -> None:
     if lengths is None:
         from tfjax.data import catalog  # here, as in check_paths: only runs need tfjax.data
 
-        lengths = {"dataset.seq_len": catalog.resolve_config(dict(config.dataset)).seq_len}
+        lengths = {"dataset.seq_len": catalog.dataset_spec(config).seq_len}
     for what, length in lengths.items():
         if length % chunks:
             divisors = [str(d) for d in range(1, length + 1) if length % d == 0]
@@ -228,8 +228,9 @@ class Inputs:
     num_classes: int | None = None
 
     @classmethod
-    def from_loaders(cls, config, data_config, train_loader, eval_loader) -> Inputs:
-        """The inputs of real loaders (per-process batches scaled to the global batch)."""
+    def from_loaders(cls, config, data, train_loader, eval_loader) -> Inputs:
+        """The inputs of real loaders (per-process batches scaled to the global batch) of the
+        dataset `data` (a tfjax.data.DatasetSpec)."""
 
         def global_spec(loader, rows):
             return {
@@ -242,32 +243,31 @@ class Inputs:
             train=global_spec(train_loader, config.batch_size),
             eval=global_spec(eval_loader, config.eval_batch_size),
             vocab_size=tokenizer.vocab_size if tokenizer is not None else None,
-            num_classes=data_config.get("num_classes"),
+            num_classes=data.num_classes,
         )
 
 
-def planned_inputs(config, data_config=None) -> Inputs:
+def planned_inputs(config, data=None) -> Inputs:
     """The inputs a run of `config` will have, from the config alone: no data is read and no
     tokenizer trained (for compiling ahead of time and for restoring a model).
 
     The vocabulary is config.model.vocab_size when set; else 261 for bytes and the dataset's
     SentencePiece vocab_size (an upper bound of what training the tokenizer gives) otherwise.
+    `data` is the run's tfjax.data.DatasetSpec, resolved from the config when None.
     """
     import tfjax.data
 
-    data_config = data_config or tfjax.data.resolve_config(dict(config.dataset))
+    data = data or tfjax.data.dataset_spec(config)
     vocab_size = None
-    if data_config.task != "image_classification":
+    if not data.images:
         vocab_size = config.model.get("vocab_size") or (
-            tfjax.data.ByteTokenizer.vocab_size
-            if data_config.tokenizer == "bytes"
-            else data_config.vocab_size
+            tfjax.data.ByteTokenizer.vocab_size if data.tokenizer == "bytes" else data.vocab_size
         )
     return Inputs(
-        train=tfjax.data.element_spec(data_config, config.batch_size),
-        eval=tfjax.data.element_spec(data_config, config.eval_batch_size),
+        train=tfjax.data.element_spec(data, config.batch_size),
+        eval=tfjax.data.element_spec(data, config.eval_batch_size),
         vocab_size=vocab_size,
-        num_classes=data_config.get("num_classes"),
+        num_classes=data.num_classes,
     )
 
 

@@ -84,20 +84,20 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     task = tasks.get(config.task)
     rules = sharding.check_rules(config.logical_axis_rules)
     mesh = sharding.make_mesh(config.mesh, devices)
-    data_config = tfjax.data.resolve_config(dict(config.dataset))
+    data = tfjax.data.dataset_spec(config)
     workdir = os.path.expanduser(workdir)
     tokenizer = None
     stored = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.exists(stored):
         tokenizer = tfjax.data.SentencePieceTokenizer.load(stored)
-    elif data_config.task != "image_classification":  # bytes, or a workdir from before the copy
-        tokenizer = tfjax.data.get_tokenizer(data_config, config.data_dir or None)
+    elif not data.images:  # bytes, or a workdir from before the copy
+        tokenizer = tfjax.data.get_tokenizer(data, config.data_dir or None)
     model = experiment.build_model(
         config,
         vocab_size=tokenizer.vocab_size if tokenizer is not None else None,
-        num_classes=data_config.get("num_classes"),
+        num_classes=data.num_classes,
     )
-    spec = tfjax.data.element_spec(data_config, 1)
+    spec = tfjax.data.element_spec(data, 1)
     target, _ = experiment.abstract_params(model, task, spec, mesh=mesh, rules=rules)
     params = checkpoint.restore_params(workdir, target, average_last=average_last, what="workdir")
     return model, params, tokenizer
@@ -139,7 +139,6 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     experiment.check_config(config)
     experiment.check_paths(config, workdir)  # before the lock (which creates the workdir)
     workdir = os.path.abspath(os.path.expanduser(workdir))
-    task = tasks.get(config.task)
     rules = sharding.check_rules(config.logical_axis_rules)
     mesh = sharding.make_mesh(config.mesh, devices)
     # set_up checks these again; here they fail before any dataset or tokenizer is built.
@@ -147,29 +146,20 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     experiment.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
 
     # ---- data: each process loads its distinct part of the global batch
-    data_config = tfjax.data.resolve_config(dict(config.dataset))
-    if data_config.task not in task.DATA_TASKS:
-        raise ValueError(
-            f"task={config.task!r} needs a dataset of task {task.DATA_TASKS}, but dataset "
-            f"{data_config.name!r} is configured as {data_config.task!r} (dataset.task)"
-        )
+    data = tfjax.data.dataset_spec(config)  # resolved once; the loaders read it
     shard, shards = sharding.data_shard(mesh, rules)
     data_dir = config.data_dir or None
 
     def loaders():
-        if data_config.name in tfjax.data.embedded.BUILDERS:  # offline, seconds: build on demand
-            tfjax.data.prepare(data_config.name, data_dir)
+        if tfjax.data.is_embedded(data.name):  # offline, seconds: build on demand
+            tfjax.data.prepare(data.name, data_dir)
         common = dict(process_index=shard, process_count=shards, data_dir=data_dir)
         train_loader = tfjax.data.make_loader(
-            data_config, split=data_config.train_split, batch_size=config.batch_size // shards,
+            data, split=data.train_split, batch_size=config.batch_size // shards,
             seed=config.seed, shuffle=True, num_epochs=None, **common,
         )  # fmt: skip
-        eval_data_config = data_config
-        if data_config.task == "translation" and data_config.packing:
-            # One sentence pair per row: BLEU decodes each source on its own.
-            eval_data_config = ml_collections.ConfigDict(dict(data_config, packing=False))
         eval_loader = tfjax.data.make_loader(
-            eval_data_config, split=data_config.eval_split,
+            evaluation.eval_dataset(config, data), split=data.eval_split,
             batch_size=config.eval_batch_size // shards, seed=config.seed, shuffle=False,
             num_epochs=1, **common,
         )  # fmt: skip
@@ -181,7 +171,7 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
         train_loader, eval_loader = preemption.primary_first(loaders)
         cleanup.callback(eval_loader.close)
         cleanup.callback(train_loader.close)
-        inputs = experiment.Inputs.from_loaders(config, data_config, train_loader, eval_loader)
+        inputs = experiment.Inputs.from_loaders(config, data, train_loader, eval_loader)
         exp = experiment.set_up(config, mesh, inputs=inputs)
         return _run(exp, workdir, train_loader=train_loader, eval_loader=eval_loader,
                     stop_after_step=stop_after_step, cleanup=cleanup, stop=stop)  # fmt: skip

@@ -1,17 +1,18 @@
 """How every experiment gets its batches: TFDS data sources -> Grain loaders.
 
     import tfjax.data
-    cfg = tfjax.data.default_dataset_config("digits")       # fields: tfjax.data.catalog
+    spec = tfjax.data.resolve_config({"name": "digits"})   # a DatasetSpec; tfjax.data.catalog
     tfjax.data.prepare("digits")                              # once; offline; reused after
-    loader = tfjax.data.make_loader(cfg, split="train", batch_size=64, seed=0, shuffle=True,
+    loader = tfjax.data.make_loader(spec, split="train", batch_size=64, seed=0, shuffle=True,
                                     num_epochs=None)
     batch = next(loader); state = loader.get_state()          # ... later: loader.set_state(state)
 
 Batches are dicts of numpy arrays whose shapes never change (the last partial batch is padded
-with zero rows). Token id 0 is padding everywhere (ids: tfjax.data.tokenizers). Per task:
+with zero rows). Token id 0 is padding everywhere (ids: tfjax.data.tokenizers). Per task
+(the `tfjax.tasks` names; a dataset lists the tasks it serves in its catalog entry):
 
-  image_classification  image f32 [B, H, W, C] in [-1, 1], label i32 [B], weights f32 [B]
-  text_classification   tokens i32 [B, T] (bos ... eos), label i32 [B], weights f32 [B]
+  classification        images: image f32 [B, H, W, C] in [-1, 1], label i32 [B], weights f32 [B]
+                        text: tokens i32 [B, T] (bos ... eos), label i32 [B], weights f32 [B]
   lm                    tokens i32 [B, T] (bos ... eos per example; the loss shifts)
   mlm                   tokens i32 [B, T] (corrupted), targets i32 [B, T] (original),
                         weights f32 [B, T] (1.0 where picked for prediction)
@@ -27,51 +28,42 @@ With `packing`, each token key k also gets k_segment_ids i32 [B, T] (1..n per ro
 padding) and k_positions i32 [B, T] (from 0 within each example): tokens_* for lm/mlm,
 inputs_* and targets_* for translation.
 
-Modules: catalog (dataset names, config fields, sources, tokenizer files), loader (the Grain
-pipeline), preprocess (numpy transforms), tokenizers, embedded (the offline TFDS builders).
-TFDS and Grain are imported here only; `import tfjax` and `tfjax.models` never import them.
+Modules: catalog (dataset names, config fields, the resolved DatasetSpec; plain data), sources
+(TFDS: prepare, read, train tokenizers), loader (the Grain pipeline), preprocess (numpy
+transforms), tokenizers, embedded (the offline TFDS builders). Names below load their module
+on first use, so `from tfjax.data import catalog` (what configs do) imports neither TFDS nor
+Grain; `import tfjax` and `tfjax.models` never import them.
 """
 
-from tfjax.data.catalog import (
-    CATALOG,
-    default_data_dir,
-    default_dataset_config,
-    get_tokenizer,
-    open_source,
-    prepare,
-    resolve_config,
-    tokenizer_path,
-    with_placeholders,
-)
-from tfjax.data.loader import Loader, element_spec, make_loader
-from tfjax.data.tokenizers import (
-    BOS_ID,
-    EOS_ID,
-    MASK_ID,
-    PAD_ID,
-    UNK_ID,
-    ByteTokenizer,
-    SentencePieceTokenizer,
-)
+import importlib
 
-__all__ = [
-    "BOS_ID",
-    "CATALOG",
-    "EOS_ID",
-    "MASK_ID",
-    "PAD_ID",
-    "UNK_ID",
-    "ByteTokenizer",
-    "Loader",
-    "SentencePieceTokenizer",
-    "default_data_dir",
-    "default_dataset_config",
-    "element_spec",
-    "get_tokenizer",
-    "make_loader",
-    "open_source",
-    "prepare",
-    "resolve_config",
-    "with_placeholders",
-    "tokenizer_path",
-]
+# name -> the module of tfjax.data that defines it, imported when the name is first used.
+_EXPORTS = {
+    **dict.fromkeys(
+        ("CATALOG", "DatasetSpec", "dataset_spec", "default_data_dir", "default_dataset_config",
+         "element_spec", "is_embedded", "resolve_config", "tokenizer_path", "with_placeholders"),
+        "catalog",
+    ),
+    **dict.fromkeys(("get_tokenizer", "open_source", "prepare"), "sources"),
+    **dict.fromkeys(("Loader", "make_loader"), "loader"),
+    **dict.fromkeys(
+        ("BOS_ID", "EOS_ID", "MASK_ID", "PAD_ID", "UNK_ID", "ByteTokenizer",
+         "SentencePieceTokenizer"),
+        "tokenizers",
+    ),
+}  # fmt: skip
+_SUBMODULES = ("catalog", "embedded", "loader", "preprocess", "sources", "tokenizers")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

@@ -1,14 +1,22 @@
-"""Datasets by name: their default configs, where their records come from, their tokenizers.
+"""Datasets by name: their default configs, and a dataset config resolved once (DatasetSpec).
 
 Every dataset is a TFDS builder prepared as ArrayRecord and read as a random-access
-`tfds` data source. The embedded ones (`digits`, `pydoc`, `numbers_translate`, see
-`tfjax.data.embedded`) are built from files on the machine; the catalog ones are the public
-TFDS datasets for users who have them prepared or can download them.
+`tfds` data source (`tfjax.data.sources`). The embedded ones (`digits`, `pydoc`,
+`numbers_translate`, see `tfjax.data.embedded`) are built from files on the machine; the
+catalog ones are the public TFDS datasets for users who have them prepared or can download them.
+
+This module is plain data and checks: it imports neither TFDS nor Grain, so that configs can
+import it (`with_placeholders`) and stay light.
+
+A dataset config is resolved once, by `resolve_config` (or `dataset_spec` for a run config),
+into a frozen DatasetSpec that the loaders, the tokenizers and the runner read.
 
 Dataset config fields (`default_dataset_config(name)` fills them all):
 
   name              dataset name, a key of CATALOG
-  task              "image_classification" | "text_classification" | "lm" | "mlm" | "translation"
+  task              the `tfjax.tasks` task whose batches to make, one of the dataset's `tasks`
+                    ("classification" | "lm" | "mlm" | "translation"); in a run config it
+                    follows config.task
   train_split       TFDS split for training, e.g. "train" or "train[:90%]"
   eval_split        TFDS split for evaluation
   num_workers       worker processes, each building whole batches (0: all in this process)
@@ -35,39 +43,34 @@ text:
                     their first seq_len tokens (translation and classification only truncate)
   mlm_probability   fraction of tokens picked for prediction when task == "mlm"
   source_lang, target_lang   translation: the feature names of source and target text
-  num_classes       text_classification: number of labels
+  num_classes       classification of text: number of labels
 """
 
 from __future__ import annotations
 
-import copy
-import importlib
-import itertools
+import dataclasses
 import os
-import time
+from collections.abc import Mapping
 
 import ml_collections
-import numpy as np
-import tensorflow_datasets as tfds
-from absl import logging
 from ml_collections import config_dict
-
-from tfjax import metrics
-from tfjax.data import embedded, preprocess
-from tfjax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, train_sentencepiece
 
 _COMMON = dict(num_workers=0, read_threads=0, prefetch_batches=0, cache=False)
 _TEXT = dict(long_examples="truncate", packing=False)
+CROPS = ("pad", "inception", "none")  # crop= of image datasets (`preprocess.fit_image`)
 
-# name -> how to read it (`module`: TFDS module to import so its builder is registered;
-# `features`: which record fields hold what; `tasks`: allowed tasks) and its default config.
+# name -> how to read it and its default config:
+#   features  which record fields hold what ("image" marks an image dataset)
+#   tasks     the `tfjax.tasks` tasks it serves (the first is the default)
+#   embedded  the `tfjax.data.embedded` builder class (offline); else a TFDS dataset
+#   module    TFDS module to import so that its builder is registered
 CATALOG: dict[str, dict] = {
     "digits": dict(
+        embedded="Digits",
         features=dict(image="image", label="label"),
-        tasks=("image_classification",),
+        tasks=("classification",),
         config=dict(
             cache=True,
-            task="image_classification",
             train_split="train",
             eval_split="test",
             image_size=8,
@@ -80,9 +83,8 @@ CATALOG: dict[str, dict] = {
     ),
     "mnist": dict(
         features=dict(image="image", label="label"),
-        tasks=("image_classification",),
+        tasks=("classification",),
         config=dict(
-            task="image_classification",
             train_split="train",
             eval_split="test",
             image_size=28,
@@ -95,9 +97,8 @@ CATALOG: dict[str, dict] = {
     ),
     "cifar10": dict(
         features=dict(image="image", label="label"),
-        tasks=("image_classification",),
+        tasks=("classification",),
         config=dict(
-            task="image_classification",
             train_split="train",
             eval_split="test",
             image_size=32,
@@ -110,9 +111,8 @@ CATALOG: dict[str, dict] = {
     ),
     "imagenet2012": dict(
         features=dict(image="image", label="label"),
-        tasks=("image_classification",),
+        tasks=("classification",),
         config=dict(
-            task="image_classification",
             train_split="train",
             eval_split="validation",
             image_size=224,
@@ -124,11 +124,11 @@ CATALOG: dict[str, dict] = {
         ),
     ),
     "pydoc": dict(
+        embedded="Pydoc",
         features=dict(text="text"),
         tasks=("lm", "mlm"),
         config=dict(
             cache=True,
-            task="lm",
             train_split="train",
             eval_split="test",
             tokenizer="bytes",
@@ -143,7 +143,6 @@ CATALOG: dict[str, dict] = {
         features=dict(text="text"),
         tasks=("lm", "mlm"),
         config=dict(
-            task="lm",
             train_split="train",
             eval_split="test",
             tokenizer="sentencepiece",
@@ -155,11 +154,11 @@ CATALOG: dict[str, dict] = {
         ),
     ),
     "numbers_translate": dict(
+        embedded="NumbersTranslate",
         features=dict(),
         tasks=("translation",),
         config=dict(
             cache=True,
-            task="translation",
             train_split="train",
             eval_split="test",
             tokenizer="sentencepiece",
@@ -175,7 +174,6 @@ CATALOG: dict[str, dict] = {
         features=dict(),
         tasks=("translation",),
         config=dict(  # English -> German with a shared 37k vocabulary, as in the paper
-            task="translation",
             train_split="train",
             eval_split="test",
             tokenizer="sentencepiece",
@@ -190,9 +188,8 @@ CATALOG: dict[str, dict] = {
     "glue/sst2": dict(
         module="tensorflow_datasets.text.glue",
         features=dict(text="sentence", label="label"),
-        tasks=("text_classification",),
+        tasks=("classification",),
         config=dict(
-            task="text_classification",
             train_split="train",
             eval_split="validation",
             tokenizer="sentencepiece",
@@ -204,9 +201,6 @@ CATALOG: dict[str, dict] = {
     ),
 }
 
-# Up to this many training records (evenly strided) feed SentencePiece training.
-_SPM_MAX_RECORDS = 250_000
-
 
 def _entry(name: str) -> dict:
     if name not in CATALOG:
@@ -214,9 +208,17 @@ def _entry(name: str) -> dict:
     return CATALOG[name]
 
 
+def is_embedded(name: str) -> bool:
+    """Whether dataset `name` is built offline from files on the machine (in seconds)."""
+    return "embedded" in _entry(name)
+
+
 def default_dataset_config(name: str) -> ml_collections.ConfigDict:
     """The full, editable config of a dataset (fields in the module docstring)."""
-    return ml_collections.ConfigDict({"name": name, **_COMMON, **_entry(name)["config"]})
+    entry = _entry(name)
+    return ml_collections.ConfigDict(
+        {"name": name, "task": entry["tasks"][0], **_COMMON, **entry["config"]}
+    )
 
 
 def with_placeholders(dataset_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -231,13 +233,83 @@ def with_placeholders(dataset_config: ml_collections.ConfigDict) -> ml_collectio
     return dataset_config
 
 
-def resolve_config(dataset_config) -> ml_collections.ConfigDict:
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec(Mapping):
+    """A dataset config resolved once: the catalog's defaults overridden by the given fields,
+    checked (`resolve_config`, `dataset_spec`). Fields as in the module docstring; those that
+    do not apply to the dataset (the image fields of a text dataset) are None. As a read-only
+    mapping it holds the fields that apply, the keys of `default_dataset_config(name)`.
+    A variant is `dataclasses.replace(spec, packing=False)`."""
+
+    name: str
+    task: str
+    train_split: str
+    eval_split: str
+    num_workers: int
+    read_threads: int
+    prefetch_batches: int
+    cache: bool
+    num_classes: int | None = None
+    image_size: int | None = None
+    num_channels: int | None = None
+    crop: str | None = None
+    crop_padding: int | None = None
+    random_flip: bool | None = None
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    seq_len: int | None = None
+    packing: bool | None = None
+    long_examples: str | None = None
+    mlm_probability: float | None = None
+    source_lang: str | None = None
+    target_lang: str | None = None
+
+    @property
+    def images(self) -> bool:
+        """Records hold images (else text)."""
+        return "image" in _entry(self.name)["features"]
+
+    @property
+    def features(self) -> dict[str, str]:
+        """Which record fields hold what: {"image"|"text"|"label": field name}."""
+        return dict(_entry(self.name)["features"])
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        """The record fields holding text (both languages for translation: one vocabulary)."""
+        if self.task == "translation":
+            return (self.source_lang, self.target_lang)
+        return (self.features["text"],)
+
+    @property
+    def one_example_per_row(self) -> bool:
+        """Rows hold one example each (no packing, no splitting), so batch counts are known."""
+        return not self.packing and self.long_examples != "split"
+
+    def _applying(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+    def __getitem__(self, key: str):
+        if key not in self._applying():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(self._applying())
+
+    def __len__(self) -> int:
+        return len(self._applying())
+
+
+def resolve_config(dataset_config) -> DatasetSpec:
     """Defaults of the named dataset overridden by the given fields, checked.
 
-    Accepts a ConfigDict or plain dict with at least `name`; fields that are None take the
-    default. An unknown field, a value of the wrong type or out of range is a ValueError naming
-    the field.
+    Accepts a ConfigDict or plain dict with at least `name` (fields that are None take the
+    default), or a DatasetSpec (returned as it is: resolved already). An unknown field, a value
+    of the wrong type or out of range is a ValueError naming the field.
     """
+    if isinstance(dataset_config, DatasetSpec):
+        return dataset_config
     given = {key: value for key, value in dict(dataset_config).items() if value is not None}
     if "name" not in given:
         raise ValueError("dataset config needs a 'name', e.g. {'name': 'digits'}")
@@ -256,39 +328,78 @@ def resolve_config(dataset_config) -> ml_collections.ConfigDict:
                 f"got {value!r}"
             )
         cfg[key] = value
-    _check(cfg)
-    return cfg
+    spec = DatasetSpec(**cfg.to_dict())
+    _check(spec)
+    return spec
 
 
-def _check(cfg) -> None:
+def dataset_spec(config) -> DatasetSpec:
+    """The dataset of a run config: config.dataset resolved for config.task (one task name:
+    dataset.task follows config.task and may only repeat it)."""
+    given = dict(config.dataset)
+    if given.get("task") not in (None, config.task):
+        raise ValueError(
+            f"dataset.task={given['task']!r} differs from task={config.task!r}; leave "
+            "dataset.task unset: it follows task"
+        )
+    return resolve_config({**given, "task": config.task})
+
+
+def _check(spec: DatasetSpec) -> None:
     def fail(field, why):
-        raise ValueError(f"dataset {cfg.name!r}: {field}={cfg[field]!r} {why}")
+        raise ValueError(f"dataset {spec.name!r}: {field}={spec[field]!r} {why}")
 
-    if cfg.task not in _entry(cfg.name)["tasks"]:
-        fail("task", f"is not available; choose one of {_entry(cfg.name)['tasks']}")
+    if spec.task not in _entry(spec.name)["tasks"]:
+        fail("task", f"is not available; choose one of {_entry(spec.name)['tasks']}")
     for field in ("num_workers", "read_threads", "prefetch_batches"):
-        if cfg[field] < 0:
+        if spec[field] < 0:
             fail(field, "must be >= 0")
-    if cfg.task == "image_classification":
-        if cfg.image_size < 1:
+    if spec.images:
+        if spec.image_size < 1:
             fail("image_size", "must be >= 1")
-        if cfg.crop not in preprocess.CROPS:
-            fail("crop", f"must be one of {preprocess.CROPS}")
+        if spec.crop not in CROPS:
+            fail("crop", f"must be one of {CROPS}")
         return
-    if cfg.tokenizer not in ("bytes", "sentencepiece"):
+    if spec.tokenizer not in ("bytes", "sentencepiece"):
         fail("tokenizer", "must be 'bytes' or 'sentencepiece'")
     # The shortest row: bos + 1 token + eos for classification; 1 token + eos (or bos) else.
-    min_len = 3 if cfg.task == "text_classification" else 2
-    if cfg.seq_len < min_len:
+    min_len = 3 if spec.task == "classification" else 2
+    if spec.seq_len < min_len:
         fail("seq_len", f"cannot hold one token with its bos/eos; use seq_len >= {min_len}")
-    if cfg.long_examples not in ("split", "truncate"):
+    if spec.long_examples not in ("split", "truncate"):
         fail("long_examples", "must be 'split' or 'truncate'")
-    if cfg.long_examples == "split" and cfg.task not in ("lm", "mlm"):
+    if spec.long_examples == "split" and spec.task not in ("lm", "mlm"):
         fail("long_examples", "must be 'truncate': only lm/mlm examples can be cut in pieces")
-    if cfg.task == "text_classification" and cfg.packing:
+    if spec.task == "classification" and spec.packing:
         fail("packing", "must be False: classification needs one example per row")
-    if cfg.task == "mlm" and not 0 < cfg.mlm_probability < 1:
+    if spec.task == "mlm" and not 0 < spec.mlm_probability < 1:
         fail("mlm_probability", "must be in (0, 1)")
+
+
+def element_spec(dataset_config, batch_size: int) -> dict:
+    """Shapes and dtypes of the batches of a loader for this config (B = batch_size), as
+    {key: jax.ShapeDtypeStruct}."""
+    import jax  # here: configs import this module without needing JAX
+    import numpy as np
+
+    spec = resolve_config(dataset_config)
+    b, i32, f32 = batch_size, np.int32, np.float32
+    s = jax.ShapeDtypeStruct
+    if spec.images:
+        size, c = spec.image_size, spec.num_channels
+        return {"image": s((b, size, size, c), f32), "label": s((b,), i32), "weights": s((b,), f32)}
+    t = spec.seq_len
+    if spec.task == "classification":
+        return {"tokens": s((b, t), i32), "label": s((b,), i32), "weights": s((b,), f32)}
+    names = {"lm": ["tokens"], "mlm": ["tokens", "targets"], "translation": ["inputs", "targets"]}
+    shapes = {k: s((b, t), i32) for k in names[spec.task]}
+    if spec.task == "mlm":
+        shapes["weights"] = s((b, t), f32)
+    if spec.packing:
+        for k in ("tokens",) if spec.task in ("lm", "mlm") else ("inputs", "targets"):
+            shapes[f"{k}_segment_ids"] = s((b, t), i32)
+            shapes[f"{k}_positions"] = s((b, t), i32)
+    return shapes
 
 
 # ------------------------------------------------------------------------------------ data dirs
@@ -298,250 +409,16 @@ def default_data_dir() -> str:
     return os.path.expanduser(path or "~/tensorflow_datasets")
 
 
-def _data_dir(data_dir: str | os.PathLike | None) -> str:
+def data_dir_path(data_dir: str | os.PathLike | None) -> str:
+    """The absolute data directory: `data_dir`, or `default_data_dir()` when None or ""."""
     return os.path.abspath(os.path.expanduser(os.fspath(data_dir or default_data_dir())))
 
 
-def _prepare_hint(name: str, data_dir: str, *, damaged: bool = False) -> str:
-    hint = f'run `python -c "import tfjax.data; tfjax.data.prepare({name!r}, {data_dir!r})"`'
-    if damaged:
-        hint += " (it moves the damaged folder aside, deleting nothing, and builds it again"
-        return hint + (", offline in seconds)" if name in embedded.BUILDERS else ")")
-    if name in embedded.BUILDERS:
-        return hint + " (builds it offline in seconds)"
-    build = f"tfds build {name} --file_format=array_record --data_dir={data_dir}"
-    hint += f" (downloads it; or `{build}`)"
-    if name == "imagenet2012":
-        hint += f"; ImageNet needs its archives in {data_dir}/downloads/manual first"
-    return hint
-
-
-def _builder(name: str, data_dir: str, **kwargs) -> tfds.core.DatasetBuilder:
-    entry = _entry(name)
-    if name in embedded.BUILDERS:
-        return embedded.BUILDERS[name](data_dir=data_dir, **kwargs)
-    if "module" in entry:  # these modules fail to auto-register without TensorFlow
-        importlib.import_module(entry["module"])
-    return tfds.builder(name, data_dir=data_dir, **kwargs)
-
-
-def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
-    """Builds dataset `name` as ArrayRecord in `data_dir` once; later calls reuse it.
-
-    Embedded datasets build offline. Catalog datasets download (and mnist/cifar10 need
-    TensorFlow installed to encode their images while preparing; reading never does).
-    Never deletes anything: a damaged folder (no dataset_info.json) is renamed
-    `<version>.damaged-<n>` and the dataset built again. Returns the dataset's folder.
-    """
-    data_dir = _data_dir(data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    builder = _builder(name, data_dir, file_format="array_record")
-    if builder.is_prepared():
-        if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
-            raise ValueError(_wrong_format(name, builder))
-        return os.fspath(builder.data_dir)
-    if os.path.exists(builder.data_path):
-        # tfds writes dataset_info.json before it renames a finished build into place, so this
-        # folder is damaged; tfds itself would "reuse" it and build nothing.
-        aside = _move_aside(os.fspath(builder.data_path))
-        logging.warning("%s has no dataset_info.json (damaged): moved it to %s; preparing %r "
-                        "again", builder.data_path, aside, name)  # fmt: skip
-    start = time.perf_counter()  # tfds shows its own progress bars in a terminal
-    try:
-        builder.download_and_prepare(file_format="array_record")
-    except ModuleNotFoundError as e:
-        if "tensorflow" not in str(e):
-            raise
-        raise ModuleNotFoundError(
-            f"preparing {name!r} needs TensorFlow to encode its images: "
-            "`pip install tensorflow-cpu`, prepare once, then it is read without TensorFlow."
-        ) from e
-    logging.info("Prepared %r in %s in %.1f s", name, builder.data_dir, time.perf_counter() - start)
-    return os.fspath(builder.data_dir)
-
-
-def _move_aside(path: str) -> str:
-    for n in itertools.count(1):
-        aside = f"{path}.damaged-{n}"  # not a version name: tfds ignores it
-        if not os.path.exists(aside):
-            os.rename(path, aside)
-            return aside
-
-
-def _wrong_format(name: str, builder) -> str:
-    return (
-        f"dataset {name!r} at {builder.data_dir} is prepared as {builder.info.file_format.value}, "
-        "but tfjax reads ArrayRecord. Convert it with `tfds convert_format "
-        f"--dataset_version_dir={builder.data_dir} --out_file_format=array_record` or prepare it "
-        "again into another data_dir; the existing files are left as they are."
-    )
-
-
-class _Source:
-    """A tfds data source whose read errors name the dataset and what to do."""
-
-    def __init__(self, source, name: str, split: str, where: str):
-        self._source, self._name, self._split, self._where = source, name, split, where
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-    def __getitem__(self, key: int):
-        try:
-            return self._source[key]
-        except Exception as e:  # noqa: BLE001 - any failure to read or decode a record
-            raise ValueError(
-                f"record {key} of dataset {self._name!r} split {self._split!r} is corrupt or "
-                f"unreadable ({type(e).__name__}: {e}). The prepared files in {self._where} are "
-                "left untouched: move that folder away and prepare the dataset again."
-            ) from e
-
-    def read(self, keys) -> list:
-        """Records at `keys`, read in chunks (several times faster than one by one)."""
-        keys, out = list(keys), []
-        for start in range(0, len(keys), 1024):
-            chunk = keys[start : start + 1024]
-            try:
-                out.extend(self._source.__getitems__(chunk))
-            except Exception:  # noqa: BLE001 - reread one by one to name the bad record
-                out.extend(self[key] for key in chunk)
-        return out
-
-    def __repr__(self) -> str:
-        return f"Source({self._name}:{self._split}, {len(self)} records)"
-
-
-class _Records(list):
-    """A split read into memory, with the `read` of `_Source`."""
-
-    def read(self, keys) -> list:
-        return [self[k] for k in keys]
-
-
-def _empty(name: str, split: str) -> ValueError:
-    return ValueError(
-        f"split {split!r} of dataset {name!r} is empty (0 examples); choose a split that has "
-        "examples (config train_split / eval_split)"
-    )
-
-
-def open_source(
-    name: str, split: str, data_dir: str | os.PathLike | None = None, *, cache: bool = False
-):
-    """The records of `split` of dataset `name` as a random-access sequence of feature dicts,
-    read from disk on access, or all read once into a list if `cache`."""
-    data_dir = _data_dir(data_dir)
-    if not os.path.isdir(data_dir):
-        raise FileNotFoundError(
-            f"data directory {data_dir} for dataset {name!r} does not exist; set $TFJAX_DATA_DIR "
-            f"or pass data_dir, and {_prepare_hint(name, data_dir)}"
-        )
-    builder = _builder(name, data_dir)
-    try:
-        source = builder.as_data_source(split=split)
-    except Exception as e:  # noqa: BLE001 - diagnose below, keep the original as the cause
-        if not builder.is_prepared():
-            if os.path.exists(builder.data_path):  # `tfds build` would "reuse" it
-                raise FileNotFoundError(
-                    f"dataset {name!r} in {builder.data_path} is damaged (no dataset_info.json); "
-                    f"{_prepare_hint(name, data_dir, damaged=True)}"
-                ) from e
-            raise FileNotFoundError(
-                f"dataset {name!r} is not prepared in {data_dir}; {_prepare_hint(name, data_dir)}"
-            ) from e
-        if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
-            raise ValueError(_wrong_format(name, builder)) from e
-        try:
-            num_examples = builder.info.splits[split].num_examples
-        except Exception as unknown:  # noqa: BLE001 - tfds raises several kinds here
-            raise ValueError(
-                f"dataset {name!r} has no split {split!r} (a TFDS split such as 'train' or "
-                f"'train[:90%]'); its splits are {list(builder.info.splits)}"
-            ) from unknown
-        if num_examples == 0:
-            raise _empty(name, split) from e
-        raise ValueError(
-            f"dataset {name!r} in {builder.data_dir} cannot be opened ({type(e).__name__}: {e}). "
-            "If its files are damaged, move that folder away and prepare it again; tfjax never "
-            "deletes prepared data."
-        ) from e
-    if len(source) == 0:
-        raise _empty(name, split)
-    source = _Source(source, name, split, os.fspath(builder.data_dir))
-    return _Records(source.read(range(len(source)))) if cache else source
-
-
-# ----------------------------------------------------------------------------------- tokenizers
 def tokenizer_path(dataset_config, data_dir: str | os.PathLike | None = None) -> str:
     """Where the SentencePiece model of a dataset lives: beside the data, one per vocab size."""
     cfg = dataset_config
     return os.path.join(
-        _data_dir(data_dir),
+        data_dir_path(data_dir),
         "tokenizers",
         f"{cfg['name'].replace('/', '_')}-sp{cfg['vocab_size']}.model",
     )
-
-
-def text_fields(cfg) -> tuple[str, ...]:
-    """The record fields holding text (both languages for translation: a shared vocabulary)."""
-    if cfg.task == "translation":
-        return (cfg.source_lang, cfg.target_lang)
-    return (_entry(cfg.name)["features"]["text"],)
-
-
-def as_text(value) -> str:
-    """TFDS gives text as bytes (its mock data as str)."""
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
-    """The tokenizer of a text dataset config: bytes, or SentencePiece trained on the training
-    split the first time (stored at `tokenizer_path`) and loaded afterwards.
-
-    In a multi-host run let one process create it first (files are written atomically, so
-    concurrent training is safe but wasteful).
-    """
-    cfg = resolve_config(dataset_config)
-    if cfg.task == "image_classification":
-        raise ValueError(f"dataset {cfg.name!r} is an image dataset; it has no tokenizer")
-    if cfg.tokenizer == "bytes":
-        return ByteTokenizer()
-    path = tokenizer_path(cfg, data_dir)
-    if os.path.exists(path):
-        return SentencePieceTokenizer.load(path)
-    source = open_source(cfg.name, cfg.train_split, data_dir)
-    n = min(len(source), _SPM_MAX_RECORDS)
-    keys = np.unique(np.linspace(0, len(source) - 1, n).astype(int)).tolist()
-    fields = text_fields(cfg)
-    logging.info(
-        "Training SentencePiece (%d pieces) for %s on %d records -> %s",
-        cfg.vocab_size,
-        cfg.name,
-        len(keys),
-        path,
-    )
-
-    # SentencePiece reads every record first (the bar), then trains (no progress to show).
-    bar = metrics.progress(total=len(keys), unit="record", desc="SentencePiece: reading")
-    start = time.perf_counter()
-
-    def texts():
-        for begin in range(0, len(keys), 8192):
-            batch = keys[begin : begin + 8192]
-            for record in source.read(batch):
-                for field in fields:
-                    yield as_text(record[field])
-            bar.update(len(batch))
-        bar.close()
-        elapsed = time.perf_counter() - start
-        logging.info("SentencePiece: read %s; training", metrics.throughput(len(keys), "records",
-                                                                             elapsed))  # fmt: skip
-
-    train_sentencepiece(texts(), path, vocab_size=cfg.vocab_size)
-    logging.info("SentencePiece for %s trained in %.1f s", cfg.name, time.perf_counter() - start)
-    return SentencePieceTokenizer.load(path)
-
-
-def features(name: str) -> dict:
-    """Record field names of dataset `name` (image/label/text), a copy."""
-    return copy.deepcopy(_entry(name)["features"])

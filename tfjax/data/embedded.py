@@ -201,6 +201,3 @@ class NumbersTranslate(_Builder, skip_registration=True):
     def _generate_examples(self, numbers):
         for i, n in enumerate(numbers.tolist()):  # numbers below 1,000 repeat: key by position
             yield i, {"digits": str(n), "en": number_to_words(n)}
-
-
-BUILDERS = {"digits": Digits, "pydoc": Pydoc, "numbers_translate": NumbersTranslate}

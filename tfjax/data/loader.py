@@ -33,10 +33,15 @@ import grain
 import jax
 import numpy as np
 
-from tfjax.data import catalog, preprocess
+from tfjax.data import catalog, preprocess, sources
 from tfjax.data.tokenizers import BOS_ID, EOS_ID
 
 _STATE_VERSION = 1
+# Task names that positions saved before the one task vocabulary of `tfjax.tasks` recorded.
+_OLD_TASK_NAMES = {
+    "image_classification": "classification",
+    "text_classification": "classification",
+}
 
 
 # --------------------------------------------------------------------------- per-record transforms
@@ -48,22 +53,22 @@ def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size):
     normalised together; every random choice is keyed by (seed, position).
     """
     positions = np.asarray(positions, np.int64)
-    b, size, channels = len(positions), cfg["image_size"], cfg["num_channels"]
+    b, size, channels = len(positions), cfg.image_size, cfg.num_channels
     images = np.zeros((batch_size, size, size, channels), np.uint8)
     labels = np.zeros(batch_size, np.int32)
     weights = (np.arange(batch_size) < b).astype(np.float32)
     records = source.read((positions % len(source)).tolist())
     for i, (position, record) in enumerate(zip(positions.tolist(), records, strict=True)):
-        rng = np.random.default_rng([seed, position]) if cfg["crop"] == "inception" else None
+        rng = np.random.default_rng([seed, position]) if cfg.crop == "inception" else None
         image = np.asarray(record[fields["image"]])
-        images[i] = preprocess.fit_image(image, size=size, crop=cfg["crop"], train=train, rng=rng)
+        images[i] = preprocess.fit_image(image, size=size, crop=cfg.crop, train=train, rng=rng)
         labels[i] = record[fields["label"]]
     shifts, flips = np.zeros((batch_size, 2), np.int32), np.zeros(batch_size, bool)
-    padding = cfg["crop_padding"] if cfg["crop"] == "pad" else 0
+    padding = cfg.crop_padding if cfg.crop == "pad" else 0
     if train:
         u = preprocess.keyed_uniform(seed, positions, 3)  # [b, 3]
         shifts[:b], flips[:b] = preprocess.draw_augmentations(
-            u, padding=padding, random_flip=cfg["random_flip"]
+            u, padding=padding, random_flip=cfg.random_flip
         )
     image = preprocess.augment_batch(images, shifts, flips, padding)
     image[b:] = 0  # padding rows: zeros, as in every other key
@@ -73,7 +78,7 @@ def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size):
 def _classification_text_example(record, rng, *, fields, tokenizer, seq_len):
     """Record -> {"tokens": i32 [<= T] (bos, text ids cut to fit, eos), "label", "weights"}."""
     del rng
-    ids = tokenizer.encode(catalog.as_text(record[fields["text"]]))[: seq_len - 2]
+    ids = tokenizer.encode(sources.as_text(record[fields["text"]]))[: seq_len - 2]
     return {
         "tokens": np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32),
         "label": np.int32(record[fields["label"]]),
@@ -84,7 +89,7 @@ def _classification_text_example(record, rng, *, fields, tokenizer, seq_len):
 def _lm_example(record, rng, *, fields, tokenizer, mlm_probability):
     """Record -> {"tokens": i32 [L] = bos, text ids, eos}; for MLM also "targets" (the original
     ids) and "weights" f32 [L], with "tokens" corrupted."""
-    ids = tokenizer.encode(catalog.as_text(record[fields["text"]]))
+    ids = tokenizer.encode(sources.as_text(record[fields["text"]]))
     tokens = np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32)
     if mlm_probability is None:
         return {"tokens": tokens}
@@ -99,7 +104,7 @@ def _translation_example(record, rng, *, source, target, tokenizer, seq_len):
     del rng
 
     def encode(field):
-        ids = tokenizer.encode(catalog.as_text(record[field]))
+        ids = tokenizer.encode(sources.as_text(record[field]))
         return np.concatenate([ids, [EOS_ID]]).astype(np.int32)[:seq_len]
 
     return {"inputs": encode(source), "targets": encode(target)}
@@ -118,29 +123,6 @@ class _SplitLong(grain.experimental.FlatMapTransform):
 
 def _keep(batch, *, keys):
     return {k: batch[k] for k in keys}
-
-
-# --------------------------------------------------------------------------------------- shapes
-def element_spec(dataset_config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes and dtypes of the batches of a loader for this config (B = batch_size)."""
-    cfg = catalog.resolve_config(dataset_config)
-    b, i32, f32 = batch_size, np.int32, np.float32
-    s = jax.ShapeDtypeStruct
-    if cfg.task == "image_classification":
-        size, c = cfg.image_size, cfg.num_channels
-        return {"image": s((b, size, size, c), f32), "label": s((b,), i32), "weights": s((b,), f32)}
-    t = cfg.seq_len
-    if cfg.task == "text_classification":
-        return {"tokens": s((b, t), i32), "label": s((b,), i32), "weights": s((b,), f32)}
-    names = {"lm": ["tokens"], "mlm": ["tokens", "targets"], "translation": ["inputs", "targets"]}
-    spec = {k: s((b, t), i32) for k in names[cfg.task]}
-    if cfg.task == "mlm":
-        spec["weights"] = s((b, t), f32)
-    if cfg.packing:
-        for k in ("tokens",) if cfg.task in ("lm", "mlm") else ("inputs", "targets"):
-            spec[f"{k}_segment_ids"] = s((b, t), i32)
-            spec[f"{k}_positions"] = s((b, t), i32)
-    return spec
 
 
 # --------------------------------------------------------------------------------------- loader
@@ -196,9 +178,12 @@ class Loader:
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not supported")
         for key, value in self._identity.items():
-            if state.get(key) != value:
+            saved = state.get(key)
+            if key == "config.task":
+                saved = _OLD_TASK_NAMES.get(saved, saved)
+            if saved != value:
                 raise ValueError(
-                    f"loader state was saved with {key}={state.get(key)!r}, but this loader has "
+                    f"loader state was saved with {key}={saved!r}, but this loader has "
                     f"{key}={value!r}; resume with the data settings the state was saved with"
                 )
         self._iter().set_state(state["iterator"])
@@ -318,8 +303,8 @@ def make_loader(
     """A loader over `split` of the configured dataset for this process.
 
     Args:
-      dataset_config: ConfigDict or dict with `name` and any fields to override
-        (see `default_dataset_config`).
+      dataset_config: a DatasetSpec, or a ConfigDict or dict with `name` and any fields to
+        override (see `tfjax.data.catalog`), resolved here.
       split: TFDS split, e.g. "train", "test", "train[:90%]".
       batch_size: per-process batch size B.
       seed: fixes the shuffle order, augmentation and masking.
@@ -343,14 +328,14 @@ def make_loader(
     if augment is None:
         augment = shuffle
 
-    source = catalog.open_source(cfg.name, split, data_dir, cache=cfg.cache)
+    source = sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)
     if len(source) < process_count:
         raise ValueError(
             f"split {split!r} of dataset {cfg.name!r} has {len(source)} examples, fewer than the "
             f"{process_count} processes reading it"
         )
-    fields = catalog.features(cfg.name)
-    spec = element_spec(cfg, batch_size)
+    fields = cfg.features
+    spec = catalog.element_spec(cfg, batch_size)
     read_options = grain.ReadOptions(
         num_threads=cfg.read_threads, prefetch_buffer_size=4 * batch_size
     )
@@ -363,21 +348,21 @@ def make_loader(
         return ds[process_index::process_count].repeat(num_epochs)
 
     tokenizer = None
-    if cfg.task == "image_classification":
+    if cfg.images:
         # Whole batches from the start: one Python step per image, the rest vectorised.
         positions = order(_Positions(len(source)))
         make_batch = functools.partial(
             _image_batch,
             source=source,
             fields=fields,
-            cfg=cfg.to_dict(),
+            cfg=cfg,
             train=augment,
             seed=_seed(seed, 1),
             batch_size=batch_size,
         )
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
-        tokenizer = catalog.get_tokenizer(cfg, data_dir)
+        tokenizer = sources.get_tokenizer(cfg, data_dir)
         it = order(
             grain.MapDataset.source(source).random_map(
                 _text_transform(cfg, fields, tokenizer), seed=_seed(seed, 1)
@@ -410,12 +395,11 @@ def make_loader(
             it, prefetch_buffer_size=cfg.prefetch_batches
         )
 
-    one_example_per_row = not cfg.get("packing", False) and cfg.get("long_examples") != "split"
     num_batches = None
-    if num_epochs is not None and one_example_per_row:
+    if num_epochs is not None and cfg.one_example_per_row:
         # The longest shard sets the count; each worker batches its own every k-th example.
         examples = num_epochs * math.ceil(len(source) / process_count)
-        workers = max(cfg.num_workers, 1) if cfg.task != "image_classification" else 1
+        workers = 1 if cfg.images else max(cfg.num_workers, 1)
         num_batches = sum(
             math.ceil(len(range(w, examples, workers)) / batch_size) for w in range(workers)
         )
@@ -430,7 +414,7 @@ def make_loader(
         batch_size=batch_size,
         process_index=process_index,
         process_count=process_count,
-        **{f"config.{k}": v for k, v in cfg.to_dict().items() if k not in speed_only},
+        **{f"config.{k}": v for k, v in cfg.items() if k not in speed_only},
     )
     return Loader(
         it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
@@ -439,7 +423,7 @@ def make_loader(
 
 def _text_transform(cfg, fields, tokenizer):
     """The per-record transform of a text task, as a picklable partial."""
-    if cfg.task == "text_classification":
+    if cfg.task == "classification":
         return functools.partial(
             _classification_text_example, fields=fields, tokenizer=tokenizer, seq_len=cfg.seq_len
         )

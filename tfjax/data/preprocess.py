@@ -16,9 +16,8 @@ import math
 import numpy as np
 import PIL.Image
 
+from tfjax.data.catalog import CROPS
 from tfjax.data.tokenizers import MASK_ID, NUM_SPECIAL
-
-CROPS = ("pad", "inception", "none")
 
 
 # ----------------------------------------------------------------------------------------- images

@@ -16,9 +16,15 @@ no registry. Each module provides:
                                labels_and_weights(batch)
   summarize(stats)          -> {metric name: float} from summed stats (host side)
   units_per_batch(batch)    -> examples or tokens in a batch, for throughput
-  DATA_TASKS                the `tfjax.data` tasks whose batches this task accepts
 
-Token id 0 is padding everywhere; padding rows and tokens get weight 0.
+and optionally, when its evaluation also generates text (translation: BLEU; lm: samples):
+
+  decode_eval(config)       -> a `decoding.DecodeEval` (what an evaluation decodes, and how it
+                               is scored and logged) or None; see `decode_eval` below
+
+The task names are also the dataset's (`tfjax.data`): a dataset lists the tasks it serves and
+makes the batches of the task it is resolved for. Token id 0 is padding everywhere; padding
+rows and tokens get weight 0.
 
 With config.loss.chunks > 1 (TOKEN_TASKS only) the train and eval steps (`tfjax.steps`) take
 the model's final hidden states (`apply_head=False`) and its output head (the `logits` method)
@@ -39,3 +45,10 @@ def get(name: str):
     if name not in TASKS:
         raise ValueError(f"task={name!r} is unknown; allowed: {TASKS}")
     return importlib.import_module(f"tfjax.tasks.{name}")
+
+
+def decode_eval(config):
+    """What an evaluation of `config` decodes beside its metrics (the task's optional
+    `decode_eval` hook, a `tfjax.tasks.decoding.DecodeEval`), or None."""
+    hook = getattr(get(config.task), "decode_eval", None)
+    return hook(config) if hook is not None else None

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 from tfjax.tasks import losses
 
 UNIT = "examples"
-DATA_TASKS = ("image_classification", "text_classification")
 
 
 def model_inputs(batch):

@@ -3,18 +3,26 @@
 Batch: "tokens" i32 [B, T] (0 = padding), with packing also "tokens_segment_ids" and
 "tokens_positions" [B, T]. Model output: logits [B, T, V], logits[:, t] predicting
 tokens[:, t + 1]. A position is predicted when the next token is real and, in packed rows,
-belongs to the same example. Metrics: loss, perplexity (from the unsmoothed NLL), accuracy.
+belongs to the same example. Metrics: loss, perplexity (from the unsmoothed NLL), accuracy;
+with config.decode.num_samples the evaluation also continues that many eval prompts
+(`decode_eval`).
 """
 
-import jax.numpy as jnp
+import dataclasses
 
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from tfjax import sharding
 from tfjax.tasks import losses
+from tfjax.tasks.decoding import DecodeEval, gather
 
 UNIT = "tokens"
-DATA_TASKS = ("lm",)
 
 
 def model_inputs(batch):
+    """(tokens,), and with packing their segment ids and positions (also the mlm task's)."""
     kwargs = {}
     if "tokens_segment_ids" in batch:
         kwargs = dict(segment_ids=batch["tokens_segment_ids"], positions=batch["tokens_positions"])
@@ -29,8 +37,10 @@ def _next(a, *, fill):
 def labels_and_weights(batch):
     """([B, T] labels, [B, T] weights): the next token of every position, 0 (padding: weight 0)
     after the last one; in packed rows a position whose next token starts another example has
-    weight 0. All T positions are kept: slicing off the last one copied the [B, T, V] logits
-    and padded their gradient back (about 1.5% of a GPT-2-small step on CPU)."""
+    weight 0. All T positions keep their logits, the last one weighted 0, rather than slicing
+    it off: the sums are the same, and the [B, T, V] logits and their gradient are used as the
+    model made them, never copied into a [B, T - 1, V] slice and padded back (README, "What
+    changed the CPU step")."""
     labels = _next(batch["tokens"], fill=0)
     weights = labels != 0
     if "tokens_segment_ids" in batch:
@@ -56,3 +66,48 @@ def summarize(stats):
 
 def units_per_batch(batch):
     return batch["tokens"].shape[0] * batch["tokens"].shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplesEval(DecodeEval):
+    """Continues the first decode.num_samples rows of the first eval batch: each prompt is the
+    row's first decode.prompt_length tokens, continued with decode.method (sampling keyed by
+    the seed and the step)."""
+
+    decode_config: ml_collections.ConfigDict  # config.decode
+    seed: int  # config.seed
+    kind = "samples"
+
+    def decode(self, exp, tokenizer, params, batch, *, step, index):
+        """{"prompt", "output"} per prompt of the first batch (index 0); [] for the others."""
+        from tfjax import decode
+
+        if index:
+            return []
+        d = self.decode_config
+        rows = gather(batch["tokens"])[: d.num_samples, : d.prompt_length]
+        rows = rows[(rows != 0).all(1)]  # a prompt must not end in padding
+        if not len(rows):
+            return []
+        max_new = min(d.max_new_tokens or 32, exp.model.max_len - rows.shape[1])
+        rng = jax.random.fold_in(jax.random.key(self.seed), step)
+        with sharding.logical_context(exp.mesh, exp.rules):
+            tokens, _ = decode.generate(
+                exp.model, params, rows, max_new_tokens=max_new, eos_id=tokenizer.eos_id,
+                method=d.method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
+                top_k=d.top_k, top_p=d.top_p, rng=rng,
+            )  # fmt: skip
+        tokens = gather(tokens)
+        return [
+            {"prompt": tokenizer.decode(r), "output": tokenizer.decode(t)}
+            for r, t in zip(rows, tokens, strict=True)
+        ]
+
+    def finish(self, outputs):
+        return {}, outputs
+
+
+def decode_eval(config) -> SamplesEval | None:
+    """Samples when the config's `decode` section asks for some (decode.num_samples > 0)."""
+    d = config.get("decode")
+    return SamplesEval(d, config.seed) if d is not None and d.num_samples else None

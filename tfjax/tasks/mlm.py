@@ -7,16 +7,9 @@ accuracy), perplexity.
 """
 
 from tfjax.tasks import losses
+from tfjax.tasks.lm import model_inputs  # noqa: F401 (the same inputs: tokens, packing ids)
 
 UNIT = "tokens"
-DATA_TASKS = ("mlm",)
-
-
-def model_inputs(batch):
-    kwargs = {}
-    if "tokens_segment_ids" in batch:
-        kwargs = dict(segment_ids=batch["tokens_segment_ids"], positions=batch["tokens_positions"])
-    return (batch["tokens"],), kwargs
 
 
 def labels_and_weights(batch):

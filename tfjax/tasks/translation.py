@@ -3,13 +3,19 @@
 Batch: "inputs" i32 [B, S], "targets" i32 [B, T] (each ends with eos; 0 = padding), with
 packing also "{inputs,targets}_{segment_ids,positions}". The model shifts the targets right
 itself, so logits [B, T, V] predict `targets` position by position. Metrics: loss, token
-accuracy, perplexity (BLEU needs decoding and comes with it).
+accuracy, perplexity; with config.decode the evaluation also decodes every eval batch and
+reports corpus BLEU (`decode_eval`).
 """
 
+import dataclasses
+
+import ml_collections
+
+from tfjax import sharding
 from tfjax.tasks import losses
+from tfjax.tasks.decoding import DecodeEval, gather
 
 UNIT = "tokens"
-DATA_TASKS = ("translation",)
 _PACKED = ("inputs_segment_ids", "targets_segment_ids", "inputs_positions", "targets_positions")
 
 
@@ -42,3 +48,49 @@ def summarize(stats):
 def units_per_batch(batch):
     """Source and target tokens."""
     return batch["inputs"].shape[0] * (batch["inputs"].shape[1] + batch["targets"].shape[1])
+
+
+def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
+    """sacrebleu's corpus BLEU (13a tokenisation, as WMT reports) of detokenised text."""
+    import sacrebleu
+
+    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+
+@dataclasses.dataclass(frozen=True)
+class BleuEval(DecodeEval):
+    """Decodes every eval batch's sources (decode.method greedy or beam; "sample" decodes
+    greedily: BLEU scores one best output) and scores the outputs with corpus BLEU."""
+
+    decode_config: ml_collections.ConfigDict  # config.decode
+    kind = "bleu"
+    one_example_per_row = True
+
+    def decode(self, exp, tokenizer, params, batch, *, step, index):
+        """{"output", "reference"}: detokenised strings of the batch's real rows (padding rows
+        dropped); at most decode.max_new_tokens tokens (0: the targets' length) per output."""
+        from tfjax import decode
+
+        d = self.decode_config
+        with sharding.logical_context(exp.mesh, exp.rules):
+            tokens, _ = decode.generate(
+                exp.model, params, batch["inputs"],
+                max_new_tokens=d.max_new_tokens or batch["targets"].shape[1],
+                eos_id=tokenizer.eos_id, method="greedy" if d.method == "sample" else d.method,
+                beam_size=d.beam_size, alpha=d.alpha, check=False,
+            )  # fmt: skip
+        tokens, targets = gather(tokens), gather(batch["targets"])
+        real = (targets != 0).any(1)
+        return [
+            {"output": tokenizer.decode(t), "reference": tokenizer.decode(r)}
+            for t, r in zip(tokens[real], targets[real], strict=True)
+        ]
+
+    def finish(self, outputs):
+        bleu = corpus_bleu([o["output"] for o in outputs], [o["reference"] for o in outputs])
+        return {"bleu": bleu}, outputs[: self.decode_config.num_samples]
+
+
+def decode_eval(config) -> BleuEval | None:
+    """BLEU of decoded eval batches whenever the config has a `decode` section."""
+    return BleuEval(config.decode) if config.get("decode") is not None else None
