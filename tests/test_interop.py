@@ -766,6 +766,79 @@ def test_unknown_architecture(tmp_path, gpt2):
         interop.load(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("family", "changes", "message"),
+    [
+        (
+            "gpt2",
+            {"activation_function": "tanh"},
+            r"GPT2LMHeadModel: activation_function='tanh' is not supported; allowed: "
+            r"\('gelu_new', 'gelu_pytorch_tanh', 'gelu', 'relu'\)",
+        ),
+        (
+            "gpt2",
+            {"scale_attn_by_inverse_layer_idx": True},
+            r"scale_attn_by_inverse_layer_idx=True is not supported \(needs False\)",
+        ),
+        ("gpt2", {"n_layer": None}, r"GPT2LMHeadModel: the config has no 'n_layer'"),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0}},
+            r"rope_parameters\.rope_type='llama3' is not supported \(needs 'default'\)",
+        ),
+        (
+            "llama",
+            {"rope_scaling": {"type": "linear", "factor": 2.0}},
+            r"rope_scaling\.type='linear' is not supported \(needs 'default'\)",
+        ),
+        (
+            "llama",
+            {"hidden_act": "relu"},
+            r"hidden_act='relu' is not supported; allowed: \('silu', 'swish', 'gelu'\)",
+        ),
+        ("llama", {"head_dim": 16}, r"head_dim=16 is not supported \(needs 8\)"),
+        ("llama", {"attention_bias": True}, r"attention_bias=True differs from mlp_bias=False"),
+        ("llama", {"pretraining_tp": 2}, r"pretraining_tp=2 is not supported \(needs 1\)"),
+        (
+            "bert_mlm",
+            {"hidden_act": "relu"},
+            r"BertForMaskedLM: hidden_act='relu' is not supported; allowed: \('gelu',\) "
+            r"\(the masked-LM head",
+        ),
+        (
+            "bert_cls",
+            {"position_embedding_type": "relative_key"},
+            r"position_embedding_type='relative_key' is not supported \(needs 'absolute'\)",
+        ),
+        ("bert_cls", {"is_decoder": True}, r"is_decoder=True is not supported"),
+        ("hf_vit", {"qkv_bias": False}, r"qkv_bias=False is not supported \(needs True\)"),
+        ("hf_vit", {"hidden_act": "relu"}, r"hidden_act='relu' is not supported \(needs 'gelu'\)"),
+    ],
+)
+def test_config_values_tfjax_lacks_are_errors(family, changes, message, request):
+    """Each refusal names the key, its value and what tfjax supports."""
+    _, path = request.getfixturevalue(family)
+    config = {**interop.read_config(path), **changes}
+    with pytest.raises(ValueError, match=message):
+        interop.ARCHITECTURES[config["architectures"][0]](path, config)
+
+
+def test_export_refuses_models_the_architecture_cannot_hold(gpt2, bert_mlm, marian):
+    model, params = interop.load(gpt2[1])
+    with pytest.raises(ValueError, match=r"has no activation_function for .*activation='swiglu'"):
+        interop.to_gpt2(model.clone(activation="swiglu"), params)
+    with pytest.raises(ValueError, match=r"one n_head for .*num_heads=4 and num_kv_heads=2"):
+        interop.to_gpt2(model.clone(num_kv_heads=2), params)
+    with pytest.raises(ValueError, match=r"needs a model with position='rope', norm='rms'"):
+        interop.to_llama(model, params)
+    model, params = interop.load(bert_mlm[1])
+    with pytest.raises(ValueError, match=r"no hidden_act for .*'relu'; supported: \('gelu',\)"):
+        interop.to_bert(model.clone(activation="relu"), params)
+    model, params = interop.load(marian[1])
+    with pytest.raises(ValueError, match=r"needs a model with .*norm_eps=1e-05.*got .*1e-06"):
+        interop.to_marian(model.clone(norm_eps=1e-6), params)
+
+
 def test_exported_marian_loads_in_transformers(marian, tmp_path):
     ref, path = marian
     model, params = interop.load(path)
@@ -816,7 +889,10 @@ def test_marian_config_sizes_not_matching_weights(marian):
             r"pad_token_id=60 .*uses token id 0 .*Pass remap_ids=True",
         ),
         ({"decoder_start_token_id": 5}, r"pad_token_id=0 and decoder_start_token_id=5; .*one id"),
-        ({"tie_word_embeddings": False}, r"share_encoder_decoder_embeddings=True with tie_word"),
+        (
+            {"tie_word_embeddings": False},
+            r"share_encoder_decoder_embeddings=True differs from tie_word_embeddings=False",
+        ),
     ],
 )
 def test_marian_config_options_tfjax_lacks_are_errors(marian, changes, message):

@@ -8,9 +8,11 @@
 `load` picks the converter from the config's "architectures": GPT2LMHeadModel,
 LlamaForCausalLM, BertForMaskedLM, BertForSequenceClassification, ViTForImageClassification,
 MarianMTModel. Each family module also converts a state dict plus a config
-(`decoder.from_gpt2(state, cfg)`). Every converter checks every key and shape before
-returning: nothing is loaded half-way. Parameters come back as the plain "params" collection,
-stacked when the model has `scan_layers=True`.
+(`decoder.from_gpt2(state, cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2,
+LLAMA, BERT_MLM, BERT_CLASSIFIER, HF_VIT, MARIAN): one table of config.json keys <-> model
+fields and one function of key rules, which import and export both read. Every converter
+checks every key and shape before returning: nothing is loaded half-way. Parameters come
+back as the plain "params" collection, stacked when the model has `scan_layers=True`.
 
 What loads (every row also exports, `to_*`, and round trips bit for bit):
 

@@ -1,6 +1,10 @@
-"""The machinery every converter shares: reading and writing checkpoints, and key mappings.
+"""The machinery every converter shares: checkpoint files, key rules and config tables.
 
-A converter is a list of `Rule`s, each tying one or more PyTorch state-dict keys to one or more
+A Hugging Face architecture is a `Family`: a table of `Field`s and `Fixed` keys that ties its
+config.json to the tfjax model's fields, and a function giving its key `Rule`s. `from_hf` and
+`to_hf` read the same family both ways, so adding an architecture is adding a family.
+
+The key mapping is a list of `Rule`s, each tying one or more PyTorch state-dict keys to one or more
 tfjax parameter paths, with a function each way. `import_state` applies the rules to a state
 dict and checks everything before returning: a missing key, an unexpected key or a shape that
 does not match the model built from the config is a ValueError that names the key and the file
@@ -15,7 +19,8 @@ import dataclasses
 import fnmatch
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -124,7 +129,7 @@ def read_state_dict(directory) -> StateDict:
         return state
     raise FileNotFoundError(
         f"no weights in {directory!r}: looked for {', '.join(WEIGHT_FILES)}; "
-        f"found {_listing(os.listdir(directory)) or 'nothing'}"
+        f"found {listing(os.listdir(directory)) or 'nothing'}"
     )
 
 
@@ -146,6 +151,16 @@ def as_config(config) -> dict:
     if hasattr(config, "to_dict"):
         return config.to_dict()
     raise ValueError(f"config must be a dict, a PretrainedConfig or a path, got {type(config)}")
+
+
+def load_source(source, config=None) -> tuple[StateDict, dict]:
+    """(state dict, config dict) from a checkpoint directory, or a state dict and its config."""
+    if isinstance(source, dict):
+        if config is None:
+            raise ValueError("a state dict needs its config (a dict or a transformers config)")
+        return as_state_dict(source), as_config(config)
+    state = read_state_dict(source)
+    return state, as_config(source if config is None else config)
 
 
 def write_safetensors(state: dict, directory, config: dict | None = None) -> str:
@@ -269,6 +284,16 @@ def conv(key, path) -> Rule:
     )
 
 
+def norm(key, path) -> list[Rule]:
+    """A LayerNorm's weight and bias <-> a Flax LayerNorm's scale and bias."""
+    return [identity(f"{key}.weight", (*path, "scale")), identity(f"{key}.bias", (*path, "bias"))]
+
+
+def dense(key, path) -> list[Rule]:
+    """A torch.nn.Linear with bias <-> a Flax Dense."""
+    return [linear(f"{key}.weight", (*path, "kernel")), identity(f"{key}.bias", (*path, "bias"))]
+
+
 # ----------------------------------------------------------------------------------------------
 # Trees.
 
@@ -297,7 +322,7 @@ def param_shapes(model: nn.Module, *inputs, **kwargs) -> dict[Path, jax.ShapeDty
     """Flat path -> ShapeDtypeStruct of `model`'s params, in the unrolled layout (no compute)."""
     if getattr(model, "scan_layers", False):
         model = model.clone(scan_layers=False)
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs, **kwargs))
+    shapes = jax.eval_shape(lambda *xs: model.init(jax.random.key(0), *xs, **kwargs), *inputs)
     return flatten(nn.unbox(shapes["params"]))
 
 
@@ -305,7 +330,7 @@ def _fmt(path: Path) -> str:
     return "/".join(path)
 
 
-def _listing(names, limit=8) -> str:
+def listing(names, limit=8) -> str:
     names = sorted(names)
     more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(repr(n) for n in names[:limit]) + more
@@ -334,9 +359,9 @@ def import_state(
     used = set()
     missing = [k for r in rules for k in r.keys if k not in state]
     if missing:
-        sample = _listing(state)
+        sample = listing(state)
         raise ValueError(
-            f"{what}: {len(missing)} key(s) missing from {state.origin}: {_listing(missing)}. "
+            f"{what}: {len(missing)} key(s) missing from {state.origin}: {listing(missing)}. "
             f"The checkpoint holds {len(state)} keys such as {sample}; is it a {what} checkpoint "
             "of the configured size?"
         )
@@ -375,13 +400,13 @@ def import_state(
     if unexpected:
         raise ValueError(
             f"{what}: {len(unexpected)} unexpected key(s) in {state.origin}: "
-            f"{_listing(unexpected)}; the checkpoint holds weights this model has no place for "
+            f"{listing(unexpected)}; the checkpoint holds weights this model has no place for "
             "(another architecture or head?)"
         )
     absent = sorted(set(expected) - set(flat))
     if absent:
         raise ValueError(
-            f"{what}: no weights for the model's parameters {_listing(map(_fmt, absent))}"
+            f"{what}: no weights for the model's parameters {listing(map(_fmt, absent))}"
         )
     return unflatten(flat)
 
@@ -401,7 +426,7 @@ def export_state(params, rules: Sequence[Rule]) -> dict[str, np.ndarray]:
     extra = sorted(set(flat) - covered)
     if extra:
         raise ValueError(
-            f"params hold {_listing(map(_fmt, extra))}, which the export has no key for"
+            f"params hold {listing(map(_fmt, extra))}, which the export has no key for"
         )
     return out
 
@@ -424,16 +449,227 @@ def unrolled(model: nn.Module, params):
     return params
 
 
-def get(config: dict, key: str, default=None, *, what: str):
-    """config[key] (or default); with no default a missing key is a ValueError naming it."""
-    if key in config and config[key] is not None:
-        return config[key]
-    if default is None:
-        raise ValueError(f"{what}: the config has no {key!r}")
-    return default
+# ----------------------------------------------------------------------------------------------
+# Config tables: one per Hugging Face architecture, read by load and by save.
+
+REQUIRED = object()  # Field.default: a config without the key is refused
+TOKENS = jax.ShapeDtypeStruct((1, 1), jnp.int32)  # an example token batch, to trace shapes
 
 
-def num_labels(config: dict) -> int:
-    if config.get("id2label"):
-        return len(config["id2label"])
-    return int(config.get("num_labels", 2))
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A config.json key <-> a model field. Several keys may hold one field (Marian's encoder_
+    and decoder_layers); load then refuses a config where they differ, and save writes each."""
+
+    key: str  # dotted for nested dicts: "rope_parameters.rope_theta"
+    field: str  # the tfjax model's field
+    default: Any = REQUIRED  # what a config without the key (or with null) means; None: nothing
+    # (the field's other keys or the family's defaults decide); a callable gets the fields so far
+    values: Mapping | None = None  # config value -> field value, the only values supported;
+    # save writes the first config value that maps to the model's
+    to_model: Callable | None = None  # config value -> field value (after `values`)
+    to_config: Callable | None = None  # field value -> config value (after `values`)
+    why: str = ""  # added to a refusal
+    read: bool = True  # False: written by save, not read (a rate tfjax does not keep apart)
+    write: bool = True  # False: read by load, not written (an older spelling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """A config.json key no model field holds, supported at one value: load refuses any other,
+    save writes it."""
+
+    key: str
+    value: Any  # or a callable of the model's fields ("head_dim": width // num_heads)
+    default: Any = None  # what a config without the key means; None: `value`
+    why: str = ""
+    read: bool = True  # False: written by save only (a value tfjax's numbers do not depend on)
+    write: bool = True  # False: read by load only (an older spelling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A Hugging Face architecture <-> a tfjax model: its config table and its key rules."""
+
+    architecture: str  # the config's "architectures" entry; names the family in messages
+    model_type: str  # the config's "model_type"
+    model: Callable  # the tfjax model factory (decoder.Model)
+    config: tuple[Field | Fixed, ...]  # read in order; a callable default sees earlier fields
+    rules: Callable[..., list[Rule]]  # (model, prefix) -> the state-dict key rules
+    inputs: tuple = (TOKENS,)  # example inputs (arrays or ShapeDtypeStructs) to trace shapes
+    prefix: str = ""  # the base model's key prefix in the full model's state dict ("model.")
+    bare: str = ""  # how a bare base model's keys start ("layers."); "" when not read
+    requires: dict = dataclasses.field(default_factory=dict)  # model fields the architecture
+    # fixes: load sets them, save refuses a model with others
+    defaults: dict = dataclasses.field(default_factory=dict)  # model fields its config does
+    # not hold: load sets them unless the config does
+    ignore: tuple[str, ...] = ()  # fnmatch patterns of keys that hold buffers, not parameters
+    tied: Callable[..., dict] = lambda model, prefix: {}  # key -> the key it must equal
+
+
+def _lookup(config: dict, key: str):
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _put(config: dict, key: str, value):
+    *parents, last = key.split(".")
+    for part in parents:
+        config = config.setdefault(part, {})
+    config[last] = value
+
+
+def _pairs(fields: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in fields.items())
+
+
+def _why(entry) -> str:
+    return f" ({entry.why})" if entry.why else ""
+
+
+def model_fields(family: Family, config) -> dict:
+    """The tfjax model fields a Hugging Face config means; a ValueError names any key whose
+    value tfjax does not support, and the values it does."""
+    c, what = as_config(config), family.architecture
+    fields, keys, raw = {}, {}, {}
+    for entry in family.config:
+        if not entry.read:
+            continue
+        value = _lookup(c, entry.key)
+        if isinstance(entry, Fixed):
+            want = entry.value(fields) if callable(entry.value) else entry.value
+            if value is None:
+                value = want if entry.default is None else entry.default
+            if value != want:
+                raise ValueError(
+                    f"{what}: {entry.key}={value!r} is not supported (needs {want!r}){_why(entry)}"
+                )
+            continue
+        if value is None:
+            if entry.default is REQUIRED:
+                raise ValueError(f"{what}: the config has no {entry.key!r}")
+            if entry.default is None:
+                continue
+            value = entry.default(fields) if callable(entry.default) else entry.default
+        given = value
+        if entry.values is not None:
+            if not isinstance(value, Hashable) or value not in entry.values:
+                raise ValueError(
+                    f"{what}: {entry.key}={value!r} is not supported; allowed: "
+                    f"{tuple(entry.values)}{_why(entry)}"
+                )
+            value = entry.values[value]
+        if entry.to_model is not None:
+            value = entry.to_model(value)
+        name = entry.field
+        if name in fields and fields[name] != value:
+            raise ValueError(
+                f"{what}: {keys[name]}={raw[name]!r} differs from {entry.key}={given!r}; tfjax's "
+                f"model has one {name} for both"
+            )
+        fields[name], keys[name], raw[name] = value, entry.key, given
+    return {**family.defaults, **fields, **family.requires}
+
+
+def build(family: Family, config, **overrides):
+    """The tfjax model of a Hugging Face config; `overrides` set fields (scan_layers, dtype)."""
+    return family.model(**{**model_fields(family, config), **overrides})
+
+
+def hf_config(family: Family, model: nn.Module) -> dict:
+    """The Hugging Face config dict of a tfjax model; a ValueError names any field the
+    architecture cannot express."""
+    what = family.architecture
+    names = {e.field for e in family.config if isinstance(e, Field)} | set(family.requires)
+    if not all(hasattr(model, n) for n in names):
+        raise ValueError(f"{what}: no export for a {type(model).__name__}")
+    have = {k: getattr(model, k) for k in family.requires}
+    if have != family.requires:
+        raise ValueError(f"{what} needs a model with {_pairs(family.requires)}; got {_pairs(have)}")
+    fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.init}
+    config = {"architectures": [what], "model_type": family.model_type}
+    written = {}  # key -> the field that wrote it
+    for entry in family.config:
+        if not entry.write:
+            continue
+        if isinstance(entry, Fixed):
+            _put(config, entry.key, entry.value(fields) if callable(entry.value) else entry.value)
+            continue
+        value = fields[entry.field]
+        if entry.values is not None:
+            names = [k for k, v in entry.values.items() if v == value]
+            if not names:
+                supported = tuple(dict.fromkeys(entry.values.values()))
+                raise ValueError(
+                    f"{what} has no {entry.key} for the model's {entry.field}={value!r}; "
+                    f"supported: {supported}"
+                )
+            value = names[0]
+        if entry.to_config is not None:
+            value = entry.to_config(value)
+        earlier = written.get(entry.key)
+        if earlier is not None and fields[earlier] != fields[entry.field]:
+            raise ValueError(
+                f"{what} has one {entry.key} for the model's {earlier}={fields[earlier]!r} and "
+                f"{entry.field}={fields[entry.field]!r}"
+            )
+        written[entry.key] = entry.field
+        _put(config, entry.key, value)
+    return config
+
+
+def key_prefix(family: Family, state: StateDict) -> str:
+    """The family's prefix, or "" for a bare base model's state dict (GPT2Model's "h.0...")."""
+    if family.bare and not any(k.startswith(family.prefix) for k in state):
+        if any(k.startswith(family.bare) for k in state):
+            return ""
+    return family.prefix
+
+
+def import_params(family: Family, model, state: StateDict, *, inputs=None, rules=None):
+    """`model`'s params from `state` by the family's rules (or `rules`), every key checked, in
+    the model's layout. `inputs` replace the family's example inputs (ViT's image size)."""
+    prefix = key_prefix(family, state)
+    params = import_state(
+        state,
+        family.rules(model, prefix) if rules is None else rules,
+        param_shapes(model, *(family.inputs if inputs is None else inputs)),
+        what=family.architecture,
+        ignore=family.ignore,
+        tied=family.tied(model, prefix),
+    )
+    return finish(model, params)
+
+
+def from_hf(family: Family, source, config=None, **overrides):
+    """(tfjax model, params) from a checkpoint directory or (state dict, config)."""
+    state, c = load_source(source, config)
+    model = build(family, c, **overrides)
+    return model, import_params(family, model, state)
+
+
+def to_hf(family: Family, model, params, *, rules=None):
+    """({Hugging Face key: numpy array}, config dict) for a tfjax model of the family."""
+    config = hf_config(family, model)
+    rules = family.rules(model, family.prefix) if rules is None else rules
+    return export_state(unrolled(model, params), rules), config
+
+
+def _id2label(n: int) -> dict:
+    return {str(i): f"LABEL_{i}" for i in range(n)}
+
+
+def _label2id(n: int) -> dict:
+    return {f"LABEL_{i}": i for i in range(n)}
+
+
+# num_classes <-> id2label / label2id; num_labels is read when id2label is absent.
+LABELS = (
+    Field("id2label", "num_classes", None, to_model=len, to_config=_id2label),
+    Field("label2id", "num_classes", None, read=False, to_config=_label2id),
+    Field("num_labels", "num_classes", None, write=False),
+)

@@ -19,9 +19,8 @@ Key mapping, layer i (GPT-2 under "transformer.", Llama under "model."):
 Both use RoPE's rotate-half layout, so no permutation of q/k rows is needed for Llama.
 """
 
-import jax.numpy as jnp
-
 from tfjax.interop import core
+from tfjax.interop.core import Field, Fixed
 from tfjax.models import decoder
 
 GPT2_ACTIVATIONS = {
@@ -33,67 +32,25 @@ GPT2_ACTIVATIONS = {
 LLAMA_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 
 
-def _load(source, config):
-    """(StateDict, config dict) from a directory, or a state dict plus a config."""
-    if isinstance(source, dict):
-        if config is None:
-            raise ValueError("a state dict needs its config (a dict or a transformers config)")
-        return core.as_state_dict(source), core.as_config(config)
-    state = core.read_state_dict(source)
-    return state, core.as_config(source if config is None else config)
+def _tied_head(embedding: str):
+    """The lm_head must equal the token embedding (key under the prefix) when tied."""
+
+    def tied(model, prefix):
+        return {"lm_head.weight": f"{prefix}{embedding}"} if model.tie_embeddings else {}
+
+    return tied
 
 
-def _tokens():
-    return jnp.zeros((1, 1), jnp.int32)
+def _spelled_out(model: decoder.Decoder) -> decoder.Decoder:
+    """The model with its None sizes as the numbers they mean (a config holds numbers)."""
+    return model.clone(
+        mlp_dim=model.mlp_dim or 4 * model.width,
+        num_kv_heads=model.num_kv_heads or model.num_heads,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # GPT-2.
-
-
-def gpt2_model(config, **overrides) -> decoder.Decoder:
-    """The tfjax decoder with a GPT2Config's sizes, activation and epsilon."""
-    c, what = core.as_config(config), "GPT2LMHeadModel"
-    for key, ok in (
-        ("scale_attn_by_inverse_layer_idx", False),
-        ("add_cross_attention", False),
-        ("scale_attn_weights", True),
-    ):
-        if c.get(key, ok) != ok:
-            raise ValueError(f"{what}: config {key}={c[key]!r} is not supported (needs {ok})")
-    act = c.get("activation_function", "gelu_new")
-    if act not in GPT2_ACTIVATIONS:
-        raise ValueError(
-            f"{what}: activation_function={act!r} is not supported; allowed: "
-            f"{tuple(GPT2_ACTIVATIONS)}"
-        )
-    width = core.get(c, "n_embd", what=what)
-    fields = dict(
-        vocab_size=core.get(c, "vocab_size", what=what),
-        width=width,
-        num_layers=core.get(c, "n_layer", what=what),
-        num_heads=core.get(c, "n_head", what=what),
-        mlp_dim=c.get("n_inner") or 4 * width,
-        max_len=core.get(c, "n_positions", 1024, what=what),
-        position="learned",
-        activation=GPT2_ACTIVATIONS[act],
-        norm="layer",
-        norm_eps=core.get(c, "layer_norm_epsilon", 1e-5, what=what),
-        use_bias=True,
-        tie_embeddings=bool(c.get("tie_word_embeddings", True)),
-        dropout_rate=c.get("resid_pdrop", 0.1),
-        attention_dropout_rate=c.get("attn_pdrop", 0.1),
-        init_stddev=c.get("initializer_range", 0.02),
-    )
-    return decoder.Model(**{**fields, **overrides})
-
-
-def _gpt2_prefix(state) -> str:
-    if any(k.startswith("transformer.") for k in state) or not any(
-        k.startswith("h.") for k in state
-    ):
-        return "transformer."
-    return ""  # a bare GPT2Model
 
 
 def gpt2_rules(model: decoder.Decoder, prefix="transformer.") -> list[core.Rule]:
@@ -101,8 +58,7 @@ def gpt2_rules(model: decoder.Decoder, prefix="transformer.") -> list[core.Rule]
     rules = [
         core.identity(f"{p}wte.weight", ("embed", "embedding")),
         core.identity(f"{p}wpe.weight", ("pos_embed", "embedding")),
-        core.identity(f"{p}ln_f.weight", ("decoder", "final_norm", "scale")),
-        core.identity(f"{p}ln_f.bias", ("decoder", "final_norm", "bias")),
+        *core.norm(f"{p}ln_f", ("decoder", "final_norm")),
     ]
     if not model.tie_embeddings:
         rules.append(core.linear("lm_head.weight", ("output_proj", "kernel")))
@@ -110,8 +66,7 @@ def gpt2_rules(model: decoder.Decoder, prefix="transformer.") -> list[core.Rule]
         h, layer = f"{p}h.{i}.", ("decoder", f"layers_{i}")
         att = (*layer, "self_attention")
         rules += [
-            core.identity(f"{h}ln_1.weight", (*layer, "self_attention_norm", "scale")),
-            core.identity(f"{h}ln_1.bias", (*layer, "self_attention_norm", "bias")),
+            *core.norm(f"{h}ln_1", (*layer, "self_attention_norm")),
             core.merged_rows(
                 f"{h}attn.c_attn.weight", [(*att, f"{n}_kernel") for n in ("query", "key", "value")]
             ),
@@ -120,8 +75,8 @@ def gpt2_rules(model: decoder.Decoder, prefix="transformer.") -> list[core.Rule]
             ),
             core.rows_out(f"{h}attn.c_proj.weight", (*att, "out_kernel")),
             core.identity(f"{h}attn.c_proj.bias", (*att, "out_bias")),
-            core.identity(f"{h}ln_2.weight", (*layer, "mlp_norm", "scale")),
-            core.identity(f"{h}ln_2.bias", (*layer, "mlp_norm", "bias")),
+            *core.norm(f"{h}ln_2", (*layer, "mlp_norm")),
+            # GPT-2's Conv1D weights are [in, out] already.
             core.identity(f"{h}mlp.c_fc.weight", (*layer, "mlp", "wi", "kernel")),
             core.identity(f"{h}mlp.c_fc.bias", (*layer, "mlp", "wi", "bias")),
             core.identity(f"{h}mlp.c_proj.weight", (*layer, "mlp", "wo", "kernel")),
@@ -130,118 +85,53 @@ def gpt2_rules(model: decoder.Decoder, prefix="transformer.") -> list[core.Rule]
     return rules
 
 
+GPT2 = core.Family(
+    architecture="GPT2LMHeadModel",
+    model_type="gpt2",
+    model=decoder.Model,
+    config=(
+        Field("vocab_size", "vocab_size"),
+        Field("n_embd", "width"),
+        Field("n_layer", "num_layers"),
+        Field("n_head", "num_heads"),
+        Field("n_head", "num_kv_heads", read=False),  # no grouped-query attention in GPT-2
+        Field("n_inner", "mlp_dim", lambda f: 4 * f["width"]),
+        Field("n_positions", "max_len", 1024),
+        Field("activation_function", "activation", "gelu_new", values=GPT2_ACTIVATIONS),
+        Field("layer_norm_epsilon", "norm_eps", 1e-5),
+        Field("tie_word_embeddings", "tie_embeddings", True),
+        Field("resid_pdrop", "dropout_rate", 0.1),
+        Field("embd_pdrop", "dropout_rate", read=False),  # tfjax has one rate for both
+        Field("attn_pdrop", "attention_dropout_rate", 0.1),
+        Field("initializer_range", "init_stddev", 0.02),
+        Fixed("scale_attn_weights", True),
+        Fixed("scale_attn_by_inverse_layer_idx", False),
+        Fixed("add_cross_attention", False),
+    ),
+    rules=gpt2_rules,
+    prefix="transformer.",
+    bare="h.",
+    requires={"position": "learned", "norm": "layer", "use_bias": True},
+    ignore=("*.attn.bias", "*.attn.masked_bias"),
+    tied=_tied_head("wte.weight"),
+)
+
+
 def from_gpt2(source, config=None, **overrides):
     """(tfjax decoder, params) from a GPT-2 checkpoint directory or (state dict, config).
 
     `overrides` set model fields (scan_layers=True, dtype, implementation, ...).
     """
-    state, c = _load(source, config)
-    model = gpt2_model(c, **overrides)
-    prefix = _gpt2_prefix(state)
-    params = core.import_state(
-        state,
-        gpt2_rules(model, prefix),
-        core.param_shapes(model, _tokens()),
-        what="GPT2LMHeadModel",
-        ignore=("*.attn.bias", "*.attn.masked_bias"),
-        tied={"lm_head.weight": f"{prefix}wte.weight"} if model.tie_embeddings else None,
-    )
-    return model, core.finish(model, params)
-
-
-def gpt2_config(model: decoder.Decoder) -> dict:
-    """A GPT2Config dict for a GPT-2-shaped tfjax decoder."""
-    if model.position != "learned" or model.norm != "layer" or not model.use_bias:
-        raise ValueError(
-            "to_gpt2 needs a GPT-2-shaped decoder (position='learned', norm='layer', "
-            f"use_bias=True); got position={model.position!r}, norm={model.norm!r}, "
-            f"use_bias={model.use_bias}"
-        )
-    if model.num_kv_heads not in (None, model.num_heads):
-        raise ValueError("GPT-2 has no grouped-query attention; num_kv_heads must be None")
-    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}.get(model.activation)
-    if act is None:
-        raise ValueError(f"GPT-2 has no activation {model.activation!r}")
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": model.vocab_size,
-        "n_embd": model.width,
-        "n_layer": model.num_layers,
-        "n_head": model.num_heads,
-        "n_inner": model.mlp_dim,
-        "n_positions": model.max_len,
-        "activation_function": act,
-        "layer_norm_epsilon": model.norm_eps,
-        "resid_pdrop": model.dropout_rate,
-        "embd_pdrop": model.dropout_rate,
-        "attn_pdrop": model.attention_dropout_rate,
-        "initializer_range": model.init_stddev,
-        "tie_word_embeddings": model.tie_embeddings,
-    }
+    return core.from_hf(GPT2, source, config, **overrides)
 
 
 def to_gpt2(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a GPT-2-shaped tfjax decoder."""
-    config = gpt2_config(model)
-    return core.export_state(core.unrolled(model, params), gpt2_rules(model)), config
+    return core.to_hf(GPT2, _spelled_out(model), params)
 
 
 # ----------------------------------------------------------------------------------------------
 # Llama.
-
-
-def _rope_theta(c, what) -> float:
-    rope = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling") or {}
-    kind = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"{what}: rope_type={kind!r} is not supported (only 'default')")
-    return float(rope.get("rope_theta") or c.get("rope_theta") or 10_000.0)
-
-
-def llama_model(config, **overrides) -> decoder.Decoder:
-    """The tfjax decoder with a LlamaConfig's sizes, epsilon, RoPE base and heads."""
-    c, what = core.as_config(config), "LlamaForCausalLM"
-    act = c.get("hidden_act", "silu")
-    if act not in LLAMA_ACTIVATIONS:
-        raise ValueError(
-            f"{what}: hidden_act={act!r} is not supported; allowed: {tuple(LLAMA_ACTIVATIONS)}"
-        )
-    if bool(c.get("attention_bias", False)) != bool(c.get("mlp_bias", False)):
-        raise ValueError(
-            f"{what}: attention_bias={c.get('attention_bias')} and mlp_bias={c.get('mlp_bias')} "
-            "differ; tfjax's decoder has one use_bias for both"
-        )
-    width = core.get(c, "hidden_size", what=what)
-    heads = core.get(c, "num_attention_heads", what=what)
-    if c.get("head_dim") not in (None, width // heads) or width % heads:
-        raise ValueError(
-            f"{what}: head_dim={c.get('head_dim')} is not hidden_size / num_attention_heads = "
-            f"{width} / {heads}; tfjax's decoder needs that"
-        )
-    if c.get("pretraining_tp", 1) != 1:
-        raise ValueError(f"{what}: pretraining_tp={c['pretraining_tp']} is not supported")
-    fields = dict(
-        vocab_size=core.get(c, "vocab_size", what=what),
-        width=width,
-        num_layers=core.get(c, "num_hidden_layers", what=what),
-        num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads") or heads,
-        mlp_dim=core.get(c, "intermediate_size", what=what),
-        max_len=core.get(c, "max_position_embeddings", 2048, what=what),
-        position="rope",
-        rope_base=_rope_theta(c, what),
-        activation=LLAMA_ACTIVATIONS[act],
-        norm="rms",
-        norm_eps=core.get(c, "rms_norm_eps", 1e-6, what=what),
-        use_bias=bool(c.get("attention_bias", False)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        dropout_rate=0.0,
-        attention_dropout_rate=float(c.get("attention_dropout", 0.0)),
-        init_stddev=c.get("initializer_range", 0.02),
-    )
-    return decoder.Model(**{**fields, **overrides})
 
 
 def llama_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
@@ -279,59 +169,60 @@ def llama_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
     return rules
 
 
+def _head_dim(fields) -> int:
+    """hidden_size / num_attention_heads, the only head_dim tfjax's decoder has."""
+    width, heads = fields["width"], fields["num_heads"]
+    if width % heads:
+        raise ValueError(
+            f"hidden_size={width} is not a multiple of num_attention_heads={heads}; tfjax's "
+            "decoder needs head_dim = hidden_size / num_attention_heads"
+        )
+    return width // heads
+
+
+LLAMA = core.Family(
+    architecture="LlamaForCausalLM",
+    model_type="llama",
+    model=decoder.Model,
+    config=(
+        Field("vocab_size", "vocab_size"),
+        Field("hidden_size", "width"),
+        Field("num_hidden_layers", "num_layers"),
+        Field("num_attention_heads", "num_heads"),
+        Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+        Fixed("head_dim", _head_dim, why="tfjax's decoder has hidden_size / num_attention_heads"),
+        Field("intermediate_size", "mlp_dim"),
+        Field("max_position_embeddings", "max_len", 2048),
+        Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
+        Field("rms_norm_eps", "norm_eps", 1e-6),
+        # transformers 5 writes rope_parameters; older configs, and older readers, rope_theta.
+        Field("rope_parameters.rope_theta", "rope_base", None),
+        Field("rope_theta", "rope_base", None),
+        Fixed("rope_parameters.rope_type", "default"),
+        Fixed("rope_scaling.rope_type", "default", write=False),
+        Fixed("rope_scaling.type", "default", write=False),
+        Field("attention_bias", "use_bias", False),
+        Field("mlp_bias", "use_bias", False),
+        Field("attention_dropout", "attention_dropout_rate", 0.0),
+        Field("tie_word_embeddings", "tie_embeddings", False),
+        Field("initializer_range", "init_stddev", 0.02),
+        Fixed("pretraining_tp", 1),
+    ),
+    rules=llama_rules,
+    prefix="model.",
+    bare="layers.",
+    requires={"position": "rope", "norm": "rms"},
+    defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
+    ignore=("*rotary_emb.inv_freq",),
+    tied=_tied_head("embed_tokens.weight"),
+)
+
+
 def from_llama(source, config=None, **overrides):
     """(tfjax decoder, params) from a Llama checkpoint directory or (state dict, config)."""
-    state, c = _load(source, config)
-    model = llama_model(c, **overrides)
-    has_model = any(k.startswith("model.") for k in state) or not any(
-        k.startswith("layers.") for k in state
-    )
-    prefix = "model." if has_model else ""
-    params = core.import_state(
-        state,
-        llama_rules(model, prefix),
-        core.param_shapes(model, _tokens()),
-        what="LlamaForCausalLM",
-        ignore=("*rotary_emb.inv_freq",),
-        tied={"lm_head.weight": f"{prefix}embed_tokens.weight"} if model.tie_embeddings else None,
-    )
-    return model, core.finish(model, params)
-
-
-def llama_config(model: decoder.Decoder) -> dict:
-    """A LlamaConfig dict for a Llama-shaped tfjax decoder."""
-    if model.position != "rope" or model.norm != "rms":
-        raise ValueError(
-            "to_llama needs a Llama-shaped decoder (position='rope', norm='rms'); got "
-            f"position={model.position!r}, norm={model.norm!r}"
-        )
-    act = {"swiglu": "silu", "geglu": "gelu"}.get(model.activation)
-    if act is None:
-        raise ValueError(f"Llama has no activation {model.activation!r} (needs swiglu or geglu)")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": model.vocab_size,
-        "hidden_size": model.width,
-        "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_heads,
-        "num_key_value_heads": model.num_kv_heads or model.num_heads,
-        "head_dim": model.width // model.num_heads,
-        "intermediate_size": model.mlp_dim or 4 * model.width,
-        "max_position_embeddings": model.max_len,
-        "hidden_act": act,
-        "rms_norm_eps": model.norm_eps,
-        "rope_theta": model.rope_base,
-        "rope_parameters": {"rope_type": "default", "rope_theta": model.rope_base},
-        "attention_bias": model.use_bias,
-        "mlp_bias": model.use_bias,
-        "attention_dropout": model.attention_dropout_rate,
-        "tie_word_embeddings": model.tie_embeddings,
-        "initializer_range": model.init_stddev,
-    }
+    return core.from_hf(LLAMA, source, config, **overrides)
 
 
 def to_llama(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a Llama-shaped tfjax decoder."""
-    config = llama_config(model)
-    return core.export_state(core.unrolled(model, params), llama_rules(model)), config
+    return core.to_hf(LLAMA, _spelled_out(model), params)

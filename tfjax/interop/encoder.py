@@ -22,89 +22,24 @@ tfjax's encoder masks padding by token id 0 (BERT's [PAD]); pass attention_mask 
 the reference.
 """
 
-import jax.numpy as jnp
-
 from tfjax.interop import core
-from tfjax.interop.decoder import _load
+from tfjax.interop.core import Field, Fixed
 from tfjax.models import encoder
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
-ARCHITECTURES = {"BertForMaskedLM": "mlm", "BertForSequenceClassification": "classifier"}
 
 
-def _head(c, head):
-    if head is not None:
-        return head
-    for arch in c.get("architectures") or ():
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    raise ValueError(
-        f"BERT: the config's architectures {c.get('architectures')} name no known head "
-        f"({', '.join(ARCHITECTURES)}); pass head='mlm' or head='classifier'"
-    )
-
-
-def bert_model(config, head: str | None = None, **overrides) -> encoder.Encoder:
-    """The tfjax encoder with a BertConfig's sizes, epsilon and head."""
-    c = core.as_config(config)
-    head = _head(c, head)
-    what = "BertForMaskedLM" if head == "mlm" else "BertForSequenceClassification"
-    act = c.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS or (head == "mlm" and act != "gelu"):
-        raise ValueError(
-            f"{what}: hidden_act={act!r} is not supported; allowed: "
-            f"{('gelu',) if head == 'mlm' else tuple(ACTIVATIONS)} (the masked-LM head of "
-            "tfjax's encoder uses exact GELU)"
-        )
-    kind = c.get("position_embedding_type", "absolute")
-    if kind != "absolute":
-        raise ValueError(f"{what}: position_embedding_type={kind!r} is not supported")
-    if c.get("is_decoder") or c.get("add_cross_attention"):
-        raise ValueError(f"{what}: decoder BERT (is_decoder / add_cross_attention) is unsupported")
-    fields = dict(
-        vocab_size=core.get(c, "vocab_size", what=what),
-        width=core.get(c, "hidden_size", what=what),
-        num_layers=core.get(c, "num_hidden_layers", what=what),
-        num_heads=core.get(c, "num_attention_heads", what=what),
-        mlp_dim=core.get(c, "intermediate_size", what=what),
-        max_len=core.get(c, "max_position_embeddings", 512, what=what),
-        type_vocab_size=c.get("type_vocab_size", 2),
-        head=head,
-        num_classes=core.num_labels(c),
-        dropout_rate=c.get("hidden_dropout_prob", 0.1),
-        attention_dropout_rate=c.get("attention_probs_dropout_prob", 0.1),
-        activation=ACTIVATIONS[act],
-        norm_eps=core.get(c, "layer_norm_eps", 1e-12, what=what),
-        init_stddev=c.get("initializer_range", 0.02),
-    )
-    return encoder.Model(**{**fields, **overrides})
-
-
-def _norm(key, path):
-    return [
-        core.identity(f"{key}.weight", (*path, "scale")),
-        core.identity(f"{key}.bias", (*path, "bias")),
-    ]
-
-
-def _dense(key, path):
-    return [
-        core.linear(f"{key}.weight", (*path, "kernel")),
-        core.identity(f"{key}.bias", (*path, "bias")),
-    ]
-
-
-def bert_rules(model: encoder.Encoder) -> list[core.Rule]:
-    e = "bert.embeddings."
+def bert_rules(model: encoder.Encoder, prefix: str = "bert.") -> list[core.Rule]:
+    e = f"{prefix}embeddings."
     rules = [
         core.identity(f"{e}word_embeddings.weight", ("embed", "embedding")),
         core.identity(f"{e}position_embeddings.weight", ("pos_embed", "embedding")),
-        *_norm(f"{e}LayerNorm", ("embed_norm",)),
+        *core.norm(f"{e}LayerNorm", ("embed_norm",)),
     ]
     if model.type_vocab_size:
         rules.append(core.identity(f"{e}token_type_embeddings.weight", ("type_embed", "embedding")))
     for i in range(model.num_layers):
-        h, layer = f"bert.encoder.layer.{i}.", ("encoder", f"layers_{i}")
+        h, layer = f"{prefix}encoder.layer.{i}.", ("encoder", f"layers_{i}")
         att = (*layer, "self_attention")
         for name in ("query", "key", "value"):
             rules += [
@@ -114,32 +49,113 @@ def bert_rules(model: encoder.Encoder) -> list[core.Rule]:
         rules += [
             core.linear_out(f"{h}attention.output.dense.weight", (*att, "out_kernel")),
             core.identity(f"{h}attention.output.dense.bias", (*att, "out_bias")),
-            *_norm(f"{h}attention.output.LayerNorm", (*layer, "self_attention_norm")),
-            *_dense(f"{h}intermediate.dense", (*layer, "mlp", "wi")),
-            *_dense(f"{h}output.dense", (*layer, "mlp", "wo")),
-            *_norm(f"{h}output.LayerNorm", (*layer, "mlp_norm")),
+            *core.norm(f"{h}attention.output.LayerNorm", (*layer, "self_attention_norm")),
+            *core.dense(f"{h}intermediate.dense", (*layer, "mlp", "wi")),
+            *core.dense(f"{h}output.dense", (*layer, "mlp", "wo")),
+            *core.norm(f"{h}output.LayerNorm", (*layer, "mlp_norm")),
         ]
     if model.head == "mlm":
         c = "cls.predictions."
         rules += [
-            *_dense(f"{c}transform.dense", ("mlm_dense",)),
-            *_norm(f"{c}transform.LayerNorm", ("mlm_norm",)),
+            *core.dense(f"{c}transform.dense", ("mlm_dense",)),
+            *core.norm(f"{c}transform.LayerNorm", ("mlm_norm",)),
             core.identity(f"{c}bias", ("mlm_bias",)),
         ]
     else:
-        rules += [*_dense("bert.pooler.dense", ("pooler",)), *_dense("classifier", ("classifier",))]
+        rules += [
+            *core.dense(f"{prefix}pooler.dense", ("pooler",)),
+            *core.dense("classifier", ("classifier",)),
+        ]
     return rules
+
+
+def _mlm_tied(model, prefix):
+    """The output matrix is the word embeddings; its bias the head's (present in some files)."""
+    return {
+        "cls.predictions.decoder.weight": f"{prefix}embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+
+def _bert(architecture: str, head: str, activation: Field, tied) -> core.Family:
+    """The two BERT heads share every key but the activations they support."""
+    return core.Family(
+        architecture=architecture,
+        model_type="bert",
+        model=encoder.Model,
+        config=(
+            Field("vocab_size", "vocab_size"),
+            Field("hidden_size", "width"),
+            Field("num_hidden_layers", "num_layers"),
+            Field("num_attention_heads", "num_heads"),
+            Field("intermediate_size", "mlp_dim"),
+            Field("max_position_embeddings", "max_len", 512),
+            Field("type_vocab_size", "type_vocab_size", 2),
+            *core.LABELS,
+            Field("hidden_dropout_prob", "dropout_rate", 0.1),
+            Field("attention_probs_dropout_prob", "attention_dropout_rate", 0.1),
+            activation,
+            Field("layer_norm_eps", "norm_eps", 1e-12),
+            Field("initializer_range", "init_stddev", 0.02),
+            Fixed("position_embedding_type", "absolute"),
+            Fixed("is_decoder", False, why="tfjax's encoder has no decoder BERT"),
+            Fixed("add_cross_attention", False, why="tfjax's encoder has no decoder BERT"),
+            Fixed("pad_token_id", 0, read=False),  # tfjax's encoder masks padding by id 0
+            Fixed("tie_word_embeddings", True, read=False),
+        ),
+        rules=bert_rules,
+        prefix="bert.",
+        requires={"head": head, "norm_position": "post"},
+        defaults={"num_classes": 2},
+        ignore=("bert.embeddings.position_ids", "bert.embeddings.token_type_ids"),
+        tied=tied,
+    )
+
+
+BERT_MLM = _bert(
+    "BertForMaskedLM",
+    "mlm",
+    Field(
+        "hidden_act",
+        "activation",
+        "gelu",
+        values={"gelu": "gelu"},
+        why="the masked-LM head of tfjax's encoder uses exact GELU",
+    ),
+    _mlm_tied,
+)
+BERT_CLASSIFIER = _bert(
+    "BertForSequenceClassification",
+    "classifier",
+    Field("hidden_act", "activation", "gelu", values=ACTIVATIONS),
+    lambda model, prefix: {},
+)
+FAMILIES = {"mlm": BERT_MLM, "classifier": BERT_CLASSIFIER}  # by tfjax's encoder head
+
+
+def _family(config: dict, head: str | None) -> core.Family:
+    if head is None:
+        archs = config.get("architectures") or ()
+        for family in FAMILIES.values():
+            if family.architecture in archs:
+                return family
+        raise ValueError(
+            f"BERT: the config's architectures {config.get('architectures')} name no known head "
+            f"({', '.join(f.architecture for f in FAMILIES.values())}); pass head='mlm' or "
+            "head='classifier'"
+        )
+    if head not in FAMILIES:
+        raise ValueError(f"BERT: head={head!r} is unknown; allowed: {tuple(FAMILIES)}")
+    return FAMILIES[head]
 
 
 def _renamed(state: core.StateDict) -> core.StateDict:
     """TF-era names (LayerNorm.gamma / beta) as weight / bias."""
     out = core.StateDict(origin=state.origin)
     for k, v in state.items():
-        new = k
-        if ".LayerNorm.gamma" in k or ".LayerNorm.beta" in k:
-            new = k.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(
-                ".LayerNorm.beta", ".LayerNorm.bias"
-            )
+        new = k.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(
+            ".LayerNorm.beta", ".LayerNorm.bias"
+        )
         if new in out:
             raise ValueError(f"BERT: {k!r} and {new!r} both in {state.where(k)}")
         out[new] = v
@@ -152,54 +168,11 @@ def from_bert(source, config=None, *, head: str | None = None, **overrides):
 
     `head` is "mlm" or "classifier"; taken from the config's architectures when None.
     """
-    state, c = _load(source, config)
-    state = _renamed(state)
-    model = bert_model(c, head, **overrides)
-    what = "BertForMaskedLM" if model.head == "mlm" else "BertForSequenceClassification"
-    tied = None
-    if model.head == "mlm":
-        tied = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"}
-        if "cls.predictions.decoder.bias" in state:  # the same tensor as cls.predictions.bias
-            tied["cls.predictions.decoder.bias"] = "cls.predictions.bias"
-    params = core.import_state(
-        state,
-        bert_rules(model),
-        core.param_shapes(model, jnp.ones((1, 1), jnp.int32)),
-        what=what,
-        ignore=("bert.embeddings.position_ids", "bert.embeddings.token_type_ids"),
-        tied=tied,
-    )
-    return model, core.finish(model, params)
-
-
-def bert_config(model: encoder.Encoder) -> dict:
-    """A BertConfig dict for a tfjax encoder."""
-    if model.norm_position != "post":
-        raise ValueError("BERT is post-LN; the model has norm_position='pre'")
-    act = {v: k for k, v in ACTIVATIONS.items()}[model.activation]
-    arch = "BertForMaskedLM" if model.head == "mlm" else "BertForSequenceClassification"
-    return {
-        "architectures": [arch],
-        "model_type": "bert",
-        "vocab_size": model.vocab_size,
-        "hidden_size": model.width,
-        "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_heads,
-        "intermediate_size": model.mlp_dim,
-        "max_position_embeddings": model.max_len,
-        "type_vocab_size": model.type_vocab_size,
-        "hidden_act": act,
-        "hidden_dropout_prob": model.dropout_rate,
-        "attention_probs_dropout_prob": model.attention_dropout_rate,
-        "layer_norm_eps": model.norm_eps,
-        "initializer_range": model.init_stddev,
-        "pad_token_id": 0,
-        "tie_word_embeddings": True,
-        "id2label": {str(i): f"LABEL_{i}" for i in range(model.num_classes)},
-        "label2id": {f"LABEL_{i}": i for i in range(model.num_classes)},
-    }
+    state, c = core.load_source(source, config)
+    family = _family(c, head)
+    return core.from_hf(family, _renamed(state), c, **overrides)
 
 
 def to_bert(model: encoder.Encoder, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax encoder."""
-    return core.export_state(core.unrolled(model, params), bert_rules(model)), bert_config(model)
+    return core.to_hf(_family({}, model.head), model, params)

@@ -62,27 +62,26 @@ round trips are bitwise, but tfjax's embedding columns are not Marian's column f
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
 from tfjax.interop import core
-from tfjax.interop.decoder import _load
+from tfjax.interop.core import Field, Fixed
 from tfjax.models import transformer
 
 _QKV = ("query", "key", "value")
 MARIAN = "MarianMTModel"
 TORCH = "torch.nn.Transformer"
 
-# Hugging Face activation_function -> tfjax.nn.ffn activation (one-projection FFNs only).
+# Hugging Face activation_function -> tfjax.nn.ffn activation (one-projection FFNs only); the
+# first name of each is the one written on export.
 MARIAN_ACTIVATIONS = {
     "relu": "relu",
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
-    "swish": "silu",
     "silu": "silu",
+    "swish": "silu",
 }
-MARIAN_NORM_EPS = 1e-5  # Marian's nn.LayerNorm default; not in its config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +117,6 @@ TORCH_LAYOUT = _Layout(
 )
 
 
-def _tokens():
-    return jnp.zeros((1, 1), jnp.int32)
-
-
 def _attention(key: str, path: core.Path, fused: bool) -> list[core.Rule]:
     if fused:
         rules = [
@@ -141,20 +136,6 @@ def _attention(key: str, path: core.Path, fused: bool) -> list[core.Rule]:
     ]
 
 
-def _norm(key: str, path: core.Path) -> list[core.Rule]:
-    return [
-        core.identity(f"{key}.weight", (*path, "scale")),
-        core.identity(f"{key}.bias", (*path, "bias")),
-    ]
-
-
-def _dense(key: str, path: core.Path) -> list[core.Rule]:
-    return [
-        core.linear(f"{key}.weight", (*path, "kernel")),
-        core.identity(f"{key}.bias", (*path, "bias")),
-    ]
-
-
 def _stack_rules(num_layers: int, layout: _Layout, prefix: str) -> list[core.Rule]:
     """The rules of both stacks' layers (keys under {prefix}encoder. and {prefix}decoder.)."""
     rules = []
@@ -164,15 +145,15 @@ def _stack_rules(num_layers: int, layout: _Layout, prefix: str) -> list[core.Rul
             norms = layout.encoder_norms if side == "encoder" else layout.decoder_norms
             rules += _attention(
                 k + layout.self_attn, (*layer, "self_attention"), layout.fused_qkv
-            ) + _norm(k + norms[0], (*layer, "self_attention_norm"))
+            ) + core.norm(k + norms[0], (*layer, "self_attention_norm"))
             if side == "decoder":
                 rules += _attention(
                     k + layout.cross_attn, (*layer, "cross_attention"), layout.fused_qkv
-                ) + _norm(k + norms[1], (*layer, "cross_attention_norm"))
+                ) + core.norm(k + norms[1], (*layer, "cross_attention_norm"))
             rules += [
-                *_dense(k + layout.fc1, (*layer, "mlp", "wi")),
-                *_dense(k + layout.fc2, (*layer, "mlp", "wo")),
-                *_norm(k + norms[-1], (*layer, "mlp_norm")),
+                *core.dense(k + layout.fc1, (*layer, "mlp", "wi")),
+                *core.dense(k + layout.fc2, (*layer, "mlp", "wo")),
+                *core.norm(k + norms[-1], (*layer, "mlp_norm")),
             ]
     return rules
 
@@ -295,7 +276,9 @@ def marian_id_map(config) -> np.ndarray:
     `config`: a MarianConfig, its dict, or a checkpoint directory.
     """
     c = core.as_config(config)
-    vocab = core.get(c, "vocab_size", what=MARIAN)
+    vocab = c.get("vocab_size")
+    if vocab is None:
+        raise ValueError(f"{MARIAN}: the config has no 'vocab_size'")
     return _swap_zero(vocab, _marian_pad_id(c, vocab))
 
 
@@ -311,79 +294,17 @@ def tfjax_to_marian_ids(ids, config) -> np.ndarray:
     return marian_id_map(config)[np.asarray(ids)]
 
 
-def marian_model(config, *, remap_ids: bool = False, **overrides) -> transformer.Transformer:
-    """The tfjax transformer with a MarianConfig's sizes, activation and embedding sharing.
-
-    A pad_token_id other than 0 (Opus-MT's V - 1) needs remap_ids=True; see `marian_id_map`.
-    """
-    c, what = core.as_config(config), MARIAN
-    sizes = {}
-    for name in ("layers", "attention_heads", "ffn_dim"):
-        enc = core.get(c, f"encoder_{name}", what=what)
-        dec = core.get(c, f"decoder_{name}", what=what)
-        if enc != dec:
-            raise ValueError(
-                f"{what}: encoder_{name}={enc} differs from decoder_{name}={dec}; tfjax's "
-                "transformer has one size for both stacks"
-            )
-        sizes[name] = enc
-    act = c.get("activation_function", "gelu")
-    if act not in MARIAN_ACTIVATIONS:
-        raise ValueError(
-            f"{what}: activation_function={act!r} is not supported; allowed: "
-            f"{tuple(MARIAN_ACTIVATIONS)} (tfjax.nn.ffn.Mlp has no {act!r})"
-        )
-    if not c.get("scale_embedding", False):
-        raise ValueError(
-            f"{what}: scale_embedding=False is not supported; tfjax's transformer multiplies "
-            "token embeddings by sqrt(d_model), as the paper and Opus-MT models do"
-        )
-    vocab = core.get(c, "vocab_size", what=what)
-    pad = _marian_pad_id(c, vocab)
-    if pad != 0 and not remap_ids:
-        raise ValueError(
-            f"{what}: pad_token_id={pad} (also the decoder's start token); tfjax's transformer "
-            "uses token id 0 for both (padding masks and the decoder's start token). Pass "
-            f"remap_ids=True to swap ids 0 and {pad} in the embeddings and the output layer, and "
-            "map token ids with marian_to_tfjax_ids / tfjax_to_marian_ids"
-        )
-    if c.get("decoder_vocab_size") not in (None, vocab):
-        raise ValueError(
-            f"{what}: decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size="
-            f"{vocab}; tfjax's transformer has one vocabulary"
-        )
-    share = bool(c.get("share_encoder_decoder_embeddings", True))
-    tie = bool(c.get("tie_word_embeddings", True))
-    if share != tie:
-        raise ValueError(
-            f"{what}: share_encoder_decoder_embeddings={share} with tie_word_embeddings={tie} is "
-            "not supported; tfjax shares one matrix three ways or none (both True or both False)"
-        )
-    fields = dict(
-        vocab_size=vocab,
-        width=core.get(c, "d_model", what=what),
-        num_layers=sizes["layers"],
-        num_heads=sizes["attention_heads"],
-        mlp_dim=sizes["ffn_dim"],
-        dropout_rate=c.get("dropout", 0.1),
-        attention_dropout_rate=c.get("attention_dropout", 0.0),
-        activation=MARIAN_ACTIVATIONS[act],
-        norm_position="post",
-        norm_eps=MARIAN_NORM_EPS,
-        share_embeddings=share,
-    )
-    return transformer.Model(**{**fields, **overrides})
-
-
-def marian_rules(model: transformer.Transformer, pad_token_id: int = 0) -> list[core.Rule]:
+def marian_rules(
+    model: transformer.Transformer, prefix: str = "model.", pad_token_id: int = 0
+) -> list[core.Rule]:
     """The Marian key rules; with pad_token_id != 0 the vocabulary rows of the embeddings, the
     output projection and the output bias are relabelled by `marian_id_map`."""
     if model.share_embeddings:
-        rules = [core.identity("model.shared.weight", ("embed", "embedding"))]
+        rules = [core.identity(f"{prefix}shared.weight", ("embed", "embedding"))]
     else:
         rules = [
-            core.identity("model.encoder.embed_tokens.weight", ("embed", "embedding")),
-            core.identity("model.decoder.embed_tokens.weight", ("target_embed", "embedding")),
+            core.identity(f"{prefix}encoder.embed_tokens.weight", ("embed", "embedding")),
+            core.identity(f"{prefix}decoder.embed_tokens.weight", ("target_embed", "embedding")),
             core.linear("lm_head.weight", ("output_proj", "kernel")),
         ]
     if model.logits_bias:  # [1, V] <-> [V]
@@ -395,9 +316,64 @@ def marian_rules(model: transformer.Transformer, pad_token_id: int = 0) -> list[
                 lambda y: (y.reshape(1, -1),),
             )
         )
-    rules += _stack_rules(model.num_layers, MARIAN_LAYOUT, "model.")
+    rules += _stack_rules(model.num_layers, MARIAN_LAYOUT, prefix)
     rules = _permute(rules, _swap_zero(model.vocab_size, pad_token_id), _vocab_axis)
     return _permute(rules, half_to_interleaved(model.width), _width_axis)
+
+
+def _marian_tied(model, prefix):
+    """Older files and in-memory state dicts also hold the shared matrix's three copies."""
+    if not model.share_embeddings:
+        return {}
+    copies = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    tied = {f"{prefix}{k}": f"{prefix}shared.weight" for k in copies}
+    return {**tied, "lm_head.weight": f"{prefix}shared.weight"}
+
+
+MARIAN = core.Family(
+    architecture="MarianMTModel",
+    model_type="marian",
+    model=transformer.Model,
+    config=(
+        Field("vocab_size", "vocab_size"),
+        Field("decoder_vocab_size", "vocab_size", None),
+        Field("d_model", "width"),
+        Field("encoder_layers", "num_layers"),
+        Field("decoder_layers", "num_layers"),
+        Field("encoder_attention_heads", "num_heads"),
+        Field("decoder_attention_heads", "num_heads"),
+        Field("encoder_ffn_dim", "mlp_dim"),
+        Field("decoder_ffn_dim", "mlp_dim"),
+        Field(
+            "activation_function",
+            "activation",
+            "gelu",
+            values=MARIAN_ACTIVATIONS,
+            why="the one-projection FFNs of tfjax.nn.ffn.Mlp",
+        ),
+        Field("dropout", "dropout_rate", 0.1),
+        Field("attention_dropout", "attention_dropout_rate", 0.0),
+        Fixed("activation_dropout", 0.0, read=False),
+        Field("share_encoder_decoder_embeddings", "share_embeddings", True),
+        Field("tie_word_embeddings", "share_embeddings", True),
+        Fixed(
+            "scale_embedding",
+            True,
+            default=False,
+            why="tfjax's transformer multiplies token embeddings by sqrt(d_model), as the paper "
+            "and Opus-MT models do",
+        ),
+        Fixed("is_encoder_decoder", True, read=False),
+        Fixed("max_position_embeddings", 1024, read=False),  # tfjax's sinusoids have no limit
+    ),
+    rules=marian_rules,
+    inputs=(core.TOKENS, core.TOKENS),
+    prefix="model.",
+    # Marian's LayerNorm epsilon is nn.LayerNorm's default, not in its config.
+    requires={"norm_position": "post", "norm_eps": 1e-5, "final_norm": False},
+    ignore=("model.*.embed_positions.weight",),
+    tied=_marian_tied,
+)
 
 
 def from_marian(source, config=None, *, remap_ids: bool = False, **overrides):
@@ -411,74 +387,19 @@ def from_marian(source, config=None, *, remap_ids: bool = False, **overrides):
     `overrides` set model fields (scan_layers=True, dtype, implementation, ...). A
     final_logits_bias in the checkpoint gives logits_bias=True (Marian's [V] output bias).
     """
-    state, c = _load(source, config)
+    state, c = core.load_source(source, config)
     fields = {"logits_bias": "final_logits_bias" in state, **overrides}
-    model = marian_model(c, remap_ids=remap_ids, **fields)
-    tied = None
-    if model.share_embeddings:  # older files and in-memory state dicts hold the tied copies
-        tied = {
-            k: "model.shared.weight"
-            for k in (
-                "model.encoder.embed_tokens.weight",
-                "model.decoder.embed_tokens.weight",
-                "lm_head.weight",
-            )
-        }
-    params = core.import_state(
-        state,
-        marian_rules(model, _marian_pad_id(c, model.vocab_size)),
-        core.param_shapes(model, _tokens(), _tokens()),
-        what=MARIAN,
-        ignore=("model.*.embed_positions.weight",),
-        tied=tied,
-    )
-    return model, core.finish(model, params)
-
-
-def marian_config(
-    model: transformer.Transformer, *, pad_token_id: int = 0, eos_token_id: int | None = None
-) -> dict:
-    """A MarianConfig dict for a tfjax transformer (ids as in `to_marian`)."""
-    _check_model(model, MARIAN)
-    if model.final_norm:
-        raise ValueError(f"{MARIAN} has no norm after the last layer; the model has final_norm")
-    if not 0 <= pad_token_id < model.vocab_size:
-        raise ValueError(f"pad_token_id={pad_token_id} is outside [0, {model.vocab_size})")
-    act = {v: k for k, v in MARIAN_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}.get(
-        model.activation
-    )
-    if act is None:
-        raise ValueError(f"{MARIAN} has no activation {model.activation!r}")
-    if model.norm_eps != MARIAN_NORM_EPS:
+    model = core.build(MARIAN, c, **fields)
+    pad = _marian_pad_id(c, model.vocab_size)
+    if pad != 0 and not remap_ids:
         raise ValueError(
-            f"{MARIAN}'s LayerNorm epsilon is {MARIAN_NORM_EPS}; the model has norm_eps="
-            f"{model.norm_eps}, so the exported model would compute other numbers"
+            f"{MARIAN}: pad_token_id={pad} (also the decoder's start token); tfjax's transformer "
+            "uses token id 0 for both (padding masks and the decoder's start token). Pass "
+            f"remap_ids=True to swap ids 0 and {pad} in the embeddings and the output layer, and "
+            "map token ids with marian_to_tfjax_ids / tfjax_to_marian_ids"
         )
-    return {
-        "architectures": [MARIAN],
-        "model_type": "marian",
-        "is_encoder_decoder": True,
-        "vocab_size": model.vocab_size,
-        "decoder_vocab_size": model.vocab_size,
-        "d_model": model.width,
-        "encoder_layers": model.num_layers,
-        "decoder_layers": model.num_layers,
-        "encoder_attention_heads": model.num_heads,
-        "decoder_attention_heads": model.num_heads,
-        "encoder_ffn_dim": model.mlp_dim,
-        "decoder_ffn_dim": model.mlp_dim,
-        "activation_function": act,
-        "dropout": model.dropout_rate,
-        "attention_dropout": model.attention_dropout_rate,
-        "activation_dropout": 0.0,
-        "scale_embedding": True,
-        "share_encoder_decoder_embeddings": model.share_embeddings,
-        "tie_word_embeddings": model.share_embeddings,
-        "pad_token_id": pad_token_id,
-        "decoder_start_token_id": pad_token_id,
-        **({} if eos_token_id is None else {"eos_token_id": eos_token_id}),
-        "max_position_embeddings": 1024,  # the sinusoid table's length; tfjax's has no limit
-    }
+    rules = marian_rules(model, MARIAN.prefix, pad)
+    return model, core.import_params(MARIAN, model, state, rules=rules)
 
 
 def to_marian(
@@ -494,11 +415,15 @@ def to_marian(
     remap_ids=True)` (swaps ids 0 and pad_token_id back; Opus-MT: V - 1); eos_token_id, in
     Marian's ids, is written to the config when given.
     """
-    config = marian_config(model, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
-    p = core.unrolled(model, params)
-    state = core.export_state(p, marian_rules(model, pad_token_id))
+    if not 0 <= pad_token_id < model.vocab_size:
+        raise ValueError(f"pad_token_id={pad_token_id} is outside [0, {model.vocab_size})")
+    rules = marian_rules(model, MARIAN.prefix, pad_token_id)
+    state, config = core.to_hf(MARIAN, model, params, rules=rules)
+    config["pad_token_id"] = config["decoder_start_token_id"] = pad_token_id
+    if eos_token_id is not None:
+        config["eos_token_id"] = eos_token_id
     if not model.logits_bias:  # MarianMTModel always has the buffer
-        dtype = np.asarray(p["embed"]["embedding"]).dtype
+        dtype = np.asarray(core.unrolled(model, params)["embed"]["embedding"]).dtype
         state["final_logits_bias"] = np.zeros((1, model.vocab_size), dtype)
     return state, config
 
@@ -537,7 +462,7 @@ def torch_transformer_rules(
     rules += _stack_rules(model.num_layers, TORCH_LAYOUT, prefix)
     if model.final_norm:
         for side in ("encoder", "decoder"):
-            rules += _norm(f"{prefix}{side}.norm", (side, "final_norm"))
+            rules += core.norm(f"{prefix}{side}.norm", (side, "final_norm"))
     return rules
 
 
@@ -570,7 +495,7 @@ def from_torch_transformer(
     if embed not in state:
         raise ValueError(
             f"{what}: no token embedding {embed!r} in {state.origin} (it holds {len(state)} keys "
-            f"such as {core._listing(state, 4)}); pass embed= the key of the [V, D] embedding"
+            f"such as {core.listing(state, 4)}); pass embed= the key of the [V, D] embedding"
         )
     vocab, width = state[embed].shape
     layers = _count_layers(state, f"{prefix}encoder.layers.")
@@ -627,7 +552,7 @@ def from_torch_transformer(
     params = core.import_state(
         state,
         torch_transformer_rules(model, **names),
-        core.param_shapes(model, _tokens(), _tokens()),
+        core.param_shapes(model, core.TOKENS, core.TOKENS),
         what=what,
         ignore=ignore,
         tied=tied,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfjax.interop import core
-from tfjax.interop.decoder import _load
+from tfjax.interop.core import Field, Fixed
 from tfjax.models import vit
 
 _A = -0.75  # PyTorch's bicubic kernel parameter
@@ -93,56 +93,18 @@ def _image_size(value) -> tuple[int, int]:
     return int(h), int(w)
 
 
-def hf_vit_model(config, **overrides) -> vit.VisionTransformer:
-    """The tfjax ViT with a ViTConfig's sizes, epsilon and number of labels."""
-    c, what = core.as_config(config), "ViTForImageClassification"
-    if c.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(f"{what}: hidden_act={c['hidden_act']!r} is not supported (needs gelu)")
-    if not c.get("qkv_bias", True):
-        raise ValueError(f"{what}: qkv_bias=False is not supported")
-    fields = dict(
-        num_classes=core.num_labels(c),
-        patch_size=core.get(c, "patch_size", 16, what=what),
-        width=core.get(c, "hidden_size", what=what),
-        num_layers=core.get(c, "num_hidden_layers", what=what),
-        mlp_dim=core.get(c, "intermediate_size", what=what),
-        num_heads=core.get(c, "num_attention_heads", what=what),
-        pool="cls",
-        posemb="learned",
-        dropout_rate=c.get("hidden_dropout_prob", 0.0),
-        attention_dropout_rate=c.get("attention_probs_dropout_prob", 0.0),
-        norm_eps=core.get(c, "layer_norm_eps", 1e-12, what=what),
-        head_zero_init=False,
-    )
-    return vit.Model(**{**fields, **overrides})
-
-
-def _norm(key, path):
-    return [
-        core.identity(f"{key}.weight", (*path, "scale")),
-        core.identity(f"{key}.bias", (*path, "bias")),
-    ]
-
-
-def _dense(key, path):
-    return [
-        core.linear(f"{key}.weight", (*path, "kernel")),
-        core.identity(f"{key}.bias", (*path, "bias")),
-    ]
-
-
-def hf_vit_rules(model: vit.VisionTransformer) -> list[core.Rule]:
-    e = "vit.embeddings."
+def hf_vit_rules(model: vit.VisionTransformer, prefix: str = "vit.") -> list[core.Rule]:
+    e = f"{prefix}embeddings."
     rules = [
         core.conv(f"{e}patch_embeddings.projection.weight", ("patch_embed", "kernel")),
         core.identity(f"{e}patch_embeddings.projection.bias", ("patch_embed", "bias")),
         core.identity(f"{e}cls_token", ("cls",)),
         core.identity(f"{e}position_embeddings", ("pos_embed",)),
-        *_norm("vit.layernorm", ("encoder", "final_norm")),
-        *_dense("classifier", ("head",)),
+        *core.norm(f"{prefix}layernorm", ("encoder", "final_norm")),
+        *core.dense("classifier", ("head",)),
     ]
     for i in range(model.num_layers):
-        h, layer = f"vit.encoder.layer.{i}.", ("encoder", f"layers_{i}")
+        h, layer = f"{prefix}encoder.layer.{i}.", ("encoder", f"layers_{i}")
         att = (*layer, "self_attention")
         for name in ("query", "key", "value"):
             rules += [
@@ -152,10 +114,10 @@ def hf_vit_rules(model: vit.VisionTransformer) -> list[core.Rule]:
         rules += [
             core.linear_out(f"{h}attention.output.dense.weight", (*att, "out_kernel")),
             core.identity(f"{h}attention.output.dense.bias", (*att, "out_bias")),
-            *_norm(f"{h}layernorm_before", (*layer, "self_attention_norm")),
-            *_norm(f"{h}layernorm_after", (*layer, "mlp_norm")),
-            *_dense(f"{h}intermediate.dense", (*layer, "mlp", "wi")),
-            *_dense(f"{h}output.dense", (*layer, "mlp", "wo")),
+            *core.norm(f"{h}layernorm_before", (*layer, "self_attention_norm")),
+            *core.norm(f"{h}layernorm_after", (*layer, "mlp_norm")),
+            *core.dense(f"{h}intermediate.dense", (*layer, "mlp", "wi")),
+            *core.dense(f"{h}output.dense", (*layer, "mlp", "wo")),
         ]
     return rules
 
@@ -167,8 +129,8 @@ def timm_vit_rules(model: vit.VisionTransformer) -> list[core.Rule]:
         core.identity("patch_embed.proj.bias", ("patch_embed", "bias")),
         core.identity("cls_token", ("cls",)),
         core.identity("pos_embed", ("pos_embed",)),
-        *_norm("norm", ("encoder", "final_norm")),
-        *_dense("head", ("head",)),
+        *core.norm("norm", ("encoder", "final_norm")),
+        *core.dense("head", ("head",)),
     ]
     for i in range(model.num_layers):
         h, layer = f"blocks.{i}.", ("encoder", f"layers_{i}")
@@ -182,27 +144,49 @@ def timm_vit_rules(model: vit.VisionTransformer) -> list[core.Rule]:
             ),
             core.linear_out(f"{h}attn.proj.weight", (*att, "out_kernel")),
             core.identity(f"{h}attn.proj.bias", (*att, "out_bias")),
-            *_norm(f"{h}norm1", (*layer, "self_attention_norm")),
-            *_norm(f"{h}norm2", (*layer, "mlp_norm")),
-            *_dense(f"{h}mlp.fc1", (*layer, "mlp", "wi")),
-            *_dense(f"{h}mlp.fc2", (*layer, "mlp", "wo")),
+            *core.norm(f"{h}norm1", (*layer, "self_attention_norm")),
+            *core.norm(f"{h}norm2", (*layer, "mlp_norm")),
+            *core.dense(f"{h}mlp.fc1", (*layer, "mlp", "wi")),
+            *core.dense(f"{h}mlp.fc2", (*layer, "mlp", "wo")),
         ]
     return rules
 
 
-def _import(state, model, rules, key, trained_size, image_size, channels, what):
-    """Resamples the posemb tensor `key` in state to image_size, then applies the rules."""
-    p = model.patch_size
+HF_VIT = core.Family(
+    architecture="ViTForImageClassification",
+    model_type="vit",
+    model=vit.Model,
+    config=(
+        *core.LABELS,
+        Field("patch_size", "patch_size", 16),
+        Field("hidden_size", "width"),
+        Field("num_hidden_layers", "num_layers"),
+        Field("intermediate_size", "mlp_dim"),
+        Field("num_attention_heads", "num_heads"),
+        Field("hidden_dropout_prob", "dropout_rate", 0.0),
+        Field("attention_probs_dropout_prob", "attention_dropout_rate", 0.0),
+        Field("layer_norm_eps", "norm_eps", 1e-12),
+        Fixed("hidden_act", "gelu"),
+        Fixed("qkv_bias", True),
+    ),
+    rules=hf_vit_rules,
+    prefix="vit.",
+    requires={"pool": "cls", "posemb": "learned"},
+    defaults={"num_classes": 2, "head_zero_init": False},
+)
+
+
+def _resampled(state, key, trained_size, image_size, patch, what):
+    """(state with the posemb tensor `key` resampled to image_size, image_size as (H, W))."""
     image_size = _image_size(image_size or trained_size)
-    if image_size[0] % p or image_size[1] % p:
-        raise ValueError(f"{what}: image size {image_size} is not divisible by patch {p}")
+    if image_size[0] % patch or image_size[1] % patch:
+        raise ValueError(f"{what}: image size {image_size} is not divisible by patch {patch}")
     if key in state:
         resampled = core.StateDict(state, state.files, state.origin)
-        resampled[key] = resample_posemb(state[key], (image_size[0] // p, image_size[1] // p))
+        grid = (image_size[0] // patch, image_size[1] // patch)
+        resampled[key] = resample_posemb(state[key], grid)
         state = resampled
-    images = jnp.zeros((1, *image_size, channels), jnp.float32)
-    params = core.import_state(state, rules, core.param_shapes(model, images), what=what)
-    return model, core.finish(model, params)
+    return state, image_size
 
 
 def from_hf_vit(source, config=None, *, image_size=None, **overrides):
@@ -211,19 +195,18 @@ def from_hf_vit(source, config=None, *, image_size=None, **overrides):
     image_size: int or (H, W) the model will see; the position embeddings are resampled from
     the config's image_size when it differs.
     """
-    state, c = _load(source, config)
-    model = hf_vit_model(c, **overrides)
-    trained = core.get(c, "image_size", 224, what="ViTForImageClassification")
-    return _import(
+    state, c = core.load_source(source, config)
+    model = core.build(HF_VIT, c, **overrides)
+    state, size = _resampled(
         state,
-        model,
-        hf_vit_rules(model),
         "vit.embeddings.position_embeddings",
-        trained,
+        c.get("image_size") or 224,
         image_size,
-        c.get("num_channels", 3),
-        "ViTForImageClassification",
+        model.patch_size,
+        HF_VIT.architecture,
     )
+    images = jnp.zeros((1, *size, c.get("num_channels") or 3), jnp.float32)
+    return model, core.import_params(HF_VIT, model, state, inputs=(images,))
 
 
 def from_timm_vit(state, *, image_size, trained_image_size=None, **fields):
@@ -249,46 +232,21 @@ def from_timm_vit(state, *, image_size, trained_image_size=None, **fields):
     )
     model = vit.Model(**{**defaults, **fields})
     side = math.isqrt(state["pos_embed"].shape[1] - 1) * p
-    return _import(
-        state,
-        model,
-        timm_vit_rules(model),
-        "pos_embed",
-        trained_image_size or side,
-        image_size,
-        channels,
-        what,
+    state, size = _resampled(
+        state, "pos_embed", trained_image_size or side, image_size, model.patch_size, what
     )
-
-
-def hf_vit_config(model: vit.VisionTransformer, image_size) -> dict:
-    if model.pool != "cls" or model.posemb != "learned" or model.num_classes is None:
-        raise ValueError(
-            "to_hf_vit needs pool='cls', posemb='learned' and a head (num_classes); got "
-            f"pool={model.pool!r}, posemb={model.posemb!r}, num_classes={model.num_classes}"
-        )
-    return {
-        "architectures": ["ViTForImageClassification"],
-        "model_type": "vit",
-        "hidden_size": model.width,
-        "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_heads,
-        "intermediate_size": model.mlp_dim,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": model.dropout_rate,
-        "attention_probs_dropout_prob": model.attention_dropout_rate,
-        "layer_norm_eps": model.norm_eps,
-        "image_size": image_size,
-        "patch_size": model.patch_size,
-        "qkv_bias": True,
-        "id2label": {str(i): f"LABEL_{i}" for i in range(model.num_classes)},
-        "label2id": {f"LABEL_{i}": i for i in range(model.num_classes)},
-    }
+    images = jnp.zeros((1, *size, channels), jnp.float32)
+    params = core.import_state(
+        state, timm_vit_rules(model), core.param_shapes(model, images), what=what
+    )
+    return model, core.finish(model, params)
 
 
 def to_hf_vit(model: vit.VisionTransformer, params):
     """({Hugging Face key: numpy array}, config dict); the config's image_size is the square
     image the position embeddings were made for (grid side * patch size)."""
-    p = core.unrolled(model, params)
-    grid = math.isqrt(np.asarray(p["pos_embed"]).shape[1] - 1)
-    return core.export_state(p, hf_vit_rules(model)), hf_vit_config(model, grid * model.patch_size)
+    if model.num_classes is None:
+        raise ValueError(f"{HF_VIT.architecture} needs a head; the model has num_classes=None")
+    state, config = core.to_hf(HF_VIT, model, params)
+    grid = math.isqrt(state["vit.embeddings.position_embeddings"].shape[1] - 1)
+    return state, {**config, "image_size": grid * model.patch_size}
