@@ -2,6 +2,7 @@
 and the errors for bad input."""
 
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -367,6 +368,35 @@ def test_state_of_another_loader_is_refused(data_dir):
     with make({"name": "digits", "image_size": 16}, data_dir) as c:
         with pytest.raises(ValueError, match="config.image_size=8.*config.image_size=16"):
             c.set_state(state)
+
+
+def test_state_saved_with_the_old_classification_task_name_resumes(data_dir):
+    # Checkpoints before the one task vocabulary stored config.task="image_classification".
+    with make({"name": "digits"}, data_dir, batch_size=4) as a:
+        next(a)
+        state = {**a.get_state(), "config.task": "image_classification"}
+        expected = next(a)
+    with make({"name": "digits"}, data_dir, batch_size=4) as b:
+        b.set_state(state)
+        assert_same_batches([next(b)], [expected])
+
+
+def test_a_run_config_resolves_its_dataset_for_its_task():
+    import ml_collections
+
+    config = ml_collections.ConfigDict({"task": "mlm", "dataset": {"name": "pydoc", "task": None}})
+    spec = td.dataset_spec(config)
+    assert (spec.task, spec.name, spec.mlm_probability) == ("mlm", "pydoc", 0.15)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seq_len = 64
+    assert td.resolve_config(spec) is spec  # resolved once, read everywhere
+    config.dataset.task = "lm"
+    with pytest.raises(ValueError, match="dataset.task='lm' differs from task='mlm'"):
+        td.dataset_spec(config)
+    config = ml_collections.ConfigDict({"task": "classification", "dataset": {"name": "pydoc"}})
+    with pytest.raises(ValueError, match="task='classification' is not available.*'lm', 'mlm'"):
+        td.dataset_spec(config)
+    assert td.resolve_config({"name": "digits"}).task == "classification"
 
 
 def test_corrupt_record_names_the_dataset_and_keeps_the_files(data_dir, tmp_path):

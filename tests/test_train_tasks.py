@@ -93,3 +93,37 @@ def test_translation_and_mlm_and_classification_weights():
 def test_unknown_task():
     with pytest.raises(ValueError, match="task='seq2seq' is unknown"):
         tasks.get("seq2seq")
+
+
+def test_masked_and_causal_lm_feed_the_model_alike():
+    assert tasks.get("mlm").model_inputs is tasks.get("lm").model_inputs
+
+
+def test_a_task_owns_what_its_evaluation_decodes():
+    import dataclasses
+
+    import ml_collections
+
+    import tfjax.data
+    from tfjax import evaluation
+
+    decode = ml_collections.ConfigDict({"num_samples": 3})
+
+    def config(task, **fields):
+        return ml_collections.ConfigDict({"task": task, "seed": 0, **fields})
+
+    bleu = tasks.decode_eval(config("translation", decode=decode))
+    assert (bleu.kind, bleu.one_example_per_row) == ("bleu", True)
+    samples = tasks.decode_eval(config("lm", decode=decode))
+    assert (samples.kind, samples.one_example_per_row) == ("samples", False)
+    assert tasks.decode_eval(config("lm", decode={"num_samples": 0})) is None
+    assert tasks.decode_eval(config("translation")) is None  # no decode section
+    assert tasks.decode_eval(config("mlm", decode=decode)) is None  # no hook
+    assert tasks.decode_eval(config("classification", decode=decode)) is None
+
+    # BLEU decodes each source alone, so translation evaluates on unpacked rows.
+    data = tfjax.data.resolve_config({"name": "numbers_translate", "packing": True})
+    run = config("translation", decode=decode)
+    assert evaluation.eval_dataset(run, data) == dataclasses.replace(data, packing=False)
+    lm_data = tfjax.data.resolve_config({"name": "pydoc"})
+    assert evaluation.eval_dataset(config("lm", decode=decode), lm_data) is lm_data
