@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tfjax.data as td
-from tfjax.data import catalog, tokenizers
+from tfjax.data import sources, tokenizers
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -49,7 +49,7 @@ def test_sentencepiece_is_trained_once_and_reused(data_dir, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("SentencePiece was trained a second time")
 
-    monkeypatch.setattr(catalog, "train_sentencepiece", no_training)
+    monkeypatch.setattr(sources, "train_sentencepiece", no_training)
     again = td.get_tokenizer(config, data_dir)
     with td.make_loader(
         config,
