@@ -1,6 +1,13 @@
-"""Test set-up: 8 CPU devices for the sharding tests, before any JAX backend starts."""
+"""Test set-up (8 CPU devices for the sharding tests, before any JAX backend starts) and the
+helpers that several test files share: config overrides, the session's data directory, child
+processes (the runner, Python, two processes on one host) and reading a run's checkpoints."""
 
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
 
 # Must happen before JAX initialises a backend; the flag works on every jax version we support.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -16,6 +23,10 @@ if not host_memory.accelerator_attached():
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "experiments", "run.py")
+VIT_TINY = os.path.join(ROOT, "configs", "vit.py") + ":tiny"
 
 
 def _has(platform: str) -> bool:
@@ -44,3 +55,107 @@ def set_fields(config, overrides: dict):
             target = target[p]
         target[leaf] = value
     return config
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """One data directory for the session: embedded datasets are prepared on first use."""
+    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
+
+
+@pytest.fixture(scope="session")
+def runner_env(tmp_path_factory):
+    """The environment of runner subprocesses: a shared compilation cache makes restarts quick."""
+    cache = str(tmp_path_factory.getbasetemp() / "jax_cache")
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=ROOT)
+
+
+@pytest.fixture(scope="session")
+def v5e():
+    """Compile-only devices of a v5e:2x2 slice (libtpu's compiler on this host)."""
+    from tfjax import aot
+
+    return aot.topology_devices("v5e:2x2")
+
+
+# ---------------------------------------------------------------------------- child processes
+def plain_env(**extra) -> dict:
+    """os.environ for a child that runs as a user would: without the 8 host devices above."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return {**env, **extra}
+
+
+def run_python(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """`python *args` in the checkout, output captured; `env` is plain_env() unless given."""
+    env = plain_env() if env is None else env
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def run_command(workdir, data_dir, overrides, *, config=VIT_TINY) -> list[str]:
+    """experiments/run.py's command line, with --config.<key>=<value> for each override."""
+    return [sys.executable, RUN, f"--config={config}", f"--workdir={workdir}",
+            f"--config.data_dir={data_dir}",
+            *(f"--config.{k}={v}" for k, v in overrides.items())]  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a coordinator of local processes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process(cmd, process_id, env) -> subprocess.Popen:
+    """Process `process_id` of a multi-process command, its output (stderr too) piped."""
+    return subprocess.Popen([*cmd, f"--process_id={process_id}"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def wait_for_steps(workdir, n, proc, timeout=240):
+    """Until metrics.jsonl has n lines (train steps logged); fails if `proc` exits first."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        if os.path.exists(path):
+            with open(path) as f:
+                if sum(1 for _ in f) >= n:
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"no {n} steps in {timeout}s")
+
+
+# --------------------------------------------------------------------------- a run's checkpoints
+def listed_steps(workdir):
+    """The steps tfjax.checkpoint lists in a workdir (complete checkpoints only)."""
+    from tfjax import checkpoint
+
+    manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
+    try:
+        return manager.all_steps()
+    finally:
+        manager.close()
+
+
+def read_checkpoint(workdir, step):
+    """{"params", "state", "data"} of a step as saved (numpy arrays, no target needed)."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    directory = os.path.join(workdir, "checkpoints", str(step))
+    out = {}
+    with ocp.PyTreeCheckpointer() as ckptr:
+        for item in ("params", "state"):
+            path = os.path.join(directory, item)
+            metadata = ckptr.metadata(path)
+            tree = getattr(metadata, "item_metadata", metadata)
+            tree = getattr(tree, "tree", tree)
+            args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+            out[item] = ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+    out["data"] = {}
+    for name in sorted(os.listdir(os.path.join(directory, "data"))):
+        if name.startswith("process_"):
+            with open(os.path.join(directory, "data", name)) as f:
+                out["data"][name] = json.load(f)
+    return out

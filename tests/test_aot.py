@@ -8,18 +8,15 @@ GPUs; two slices join on the data axis; one GPU node; bad input is refused befor
 compiles.
 """
 
-import os
-import subprocess
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import run_python, set_fields
 
 from tfjax import aot, experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = {"data": 1, "fsdp": 2, "tensor": 2}
 
 
@@ -29,23 +26,14 @@ def tiny(spec: str, **overrides):
         config.mesh.update(MESH)
         config.dtype = "bfloat16"
         config.model.scan_layers = True
-        for key, value in overrides.items():
-            target, _, field = key.rpartition(".")
-            (config[target] if target else config)[field] = value
+        set_fields(config, overrides)
     return config
 
 
 def compile_cli(*args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "experiments/compile.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    proc = run_python("experiments/compile.py", *args, timeout=timeout)
     return proc, time.perf_counter() - start
-
-
-@pytest.fixture(scope="module")
-def v5e():
-    return aot.topology_devices("v5e:2x2")
 
 
 @pytest.mark.parametrize("spec", ["vit.py:tiny", "lm.py:tiny", "mlm.py:tiny", "translate.py:tiny"])

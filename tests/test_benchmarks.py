@@ -5,26 +5,14 @@ CPU, most of it JAX compilation and the two runner launches of compile_time's ca
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_python
 
 
 def _run(script, out, *args):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # conftest's 8 host devices are not what a benchmark measures
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--tiny", f"--out={out}", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # Without conftest's 8 host devices: they are not what a benchmark measures.
+    proc = run_python(f"benchmarks/{script}", "--tiny", f"--out={out}", *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out) as f:
         return proc.stdout, json.load(f)

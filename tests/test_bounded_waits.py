@@ -6,62 +6,39 @@ processes (coordinator on 127.0.0.1, gloo CPU collectives, 4 devices each). The 
 generous "it did not hang" checks, not measurements.
 """
 
-import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
 import pytest
+from conftest import (
+    free_port,
+    listed_steps,
+    read_checkpoint,
+    run_command,
+    start_process,
+    wait_for_steps,
+)
 
 from tfjax import checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = os.path.join(ROOT, "experiments", "run.py")
-VIT = os.path.join(ROOT, "configs", "vit.py")
 TIMEOUT_S = 15  # --distributed_timeout and --heartbeat_timeout of these runs
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One data directory for the session: embedded datasets are prepared on first use."""
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
-
-
-@pytest.fixture(scope="session")
-def env(tmp_path_factory):
-    """Four devices per process; a shared compilation cache makes start-ups quick."""
-    cache = str(tmp_path_factory.getbasetemp() / "jax_cache")
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=ROOT,
-                XLA_FLAGS="--xla_force_host_platform_device_count=4")  # fmt: skip
+def env(runner_env):
+    """Four devices per process (the runner's environment otherwise)."""
+    return dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
 
 
 def two_process_command(workdir, data_dir, overrides):
     """run.py's command for two processes (without --process_id) and the coordinator address."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-    cmd = [sys.executable, RUN, f"--config={VIT}:tiny", f"--workdir={workdir}",
-           f"--config.data_dir={data_dir}", *(f"--config.{k}={v}" for k, v in overrides.items()),
-           f"--coordinator_address={address}", "--num_processes=2",
-           f"--distributed_timeout={TIMEOUT_S}", f"--heartbeat_timeout={TIMEOUT_S}"]  # fmt: skip
+    address = f"127.0.0.1:{free_port()}"
+    cmd = [*run_command(workdir, data_dir, overrides), f"--coordinator_address={address}",
+           "--num_processes=2", f"--distributed_timeout={TIMEOUT_S}",
+           f"--heartbeat_timeout={TIMEOUT_S}"]  # fmt: skip
     return cmd, address
-
-
-def start(cmd, process_id, env):
-    return subprocess.Popen(
-        [*cmd, f"--process_id={process_id}"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def finish(proc, timeout):
@@ -76,51 +53,9 @@ def finish(proc, timeout):
     return proc.returncode, out, time.time() - begin
 
 
-def wait_for_steps(workdir, n, proc, timeout=240):
-    """Until metrics.jsonl has n lines (train steps logged)."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        if os.path.exists(path):
-            with open(path) as f:
-                if sum(1 for _ in f) >= n:
-                    return
-        time.sleep(0.2)
-    raise AssertionError(f"no {n} steps in {timeout}s")
-
-
-def listed_steps(workdir):
-    manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
-    try:
-        return manager.all_steps()
-    finally:
-        manager.close()
-
-
-def read_checkpoint(workdir, step):
-    """{"state", "data"} of a step as saved (numpy arrays; "params" are read too)."""
-    directory = os.path.join(workdir, "checkpoints", str(step))
-    out = {}
-    with ocp.PyTreeCheckpointer() as ckptr:
-        for item in ("params", "state"):
-            path = os.path.join(directory, item)
-            metadata = ckptr.metadata(path)
-            tree = getattr(metadata, "item_metadata", metadata)
-            tree = getattr(tree, "tree", tree)
-            args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-            out[item] = ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
-    out["data"] = {}
-    for name in sorted(os.listdir(os.path.join(directory, "data"))):
-        if name.startswith("process_"):
-            with open(os.path.join(directory, "data", name)) as f:
-                out["data"][name] = json.load(f)
-    return out
-
-
 def test_a_process_that_never_starts_is_named_and_start_up_ends(data_dir, env, tmp_path):
     cmd, address = two_process_command(str(tmp_path / "run"), data_dir, {})
-    proc = start(cmd, 0, env)  # process 1 of 2 is never started
+    proc = start_process(cmd, 0, env)  # process 1 of 2 is never started
     rc, out, seconds = finish(proc, TIMEOUT_S + 60)
     assert rc != 0, out[-3000:]
     assert (
@@ -139,7 +74,7 @@ def _run_until_step_5_then(signum, data_dir, env, tmp_path):
     overrides = {"num_train_steps": 100000, "log_every": 1, "eval_every": 0,
                  "checkpoint.every": 2, "checkpoint.best_metric": ""}  # fmt: skip
     cmd, _ = two_process_command(workdir, data_dir, overrides)
-    procs = [start(cmd, i, env) for i in range(2)]
+    procs = [start_process(cmd, i, env) for i in range(2)]
     try:
         wait_for_steps(workdir, 5, procs[0])
         procs[1].send_signal(signum)

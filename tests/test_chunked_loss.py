@@ -244,11 +244,6 @@ def test_vit_configs_have_no_chunks_and_need_none():
     experiment.check_config(config)
 
 
-@pytest.fixture(scope="module")
-def v5e():
-    return aot.topology_devices("v5e:2x2")
-
-
 def test_chunked_train_step_compiles_for_v5e_and_needs_less_memory(v5e):
     """The tiny LM with Llama 3's vocabulary (128,256) at T=128, on a (fsdp 2, tensor 2) v5e:2x2
     mesh: with 8 slices the train step compiles, fits, and its peak memory per device is lower

@@ -5,13 +5,9 @@ Page faults are counted (getrusage), never timed. Each case runs in a fresh proc
 setting must come before JAX starts its threads.
 """
 
-import os
-import subprocess
-import sys
+from conftest import plain_env, run_python
 
 from tfjax import host_memory
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A jitted function with a 64 MiB temporary (the barrier keeps XLA from fusing it away) and a
 # 64 MiB output, called 40 times after 50 warm-up calls; prints the setting's answer and the page
@@ -42,12 +38,10 @@ print(answer, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 4
 
 
 def _run(*args, env=None, unset=()):
-    env = {**os.environ, **(env or {})}
-    env.pop("XLA_FLAGS", None)  # one CPU device, as a plain run
+    env = plain_env(**(env or {}))  # one CPU device, as a plain run
     for name in unset:
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-c", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = run_python("-c", *args, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
 

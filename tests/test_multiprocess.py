@@ -3,16 +3,12 @@ to the same losses as one process with 8 devices, and resume cooperatively from 
 checkpoint they wrote together."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
-import pytest
+from conftest import VIT_TINY, free_port, run_command, set_fields, start_process
 
 from tfjax import metrics, train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A constant learning rate, so that stopping at step 3 and extending the run to 6 steps
 # follows the same trajectory as 6 steps straight.
 OVERRIDES = {
@@ -24,42 +20,11 @@ OVERRIDES = {
 }
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One data directory for the session: embedded datasets are prepared on first use."""
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_processes(workdir, data_dir, steps):
-    port = free_port()
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    command = [
-        sys.executable,
-        os.path.join(ROOT, "experiments", "run.py"),
-        "--config=" + os.path.join(ROOT, "configs", "vit.py") + ":tiny",
-        f"--workdir={workdir}",
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        f"--config.data_dir={data_dir}",
-        f"--config.num_train_steps={steps}",
-        *(f"--config.{k}={v}" for k, v in OVERRIDES.items()),
-    ]
-    procs = [
-        subprocess.Popen(
-            [*command, f"--process_id={i}"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
+    command = [*run_command(workdir, data_dir, {"num_train_steps": steps, **OVERRIDES}),
+               f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2"]  # fmt: skip
+    procs = [start_process(command, i, env) for i in range(2)]
     outputs = [p.communicate(timeout=400)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]
@@ -68,11 +33,9 @@ def run_two_processes(workdir, data_dir, steps):
 
 def test_two_processes_match_one_and_resume(data_dir, tmp_path):
     # The reference: this process, 8 devices, the same mesh (data=8), 6 steps straight.
-    config = train.load_config(os.path.join(ROOT, "configs", "vit.py:tiny"))
+    config = train.load_config(VIT_TINY)
     config.update(data_dir=data_dir, num_train_steps=6)
-    for key, value in OVERRIDES.items():
-        group, _, field = key.rpartition(".")
-        (config[group] if group else config)[field] = value
+    set_fields(config, OVERRIDES)
     one = str(tmp_path / "one")
     train.train_and_evaluate(config, one)
 

@@ -33,18 +33,12 @@ import sysconfig
 
 import nbformat
 import pytest
+from conftest import ROOT
 from nbclient import NotebookClient
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK_DIR = os.path.join(ROOT, "notebooks")
 NOTEBOOKS = sorted(f for f in os.listdir(NOTEBOOK_DIR) if f.endswith(".ipynb"))
 COLAB_KERNEL = "tfjax-test-colab"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    # The same folder as tests/test_configs.py uses: embedded datasets are built once a session.
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
 
 
 def _is_tfjax(name):

@@ -8,17 +8,10 @@ import os
 import jax
 import ml_collections
 import pytest
-from conftest import set_fields
+from conftest import ROOT, set_fields
 from jax.profiler import ProfileData
 
 from tfjax import profiling, train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
 
 
 def lm_config(data_dir, **overrides):

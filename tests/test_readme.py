@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 BLOCK_FILE = "readme_block.py"
 

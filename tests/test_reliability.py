@@ -21,15 +21,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from conftest import set_fields
+from conftest import (
+    ROOT,
+    VIT_TINY,
+    free_port,
+    listed_steps,
+    read_checkpoint,
+    run_command,
+    set_fields,
+    start_process,
+    wait_for_steps,
+)
 
 from tfjax import checkpoint, evaluation, experiment, metrics, train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = os.path.join(ROOT, "experiments", "run.py")
-VIT = os.path.join(ROOT, "configs", "vit.py")
 
 # Runs experiments/run.py after replacing tfjax.checkpoint.save with one that SIGKILLs this
 # process as soon as the save of step $KILL_AFTER_SAVE is complete on disk.
@@ -48,58 +53,16 @@ KILL_AFTER_SAVE = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One data directory for the session: embedded datasets are prepared on first use."""
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
-
-
-@pytest.fixture(scope="session")
-def env(tmp_path_factory):
-    """The subprocesses' environment: a shared compilation cache makes restarts quick."""
-    cache = str(tmp_path_factory.getbasetemp() / "jax_cache")
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=ROOT)
-
-
 def vit_config(data_dir, **overrides):
-    config = train.load_config(VIT + ":tiny")
+    config = train.load_config(VIT_TINY)
     config.data_dir = data_dir
     return set_fields(config, overrides)
-
-
-def command(workdir, data_dir, overrides):
-    return [sys.executable, RUN, f"--config={VIT}:tiny", f"--workdir={workdir}",
-            f"--config.data_dir={data_dir}",
-            *(f"--config.{k}={v}" for k, v in overrides.items())]  # fmt: skip
 
 
 def run(cmd, env, timeout=300, **extra_env):
     proc = subprocess.run(cmd, env=dict(env, **extra_env), capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr
-
-
-def read_checkpoint(workdir, step):
-    """{"params", "state", "data"} of a step as saved (numpy arrays, no target needed)."""
-    directory = os.path.join(workdir, "checkpoints", str(step))
-    out = {}
-    with ocp.PyTreeCheckpointer() as ckptr:
-        for item in ("params", "state"):
-            out[item] = _restore_numpy(ckptr, os.path.join(directory, item))
-    out["data"] = {}
-    for name in sorted(os.listdir(os.path.join(directory, "data"))):
-        if name.startswith("process_"):
-            with open(os.path.join(directory, "data", name)) as f:
-                out["data"][name] = json.load(f)
-    return out
-
-
-def _restore_numpy(ckptr, path):
-    metadata = ckptr.metadata(path)
-    tree = getattr(metadata, "item_metadata", metadata)
-    tree = getattr(tree, "tree", tree)
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    return ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
 
 
 def assert_bitwise_equal(a, b):
@@ -118,14 +81,6 @@ def ckpt_config(async_save):
     return ml_collections.ConfigDict(dict(fields, async_save=async_save))
 
 
-def listed_steps(workdir):
-    manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
-    try:
-        return manager.all_steps()
-    finally:
-        manager.close()
-
-
 # ------------------------------------------------------------------ 1. bit-exact resume
 # An epoch of digits is 1498 images: 11.7 steps of 128. Gradient accumulation in 2 parts.
 EXACT = {"batch_size": 128, "num_microbatches": 2, "num_train_steps": 16, "log_every": 1,
@@ -134,9 +89,11 @@ EXACT = {"batch_size": 128, "num_microbatches": 2, "num_train_steps": 16, "log_e
 
 
 @pytest.fixture(scope="module")
-def straight_run(data_dir, env, tmp_path_factory):
+def straight_run(data_dir, runner_env, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("straight"))
-    rc, out = run(command(workdir, data_dir, {**EXACT, "checkpoint.async_save": True}), env)
+    rc, out = run(
+        run_command(workdir, data_dir, {**EXACT, "checkpoint.async_save": True}), runner_env
+    )
     assert rc == 0, out[-3000:]
     return workdir
 
@@ -146,15 +103,15 @@ def straight_run(data_dir, env, tmp_path_factory):
     [(True, 8), (False, 12)],  # mid-epoch 1 (resume crosses the boundary); just after it
     ids=["async-mid-epoch", "sync-after-epoch-boundary"],
 )
-def test_resume_after_sigkill_is_bit_exact(straight_run, data_dir, env, tmp_path, async_save,
-                                           kill_after):  # fmt: skip
+def test_resume_after_sigkill_is_bit_exact(straight_run, data_dir, runner_env, tmp_path,
+                                           async_save, kill_after):  # fmt: skip
     workdir = str(tmp_path / "run")
-    cmd = command(workdir, data_dir, {**EXACT, "checkpoint.async_save": async_save})
-    rc, out = run([sys.executable, "-c", KILL_AFTER_SAVE, *cmd[1:]], env,
+    cmd = run_command(workdir, data_dir, {**EXACT, "checkpoint.async_save": async_save})
+    rc, out = run([sys.executable, "-c", KILL_AFTER_SAVE, *cmd[1:]], runner_env,
                   KILL_AFTER_SAVE=str(kill_after))  # fmt: skip
     assert rc == -signal.SIGKILL, out[-3000:]
     assert max(listed_steps(workdir)) == kill_after
-    rc, out = run(cmd, env)  # the same command again
+    rc, out = run(cmd, runner_env)  # the same command again
     assert rc == 0, out[-3000:]
     assert f"Resumed from {workdir}/checkpoints/{kill_after}" in out
 
@@ -215,14 +172,14 @@ def _check_checkpoints(directory):
     return steps
 
 
-def test_sigkill_during_saves_and_deletions_never_lists_a_partial_checkpoint(env, tmp_path):
+def test_sigkill_during_saves_and_deletions_never_lists_a_partial_checkpoint(runner_env, tmp_path):
     rng = random.Random(0)
     interrupted = 0  # trials that left a half-written or half-deleted step behind
     for trial in range(8):
         directory = str(tmp_path / f"trial{trial}")
         async_save = trial % 2 == 0
         with subprocess.Popen([sys.executable, "-c", SAVE_LOOP, directory, str(int(async_save))],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env=runner_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True) as proc:  # fmt: skip
             assert proc.stdout.readline().strip() == "ready"
             time.sleep(rng.uniform(0.05, 1.5))
@@ -282,25 +239,13 @@ LONG = {"num_train_steps": 100000, "log_every": 1, "eval_every": 0, "checkpoint.
         "checkpoint.best_metric": ""}  # fmt: skip
 
 
-def _wait_for_steps(workdir, n, proc, timeout=240):
-    path = os.path.join(workdir, "metrics.jsonl")
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        if os.path.exists(path):
-            with open(path) as f:
-                if sum(1 for _ in f) >= n:
-                    return
-        time.sleep(0.2)
-    raise AssertionError(f"no {n} steps in {timeout}s")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_finishes_the_step_saves_and_exits(data_dir, env, tmp_path, sig):
+def test_signal_finishes_the_step_saves_and_exits(data_dir, runner_env, tmp_path, sig):
     workdir = str(tmp_path / "run")
-    with subprocess.Popen(command(workdir, data_dir, LONG), env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as proc:  # fmt: skip
-        _wait_for_steps(workdir, 3, proc)
+    cmd = run_command(workdir, data_dir, LONG)
+    with subprocess.Popen(cmd, env=runner_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:  # fmt: skip
+        wait_for_steps(workdir, 3, proc)
         proc.send_signal(sig)
         out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 128 + sig, out[-3000:]
@@ -316,30 +261,17 @@ def test_signal_finishes_the_step_saves_and_exits(data_dir, env, tmp_path, sig):
     assert int(state["state"]["step"]) == step and state["data"]
 
 
-def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data_dir, env, tmp_path):
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data_dir, runner_env,
+                                                                       tmp_path):  # fmt: skip
     """Two local processes (jax.distributed, gloo): JAX's preemption service, reached by every
     process each step, makes both save the same step and stop."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     workdir = str(tmp_path / "run")
-    cmd = [*command(workdir, data_dir, LONG), f"--coordinator_address=127.0.0.1:{port}",
+    cmd = [*run_command(workdir, data_dir, LONG), f"--coordinator_address=127.0.0.1:{free_port()}",
            "--num_processes=2"]  # fmt: skip
-    env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    procs = [
-        subprocess.Popen(
-            [*cmd, f"--process_id={i}"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
+    env = dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    procs = [start_process(cmd, i, env) for i in range(2)]
     try:
-        _wait_for_steps(workdir, 3, procs[0])
+        wait_for_steps(workdir, 3, procs[0])
         procs[1].send_signal(signal.SIGTERM)  # one process only
         outputs = [p.communicate(timeout=180)[0] for p in procs]
     finally:
@@ -467,7 +399,7 @@ def test_skip_mode_stops_after_too_many_skips_in_a_row(data_dir, tmp_path, monke
      ("max_nonfinite_skips", 0, "max_nonfinite_skips must be >= 1, got 0")],
 )  # fmt: skip
 def test_nonfinite_options_are_checked(field, value, message):
-    config = train.load_config(VIT + ":tiny")
+    config = train.load_config(VIT_TINY)
     config[field] = value
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         experiment.check_config(config)
