@@ -2,17 +2,43 @@
 
 Every mask is boolean, True where a query may attend to a key, with shape [B, 1, T, S]
 (broadcastable to [B, N, T, S], the convention of `jax.nn.dot_product_attention` and Flax).
-Combine masks with `combine_masks`, which ANDs them and ignores `None`.
+Combine masks with `combine_masks`, which ANDs them and ignores `None`; `block_mask` builds
+the causal and segment patterns of any block of queries and keys, which the attention kernels
+use chunk by chunk instead of reading a whole [T, S] mask.
 """
 
 import jax.numpy as jnp
 
+# Masked logits get the most negative finite value, as in jax.nn and Flax: a query with every
+# key masked then averages all values uniformly instead of producing NaN.
+MASKED_LOGIT = float(jnp.finfo(jnp.float32).min)
+
+
+def masked_logits(logits, mask):
+    """logits where mask is True, MASKED_LOGIT elsewhere (logits as they are when mask is None)."""
+    return logits if mask is None else jnp.where(mask, logits, MASKED_LOGIT)
+
+
+def block_mask(query_positions, key_positions, *, is_causal=False, segment_ids=None,
+               kv_segment_ids=None):  # fmt: skip
+    """[B|1, 1, T, S] mask of queries at `query_positions` [T] against keys at `key_positions`
+    [S]: a block of a longer sequence, or all of it. None when nothing is masked.
+
+    Args:
+      is_causal: a query attends to keys at its own position and before.
+      segment_ids: [B, T] the queries' ids; kv_segment_ids: [B, S] the keys' ids (see
+        `segment_mask`; segment_ids when None).
+    """
+    causal = None
+    if is_causal:
+        causal = (key_positions[None, :] <= query_positions[:, None])[None, None]
+    same = None if segment_ids is None else segment_mask(segment_ids, kv_segment_ids)
+    return combine_masks(causal, same)
+
 
 def causal_mask(length: int, *, offset=0) -> jnp.ndarray:
     """[1, 1, T, T] lower-triangular mask: query t attends to keys 0..t (+ offset)."""
-    q = jnp.arange(length)[:, None] + offset
-    k = jnp.arange(length)[None, :]
-    return (k <= q)[None, None]
+    return block_mask(jnp.arange(length) + offset, jnp.arange(length), is_causal=True)
 
 
 def padding_mask(query_tokens, key_tokens=None, *, pad_id: int = 0) -> jnp.ndarray:
