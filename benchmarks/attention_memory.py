@@ -39,7 +39,7 @@ def implementations(dtype, log):
     """The implementations that run here; a note for each one that does not."""
     names = ["xla", "chunked"]
     probe = jnp.zeros((1, 8, 1, 64), dtype)
-    reason = attention._cudnn_unsupported_reason(probe, probe, 0.0, jax.default_backend())
+    reason = attention.cudnn_unsupported_reason(probe, probe, 0.0, jax.default_backend())
     if reason is None:
         names.append("cudnn")
     else:

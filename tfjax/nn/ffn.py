@@ -19,9 +19,9 @@ from tfjax.nn import axes
 def gelu(x):
     """Exact (erf) GELU, x * Phi(x), written as PyTorch writes it: 0.5 * x * (1 + erf(x / sqrt 2)).
 
-    jax.nn.gelu(approximate=False) goes through erfc, which XLA's CPU backend evaluates 2.4x
-    slower than erf (forward of a [8, 197, 1536] ViT-S activation: 2.0 vs 0.9 ms); the two
-    differ by at most 5e-7 for standard-normal inputs.
+    Through erf, where jax.nn.gelu(approximate=False) goes through erfc, the costlier of the
+    two to evaluate (README, "What changed the CPU step"). The two differ by at most 5e-7 for
+    standard-normal inputs.
     """
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2**-0.5, x.dtype)))
 
