@@ -52,7 +52,7 @@ def bench(family, spec, *, steps, devices, data_dir):
     config = experiment.load_config(os.path.join(ROOT, spec))
     config.data_dir = data_dir or ""
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
-    data_config = tfjax.data.resolve_config(dict(config.dataset))
+    data_config = tfjax.data.dataset_spec(config)
     if tfjax.data.is_embedded(data_config.name):
         tfjax.data.prepare(data_config.name, data_dir or None)
     loader = tfjax.data.make_loader(data_config, split=data_config.train_split,

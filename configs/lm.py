@@ -61,7 +61,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.dataset = ml_collections.ConfigDict()  # a tfjax.data dataset config (its defaults
     config.dataset.name = "pydoc"  # fill every field not set here; see tfjax.data.catalog)
-    config.dataset.task = "lm"  # the dataset serves "lm" and "mlm"
     config.dataset.seq_len = 128  # T
     config.dataset.packing = True  # several documents per row, with segment ids
     config.data_dir = ""  # prepared datasets; "": $TFJAX_DATA_DIR or ~/tensorflow_datasets

@@ -50,7 +50,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.dataset = ml_collections.ConfigDict()  # a tfjax.data dataset config (its defaults
     config.dataset.name = "pydoc"  # fill every field not set here; see tfjax.data.catalog)
-    config.dataset.task = "mlm"  # the dataset serves "lm" and "mlm"
     config.dataset.seq_len = 128  # T
     config.dataset.packing = True  # several documents per row, with segment ids
     config.dataset.mlm_probability = 0.15  # fraction of tokens picked for prediction

@@ -97,15 +97,15 @@ def test_every_dataset_field_can_be_set_and_unset_ones_take_the_catalog_default(
         given = {k: v for k, v in config.dataset.items() if v is not None}
         defaults = tfjax.data.default_dataset_config(config.dataset.name)
         assert set(config.dataset) == set(defaults) | set(given)  # every field is settable
-        resolved = tfjax.data.resolve_config(dict(config.dataset))
-        assert dict(resolved) == dict(defaults) | given
+        resolved = tfjax.data.dataset_spec(config)
+        assert dict(resolved) == dict(defaults) | given | {"task": config.task}
     config = load(name, "tiny")
     field, value = {"vit": ("image_size", 40), "translate": ("vocab_size", 500)}.get(
         name, ("tokenizer", "sentencepiece")
     )
     assert config.dataset[field] is None  # a field the preset leaves to the catalog
     config.dataset[field] = value  # settable although the config is locked
-    assert tfjax.data.resolve_config(dict(config.dataset))[field] == value
+    assert tfjax.data.dataset_spec(config)[field] == value
 
 
 @pytest.mark.parametrize(

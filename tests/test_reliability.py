@@ -456,7 +456,7 @@ def test_checkpoints_and_tokenizers_load_without_unpickling(tmp_path, data_dir, 
     import tfjax.data
 
     config = train.load_config(os.path.join(ROOT, "configs", "lm.py:tiny"))
-    data_config = tfjax.data.resolve_config(dict(config.dataset))
+    data_config = tfjax.data.dataset_spec(config)
     tfjax.data.prepare(data_config.name, data_dir)
     tokenizer = tfjax.data.get_tokenizer(data_config, data_dir)
     assert tokenizer.decode(tokenizer.encode("hello")) == "hello"
