@@ -74,6 +74,29 @@ def test_masks():
     assert masks.combine_masks(None, None) is None
 
 
+def test_block_masks_tile_the_full_mask():
+    """Blocks of queries and keys (as the chunked kernel and the KV cache build them) give the
+    pieces of the full causal and segment mask; nothing to mask gives None."""
+    segs = jnp.array([[1, 1, 1, 2, 2, 0], [1, 2, 2, 2, 0, 0]])
+    full = masks.combine_masks(masks.segment_mask(segs), masks.causal_mask(6))
+    pos = jnp.arange(6)
+    for q, k in (
+        (slice(0, 6), slice(0, 6)),
+        (slice(2, 5), slice(0, 4)),
+        (slice(4, 6), slice(3, 6)),
+    ):
+        block = masks.block_mask(pos[q], pos[k], is_causal=True, segment_ids=segs[:, q],
+                                 kv_segment_ids=segs[:, k])  # fmt: skip
+        np.testing.assert_array_equal(block, full[:, :, q, k])
+    np.testing.assert_array_equal(masks.block_mask(pos + 2, pos, is_causal=True),
+                                  masks.causal_mask(6, offset=2))  # fmt: skip
+    assert masks.block_mask(pos, pos) is None
+    logits = jnp.ones((1, 1, 6, 6))
+    masked = masks.masked_logits(logits, masks.causal_mask(6))
+    assert masked[0, 0, 0, 1] == masks.MASKED_LOGIT and masked[0, 0, 1, 0] == 1.0
+    assert masks.masked_logits(logits, None) is logits
+
+
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
 def test_mlp_formula(act):
     mlp = tnn.Mlp(mlp_dim=12, activation=act)

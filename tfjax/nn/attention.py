@@ -80,7 +80,7 @@ def _head_groups(num_heads, num_kv_heads):
 
     Grouped heads split N into [K, G], G query heads reading each kv head. Plain multi-head
     attention (K = N) keeps one head axis: the grouped form with G = 1 computes the same, but
-    XLA lays out its [B, K, 1, T, S] operands with extra copies of the weights and their
+    XLA:CPU lays out its [B, K, 1, T, S] operands with extra copies of the weights and their
     gradient (benchmarks/train_step_vs_torch.py).
     """
     if num_kv_heads == num_heads:
@@ -124,8 +124,8 @@ def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, scale):
     # Scale q ([B, T, N, H]), not the [B, N, T, S] logits: fewer multiplies (README, "What
     # changed the CPU step"). As in flax.linen's attention, the product is rounded in q's dtype.
     q = q * jnp.asarray(scale, q.dtype)
-    # The matmuls take head-major operands, [B, *groups, T, H] and [B, K, S, H], rather than
-    # letting XLA fold the [B, T, N, H] layout into them (benchmarks/attention_layouts.py).
+    # The matmuls take head-major operands, [B, *groups, T, H] and [B, N|K, S, H]: XLA:CPU runs
+    # them slower when it folds the [B, T, N, H] layout into them (benchmarks/attention_layouts.py).
     # [B, N|K, S, H]
     kt = jnp.swapaxes(k, 1, 2)
     # [B, N, T, S] or [B, K, G, T, S]
@@ -181,8 +181,8 @@ def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, 
 
 def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
                        dropout_rate, dropout_rng, chunk_size):  # fmt: skip
-    """The chunked kernel (tfjax.nn.chunked) on [B, T, N, H] queries, which it takes grouped by
-    kv head, G = 1 included."""
+    """The chunked kernel (tfjax.nn.chunked) on [B, T, N, H] queries; its einsums take them
+    grouped by kv head, [B, K, G, T, H], G = 1 included."""
     n, kh = q.shape[2], k.shape[2]
     groups = (kh, n // kh)
     # [B, K, G, T, H]
@@ -281,9 +281,10 @@ def _unavailable_reason(implementation, q, k, mask, bias, dropout_rate, platform
     if implementation == "cudnn":
         return cudnn_unsupported_reason(q, k, dropout_rate, platform)
     if implementation == "splash":
-        if platform == "gpu":
-            return "it is a TPU kernel and the target is a GPU"
-        return splash.unsupported_reason(mask=mask, bias=bias, dropout_rate=dropout_rate)
+        reason = splash.unsupported_reason(mask=mask, bias=bias, dropout_rate=dropout_rate)
+        if reason is None and platform == "gpu":
+            reason = "it is a TPU kernel and the target is a GPU"
+        return reason
     return None
 
 
@@ -558,8 +559,8 @@ class MultiHeadAttention(nn.Module):
             self.param_dtype,
         )
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-        # A 2-D matmul with the kernel seen as [D, E] (a free reshape): on the 3-D kernel, XLA
-        # adds a transposed copy of it to each step (README, "What changed the CPU step").
+        # A 2-D matmul with the kernel seen as [D, E] (a free reshape): on the 3-D kernel,
+        # XLA:CPU adds a transposed copy of it to each step (README, "What changed the CPU step").
         # [B, T, E]
         y = jnp.einsum("btd,de->bte", x, kernel.reshape(d, heads * head_dim))
         # [B, T, N|K, H]
