@@ -159,8 +159,12 @@ def test_finished_sequences_are_padded_and_stop_scoring():
 def test_bad_options_name_themselves(gpt):
     model, params = gpt
     kw = dict(max_new_tokens=4, eos_id=EOS)
+    # A learned position table ends at max_len (RoPE models, like `gpt`, go past it, as
+    # dynamic RoPE scaling needs; tests/test_interop.py).
+    learned = decoder.Model(variant="tiny", vocab_size=V)
+    learned_params = learned.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
     with pytest.raises(ValueError, match="exceeds the model's max_len=256"):
-        decode.generate(model, params, PROMPTS, max_new_tokens=300, eos_id=EOS)
+        decode.generate(learned, learned_params, PROMPTS, max_new_tokens=300, eos_id=EOS)
     with pytest.raises(ValueError, match="row 1 is empty"):
         decode.generate(model, params, jnp.array([[5, 6], [0, 0]]), **kw)
     with pytest.raises(ValueError, match="token id 99, outside the vocabulary"):

@@ -100,6 +100,53 @@ def llama(tmp_path_factory):
     return ref, _save(ref, tmp_path_factory.mktemp("llama"))
 
 
+# Llama 3.x and the other RoPE scalings on the llama fixture's shapes (head_dim 8, base 500:
+# wavelengths 6, 30, 140 and 664 positions), each set so its scaling changes the numbers of the
+# tests' 10 to 17 positions: dynamic grows past max_position_embeddings=8.
+LLAMA_ROPES = {
+    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, 48, True),
+    "llama_yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 12},
+                   48, False),
+    "llama_dynamic": ({"rope_type": "dynamic", "factor": 2.0}, 8, False),
+    "llama_linear": ({"rope_type": "linear", "factor": 2.0}, 48, False),
+}  # fmt: skip
+
+
+def _llama_rope_fixture(name):
+    """A Llama with a RoPE scaling (llama3's head tied to the embeddings, as Llama 3.2 1B)."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(tmp_path_factory):
+        rope, max_len, tied = LLAMA_ROPES[name]
+        torch.manual_seed(5)
+        config = transformers.LlamaConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=V,
+            max_position_embeddings=max_len,
+            rms_norm_eps=1e-5,
+            rope_parameters={**rope, "rope_theta": 500.0},
+            tie_word_embeddings=tied,
+            initializer_range=0.2,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        ref = transformers.LlamaForCausalLM(config).eval()
+        return ref, _save(ref, tmp_path_factory.mktemp(name))
+
+    return fixture
+
+
+for _name in LLAMA_ROPES:
+    globals()[f"_fixture_{_name}"] = _llama_rope_fixture(_name)
+ROPE_FAMILIES = sorted(LLAMA_ROPES)
+
+
 def _bert_config():
     return transformers.BertConfig(
         hidden_size=32,
@@ -202,7 +249,7 @@ def _padded_batch():
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", *ROPE_FAMILIES])
 def test_decoder_logits_match_reference(family, scan_layers, request):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path, scan_layers=scan_layers)
@@ -240,7 +287,7 @@ def _until_eos(row, eos):
     return row[: row.index(eos) + 1] if eos in row else row
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", *ROPE_FAMILIES])
 def test_decoder_greedy_generation_matches_reference(family, request):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path)
@@ -257,6 +304,27 @@ def test_decoder_greedy_generation_matches_reference(family, request):
         assert list(row_got[: len(expected)]) == expected
         assert (row_got[len(expected) :] == 0).all()  # tfjax pads after EOS with 0
     assert eos in got[0]
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("family", ["llama", *ROPE_FAMILIES])
+def test_decoder_greedy_generation_of_right_padded_prompts(family, scan_layers, request):
+    """Prompts of 5, 2 and 4 tokens in one right-padded batch, with the KV cache: each row's
+    continuation is the reference's for that prompt alone."""
+    ref, path = request.getfixturevalue(family)
+    model, params = interop.load(path, scan_layers=scan_layers)
+    prompts, max_new = _tokens((3, 5), seed=11), 9
+    lengths = (5, 2, 4)
+    for row, n in enumerate(lengths):
+        prompts[row, n:] = 0
+    want = [_greedy_reference(ref, prompts[r : r + 1, :n], max_new, eos=V + 5)[0]
+            for r, n in enumerate(lengths)]  # fmt: skip
+    eos = min(
+        set(range(3, V)) - set(np.concatenate(want).tolist())
+    )  # never emitted: all 9 compared
+    got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
+    for row, n in enumerate(lengths):
+        assert list(np.asarray(got)[row]) == list(want[row]), (row, n)
 
 
 def test_gpt2_from_state_dict_and_torch_bin(gpt2, tmp_path):
@@ -663,7 +731,8 @@ def test_torch_transformer_round_trip_is_bitwise(tmp_path):
 
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize(
-    "family", ["gpt2", "llama", "bert_mlm", "bert_cls", "hf_vit", "marian", "marian_untied"]
+    "family",
+    ["gpt2", "llama", *ROPE_FAMILIES, "bert_mlm", "bert_cls", "hf_vit", "marian", "marian_untied"],
 )
 def test_round_trip_through_safetensors_is_bitwise(family, scan_layers, request, tmp_path):
     _, path = request.getfixturevalue(family)
@@ -689,7 +758,7 @@ def _fields(module):
     }
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bert_cls"])
+@pytest.mark.parametrize("family", ["gpt2", "bert_cls", *ROPE_FAMILIES])
 def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path)
@@ -783,13 +852,33 @@ def test_unknown_architecture(tmp_path, gpt2):
         ("gpt2", {"n_layer": None}, r"GPT2LMHeadModel: the config has no 'n_layer'"),
         (
             "llama",
-            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0}},
-            r"rope_parameters\.rope_type='llama3' is not supported \(needs 'default'\)",
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 500.0}},
+            r"LlamaForCausalLM: rope_type='longrope' is not supported; allowed: \('default', "
+            r"'linear', 'dynamic', 'llama3', 'yarn'\)",
         ),
         (
             "llama",
-            {"rope_scaling": {"type": "linear", "factor": 2.0}},
-            r"rope_scaling\.type='linear' is not supported \(needs 'default'\)",
+            {"rope_scaling": {"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}},
+            r"rope_type='linear' with \['low_freq_factor'\] is not supported; it reads "
+            r"\('factor',\)",
+        ),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500.0}},
+            r"rope_type='llama3' needs original_max_position_embeddings",
+        ),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+            r"partial_rotary_factor=0\.5 is not supported \(needs 1\.0\)",
+        ),
+        (
+            "llama",
+            {
+                "rope_parameters": {"rope_type": "linear", "factor": 2.0},
+                "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+            },
+            r"rope_parameters=.* differs from rope_scaling=",
         ),
         (
             "llama",

@@ -467,7 +467,8 @@ class Field:
     # (the field's other keys or the family's defaults decide); a callable gets the fields so far
     values: Mapping | None = None  # config value -> field value, the only values supported;
     # save writes the first config value that maps to the model's
-    to_model: Callable | None = None  # config value -> field value (after `values`)
+    to_model: Callable | None = None  # (config value, fields read so far) -> field value (after
+    # `values`); a ValueError it raises is a refusal (the family's name is put before it)
     to_config: Callable | None = None  # field value -> config value (after `values`)
     why: str = ""  # added to a refusal
     read: bool = True  # False: written by save, not read (a rate tfjax does not keep apart)
@@ -564,7 +565,10 @@ def model_fields(family: Family, config) -> dict:
                 )
             value = entry.values[value]
         if entry.to_model is not None:
-            value = entry.to_model(value)
+            try:
+                value = entry.to_model(value, fields)
+            except ValueError as e:
+                raise ValueError(f"{what}: {e}") from None
         name = entry.field
         if name in fields and fields[name] != value:
             raise ValueError(
@@ -669,7 +673,9 @@ def _label2id(n: int) -> dict:
 
 # num_classes <-> id2label / label2id; num_labels is read when id2label is absent.
 LABELS = (
-    Field("id2label", "num_classes", None, to_model=len, to_config=_id2label),
+    Field(
+        "id2label", "num_classes", None, to_model=lambda labels, _: len(labels), to_config=_id2label
+    ),
     Field("label2id", "num_classes", None, read=False, to_config=_label2id),
     Field("num_labels", "num_classes", None, write=False),
 )

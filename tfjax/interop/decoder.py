@@ -19,9 +19,12 @@ Key mapping, layer i (GPT-2 under "transformer.", Llama under "model."):
 Both use RoPE's rotate-half layout, so no permutation of q/k rows is needed for Llama.
 """
 
+import math
+
 from tfjax.interop import core
 from tfjax.interop.core import Field, Fixed
 from tfjax.models import decoder
+from tfjax.nn import position
 
 GPT2_ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
@@ -169,6 +172,78 @@ def llama_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
     return rules
 
 
+ROPE_TYPES = ("default", *position.SCALING_KINDS)
+# The keys each rope_type reads beyond rope_type and rope_theta; any other key is refused, so a
+# scaling transformers adds later is never read as a different one.
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+}  # fmt: skip
+ROPE_FIELDS = {  # config key -> RopeScaling field
+    "factor": "factor",
+    "original_max_position_embeddings": "original_length",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+    "attention_factor": "attention_factor",
+    "truncate": "truncate",
+}
+
+
+def _rope_scaling(params: dict, fields) -> position.RopeScaling | None:
+    """rope_parameters (or the older rope_scaling) -> RopeScaling, None for "default"."""
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_type={kind!r} is not supported; allowed: {ROPE_TYPES}")
+    given = {k: v for k, v in params.items() if v is not None}
+    unknown = sorted(set(given) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]})
+    partial = given.pop("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial!r} is not supported (needs 1.0)")
+    unknown = [k for k in unknown if k != "partial_rotary_factor"]
+    if unknown:
+        raise ValueError(
+            f"rope_type={kind!r} with {unknown} is not supported; it reads {ROPE_KEYS[kind]}"
+        )
+    if kind == "default":
+        return None
+    scaling = {ROPE_FIELDS[k]: v for k, v in given.items() if k in ROPE_FIELDS}
+    if kind in ("linear", "dynamic"):  # dynamic grows past max_position_embeddings (as HF)
+        scaling["original_length"] = fields["max_len"]
+    elif "original_length" not in scaling:
+        raise ValueError(f"rope_type={kind!r} needs original_max_position_embeddings")
+    if kind == "yarn":
+        scaling.setdefault("factor", fields["max_len"] / scaling["original_length"])
+        mscale, mscale_all = given.get("mscale"), given.get("mscale_all_dim")
+        if scaling.get("attention_factor") is None and mscale and mscale_all:
+            scaling["attention_factor"] = _yarn_mscale(scaling["factor"], mscale) / _yarn_mscale(
+                scaling["factor"], mscale_all
+            )
+    if "factor" not in scaling:
+        raise ValueError(f"rope_type={kind!r} needs factor")
+    return position.RopeScaling(kind, **scaling)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _rope_parameters(scaling: position.RopeScaling | None) -> dict:
+    """RopeScaling -> the rope_parameters keys of its kind (rope_theta is written apart)."""
+    if scaling is None:
+        return {"rope_type": "default"}
+    out = {"rope_type": scaling.kind}
+    for key in ROPE_KEYS[scaling.kind]:
+        if key in ROPE_FIELDS and getattr(scaling, ROPE_FIELDS[key]) is not None:
+            out[key] = getattr(scaling, ROPE_FIELDS[key])
+    return out
+
+
 def _head_dim(fields) -> int:
     """hidden_size / num_attention_heads, the only head_dim tfjax's decoder has."""
     width, heads = fields["width"], fields["num_heads"]
@@ -195,12 +270,18 @@ LLAMA = core.Family(
         Field("max_position_embeddings", "max_len", 2048),
         Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
         Field("rms_norm_eps", "norm_eps", 1e-6),
-        # transformers 5 writes rope_parameters; older configs, and older readers, rope_theta.
+        # transformers 5 writes rope_parameters (the scaling first: it writes the whole dict);
+        # older configs, and older readers, rope_theta and rope_scaling.
+        Field(
+            "rope_parameters",
+            "rope_scaling",
+            None,
+            to_model=_rope_scaling,
+            to_config=_rope_parameters,
+        ),
+        Field("rope_scaling", "rope_scaling", None, to_model=_rope_scaling, write=False),
         Field("rope_parameters.rope_theta", "rope_base", None),
         Field("rope_theta", "rope_base", None),
-        Fixed("rope_parameters.rope_type", "default"),
-        Fixed("rope_scaling.rope_type", "default", write=False),
-        Fixed("rope_scaling.type", "default", write=False),
         Field("attention_bias", "use_bias", False),
         Field("mlp_bias", "use_bias", False),
         Field("attention_dropout", "attention_dropout_rate", 0.0),

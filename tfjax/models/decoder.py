@@ -67,14 +67,18 @@ class Decoder(nn.Module):
     num_layers: int = 12  # L
     num_heads: int = 12  # N
     num_kv_heads: int | None = None  # K; num_heads when None
+    head_dim: int | None = None  # H; width // num_heads when None (Qwen 3: larger)
     mlp_dim: int | None = None  # 4 * width when None
-    max_len: int = 1024  # context length (size of a learned position table)
+    max_len: int = 1024  # context length (the size of a learned position table; else nominal)
     position: str = "learned"  # "learned", "sinusoidal", "rope" or "alibi"
     rope_base: float = 10_000.0  # RoPE wavelength base
+    rope_scaling: tnn.position.RopeScaling | None = None  # RoPE past the training length
     activation: str = "gelu_tanh"  # GPT-2's GELU approximation
     norm: str = "layer"  # "layer" or "rms"
     norm_eps: float = 1e-5  # GPT-2's LayerNorm epsilon
     use_bias: bool = True  # biases in attention and FFN
+    qkv_bias: bool | None = None  # biases on Q, K, V only (Qwen 2); use_bias when None
+    qk_norm: bool = False  # RMSNorm of each query and key head over H (Qwen 3)
     tie_embeddings: bool = True  # output projection = token embeddings^T
     dropout_rate: float = 0.1  # embeddings and residual sub-layers (GPT-2: 0.1)
     attention_dropout_rate: float = 0.0  # on attention weights
@@ -131,8 +135,8 @@ class Decoder(nn.Module):
         """
         check_tokens(tokens, "tokens")
         t = tokens.shape[1]
-        if t > self.max_len:
-            raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
+        if self.position == "learned" and t > self.max_len:  # past the table's last row
+            raise ValueError(f"tokens are {t} long; max_len={self.max_len} (position='learned')")
         init = nn.initializers.normal(self.init_stddev)
         embed = self.embed
         if positions is None:
@@ -154,6 +158,7 @@ class Decoder(nn.Module):
         block = tnn.Block(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
             mlp_dim=self.mlp_dim or 4 * self.width,
             activation=self.activation,
             norm=self.norm,
@@ -163,8 +168,11 @@ class Decoder(nn.Module):
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
             use_bias=self.use_bias,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
             position=self.position if self.position in ("rope", "alibi") else None,
             rope_base=self.rope_base,
+            rope_scaling=self.rope_scaling,
             implementation=self.implementation,
             kernel_init=init,
             dtype=self.dtype,

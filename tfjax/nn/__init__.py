@@ -2,11 +2,19 @@
 
 from tfjax.nn import axes, masks, position
 from tfjax.nn.attention import MultiHeadAttention, attention_weights, dot_product_attention
-from tfjax.nn.blocks import Block, Stack, make_norm, scanned_to_unrolled, unrolled_to_scanned
+from tfjax.nn.blocks import Block, Stack, scanned_to_unrolled, unrolled_to_scanned
 from tfjax.nn.embed import Embed
 from tfjax.nn.ffn import GatedMlp, Mlp, gelu, make_mlp
 from tfjax.nn.masks import causal_mask, combine_masks, padding_mask, segment_mask
-from tfjax.nn.position import LearnedPositions, alibi_bias, rope, sincos_2d, sinusoidal
+from tfjax.nn.norms import make_norm
+from tfjax.nn.position import (
+    LearnedPositions,
+    RopeScaling,
+    alibi_bias,
+    rope,
+    sincos_2d,
+    sinusoidal,
+)
 
 __all__ = [
     "Block",
@@ -15,6 +23,7 @@ __all__ = [
     "LearnedPositions",
     "Mlp",
     "MultiHeadAttention",
+    "RopeScaling",
     "Stack",
     "alibi_bias",
     "attention_weights",

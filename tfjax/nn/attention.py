@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from tfjax.nn import axes, chunked, masks, position, splash
+from tfjax.nn.norms import make_norm
+from tfjax.nn.position import RopeScaling
 
 IMPLEMENTATIONS = ("xla", "cudnn", "splash", "chunked")
 # With implementation=None, key lengths from here on use "chunked" (when no fused kernel
@@ -436,9 +438,15 @@ class MultiHeadAttention(nn.Module):
     head_dim: int | None = None  # H; width // num_heads when None
     out_features: int | None = None  # output width; the input width when None
     use_bias: bool = True  # biases on the Q, K, V and output projections
+    qkv_bias: bool | None = (
+        None  # biases on Q, K, V (Qwen 2: not on the output); use_bias when None
+    )
+    qk_norm: bool = False  # RMSNorm of each query and key head over H, before RoPE (Qwen 3)
+    norm_eps: float = 1e-6  # qk_norm's epsilon
     dropout_rate: float = 0.0  # dropout on the attention weights
     position: str | None = None  # None, "rope" or "alibi" (self-attention only)
     rope_base: float = 10_000.0  # RoPE wavelength base
+    rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
     implementation: str | None = None  # see dot_product_attention
     kernel_init: Callable = default_kernel_init  # for all four projections
     dtype: Any = None  # compute dtype; the input's when None
@@ -544,10 +552,20 @@ class MultiHeadAttention(nn.Module):
         k = self._project("key", context, kh, h, axes.KV_HEADS)
         v = self._project("value", context, kh, h, axes.KV_HEADS)
         q = nn.with_logical_constraint(q, (axes.BATCH, axes.LENGTH, axes.ACT_HEADS, None))
+        if self.qk_norm:
+            q, k = self._head_norm("query_norm")(q), self._head_norm("key_norm")(k)
         if rope_positions is not None and self.position == "rope":
-            q = position.rope(q, rope_positions, base=self.rope_base)
-            k = position.rope(k, rope_positions, base=self.rope_base)
+            rotate = functools.partial(
+                position.rope, positions=rope_positions, base=self.rope_base,
+                scaling=self.rope_scaling,
+            )  # fmt: skip
+            q, k = rotate(q), rotate(k)
         return q, k, v
+
+    def _head_norm(self, name):
+        """RMSNorm over H with one scale [H] shared by all heads."""
+        return make_norm("rms", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
+                         name=name, axis_name=axes.HEAD_DIM)  # fmt: skip
 
     def _project(self, name, x, heads, head_dim, head_axis):
         """[B, T, D] -> [B, T, heads, head_dim] by the `{name}_kernel` [D, heads, head_dim]."""
@@ -565,7 +583,7 @@ class MultiHeadAttention(nn.Module):
         y = jnp.einsum("btd,de->bte", x, kernel.reshape(d, heads * head_dim))
         # [B, T, N|K, H]
         y = y.reshape(*x.shape[:2], heads, head_dim)
-        if self.use_bias:
+        if self.use_bias if self.qkv_bias is None else self.qkv_bias:
             b = self.param(
                 f"{name}_bias",
                 nn.with_logical_partitioning(nn.initializers.zeros, (head_axis, axes.HEAD_DIM)),

@@ -25,8 +25,9 @@ from tfjax.nn import axes
 from tfjax.nn.attention import MultiHeadAttention
 from tfjax.nn.attention import default_kernel_init as _attention_init
 from tfjax.nn.ffn import ALL_ACTIVATIONS, make_mlp
+from tfjax.nn.norms import NORMS, make_norm
+from tfjax.nn.position import RopeScaling
 
-NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 LAYER_INPUT = "layer_input"  # checkpoint_name of each block's input, the residual stream
 # What the backward pass of each layer finds saved from its forward pass; everything else is
@@ -56,26 +57,6 @@ REMAT_POLICIES = {
 }
 
 
-def make_norm(kind: str, *, eps: float, dtype, param_dtype, name: str) -> nn.Module:
-    """LayerNorm (scale and bias) or RMSNorm (scale only) with logically named parameters."""
-    scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axes.NORM,))
-    if kind == "layer":
-        bias_init = nn.with_logical_partitioning(nn.initializers.zeros, (axes.NORM,))
-        return nn.LayerNorm(
-            epsilon=eps,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            name=name,
-            scale_init=scale_init,
-            bias_init=bias_init,
-        )
-    if kind == "rms":
-        return nn.RMSNorm(
-            epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=scale_init
-        )
-    raise ValueError(f"norm={kind!r} is unknown; allowed: {NORMS}")
-
-
 class Block(nn.Module):
     """One Transformer layer: self-attention, optional cross-attention, FFN."""
 
@@ -93,8 +74,11 @@ class Block(nn.Module):
     attention_dropout_rate: float = 0.0  # dropout on the attention weights
     mlp_dropout_rate: float = 0.0  # dropout on the FFN's hidden activations
     use_bias: bool = True  # biases in attention and FFN projections
+    qkv_bias: bool | None = None  # biases on Q, K, V only (Qwen 2); use_bias when None
+    qk_norm: bool = False  # RMSNorm of each query and key head (Qwen 3)
     position: str | None = None  # None, "rope" or "alibi" in self-attention
     rope_base: float = 10_000.0  # RoPE wavelength base
+    rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
     implementation: str | None = None  # attention backend; see dot_product_attention
     kernel_init: Callable = _attention_init  # every projection's kernel
     dtype: Any = None  # compute dtype; the input's when None
@@ -121,9 +105,13 @@ class Block(nn.Module):
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             use_bias=self.use_bias,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            norm_eps=self.norm_eps,
             dropout_rate=self.attention_dropout_rate,
             position=position,
             rope_base=self.rope_base,
+            rope_scaling=self.rope_scaling,
             implementation=self.implementation,
             kernel_init=self.kernel_init,
             dtype=self.dtype,
