@@ -147,6 +147,54 @@ for _name in LLAMA_ROPES:
 ROPE_FAMILIES = sorted(LLAMA_ROPES)
 
 
+def _small_decoder_config(cls, **changes):
+    """The llama fixture's sizes in another family's config class."""
+    return cls(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        max_position_embeddings=48,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **changes,
+    )
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    """Qwen 2.5: biases on q, k, v (random, so a missing one would show), untied head."""
+    torch.manual_seed(6)
+    ref = transformers.Qwen2ForCausalLM(_small_decoder_config(transformers.Qwen2Config)).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+    return ref, _save(ref, tmp_path_factory.mktemp("qwen2"))
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """Qwen 3: q/k norms (random scales), head_dim 16 != 32 / 4, tied head (as Qwen3-0.6B)."""
+    torch.manual_seed(7)
+    config = _small_decoder_config(transformers.Qwen3Config, head_dim=16, tie_word_embeddings=True)
+    ref = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+    return ref, _save(ref, tmp_path_factory.mktemp("qwen3"))
+
+
+DECODERS = ["gpt2", "llama", *ROPE_FAMILIES, "qwen2", "qwen3"]
+
+
 def _bert_config():
     return transformers.BertConfig(
         hidden_size=32,
@@ -249,7 +297,7 @@ def _padded_batch():
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("family", ["gpt2", "llama", *ROPE_FAMILIES])
+@pytest.mark.parametrize("family", DECODERS)
 def test_decoder_logits_match_reference(family, scan_layers, request):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path, scan_layers=scan_layers)
@@ -287,7 +335,7 @@ def _until_eos(row, eos):
     return row[: row.index(eos) + 1] if eos in row else row
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", *ROPE_FAMILIES])
+@pytest.mark.parametrize("family", DECODERS)
 def test_decoder_greedy_generation_matches_reference(family, request):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path)
@@ -307,7 +355,7 @@ def test_decoder_greedy_generation_matches_reference(family, request):
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("family", ["llama", *ROPE_FAMILIES])
+@pytest.mark.parametrize("family", DECODERS[1:])
 def test_decoder_greedy_generation_of_right_padded_prompts(family, scan_layers, request):
     """Prompts of 5, 2 and 4 tokens in one right-padded batch, with the KV cache: each row's
     continuation is the reference's for that prompt alone."""
@@ -732,7 +780,7 @@ def test_torch_transformer_round_trip_is_bitwise(tmp_path):
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize(
     "family",
-    ["gpt2", "llama", *ROPE_FAMILIES, "bert_mlm", "bert_cls", "hf_vit", "marian", "marian_untied"],
+    [*DECODERS, "bert_mlm", "bert_cls", "hf_vit", "marian", "marian_untied"],
 )
 def test_round_trip_through_safetensors_is_bitwise(family, scan_layers, request, tmp_path):
     _, path = request.getfixturevalue(family)
@@ -758,16 +806,19 @@ def _fields(module):
     }
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bert_cls", *ROPE_FAMILIES])
+@pytest.mark.parametrize("family", [*DECODERS, "bert_cls"])
 def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path)
     interop.save(model, params, tmp_path)
     _quiet()
     again = type(ref).from_pretrained(tmp_path).eval()
+    # A fresh copy of the reference: dynamic RoPE keeps the longest length it has seen (the
+    # generation tests reach 17 > max_position_embeddings) and would use its frequencies here.
+    original = type(ref).from_pretrained(path).eval()
     tokens = _tokens((2, 9))
     with torch.no_grad():
-        want = ref(torch.tensor(tokens)).logits.numpy()
+        want = original(torch.tensor(tokens)).logits.numpy()
         got = again(torch.tensor(tokens)).logits.numpy()
     np.testing.assert_array_equal(got, want)
 
@@ -800,6 +851,10 @@ def test_llama_config_with_wrong_kv_heads(llama):
     config = interop.read_config(path)
     config["num_key_value_heads"] = 4
     with pytest.raises(ValueError, match=r"k_proj\.weight' in .*has shape \(16, 32\).*\(32, 32\)"):
+        interop.from_llama(path, config)
+    config = interop.read_config(path)
+    config["head_dim"] = 16  # a head_dim the weights do not have
+    with pytest.raises(ValueError, match=r"q_proj\.weight' in .*has shape \(32, 32\).*\(64, 32\)"):
         interop.from_llama(path, config)
 
 
@@ -885,8 +940,17 @@ def test_unknown_architecture(tmp_path, gpt2):
             {"hidden_act": "relu"},
             r"hidden_act='relu' is not supported; allowed: \('silu', 'swish', 'gelu'\)",
         ),
-        ("llama", {"head_dim": 16}, r"head_dim=16 is not supported \(needs 8\)"),
         ("llama", {"attention_bias": True}, r"attention_bias=True differs from mlp_bias=False"),
+        (
+            "qwen2",
+            {"use_sliding_window": True, "sliding_window": 4},
+            r"Qwen2ForCausalLM: use_sliding_window=True is not supported \(needs False\)",
+        ),
+        (
+            "qwen3",
+            {"layer_types": ["full_attention", "sliding_attention"]},
+            r"layer_types=\['full_attention', 'sliding_attention'\] is not supported",
+        ),
         ("llama", {"pretraining_tp": 2}, r"pretraining_tp=2 is not supported \(needs 1\)"),
         (
             "bert_mlm",

@@ -5,20 +5,23 @@
     logits, aux = model.apply({"params": params}, tokens)
     interop.save(model, params, "path/to/out")           # model.safetensors + config.json
 
-`load` picks the converter from the config's "architectures": GPT2LMHeadModel,
-LlamaForCausalLM, BertForMaskedLM, BertForSequenceClassification, ViTForImageClassification,
-MarianMTModel. Each family module also converts a state dict plus a config
-(`decoder.from_gpt2(state, cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2,
-LLAMA, BERT_MLM, BERT_CLASSIFIER, HF_VIT, MARIAN): one table of config.json keys <-> model
-fields and one function of key rules, which import and export both read. Every converter
-checks every key and shape before returning: nothing is loaded half-way. Parameters come
-back as the plain "params" collection, stacked when the model has `scan_layers=True`.
+`load` picks the converter from the config's "architectures" (the keys of ARCHITECTURES).
+Each family module also converts a state dict plus a config (`decoder.from_gpt2(state,
+cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2, LLAMA, QWEN2, QWEN3,
+BERT_MLM, BERT_CLASSIFIER, HF_VIT, MARIAN): one table of config.json keys <-> model fields
+and one function of key rules, which import and export both read. Every converter checks
+every key and shape before returning: nothing is loaded half-way. Parameters come back as
+the plain "params" collection, stacked when the model has `scan_layers=True`.
 
 What loads (every row also exports, `to_*`, and round trips bit for bit):
 
   source                                  import             tfjax model
   GPT-2 (GPT2LMHeadModel)                 from_gpt2          models.decoder (learned pos.)
-  Llama (LlamaForCausalLM)                from_llama         models.decoder (RoPE, SwiGLU)
+  Llama 1-3.x (LlamaForCausalLM)          from_llama         models.decoder (RoPE, SwiGLU;
+                                                             rope_scaling: llama3, linear,
+                                                             dynamic, yarn)
+  Qwen 2 / 2.5 (Qwen2ForCausalLM)         from_qwen2         models.decoder (qkv_bias)
+  Qwen 3 (Qwen3ForCausalLM)               from_qwen3         models.decoder (qk_norm, head_dim)
   BERT (BertForMaskedLM, ...Classif.)     from_bert          models.encoder (mlm / classifier)
   ViT (HF ViTForImageClassification)      from_hf_vit        models.vit
   ViT (timm state dict; export: none)     from_timm_vit      models.vit
@@ -37,7 +40,16 @@ import os
 from tfjax.interop import attention, core, decoder, encoder, transformer, vit
 from tfjax.interop.attention import from_torch_mha, to_torch_mha
 from tfjax.interop.core import read_config, read_state_dict, write_safetensors
-from tfjax.interop.decoder import from_gpt2, from_llama, to_gpt2, to_llama
+from tfjax.interop.decoder import (
+    from_gpt2,
+    from_llama,
+    from_qwen2,
+    from_qwen3,
+    to_gpt2,
+    to_llama,
+    to_qwen2,
+    to_qwen3,
+)
 from tfjax.interop.encoder import from_bert, to_bert
 from tfjax.interop.transformer import (
     from_marian,
@@ -57,6 +69,8 @@ from tfjax.models import vit as _vit
 ARCHITECTURES = {
     "GPT2LMHeadModel": from_gpt2,
     "LlamaForCausalLM": from_llama,
+    "Qwen2ForCausalLM": from_qwen2,
+    "Qwen3ForCausalLM": from_qwen3,
     "BertForMaskedLM": functools.partial(from_bert, head="mlm"),
     "BertForSequenceClassification": functools.partial(from_bert, head="classifier"),
     "ViTForImageClassification": from_hf_vit,
@@ -83,7 +97,7 @@ def load(directory, **overrides):
 def export(model, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
     if isinstance(model, _decoder.Decoder):
-        return (to_gpt2 if model.position == "learned" else to_llama)(model, params)
+        return decoder.exporter(model)(model, params)
     if isinstance(model, _encoder.Encoder):
         return to_bert(model, params)
     if isinstance(model, _vit.VisionTransformer):
@@ -114,6 +128,8 @@ __all__ = [
     "from_gpt2",
     "from_hf_vit",
     "from_llama",
+    "from_qwen2",
+    "from_qwen3",
     "from_marian",
     "from_timm_vit",
     "from_torch_mha",
@@ -130,6 +146,8 @@ __all__ = [
     "to_gpt2",
     "to_hf_vit",
     "to_llama",
+    "to_qwen2",
+    "to_qwen3",
     "to_marian",
     "to_torch_mha",
     "to_torch_transformer",

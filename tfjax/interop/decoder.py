@@ -44,11 +44,12 @@ def _tied_head(embedding: str):
     return tied
 
 
-def _spelled_out(model: decoder.Decoder) -> decoder.Decoder:
+def spelled_out(model: decoder.Decoder) -> decoder.Decoder:
     """The model with its None sizes as the numbers they mean (a config holds numbers)."""
     return model.clone(
         mlp_dim=model.mlp_dim or 4 * model.width,
         num_kv_heads=model.num_kv_heads or model.num_heads,
+        head_dim=model.head_dim or model.width // model.num_heads,
     )
 
 
@@ -114,7 +115,13 @@ GPT2 = core.Family(
     rules=gpt2_rules,
     prefix="transformer.",
     bare="h.",
-    requires={"position": "learned", "norm": "layer", "use_bias": True},
+    requires={
+        "position": "learned",
+        "norm": "layer",
+        "use_bias": True,
+        "qkv_bias": None,
+        "qk_norm": False,
+    },  # fmt: skip
     ignore=("*.attn.bias", "*.attn.masked_bias"),
     tied=_tied_head("wte.weight"),
 )
@@ -130,7 +137,12 @@ def from_gpt2(source, config=None, **overrides):
 
 def to_gpt2(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a GPT-2-shaped tfjax decoder."""
-    return core.to_hf(GPT2, _spelled_out(model), params)
+    if model.head_dim not in (None, model.width // model.num_heads):
+        raise ValueError(
+            f"GPT2LMHeadModel has head_dim = n_embd / n_head = {model.width // model.num_heads}; "
+            f"the model's head_dim={model.head_dim}"
+        )
+    return core.to_hf(GPT2, spelled_out(model), params)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,11 +171,19 @@ def llama_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
             core.linear(f"{h}mlp.up_proj.weight", (*layer, "mlp", "wi_1", "kernel")),
             core.linear(f"{h}mlp.down_proj.weight", (*layer, "mlp", "wo", "kernel")),
         ]
-        if model.use_bias:
+        if model.qk_norm:  # Qwen 3: one [H] scale for every query head, one for every key head
+            rules += [
+                core.identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
+                core.identity(f"{h}self_attn.k_norm.weight", (*att, "key_norm", "scale")),
+            ]
+        if model.use_bias if model.qkv_bias is None else model.qkv_bias:
             rules += [
                 core.reshaped(f"{h}self_attn.q_proj.bias", (*att, "query_bias")),
                 core.reshaped(f"{h}self_attn.k_proj.bias", (*att, "key_bias")),
                 core.reshaped(f"{h}self_attn.v_proj.bias", (*att, "value_bias")),
+            ]
+        if model.use_bias:
+            rules += [
                 core.identity(f"{h}self_attn.o_proj.bias", (*att, "out_bias")),
                 core.identity(f"{h}mlp.gate_proj.bias", (*layer, "mlp", "wi_0", "bias")),
                 core.identity(f"{h}mlp.up_proj.bias", (*layer, "mlp", "wi_1", "bias")),
@@ -244,58 +264,84 @@ def _rope_parameters(scaling: position.RopeScaling | None) -> dict:
     return out
 
 
-def _head_dim(fields) -> int:
-    """hidden_size / num_attention_heads, the only head_dim tfjax's decoder has."""
-    width, heads = fields["width"], fields["num_heads"]
-    if width % heads:
-        raise ValueError(
-            f"hidden_size={width} is not a multiple of num_attention_heads={heads}; tfjax's "
-            "decoder needs head_dim = hidden_size / num_attention_heads"
-        )
-    return width // heads
+def _llama_like(architecture, model_type, *config, requires=None) -> core.Family:
+    """A Llama-shaped family: RoPE, RMSNorm, gated FFN, grouped-query attention, Llama's key
+    names; `config` adds the family's own entries, `requires` its fixed model fields."""
+    return core.Family(
+        architecture=architecture,
+        model_type=model_type,
+        model=decoder.Model,
+        config=(
+            Field("vocab_size", "vocab_size"),
+            Field("hidden_size", "width"),
+            Field("num_hidden_layers", "num_layers"),
+            Field("num_attention_heads", "num_heads"),
+            Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+            Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
+            Field("intermediate_size", "mlp_dim"),
+            Field("max_position_embeddings", "max_len", 2048),
+            Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
+            Field("rms_norm_eps", "norm_eps", 1e-6),
+            # transformers 5 writes rope_parameters (the scaling first: it writes the whole
+            # dict); older configs, and older readers, rope_theta and rope_scaling.
+            Field(
+                "rope_parameters",
+                "rope_scaling",
+                None,
+                to_model=_rope_scaling,
+                to_config=_rope_parameters,
+            ),
+            Field("rope_scaling", "rope_scaling", None, to_model=_rope_scaling, write=False),
+            Field("rope_parameters.rope_theta", "rope_base", None),
+            Field("rope_theta", "rope_base", None),
+            Field("attention_dropout", "attention_dropout_rate", 0.0),
+            Field("tie_word_embeddings", "tie_embeddings", False),
+            Field("initializer_range", "init_stddev", 0.02),
+            *config,
+        ),  # fmt: skip
+        rules=llama_rules,
+        prefix="model.",
+        bare="layers.",
+        requires={"position": "rope", "norm": "rms", **(requires or {})},
+        defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
+        ignore=("*rotary_emb.inv_freq",),
+        tied=_tied_head("embed_tokens.weight"),
+    )
 
 
-LLAMA = core.Family(
-    architecture="LlamaForCausalLM",
-    model_type="llama",
-    model=decoder.Model,
-    config=(
-        Field("vocab_size", "vocab_size"),
-        Field("hidden_size", "width"),
-        Field("num_hidden_layers", "num_layers"),
-        Field("num_attention_heads", "num_heads"),
-        Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
-        Fixed("head_dim", _head_dim, why="tfjax's decoder has hidden_size / num_attention_heads"),
-        Field("intermediate_size", "mlp_dim"),
-        Field("max_position_embeddings", "max_len", 2048),
-        Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
-        Field("rms_norm_eps", "norm_eps", 1e-6),
-        # transformers 5 writes rope_parameters (the scaling first: it writes the whole dict);
-        # older configs, and older readers, rope_theta and rope_scaling.
-        Field(
-            "rope_parameters",
-            "rope_scaling",
-            None,
-            to_model=_rope_scaling,
-            to_config=_rope_parameters,
-        ),
-        Field("rope_scaling", "rope_scaling", None, to_model=_rope_scaling, write=False),
-        Field("rope_parameters.rope_theta", "rope_base", None),
-        Field("rope_theta", "rope_base", None),
-        Field("attention_bias", "use_bias", False),
-        Field("mlp_bias", "use_bias", False),
-        Field("attention_dropout", "attention_dropout_rate", 0.0),
-        Field("tie_word_embeddings", "tie_embeddings", False),
-        Field("initializer_range", "init_stddev", 0.02),
-        Fixed("pretraining_tp", 1),
-    ),
-    rules=llama_rules,
-    prefix="model.",
-    bare="layers.",
-    requires={"position": "rope", "norm": "rms"},
-    defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
-    ignore=("*rotary_emb.inv_freq",),
-    tied=_tied_head("embed_tokens.weight"),
+def _full_attention_layers(fields):
+    return ["full_attention"] * fields["num_layers"]
+
+
+# Qwen 2.5 and 3 configs name a sliding window that their published checkpoints leave off.
+_NO_SLIDING_WINDOW = (
+    Fixed("use_sliding_window", False, why="tfjax's decoder attends to the whole context"),
+    Fixed("sliding_window", None, write=False),
+    Fixed("layer_types", _full_attention_layers, why="every layer full attention"),
+)
+
+LLAMA = _llama_like(
+    "LlamaForCausalLM",
+    "llama",
+    Field("attention_bias", "use_bias", False),
+    Field("mlp_bias", "use_bias", False),
+    Fixed("pretraining_tp", 1),
+    requires={"qkv_bias": None, "qk_norm": False},
+)
+# Qwen 2 / 2.5: biases on the query, key and value projections only.
+QWEN2 = _llama_like(
+    "Qwen2ForCausalLM",
+    "qwen2",
+    *_NO_SLIDING_WINDOW,
+    requires={"use_bias": False, "qkv_bias": True, "qk_norm": False},
+)
+# Qwen 3: RMSNorm on each query and key head, before RoPE; head_dim need not be D / N.
+QWEN3 = _llama_like(
+    "Qwen3ForCausalLM",
+    "qwen3",
+    Field("attention_bias", "use_bias", False),
+    *_NO_SLIDING_WINDOW,
+    requires={"qkv_bias": None, "qk_norm": True},
 )
 
 
@@ -306,4 +352,35 @@ def from_llama(source, config=None, **overrides):
 
 def to_llama(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a Llama-shaped tfjax decoder."""
-    return core.to_hf(LLAMA, _spelled_out(model), params)
+    return core.to_hf(LLAMA, spelled_out(model), params)
+
+
+def from_qwen2(source, config=None, **overrides):
+    """(tfjax decoder, params) from a Qwen 2 / 2.5 checkpoint (Qwen2ForCausalLM)."""
+    return core.from_hf(QWEN2, source, config, **overrides)
+
+
+def to_qwen2(model: decoder.Decoder, params):
+    """({Hugging Face key: numpy array}, config dict) for a Qwen2-shaped tfjax decoder."""
+    return core.to_hf(QWEN2, spelled_out(model), params)
+
+
+def from_qwen3(source, config=None, **overrides):
+    """(tfjax decoder, params) from a Qwen 3 checkpoint (Qwen3ForCausalLM)."""
+    return core.from_hf(QWEN3, source, config, **overrides)
+
+
+def to_qwen3(model: decoder.Decoder, params):
+    """({Hugging Face key: numpy array}, config dict) for a Qwen3-shaped tfjax decoder."""
+    return core.to_hf(QWEN3, spelled_out(model), params)
+
+
+def exporter(model: decoder.Decoder):
+    """The `to_*` function of the Hugging Face family a tfjax decoder exports as, by its fields."""
+    if model.position == "learned":
+        return to_gpt2
+    if model.qk_norm:
+        return to_qwen3
+    if model.qkv_bias and not model.use_bias:
+        return to_qwen2
+    return to_llama
