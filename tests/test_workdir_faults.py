@@ -21,18 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_reliability import (
-    ROOT,
-    assert_bitwise_equal,
-    ckpt_config,
-    command,
-    data_dir,  # noqa: F401 - a fixture
-    env,  # noqa: F401 - a fixture
-    listed_steps,
-    read_checkpoint,
-    run,
-    vit_config,
-)
+from conftest import ROOT, listed_steps, read_checkpoint, run_command
+from test_reliability import assert_bitwise_equal, ckpt_config, run, vit_config
 
 from tfjax import checkpoint, train, workdirs
 
@@ -63,13 +53,13 @@ def _array_files(step_dir):
 
 
 # ------------------------------------------------------------------ 1. one run per workdir
-def test_a_second_run_on_a_live_workdir_refuses_naming_the_owner(data_dir, env, tmp_path):
+def test_a_second_run_on_a_live_workdir_refuses_naming_the_owner(data_dir, runner_env, tmp_path):
     workdir = str(tmp_path / "run")
     with workdirs.claim(workdir):  # this process owns it, as a live run would
         with pytest.raises(workdirs.WorkdirBusyError, match=rf"pid {os.getpid()} on host"):
             train.train_and_evaluate(vit_config(data_dir, **SAVES), workdir)
         # The command line: one line naming the owner, status 1, nothing written.
-        rc, out = run(command(workdir, data_dir, SAVES), env)
+        rc, out = run(run_command(workdir, data_dir, SAVES), runner_env)
         assert rc == 1, out[-2000:]
         [line] = [x for x in out.splitlines() if "WorkdirBusyError" in x]
         assert f"workdir {workdir} is in use by another run (pid {os.getpid()}" in line
@@ -276,14 +266,14 @@ def test_restore_step_picks_a_step_and_sets_the_newer_ones_aside(trained, data_d
 
 
 # ---------------------------------------------------------------------------- 4. disk full
-def test_a_full_disk_is_one_short_error_and_the_run_resumes(data_dir, env, tmp_path):
+def test_a_full_disk_is_one_short_error_and_the_run_resumes(data_dir, runner_env, tmp_path):
     """A real small file system: a 1.2 MiB tmpfs mounted in a private mount namespace (root:
     unshare -m; otherwise a user namespace, unshare -rm) holds the workdir."""
     mount = tmp_path / "small"
     mount.mkdir()
     workdir = str(mount / "run")
     overrides = dict(SAVES, num_train_steps=40, **{"checkpoint.keep": 3})
-    cmd = " ".join(f"'{c}'" for c in command(workdir, data_dir, overrides))
+    cmd = " ".join(f"'{c}'" for c in run_command(workdir, data_dir, overrides))
     script = textwrap.dedent(f"""
         mount -t tmpfs -o size=1200k tmpfs {mount} || exit 99
         {cmd} > {tmp_path}/full.out 2>&1; echo $? > {tmp_path}/full.rc
@@ -292,7 +282,7 @@ def test_a_full_disk_is_one_short_error_and_the_run_resumes(data_dir, env, tmp_p
         {cmd} > {tmp_path}/resume.out 2>&1; echo $? > {tmp_path}/resume.rc
     """)
     unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
-    proc = subprocess.run([*unshare, "bash", "-c", script], env=env, timeout=600,
+    proc = subprocess.run([*unshare, "bash", "-c", script], env=runner_env, timeout=600,
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, f"cannot mount a tmpfs here: {proc.stderr[-1000:]}"
     out = (tmp_path / "full.out").read_text()
