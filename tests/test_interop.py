@@ -1256,3 +1256,10 @@ def test_opus_export_swaps_ids_back(opus, tmp_path):
     interop.save(model, params, tmp_path)
     again, again_params = interop.load(tmp_path)
     _assert_params_identical(again_params, params)
+
+
+def test_marian_id_errors_are_one_line_naming_the_architecture():
+    with pytest.raises(ValueError, match=r"^MarianMTModel: the config has no 'vocab_size'$"):
+        interop.marian_id_map({})
+    with pytest.raises(ValueError, match=r"^MarianMTModel: pad_token_id=None and decoder_start"):
+        interop.marian_id_map({"vocab_size": 10})

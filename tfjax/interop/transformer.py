@@ -69,7 +69,6 @@ from tfjax.interop.core import Field, Fixed
 from tfjax.models import transformer
 
 _QKV = ("query", "key", "value")
-MARIAN = "MarianMTModel"
 TORCH = "torch.nn.Transformer"
 
 # Hugging Face activation_function -> tfjax.nn.ffn activation (one-projection FFNs only); the
@@ -252,7 +251,7 @@ def _marian_pad_id(config: dict, vocab: int) -> int:
     start = pad if start is None else start
     if pad is None or not 0 <= pad < vocab or start != pad:
         raise ValueError(
-            f"{MARIAN}: pad_token_id={pad} and decoder_start_token_id={start}; tfjax's "
+            f"MarianMTModel: pad_token_id={pad} and decoder_start_token_id={start}; tfjax's "
             f"transformer needs one id in [0, {vocab}) for both (it uses 0 for padding masks and "
             "as the decoder's start token)"
         )
@@ -278,7 +277,7 @@ def marian_id_map(config) -> np.ndarray:
     c = core.as_config(config)
     vocab = c.get("vocab_size")
     if vocab is None:
-        raise ValueError(f"{MARIAN}: the config has no 'vocab_size'")
+        raise ValueError("MarianMTModel: the config has no 'vocab_size'")
     return _swap_zero(vocab, _marian_pad_id(c, vocab))
 
 
@@ -393,10 +392,10 @@ def from_marian(source, config=None, *, remap_ids: bool = False, **overrides):
     pad = _marian_pad_id(c, model.vocab_size)
     if pad != 0 and not remap_ids:
         raise ValueError(
-            f"{MARIAN}: pad_token_id={pad} (also the decoder's start token); tfjax's transformer "
-            "uses token id 0 for both (padding masks and the decoder's start token). Pass "
-            f"remap_ids=True to swap ids 0 and {pad} in the embeddings and the output layer, and "
-            "map token ids with marian_to_tfjax_ids / tfjax_to_marian_ids"
+            f"MarianMTModel: pad_token_id={pad} (also the decoder's start token); tfjax's "
+            "transformer uses token id 0 for both (padding masks and the decoder's start token). "
+            f"Pass remap_ids=True to swap ids 0 and {pad} in the embeddings and the output layer, "
+            "and map token ids with marian_to_tfjax_ids / tfjax_to_marian_ids"
         )
     rules = marian_rules(model, MARIAN.prefix, pad)
     return model, core.import_params(MARIAN, model, state, rules=rules)
