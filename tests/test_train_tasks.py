@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tfjax import tasks
-from tfjax.tasks import losses
+from tfjax.tasks import lm, losses, translation
 
 
 def reference(logits, labels, weights, eps, z):
@@ -113,9 +113,9 @@ def test_a_task_owns_what_its_evaluation_decodes():
         return ml_collections.ConfigDict({"task": task, "seed": 0, **fields})
 
     bleu = tasks.decode_eval(config("translation", decode=decode))
-    assert (bleu.kind, bleu.one_example_per_row) == ("bleu", True)
+    assert (type(bleu), bleu.unpacked_eval_rows) == (translation.BleuEval, True)
     samples = tasks.decode_eval(config("lm", decode=decode))
-    assert (samples.kind, samples.one_example_per_row) == ("samples", False)
+    assert (type(samples), samples.unpacked_eval_rows) == (lm.SamplesEval, False)
     assert tasks.decode_eval(config("lm", decode={"num_samples": 0})) is None
     assert tasks.decode_eval(config("translation")) is None  # no decode section
     assert tasks.decode_eval(config("mlm", decode=decode)) is None  # no hook
@@ -125,5 +125,8 @@ def test_a_task_owns_what_its_evaluation_decodes():
     data = tfjax.data.resolve_config({"name": "numbers_translate", "packing": True})
     run = config("translation", decode=decode)
     assert evaluation.eval_dataset(run, data) == dataclasses.replace(data, packing=False)
+    # ... whether or not the config decodes (the same eval rows either way).
+    unpacked = evaluation.eval_dataset(config("translation"), data)
+    assert unpacked == dataclasses.replace(data, packing=False)
     lm_data = tfjax.data.resolve_config({"name": "pydoc"})
     assert evaluation.eval_dataset(config("lm", decode=decode), lm_data) is lm_data

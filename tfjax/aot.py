@@ -322,28 +322,13 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
 
 
 def _lower_decode(exp):
-    """The eval-time generation of the runner (`tfjax.evaluation`): translation decodes each
-    eval batch as sharded (greedy or beam); an LM continues decode.num_samples prompts of
-    decode.prompt_length tokens, taken to the host and replicated."""
+    """The eval-time generation of the runner (`tfjax.evaluation`): the task's decode-eval hook
+    says what it generates from the abstract eval batch (`DecodeEval.generate_args`)."""
     from tfjax import decode
 
-    config, d = exp.config, exp.config.decode
-    if tasks.decode_eval(config).kind == "bleu":
-        prompts = exp.eval_batch["inputs"]
-        max_new = d.max_new_tokens or prompts.shape[1]
-        method = d.method if d.method in experiment.DECODE_METHODS else "greedy"
-    else:
-        tokens = exp.eval_batch["tokens"]
-        rows = (min(d.num_samples, tokens.shape[0]), min(d.prompt_length, tokens.shape[1]))
-        prompts = jax.ShapeDtypeStruct(rows, tokens.dtype, sharding=exp.replicated)
-        max_new = min(d.max_new_tokens or 32, exp.model.max_len - rows[1])
-        method = d.method
+    prompts, kwargs = tasks.decode_eval(exp.config).generate_args(exp, exp.eval_batch)
     with sharding.logical_context(exp.mesh, exp.rules):
-        return decode.lower(
-            exp.model, exp.abstract_state.params, prompts, max_new_tokens=max_new, eos_id=2,
-            method=method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
-            top_k=d.top_k, top_p=d.top_p,
-        )  # fmt: skip
+        return decode.lower(exp.model, exp.abstract_state.params, prompts, eos_id=2, **kwargs)
 
 
 def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:

@@ -58,9 +58,11 @@ def evaluate_split(eval_step, params, loader, mesh, rules, max_batches, on_batch
 
 def eval_dataset(config, data):
     """The DatasetSpec the eval loader reads: `data` (the run's), unpacked when the task's
-    decode-eval decodes each eval row on its own (translation: one sentence pair per row)."""
-    decoder = tasks.decode_eval(config)
-    if decoder is not None and decoder.one_example_per_row and data.packing:
+    decode-eval hook decodes each eval row on its own (translation: one sentence pair per row).
+    A property of the task, whether or not this config decodes: the eval metrics of a run are
+    then made on the same rows with and without a decode section."""
+    hook = tasks.decode_eval_hook(config.task)
+    if hook is not None and hook.unpacked_eval_rows and data.packing:
         return dataclasses.replace(data, packing=False)
     return data
 

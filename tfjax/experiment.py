@@ -35,13 +35,12 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from tfjax import checkpoint, metrics, optim, profiling, sharding, tasks
+from tfjax import checkpoint, decode, metrics, optim, profiling, sharding, tasks
 from tfjax.steps import TrainState, make_eval_step, make_train_step
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
-DECODE_METHODS = ("greedy", "beam")  # in eval; sampling is for experiments/decode.py
 
 
 # ----------------------------------------------------------------------------------- configs
@@ -132,7 +131,7 @@ def _check_decode(config) -> None:
     d = config.get("decode")
     if d is None:
         return
-    if d.method not in DECODE_METHODS + ("sample",):
+    if d.method not in decode.METHODS:
         raise ValueError(f"decode.method={d.method!r} is unknown; allowed: greedy, sample, beam")
     for field in ("beam_size", "max_new_tokens"):
         if d[field] < 0:

@@ -19,8 +19,9 @@ no registry. Each module provides:
 
 and optionally, when its evaluation also generates text (translation: BLEU; lm: samples):
 
-  decode_eval(config)       -> a `decoding.DecodeEval` (what an evaluation decodes, and how it
-                               is scored and logged) or None; see `decode_eval` below
+  DECODE_EVAL               a `decoding.DecodeEval` subclass: what an evaluation decodes, how
+                               it is scored and logged, and whether eval rows are unpacked;
+                               see `decode_eval` and `decode_eval_hook` below
 
 The task names are also the dataset's (`tfjax.data`): a dataset lists the tasks it serves and
 makes the batches of the task it is resolved for. Token id 0 is padding everywhere; padding
@@ -47,8 +48,14 @@ def get(name: str):
     return importlib.import_module(f"tfjax.tasks.{name}")
 
 
+def decode_eval_hook(name: str):
+    """The decode-eval hook of task `name` (its DECODE_EVAL, a `decoding.DecodeEval` subclass),
+    or None: what the task decodes in eval whenever a config asks it to."""
+    return getattr(get(name), "DECODE_EVAL", None)
+
+
 def decode_eval(config):
-    """What an evaluation of `config` decodes beside its metrics (the task's optional
-    `decode_eval` hook, a `tfjax.tasks.decoding.DecodeEval`), or None."""
-    hook = getattr(get(config.task), "decode_eval", None)
-    return hook(config) if hook is not None else None
+    """What an evaluation of `config` decodes beside its metrics (a `decoding.DecodeEval` made
+    by the task's hook from the config), or None."""
+    hook = decode_eval_hook(config.task)
+    return hook.from_config(config) if hook is not None else None

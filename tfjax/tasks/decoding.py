@@ -1,13 +1,15 @@
 """The optional decode-eval hook of a task: what an evaluation decodes beside the task's metrics.
 
-A task whose evaluation also generates text defines
+A task whose evaluation also generates text names its hook class
 
-    decode_eval(config) -> DecodeEval | None      (None: this config decodes nothing)
+    DECODE_EVAL = <a DecodeEval subclass>; DECODE_EVAL.from_config(config) -> instance | None
+                                                    (None: this config decodes nothing)
 
 and the runner's evaluation (`tfjax.evaluation`) asks `tfjax.tasks.decode_eval(config)`, never
 naming a task: for every eval batch it calls `decode(exp, tokenizer, params, batch, step=,
 index=)` and collects the outputs, then `finish(outputs)` once, which gives the metrics to add
-and the samples to write to WORKDIR/samples.jsonl.
+and the samples to write to WORKDIR/samples.jsonl. `generate_args(exp, batch)` says what
+decode() generates from a batch; `tfjax.aot` lowers the same from an abstract eval batch.
 """
 
 from __future__ import annotations
@@ -19,8 +21,21 @@ from jax.experimental import multihost_utils
 class DecodeEval:
     """Base of the decode-eval hooks (translation: BLEU; lm: samples)."""
 
-    kind = ""  # what the decoding gives, "bleu" or "samples" (`tfjax.aot` lowers it by this)
-    one_example_per_row = False  # eval rows must not be packed: each is decoded on its own
+    # The eval loader reads unpacked rows (one example per row) because decode() decodes each
+    # row on its own; a property of the task, so it holds whether or not a config decodes.
+    unpacked_eval_rows = False
+
+    @classmethod
+    def from_config(cls, config) -> DecodeEval | None:
+        """The hook of a run config, or None when the config asks for no decoding."""
+        raise NotImplementedError
+
+    def generate_args(self, exp, batch) -> tuple[object, dict]:
+        """(prompts, keyword arguments of `tfjax.decode.generate` other than eos_id, rng and
+        check) with which decode() generates from eval batch `batch` (global arrays). For an
+        abstract batch (jax.ShapeDtypeStructs with shardings, as `tfjax.aot` lowers the
+        decode) the prompts are a ShapeDtypeStruct of the largest prompts decode() feeds."""
+        raise NotImplementedError
 
     def decode(self, exp, tokenizer, params, batch, *, step: int, index: int) -> list[dict]:
         """The outputs of eval batch number `index` (global arrays) at training step `step`, as

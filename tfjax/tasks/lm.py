@@ -5,8 +5,10 @@ Batch: "tokens" i32 [B, T] (0 = padding), with packing also "tokens_segment_ids"
 tokens[:, t + 1]. A position is predicted when the next token is real and, in packed rows,
 belongs to the same example. Metrics: loss, perplexity (from the unsmoothed NLL), accuracy;
 with config.decode.num_samples the evaluation also continues that many eval prompts
-(`decode_eval`).
+(`SamplesEval`).
 """
+
+from __future__ import annotations
 
 import dataclasses
 
@@ -76,7 +78,30 @@ class SamplesEval(DecodeEval):
 
     decode_config: ml_collections.ConfigDict  # config.decode
     seed: int  # config.seed
-    kind = "samples"
+
+    @classmethod
+    def from_config(cls, config) -> SamplesEval | None:
+        """Samples when the config's `decode` section asks for some (decode.num_samples > 0)."""
+        d = config.get("decode")
+        return cls(d, config.seed) if d is not None and d.num_samples else None
+
+    def generate_args(self, exp, batch):
+        """The prompts, taken to the host (rows ending in padding dropped), and at most
+        decode.max_new_tokens (0: 32) new tokens each, within the model's max_len. Abstract
+        prompts are replicated, num_samples rows as decode() feeds at most."""
+        d = self.decode_config
+        tokens = batch["tokens"]
+        if isinstance(tokens, jax.ShapeDtypeStruct):
+            shape = (min(d.num_samples, tokens.shape[0]), min(d.prompt_length, tokens.shape[1]))
+            rows = jax.ShapeDtypeStruct(shape, tokens.dtype, sharding=exp.replicated)
+        else:
+            rows = gather(tokens)[: d.num_samples, : d.prompt_length]
+            rows = rows[(rows != 0).all(1)]  # a prompt must not end in padding
+        return rows, dict(
+            max_new_tokens=min(d.max_new_tokens or 32, exp.model.max_len - rows.shape[1]),
+            method=d.method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
+            top_k=d.top_k, top_p=d.top_p,
+        )  # fmt: skip
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):
         """{"prompt", "output"} per prompt of the first batch (index 0); [] for the others."""
@@ -84,19 +109,14 @@ class SamplesEval(DecodeEval):
 
         if index:
             return []
-        d = self.decode_config
-        rows = gather(batch["tokens"])[: d.num_samples, : d.prompt_length]
-        rows = rows[(rows != 0).all(1)]  # a prompt must not end in padding
+        rows, kwargs = self.generate_args(exp, batch)
         if not len(rows):
             return []
-        max_new = min(d.max_new_tokens or 32, exp.model.max_len - rows.shape[1])
         rng = jax.random.fold_in(jax.random.key(self.seed), step)
         with sharding.logical_context(exp.mesh, exp.rules):
             tokens, _ = decode.generate(
-                exp.model, params, rows, max_new_tokens=max_new, eos_id=tokenizer.eos_id,
-                method=d.method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
-                top_k=d.top_k, top_p=d.top_p, rng=rng,
-            )  # fmt: skip
+                exp.model, params, rows, eos_id=tokenizer.eos_id, rng=rng, **kwargs
+            )
         tokens = gather(tokens)
         return [
             {"prompt": tokenizer.decode(r), "output": tokenizer.decode(t)}
@@ -107,7 +127,4 @@ class SamplesEval(DecodeEval):
         return {}, outputs
 
 
-def decode_eval(config) -> SamplesEval | None:
-    """Samples when the config's `decode` section asks for some (decode.num_samples > 0)."""
-    d = config.get("decode")
-    return SamplesEval(d, config.seed) if d is not None and d.num_samples else None
+DECODE_EVAL = SamplesEval  # the decode-eval hook (`tfjax.tasks.decode_eval`)

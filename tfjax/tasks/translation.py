@@ -4,8 +4,10 @@ Batch: "inputs" i32 [B, S], "targets" i32 [B, T] (each ends with eos; 0 = paddin
 packing also "{inputs,targets}_{segment_ids,positions}". The model shifts the targets right
 itself, so logits [B, T, V] predict `targets` position by position. Metrics: loss, token
 accuracy, perplexity; with config.decode the evaluation also decodes every eval batch and
-reports corpus BLEU (`decode_eval`).
+reports corpus BLEU (`BleuEval`).
 """
+
+from __future__ import annotations
 
 import dataclasses
 
@@ -63,22 +65,34 @@ class BleuEval(DecodeEval):
     greedily: BLEU scores one best output) and scores the outputs with corpus BLEU."""
 
     decode_config: ml_collections.ConfigDict  # config.decode
-    kind = "bleu"
-    one_example_per_row = True
+    unpacked_eval_rows = True  # one sentence pair per row: each source is decoded alone
+
+    @classmethod
+    def from_config(cls, config) -> BleuEval | None:
+        """BLEU of decoded eval batches whenever the config has a `decode` section."""
+        return cls(config.decode) if config.get("decode") is not None else None
+
+    def generate_args(self, exp, batch):
+        """The batch's sources, at most decode.max_new_tokens new tokens each (0: the targets'
+        length), decoded greedily or by beam search."""
+        d = self.decode_config
+        return batch["inputs"], dict(
+            max_new_tokens=d.max_new_tokens or batch["targets"].shape[1],
+            method="greedy" if d.method == "sample" else d.method,
+            beam_size=d.beam_size,
+            alpha=d.alpha,
+        )
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):
         """{"output", "reference"}: detokenised strings of the batch's real rows (padding rows
-        dropped); at most decode.max_new_tokens tokens (0: the targets' length) per output."""
+        dropped)."""
         from tfjax import decode
 
-        d = self.decode_config
+        inputs, kwargs = self.generate_args(exp, batch)
         with sharding.logical_context(exp.mesh, exp.rules):
             tokens, _ = decode.generate(
-                exp.model, params, batch["inputs"],
-                max_new_tokens=d.max_new_tokens or batch["targets"].shape[1],
-                eos_id=tokenizer.eos_id, method="greedy" if d.method == "sample" else d.method,
-                beam_size=d.beam_size, alpha=d.alpha, check=False,
-            )  # fmt: skip
+                exp.model, params, inputs, eos_id=tokenizer.eos_id, check=False, **kwargs
+            )
         tokens, targets = gather(tokens), gather(batch["targets"])
         real = (targets != 0).any(1)
         return [
@@ -91,6 +105,4 @@ class BleuEval(DecodeEval):
         return {"bleu": bleu}, outputs[: self.decode_config.num_samples]
 
 
-def decode_eval(config) -> BleuEval | None:
-    """BLEU of decoded eval batches whenever the config has a `decode` section."""
-    return BleuEval(config.decode) if config.get("decode") is not None else None
+DECODE_EVAL = BleuEval  # the decode-eval hook (`tfjax.tasks.decode_eval`)
