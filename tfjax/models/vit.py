@@ -1,13 +1,16 @@
 """Vision Transformer (Dosovitskiy et al., 2021).
 
-Letters: B batch, P patches, D model width, C classes.
+Letters: B batch, H, W image height and width, C image channels, D model width, N heads,
+L layers, P patches (tokens); in the patch embedding (p the patch size) X, Y the patch grid's
+rows and columns (H/p, W/p) and I, J a pixel's row and column within its patch (p each). The
+head gives num_classes logits.
 
 Patches embedded by a strided convolution (computed as a matmul), a class token (pool="cls")
 or mean pooling (pool="gap"), learned or 2-D sin-cos position embeddings, pre-LN blocks with
 exact GELU, a final LayerNorm and a linear head (zero-initialised, as in big_vision).
 
     model = vit.Model(variant="B/16", num_classes=1000)
-    logits, aux = model.apply(variables, images)        # [B, H, W, 3] float -> [B, C]
+    logits, aux = model.apply(variables, images)        # [B, H, W, 3] float -> [B, num_classes]
 
 Variants are "<size>/<patch>" with size Ti, S, B, L, H and patch 2, 4, 8, 14, 16 or 32,
 plus "tiny/<patch>" for tests and "demo/<patch>" for configs/vit.py's CPU experiment.
@@ -38,12 +41,14 @@ POSEMBS = ("learned", "sincos2d")
 
 
 class PatchEmbed(nn.Module):
-    """[B, H, W, C] -> [B, H/p, W/p, D]: the p x p convolution with stride p, done as a matmul.
+    """[B, H, W, C] -> [B, X, Y, D] (X = H/p, Y = W/p): the p x p convolution with stride p,
+    done as a matmul.
 
-    The parameters are nn.Conv's (kernel [p, p, C, D], lecun-normal; bias [D]), so checkpoints
-    and converters see a convolution. Patches do not overlap, so the output at each grid position
-    is its p x p x C patch, flattened, times the kernel flattened to [p * p * C, D]: the same
-    linear map as the stride-p convolution, written as a reshape and one einsum.
+    The parameters are nn.Conv's (kernel [I, J, C, D] = [p, p, C, D], lecun-normal; bias [D]),
+    so checkpoints and converters see a convolution. Patches do not overlap, so the output at
+    each grid position is its p x p x C patch, flattened, times the kernel flattened to
+    [p * p * C, D]: the same linear map as the stride-p convolution, written as a reshape and
+    one einsum.
     """
 
     features: int  # D
@@ -70,15 +75,16 @@ class PatchEmbed(nn.Module):
             self.param_dtype,
         )
         images, kernel, bias = nn.dtypes.promote_dtype(images, kernel, bias, dtype=self.dtype)
-        # [B, H/p, p, W/p, p, C]: row i, column j of each patch on axes 2 and 4
+        # [B, X, I, Y, J, C]: patch (x, y) of the grid, its pixel row i and column j
         patches = images.reshape(b, h // p, p, w // p, p, c)
+        # [B, X, Y, D]
         return jnp.einsum("bxiyjc,ijcd->bxyd", patches, kernel) + bias
 
 
 class VisionTransformer(nn.Module):
     """ViT; see the module docstring."""
 
-    num_classes: int | None = 1000  # C; no head (aux["pre_logits"] only) when None
+    num_classes: int | None = 1000  # no head (aux["pre_logits"] only) when None
     patch_size: int = 16  # square patches
     width: int = 768  # D
     num_layers: int = 12  # L
@@ -118,7 +124,7 @@ class VisionTransformer(nn.Module):
         p = self.patch_size
         if height % p or width % p:
             raise ValueError(f"image size {height}x{width} is not divisible by patch_size={p}")
-        # [B, H/p, W/p, D]
+        # [B, X, Y, D]
         x = PatchEmbed(
             self.width, p, dtype=self.dtype, param_dtype=self.param_dtype, name="patch_embed"
         )(images)

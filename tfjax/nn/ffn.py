@@ -19,9 +19,10 @@ from tfjax.nn import axes
 def gelu(x):
     """Exact (erf) GELU, x * Phi(x), written as PyTorch writes it: 0.5 * x * (1 + erf(x / sqrt 2)).
 
-    Through erf, where jax.nn.gelu(approximate=False) goes through erfc, the costlier of the
-    two to evaluate (README, "What changed the CPU step"). The two differ by at most 5e-7 for
-    standard-normal inputs.
+    The same function as jax.nn.gelu(approximate=False), which writes the normal CDF through
+    erfc: Phi(x) = (1 + erf(x / sqrt 2)) / 2 = erfc(-x / sqrt 2) / 2. The two forms round
+    differently, by at most 5e-7 for standard-normal inputs (their step times: README, "What
+    changed the CPU step").
     """
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2**-0.5, x.dtype)))
 

@@ -40,9 +40,9 @@ def labels_and_weights(batch):
     """([B, T] labels, [B, T] weights): the next token of every position, 0 (padding: weight 0)
     after the last one; in packed rows a position whose next token starts another example has
     weight 0. All T positions keep their logits, the last one weighted 0, rather than slicing
-    it off: the sums are the same, and the [B, T, V] logits and their gradient are used as the
-    model made them, never copied into a [B, T - 1, V] slice and padded back (README, "What
-    changed the CPU step")."""
+    it off: a position of weight 0 adds nothing to any sum or to the gradient, so the sums are
+    those of logits[:, :-1] against tokens[:, 1:], made from the [B, T, V] logits as the model
+    gives them (measured in README, "What changed the CPU step")."""
     labels = _next(batch["tokens"], fill=0)
     weights = labels != 0
     if "tokens_segment_ids" in batch:
