@@ -6,16 +6,15 @@ import importlib.util
 import logging
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT, run_command
 
 import tfjax.data
 from tfjax import experiment, metrics, train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
 NAMES = [os.path.splitext(os.path.basename(p))[0] for p in CONFIGS]
 
@@ -111,19 +110,15 @@ def test_every_dataset_field_can_be_set_and_unset_ones_take_the_catalog_default(
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("--config.batchsize=3", "has no field batchsize; did you mean batch_size?"),
-        ("--config.batch_size=abc", "--config.batch_size=abc: invalid literal for int"),
-        ("--config.mesh.data=2.5", "--config.mesh.data=2.5"),
+        ({"batchsize": 3}, "has no field batchsize; did you mean batch_size?"),
+        ({"batch_size": "abc"}, "--config.batch_size=abc: invalid literal for int"),
+        ({"mesh.data": 2.5}, "--config.mesh.data=2.5"),
     ],
 )
 def test_command_line_rejects_bad_overrides(override, message, tmp_path):
     workdir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "run.py"),
-         "--config=" + os.path.join(ROOT, "configs", "vit.py") + ":tiny",
-         f"--workdir={workdir}", override],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    cmd = run_command(workdir, tmp_path / "data", override)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert not workdir.exists()

@@ -2,12 +2,10 @@
 is downloaded), importing tfjax never pulls in TensorFlow, and loading a config never pulls in
 TFDS or Grain."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from conftest import run_python
 
 import tfjax.data as td
 from tfjax.data import embedded
@@ -82,7 +80,8 @@ def test_import_tfjax_does_not_import_tensorflow():
         "import tfjax.data\n"
         "assert 'tensorflow' not in sys.modules, 'tfjax.data imported TensorFlow'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    proc = run_python("-c", code)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("name", ["lm", "mlm", "translate", "vit"])
@@ -95,7 +94,6 @@ def test_loading_a_config_imports_neither_tfds_nor_grain(name):
         "heavy = ('tensorflow_datasets', 'tensorflow', 'grain')\n"
         "print([k for k in sys.modules if k.split('.')[0] in heavy])\n"
     )
-    root = __file__.rsplit("/tests/", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                         cwd=root)  # fmt: skip
+    out = run_python("-c", code)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

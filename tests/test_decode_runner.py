@@ -8,13 +8,12 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT
 
 import tfjax.data
 from tfjax import checkpoint, decode, metrics, train
 from tfjax.models import decoder, transformer
 from tfjax.tasks import translation
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,9 @@ import json
 import os
 
 import jax
+from conftest import ROOT
 
 from tfjax import metrics, plots, train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _lines(path):

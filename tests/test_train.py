@@ -8,12 +8,10 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import set_fields
+from conftest import ROOT, set_fields
 from jax.sharding import PartitionSpec as P
 
 from tfjax import metrics, train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")

@@ -4,15 +4,11 @@ the value and what is allowed: experiment.check_config (values), experiment.chec
 
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import set_fields
+from conftest import ROOT, run_command, set_fields
 
 from tfjax import experiment
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = os.path.join(ROOT, "experiments", "run.py")
 
 
 def tiny(name="vit", **overrides):
@@ -133,11 +129,8 @@ NOISE = ("WARNING: All log messages before absl::InitializeLog()", "cudart_stub.
 def run(tmp_path, *args, config="configs/vit.py:tiny"):
     """experiments/run.py's (status, stderr lines) for a run in tmp_path/run that must fail."""
     (tmp_path / "file").write_text("")
-    proc = subprocess.run(
-        [sys.executable, RUN, f"--config={os.path.join(ROOT, config)}",
-         f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path / 'data'}", *args],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+    cmd = run_command(tmp_path / "run", tmp_path / "data", {}, config=os.path.join(ROOT, config))
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     # The CUDA plugin's lines when JAX is imported on a machine without a GPU are not ours.
     lines = [line for line in proc.stderr.splitlines() if not any(n in line for n in NOISE)]
     assert sorted(os.listdir(tmp_path)) == ["file"]  # no workdir, data or tokenizer made
