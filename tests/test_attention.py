@@ -249,3 +249,45 @@ def test_bf16_attention_trains_with_bf16_matmuls_only(implementation):
 
     stablehlo = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).as_text()
     assert "dot_general" in stablehlo and aot.f32_dot_fraction(stablehlo) == 0.0
+
+
+@pytest.mark.parametrize("impl", ["xla", "chunked", None])
+@pytest.mark.parametrize("kh", [4, 2])
+def test_sliding_window_matches_the_formula_with_a_banded_mask(impl, kh):
+    """window=W: query t attends keys t-W+1..t; with segment ids too; chunks of 3 keys cut the
+    band at every offset."""
+    q, k, v = qkv(b=2, t=11, s=11, kh=kh)
+    t = np.arange(11)
+    band = (t[:, None] >= t[None, :]) & (t[:, None] - t[None, :] < 4)
+    ids = jnp.array([[1] * 7 + [2] * 4, [1] * 9 + [0] * 2])
+    same = np.asarray(masks.segment_mask(ids))
+    want = reference(q, k, v, mask=jnp.asarray(band[None, None] & same))
+    got = dot_product_attention(q, k, v, is_causal=True, window=4, segment_ids=ids,
+                                implementation=impl, chunk_size=3)  # fmt: skip
+    rows = np.asarray(ids) != 0  # padded queries attend nothing (any output)
+    np.testing.assert_allclose(np.asarray(got)[rows], np.asarray(want)[rows], atol=1e-5)
+
+
+def test_sliding_window_in_the_kv_cache_matches_the_full_forward():
+    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2, position="rope", sliding_window=3)
+    x = jax.random.normal(jax.random.key(1), (2, 9, 16))
+    params = mha.init(jax.random.key(0), x)["params"]
+    full = mha.apply({"params": params}, x, is_causal=True)
+    cache = mha.init(jax.random.key(0), x, decode=True)["cache"]
+    steps = []
+    for i in range(9):
+        out, mutated = mha.apply({"params": params, "cache": cache}, x[:, i : i + 1],
+                                 decode=True, mutable=["cache"])  # fmt: skip
+        cache = mutated["cache"]
+        steps.append(out)
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    unwindowed = mha.clone(sliding_window=None).apply({"params": params}, x, is_causal=True)
+    assert not np.allclose(unwindowed[:, 3:], full[:, 3:], atol=1e-3)  # the window acted
+
+
+def test_sliding_window_is_refused_by_splash_and_cudnn_by_name():
+    q, k, v = qkv(t=8, s=8)
+    with pytest.raises(ValueError, match='"splash" is not available: .*sliding window'):
+        dot_product_attention(q, k, v, is_causal=True, window=4, implementation="splash")
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        dot_product_attention(q, k, v, is_causal=True, window=0)

@@ -192,7 +192,16 @@ def qwen3(tmp_path_factory):
     return ref, _save(ref, tmp_path_factory.mktemp("qwen3"))
 
 
-DECODERS = ["gpt2", "llama", *ROPE_FAMILIES, "qwen2", "qwen3"]
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    """Mistral with a sliding window of 4: the tests' 10 to 17 positions reach past it."""
+    torch.manual_seed(8)
+    config = _small_decoder_config(transformers.MistralConfig, head_dim=8, sliding_window=4)
+    ref = transformers.MistralForCausalLM(config).eval()
+    return ref, _save(ref, tmp_path_factory.mktemp("mistral"))
+
+
+DECODERS = ["gpt2", "llama", *ROPE_FAMILIES, "mistral", "qwen2", "qwen3"]
 
 
 def _bert_config():
@@ -1263,3 +1272,16 @@ def test_marian_id_errors_are_one_line_naming_the_architecture():
         interop.marian_id_map({})
     with pytest.raises(ValueError, match=r"^MarianMTModel: pad_token_id=None and decoder_start"):
         interop.marian_id_map({"vocab_size": 10})
+
+
+def test_mistral_sliding_window_acts_in_the_compared_logits(mistral):
+    """The Mistral fixture's comparisons exercise the window: without it, positions past the
+    window (4) give other logits, the first four the same."""
+    _, path = mistral
+    model, params = interop.load(path)
+    assert model.sliding_window == 4
+    tokens = jnp.asarray(_tokens((1, 10)))
+    windowed = _apply(model, params, tokens)
+    full = _apply(model.clone(sliding_window=None), params, tokens)
+    np.testing.assert_allclose(windowed[:, :4], full[:, :4], atol=1e-6)
+    assert np.abs(windowed[:, 4:] - full[:, 4:]).max() > 1e-2

@@ -7,7 +7,7 @@
 
 `load` picks the converter from the config's "architectures" (the keys of ARCHITECTURES).
 Each family module also converts a state dict plus a config (`decoder.from_gpt2(state,
-cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2, LLAMA, QWEN2, QWEN3,
+cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3,
 BERT_MLM, BERT_CLASSIFIER, HF_VIT, MARIAN): one table of config.json keys <-> model fields
 and one function of key rules, which import and export both read. Every converter checks
 every key and shape before returning: nothing is loaded half-way. Parameters come back as
@@ -20,6 +20,7 @@ What loads (every row also exports, `to_*`, and round trips bit for bit):
   Llama 1-3.x (LlamaForCausalLM)          from_llama         models.decoder (RoPE, SwiGLU;
                                                              rope_scaling: llama3, linear,
                                                              dynamic, yarn)
+  Mistral (MistralForCausalLM)            from_mistral       models.decoder (sliding_window)
   Qwen 2 / 2.5 (Qwen2ForCausalLM)         from_qwen2         models.decoder (qkv_bias)
   Qwen 3 (Qwen3ForCausalLM)               from_qwen3         models.decoder (qk_norm, head_dim)
   BERT (BertForMaskedLM, ...Classif.)     from_bert          models.encoder (mlm / classifier)
@@ -43,10 +44,12 @@ from tfjax.interop.core import read_config, read_state_dict, write_safetensors
 from tfjax.interop.decoder import (
     from_gpt2,
     from_llama,
+    from_mistral,
     from_qwen2,
     from_qwen3,
     to_gpt2,
     to_llama,
+    to_mistral,
     to_qwen2,
     to_qwen3,
 )
@@ -69,6 +72,7 @@ from tfjax.models import vit as _vit
 ARCHITECTURES = {
     "GPT2LMHeadModel": from_gpt2,
     "LlamaForCausalLM": from_llama,
+    "MistralForCausalLM": from_mistral,
     "Qwen2ForCausalLM": from_qwen2,
     "Qwen3ForCausalLM": from_qwen3,
     "BertForMaskedLM": functools.partial(from_bert, head="mlm"),
@@ -128,6 +132,7 @@ __all__ = [
     "from_gpt2",
     "from_hf_vit",
     "from_llama",
+    "from_mistral",
     "from_qwen2",
     "from_qwen3",
     "from_marian",
@@ -146,6 +151,7 @@ __all__ = [
     "to_gpt2",
     "to_hf_vit",
     "to_llama",
+    "to_mistral",
     "to_qwen2",
     "to_qwen3",
     "to_marian",

@@ -121,7 +121,8 @@ GPT2 = core.Family(
         "use_bias": True,
         "qkv_bias": None,
         "qk_norm": False,
-    },  # fmt: skip
+        "sliding_window": None,
+    },
     ignore=("*.attn.bias", "*.attn.masked_bias"),
     tied=_tied_head("wte.weight"),
 )
@@ -326,14 +327,21 @@ LLAMA = _llama_like(
     Field("attention_bias", "use_bias", False),
     Field("mlp_bias", "use_bias", False),
     Fixed("pretraining_tp", 1),
-    requires={"qkv_bias": None, "qk_norm": False},
+    requires={"qkv_bias": None, "qk_norm": False, "sliding_window": None},
+)
+# Mistral: Llama's layout with sliding-window attention (in training masks and the KV cache).
+MISTRAL = _llama_like(
+    "MistralForCausalLM",
+    "mistral",
+    Field("sliding_window", "sliding_window", None),
+    requires={"use_bias": False, "qkv_bias": None, "qk_norm": False},
 )
 # Qwen 2 / 2.5: biases on the query, key and value projections only.
 QWEN2 = _llama_like(
     "Qwen2ForCausalLM",
     "qwen2",
     *_NO_SLIDING_WINDOW,
-    requires={"use_bias": False, "qkv_bias": True, "qk_norm": False},
+    requires={"use_bias": False, "qkv_bias": True, "qk_norm": False, "sliding_window": None},
 )
 # Qwen 3: RMSNorm on each query and key head, before RoPE; head_dim need not be D / N.
 QWEN3 = _llama_like(
@@ -341,7 +349,7 @@ QWEN3 = _llama_like(
     "qwen3",
     Field("attention_bias", "use_bias", False),
     *_NO_SLIDING_WINDOW,
-    requires={"qkv_bias": None, "qk_norm": True},
+    requires={"qkv_bias": None, "qk_norm": True, "sliding_window": None},
 )
 
 
@@ -353,6 +361,16 @@ def from_llama(source, config=None, **overrides):
 def to_llama(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a Llama-shaped tfjax decoder."""
     return core.to_hf(LLAMA, spelled_out(model), params)
+
+
+def from_mistral(source, config=None, **overrides):
+    """(tfjax decoder, params) from a Mistral checkpoint (MistralForCausalLM)."""
+    return core.from_hf(MISTRAL, source, config, **overrides)
+
+
+def to_mistral(model: decoder.Decoder, params):
+    """({Hugging Face key: numpy array}, config dict) for a Mistral-shaped tfjax decoder."""
+    return core.to_hf(MISTRAL, spelled_out(model), params)
 
 
 def from_qwen2(source, config=None, **overrides):
@@ -379,6 +397,8 @@ def exporter(model: decoder.Decoder):
     """The `to_*` function of the Hugging Face family a tfjax decoder exports as, by its fields."""
     if model.position == "learned":
         return to_gpt2
+    if model.sliding_window is not None:
+        return to_mistral
     if model.qk_norm:
         return to_qwen3
     if model.qkv_bias and not model.use_bias:

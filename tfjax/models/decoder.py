@@ -73,6 +73,7 @@ class Decoder(nn.Module):
     position: str = "learned"  # "learned", "sinusoidal", "rope" or "alibi"
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: tnn.position.RopeScaling | None = None  # RoPE past the training length
+    sliding_window: int | None = None  # attend only to the last this many positions (Mistral)
     activation: str = "gelu_tanh"  # GPT-2's GELU approximation
     norm: str = "layer"  # "layer" or "rms"
     norm_eps: float = 1e-5  # GPT-2's LayerNorm epsilon
@@ -173,6 +174,7 @@ class Decoder(nn.Module):
             position=self.position if self.position in ("rope", "alibi") else None,
             rope_base=self.rope_base,
             rope_scaling=self.rope_scaling,
+            sliding_window=self.sliding_window,
             implementation=self.implementation,
             kernel_init=init,
             dtype=self.dtype,

@@ -81,9 +81,8 @@ def _head_groups(num_heads, num_kv_heads):
     einsum letters, the kv heads' letters).
 
     Grouped heads split N into [K, G], G query heads reading each kv head. Plain multi-head
-    attention (K = N) keeps one head axis: the grouped form with G = 1 computes the same, but
-    XLA:CPU lays out its [B, K, 1, T, S] operands with extra copies of the weights and their
-    gradient (benchmarks/train_step_vs_torch.py).
+    attention (K = N) keeps one head axis: the grouped form with G = 1 computes the same with
+    a unit axis in every operand, which the plain form does not carry.
     """
     if num_kv_heads == num_heads:
         return (num_heads,), "n", "n"
@@ -117,17 +116,17 @@ def _grouped_like_heads(x, groups):
     return x.reshape(b, *(groups if n > 1 else (1,) * len(groups)), t, s)
 
 
-def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, scale):
+def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale):
     """Biased, masked float32 logits [B, *groups, T, S] (see _head_groups) and the head letters."""
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     groups, q_heads, kv_heads = _head_groups(n, kh)
     scale = h**-0.5 if scale is None else scale
-    # Scale q ([B, T, N, H]), not the [B, N, T, S] logits: fewer multiplies (README, "What
-    # changed the CPU step"). As in flax.linen's attention, the product is rounded in q's dtype.
+    # Scale q ([B, T, N, H]), not the [B, N, T, S] logits: T*N*H multiplies instead of T*N*S.
+    # As in flax.linen's attention, the product is rounded in q's dtype.
     q = q * jnp.asarray(scale, q.dtype)
-    # The matmuls take head-major operands, [B, *groups, T, H] and [B, N|K, S, H]: XLA:CPU runs
-    # them slower when it folds the [B, T, N, H] layout into them (benchmarks/attention_layouts.py).
+    # The matmuls take head-major operands, [B, *groups, T, H] and [B, N|K, S, H]: batch and
+    # heads lead, the contracted H is last (the layouts measured: benchmarks/attention_layouts.py).
     # [B, N|K, S, H]
     kt = jnp.swapaxes(k, 1, 2)
     # [B, N, T, S] or [B, K, G, T, S]
@@ -137,36 +136,36 @@ def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, scale):
     # [B|1, N|1, T, S]
     allowed = masks.combine_masks(
         mask,
-        masks.block_mask(jnp.arange(t), jnp.arange(s), is_causal=is_causal,
+        masks.block_mask(jnp.arange(t), jnp.arange(s), is_causal=is_causal, window=window,
                          segment_ids=segment_ids, kv_segment_ids=kv_segment_ids),
     )  # fmt: skip
     return masks.masked_logits(logits, _grouped_like_heads(allowed, groups)), q_heads, kv_heads
 
 
 def attention_weights(q, k, *, mask=None, bias=None, segment_ids=None, kv_segment_ids=None,
-                      is_causal=False, scale=None):  # fmt: skip
+                      is_causal=False, window=None, scale=None):  # fmt: skip
     """[B, N, T, S] softmax weights in float32 (for inspection; the "xla" path uses the same
     logits but normalises its output instead). Arguments as in dot_product_attention."""
     b, t, n, _ = q.shape
     logits, _, _ = _logits(
         q, k, mask=mask, bias=bias, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        is_causal=is_causal, scale=scale,
+        is_causal=is_causal, window=window, scale=scale,
     )  # fmt: skip
     # [B, *groups, T, S] -> [B, N, T, S]
     return jax.nn.softmax(logits, axis=-1).reshape(b, n, t, k.shape[1])
 
 
-def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
+def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale,
                    dropout_rate, dropout_rng):  # fmt: skip
     b, t, n, _ = q.shape
     # [B, *groups, T, S]
     logits, q_heads, kv_heads = _logits(
         q, k, mask=mask, bias=bias, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        is_causal=is_causal, scale=scale,
+        is_causal=is_causal, window=window, scale=scale,
     )  # fmt: skip
     # The softmax's division is applied to the [.., T, H] output rather than to the [.., T, S]
     # weights, as flash attention does: one pass fewer over the largest tensor, and no
-    # [.., T, S] broadcast of the row sums (README, "What changed the CPU step").
+    # [.., T, S] broadcast of the row sums.
     unnormalised = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
     row_sums = unnormalised.sum(-1, keepdims=True)
     if dropout_rate > 0.0:  # on the weights, whose row sums stay those before dropout
@@ -181,8 +180,8 @@ def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, 
     return _heads_last(out / row_sums).astype(v.dtype)
 
 
-def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
-                       dropout_rate, dropout_rng, chunk_size):  # fmt: skip
+def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
+                       scale, dropout_rate, dropout_rng, chunk_size):  # fmt: skip
     """The chunked kernel (tfjax.nn.chunked) on [B, T, N, H] queries; its einsums take them
     grouped by kv head, [B, K, G, T, H], G = 1 included."""
     n, kh = q.shape[2], k.shape[2]
@@ -191,7 +190,7 @@ def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_caus
     out = chunked.chunked_attention(
         _heads_first(q, groups), k, v, mask=_grouped_like_heads(mask, groups),
         bias=_grouped_like_heads(bias, groups), segment_ids=segment_ids,
-        kv_segment_ids=kv_segment_ids, is_causal=is_causal, scale=scale,
+        kv_segment_ids=kv_segment_ids, is_causal=is_causal, window=window, scale=scale,
         dropout_rate=dropout_rate, dropout_rng=dropout_rng, chunk_size=chunk_size,
     )  # fmt: skip
     # [B, T, N, H]
@@ -211,9 +210,11 @@ def check_implementation(implementation) -> None:
         )
 
 
-def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, implementation,
+def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, implementation,
                   dropout_rate, dropout_rng):  # fmt: skip
     check_implementation(implementation)
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int (keys per query) or None, got {window!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(
@@ -260,12 +261,15 @@ def target_platform() -> str:
     return "gpu" if platform in ("cuda", "rocm") else platform
 
 
-def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None) -> str | None:
+def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None,
+                             window=None) -> str | None:  # fmt: skip
     """Why cuDNN cannot run this call on `platform` (the target's when None), or None when it
     can."""
     platform = platform or target_platform()
     if platform != "gpu":
         return f"it needs a GPU and the target is {platform!r}"
+    if window is not None:  # jax.nn's local_window_size is not wired in (no GPU to test it)
+        return "tfjax does not pass a sliding window to it yet"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"it needs bfloat16 or float16 inputs, got {q.dtype}"
     if dropout_rate > 0.0:
@@ -278,12 +282,15 @@ def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None
     return None
 
 
-def _unavailable_reason(implementation, q, k, mask, bias, dropout_rate, platform) -> str | None:
+def _unavailable_reason(implementation, q, k, mask, bias, window, dropout_rate,
+                        platform) -> str | None:  # fmt: skip
     """Why `implementation` cannot run this call on `platform`, or None when it can."""
     if implementation == "cudnn":
-        return cudnn_unsupported_reason(q, k, dropout_rate, platform)
+        return cudnn_unsupported_reason(q, k, dropout_rate, platform, window)
     if implementation == "splash":
-        reason = splash.unsupported_reason(mask=mask, bias=bias, dropout_rate=dropout_rate)
+        reason = splash.unsupported_reason(
+            mask=mask, bias=bias, window=window, dropout_rate=dropout_rate
+        )
         if reason is None and platform == "gpu":
             reason = "it is a TPU kernel and the target is a GPU"
         return reason
@@ -295,7 +302,7 @@ def _unfused(key_length: int) -> str:
     return "chunked" if key_length >= CHUNKED_MIN_LENGTH else "xla"
 
 
-def choose_implementation(q, k, *, mask=None, bias=None, dropout_rate=0.0,
+def choose_implementation(q, k, *, mask=None, bias=None, window=None, dropout_rate=0.0,
                           platform: str | None = None) -> str:  # fmt: skip
     """The implementation `implementation=None` runs, for the target platform (the one place
     where that is decided): cuDNN on GPUs where it applies; from SPLASH_MIN_LENGTH keys the
@@ -303,7 +310,7 @@ def choose_implementation(q, k, *, mask=None, bias=None, dropout_rate=0.0,
     """
     platform = platform or target_platform()
     s = k.shape[1]
-    args = (q, k, mask, bias, dropout_rate, platform)
+    args = (q, k, mask, bias, window, dropout_rate, platform)
     if platform == "gpu" and _unavailable_reason("cudnn", *args) is None:
         return "cudnn"
     if (
@@ -359,6 +366,7 @@ def dot_product_attention(
     segment_ids=None,
     kv_segment_ids=None,
     is_causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng=None,
@@ -376,6 +384,8 @@ def dot_product_attention(
         own id, and id 0 (padding) to none (as `masks.segment_mask`; ANDed with `mask`).
       kv_segment_ids: [B, S] the keys' ids; segment_ids when None (self-attention).
       is_causal: query t attends only keys s <= t; no [T, S] mask is materialised.
+      window: query t attends only keys s > t - window (sliding-window attention; with
+        is_causal the `window` keys up to t), built like is_causal.
       scale: logit scale; 1/sqrt(H) when None.
       dropout_rate: dropout on the attention weights (needs dropout_rng).
       implementation: "xla", "cudnn", "splash", "chunked" or None (`choose_implementation`).
@@ -383,7 +393,7 @@ def dot_product_attention(
     Returns:
       [B, T, N, H] in q's dtype.
     """
-    _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, implementation,
+    _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, implementation,
                   dropout_rate, dropout_rng)  # fmt: skip
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     platform = target_platform()
@@ -392,10 +402,13 @@ def dot_product_attention(
     requested = implementation is not None
     if implementation is None:
         implementation = choose_implementation(
-            q, k, mask=mask, bias=bias, dropout_rate=dropout_rate, platform=platform
-        )
+            q, k, mask=mask, bias=bias, window=window, dropout_rate=dropout_rate,
+            platform=platform,
+        )  # fmt: skip
     else:
-        reason = _unavailable_reason(implementation, q, k, mask, bias, dropout_rate, platform)
+        reason = _unavailable_reason(
+            implementation, q, k, mask, bias, window, dropout_rate, platform
+        )
         if reason:
             raise ValueError(f'implementation="{implementation}" is not available: {reason}')
     if implementation == "splash":
@@ -411,9 +424,9 @@ def dot_product_attention(
         implementation = _unfused(k.shape[1])
     if implementation == "chunked":
         return _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal,
-                                  scale, dropout_rate, dropout_rng, chunk_size)  # fmt: skip
-    return _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
-                          dropout_rate, dropout_rng)  # fmt: skip
+                                  window, scale, dropout_rate, dropout_rng, chunk_size)  # fmt: skip
+    return _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
+                          scale, dropout_rate, dropout_rng)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,6 +460,7 @@ class MultiHeadAttention(nn.Module):
     position: str | None = None  # None, "rope" or "alibi" (self-attention only)
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
+    sliding_window: int | None = None  # self-attention sees only the last this many positions
     implementation: str | None = None  # see dot_product_attention
     kernel_init: Callable = default_kernel_init  # for all four projections
     dtype: Any = None  # compute dtype; the input's when None
@@ -516,12 +530,14 @@ class MultiHeadAttention(nn.Module):
                     "keeps no ids)"
                 )
             k, v, mask = self._update_cache(k, v, mask, offset)
-            is_causal = False  # the cache mask is causal already
+            is_causal = False  # the cache mask is causal (and windowed) already
         bias = None
         if self_attention and self.position == "alibi":
             bias = position.alibi_bias(q.shape[2], positions, jnp.arange(k.shape[1]))
+        window = self.sliding_window if self_attention and not decoding else None
         patterns = dict(mask=mask, bias=bias, segment_ids=segment_ids,
-                        kv_segment_ids=kv_segment_ids, is_causal=is_causal)  # fmt: skip
+                        kv_segment_ids=kv_segment_ids, is_causal=is_causal,
+                        window=window)  # fmt: skip
         rate = self.dropout_rate if train else 0.0
         dropout_rng = self.make_rng("dropout") if rate > 0.0 else None
         if self.is_mutable_collection("intermediates"):
@@ -577,8 +593,8 @@ class MultiHeadAttention(nn.Module):
             self.param_dtype,
         )
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-        # A 2-D matmul with the kernel seen as [D, E] (a free reshape): on the 3-D kernel,
-        # XLA:CPU adds a transposed copy of it to each step (README, "What changed the CPU step").
+        # One 2-D matmul with the kernel seen as [D, E] (a free reshape), the form of a plain
+        # dense layer.
         # [B, T, E]
         y = jnp.einsum("btd,de->bte", x, kernel.reshape(d, heads * head_dim))
         # [B, T, N|K, H]
@@ -626,7 +642,7 @@ class MultiHeadAttention(nn.Module):
 
     def _update_cache(self, k, v, mask, offset):
         """Writes this call's keys/values at `offset`; returns the whole cache and its mask:
-        `mask` AND causal, the queries at offset.., the keys at 0..
+        `mask` AND causal (and the sliding window), the queries at offset.., the keys at 0..
 
         At initialisation (no cache yet) the cache is created with the input's length, which
         sets the maximum decode length, and the call computes ordinary causal attention.
@@ -646,7 +662,10 @@ class MultiHeadAttention(nn.Module):
             )
             index.value = offset + t
             k, v = cached_k.value, cached_v.value
-        causal = masks.block_mask(offset + jnp.arange(t), jnp.arange(k.shape[1]), is_causal=True)
+        causal = masks.block_mask(
+            offset + jnp.arange(t), jnp.arange(k.shape[1]), is_causal=True,
+            window=self.sliding_window,
+        )  # fmt: skip
         return k, v, masks.combine_masks(mask, causal)
 
 

@@ -79,6 +79,7 @@ class Block(nn.Module):
     position: str | None = None  # None, "rope" or "alibi" in self-attention
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
+    sliding_window: int | None = None  # self-attention sees only the last this many positions
     implementation: str | None = None  # attention backend; see dot_product_attention
     kernel_init: Callable = _attention_init  # every projection's kernel
     dtype: Any = None  # compute dtype; the input's when None
@@ -99,7 +100,7 @@ class Block(nn.Module):
             self.norm, eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
         )
 
-    def _attention(self, name, position):
+    def _attention(self, name, position, sliding_window=None):
         return MultiHeadAttention(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -112,6 +113,7 @@ class Block(nn.Module):
             position=position,
             rope_base=self.rope_base,
             rope_scaling=self.rope_scaling,
+            sliding_window=sliding_window,
             implementation=self.implementation,
             kernel_init=self.kernel_init,
             dtype=self.dtype,
@@ -158,7 +160,7 @@ class Block(nn.Module):
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
         # The identity, named for the remat policies that save the layer's input by name.
         x = checkpoint_name(x, LAYER_INPUT)
-        attend = self._attention("self_attention", self.position)
+        attend = self._attention("self_attention", self.position, self.sliding_window)
         x = self._residual(
             x,
             lambda y: attend(

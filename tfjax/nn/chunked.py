@@ -14,6 +14,7 @@ or bias is cut into chunks.
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +23,19 @@ from jax import lax
 from tfjax.nn import masks
 
 
-def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
-                      dropout_rate, dropout_rng, chunk_size):  # fmt: skip
+class _Statics(NamedTuple):
+    """The kernel's static arguments (hashable: custom_vjp's nondiff argument)."""
+
+    is_causal: bool
+    window: int | None
+    scale: float
+    rate: float  # dropout
+    chunk: int  # C
+    key_length: int | None  # S when the last chunk is padded, else None
+
+
+def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
+                      scale, dropout_rate, dropout_rng, chunk_size):  # fmt: skip
     """softmax(Q K^T * scale + bias, masked) V over key chunks of chunk_size.
 
     Args:
@@ -31,6 +43,7 @@ def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_c
       k, v: [B, S, K, H].
       mask, bias: None or broadcastable to the grouped logits [B, K, G, T, S] with a rank of 5.
       segment_ids: [B, T] ints or None; kv_segment_ids: [B, S] (as `masks.segment_mask`).
+      is_causal, window: as `masks.block_mask`.
     Returns:
       [B, K, G, T, H] in qg's dtype.
     """
@@ -50,7 +63,7 @@ def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_c
         ids = (segment_ids, jnp.moveaxis(kv_ids.reshape(b, num_chunks, chunk), 1, 0))
     rng = dropout_rng if dropout_rate > 0.0 else None
     key_length = s if num_chunks * chunk != s else None
-    statics = (is_causal, scale, dropout_rate, chunk, key_length)
+    statics = _Statics(is_causal, window, scale, dropout_rate, chunk, key_length)
     return _attend(qg, kc, vc, mask, bias, ids, rng, statics)
 
 
@@ -92,7 +105,7 @@ def _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics):
     """Chunk j's scaled, biased, masked logits [B, K, G, T, C], the pattern of pairs that may
     attend (None when all may; masked logits are constants that get no gradient) and the
     dropout keep mask (or None)."""
-    is_causal, scale, rate, chunk, key_length = statics
+    is_causal, window, scale, rate, chunk, key_length = statics
     # [B, K, G, T, C]
     logits = jnp.einsum("bkgth,bckh->bkgtc", qg, k_j, preferred_element_type=jnp.float32)
     logits = logits * scale
@@ -101,7 +114,7 @@ def _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics):
     key_positions = j * chunk + jnp.arange(chunk)
     # [B|1, 1, T, C]: this chunk's causal and segment pattern; no [T, S] mask ever exists.
     pattern = masks.block_mask(
-        jnp.arange(qg.shape[3]), key_positions, is_causal=is_causal,
+        jnp.arange(qg.shape[3]), key_positions, is_causal=is_causal, window=window,
         segment_ids=None if ids is None else ids[0], kv_segment_ids=kv_ids_j,
     )  # fmt: skip
     # [B|1, 1, 1, T, C]: one pattern for all heads
@@ -128,7 +141,7 @@ def _scan_inputs(kc, vc, mask, bias, ids):
 
 
 def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics):
-    rate = statics[2]
+    rate = statics.rate
     mask_shared, bias_shared = _per_chunk(mask)[1], _per_chunk(bias)[1]
     b, kh, g, t, h = qg.shape
 
@@ -164,7 +177,7 @@ def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics):
 
 
 def _attend_bwd(statics, residuals, dout):
-    scale, rate = statics[1], statics[2]
+    scale, rate = statics.scale, statics.rate
     qg, kc, vc, mask, bias, ids, rng, out, m, l = residuals
     mask_shared, bias_shared = _per_chunk(mask)[1], _per_chunk(bias)[1]
     bias_chunked = _per_chunk(bias)[0] is not None

@@ -19,21 +19,24 @@ def masked_logits(logits, mask):
     return logits if mask is None else jnp.where(mask, logits, MASKED_LOGIT)
 
 
-def block_mask(query_positions, key_positions, *, is_causal=False, segment_ids=None,
-               kv_segment_ids=None):  # fmt: skip
+def block_mask(query_positions, key_positions, *, is_causal=False, window=None,
+               segment_ids=None, kv_segment_ids=None):  # fmt: skip
     """[B|1, 1, T, S] mask of queries at `query_positions` [T] against keys at `key_positions`
     [S]: a block of a longer sequence, or all of it. None when nothing is masked.
 
     Args:
       is_causal: a query attends to keys at its own position and before.
+      window: a query at p attends only to keys after p - window (sliding-window attention,
+        Mistral, Gemma's local layers: with is_causal, the `window` positions up to p).
       segment_ids: [B, T] the queries' ids; kv_segment_ids: [B, S] the keys' ids (see
         `segment_mask`; segment_ids when None).
     """
-    causal = None
-    if is_causal:
-        causal = (key_positions[None, :] <= query_positions[:, None])[None, None]
+    # [T, S]
+    behind = query_positions[:, None] - key_positions[None, :]
+    causal = (behind >= 0)[None, None] if is_causal else None
+    near = (behind < window)[None, None] if window is not None else None
     same = None if segment_ids is None else segment_mask(segment_ids, kv_segment_ids)
-    return combine_masks(causal, same)
+    return combine_masks(causal, near, same)
 
 
 def causal_mask(length: int, *, offset=0) -> jnp.ndarray:
