@@ -23,7 +23,6 @@ all; causal masking not discounted). --tiny runs toy sizes for the smoke test.
 
 import functools
 import os
-import time
 
 import harness
 import jax
@@ -88,9 +87,7 @@ def time_lengths(impls, lengths, args, dtype, log):
         ref = None
         for impl in impls:
             fns[impl] = grad_fn(impl, args.causal)
-            start = time.perf_counter()
-            grads = harness.block(fns[impl](q, k, v, cot))
-            first_s[impl] = time.perf_counter() - start
+            grads, first_s[impl] = harness.timed_call(functools.partial(fns[impl], q, k, v, cot))
             if ref is None:
                 ref = grads
             max_err[impl] = max(
@@ -132,11 +129,12 @@ def memory_lengths(impls, lengths, args, dtype, log):
     )
     rows, prev = [], None
     for t in lengths:
-        start = time.perf_counter()
-        mem = {
-            impl: temp_bytes(impl, t, args.batch, args.heads, args.head_dim, args.causal, dtype)
-            for impl in impls
-        }
+        mem, compile_s = harness.timed_call(
+            lambda t=t: {
+                impl: temp_bytes(impl, t, args.batch, args.heads, args.head_dim, args.causal, dtype)
+                for impl in impls
+            }
+        )
         row = {"length": t, **{f"{k}_bytes": v for k, v in mem.items()}}
         row["chunked_over_xla"] = mem["chunked"] / mem["xla"]
         growth = ("", "")
@@ -148,7 +146,7 @@ def memory_lengths(impls, lengths, args, dtype, log):
             f"{t:>6} "
             + " ".join(f"{mem[i] / 2**20:>12.1f}" for i in impls)
             + f" {row['chunked_over_xla']:>12.4f} {growth[0]:>9} {growth[1]:>13}"
-            + f"   ({time.perf_counter() - start:.1f}s to compile)"
+            + f"   ({compile_s:.1f}s to compile)"
         )
         rows.append(row)
         prev = row

@@ -38,9 +38,11 @@ GiB = 2**30
 
 def make_config(args, chunks):
     config = experiment.load_config(os.path.join(ROOT, args.config))
+    # The model's context length (the preset's unless the config sets one), widened to T.
+    max_len = experiment.build_model(config, vocab_size=args.vocab_size).max_len
     with config.unlocked():
         config.model.vocab_size = args.vocab_size
-        config.model.max_len = max(args.seq_len, config.model.max_len or 0)  # room for T
+        config.model.max_len = max(args.seq_len, max_len or 0)
         config.dataset.seq_len = args.seq_len
         config.batch_size = config.eval_batch_size = args.batch_size
         config.loss.chunks = chunks

@@ -62,11 +62,16 @@ def block(result):
     return result
 
 
+def timed_call(fn):
+    """(results, seconds) of one call of `fn`, its results ready."""
+    start = time.perf_counter()
+    result = block(fn())
+    return result, time.perf_counter() - start
+
+
 def timed(fn) -> float:
     """Seconds of one call of `fn`, its results ready."""
-    start = time.perf_counter()
-    block(fn())
-    return time.perf_counter() - start
+    return timed_call(fn)[1]
 
 
 def time_rounds(calls: dict, rounds: int, *, warmup: int = 1) -> dict:
