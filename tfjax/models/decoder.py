@@ -35,6 +35,18 @@ _MODERN = dict(
     tie_embeddings=False,
     dropout_rate=0.0,
 )
+_LLAMA3 = dict(_MODERN, num_kv_heads=8, vocab_size=128256, max_len=131072, rope_base=500_000.0,
+               norm_eps=1e-5)  # fmt: skip
+
+
+def _llama3_rope(factor):
+    """Llama 3.1 / 3.2's frequency scaling from their 8,192 pretraining positions."""
+    return tnn.RopeScaling("llama3", factor, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
+
+
+_QWEN2 = dict(_MODERN, rope_base=1_000_000.0, norm_eps=1e-6, qkv_bias=True)
+_QWEN3 = dict(_MODERN, num_kv_heads=8, head_dim=128, vocab_size=151936, max_len=40960,
+              rope_base=1_000_000.0, norm_eps=1e-6, qk_norm=True)  # fmt: skip
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
     # configs/lm.py's CPU experiment (pydoc): trains in minutes on two cores
@@ -55,7 +67,26 @@ VARIANTS = {
         max_len=2048,
         **_MODERN,
     ),
-}
+    # Published checkpoints (interop.load reads their weights); sizes from each config.json.
+    "llama-3.2-1b": dict(_LLAMA3, width=2048, num_layers=16, num_heads=32, mlp_dim=8192,
+                         tie_embeddings=True, rope_scaling=_llama3_rope(32.0)),
+    "llama-3.2-3b": dict(_LLAMA3, width=3072, num_layers=28, num_heads=24, mlp_dim=8192,
+                         tie_embeddings=True, rope_scaling=_llama3_rope(32.0)),
+    "llama-3.1-8b": dict(_LLAMA3, width=4096, num_layers=32, num_heads=32, mlp_dim=14336,
+                         rope_scaling=_llama3_rope(8.0)),
+    "llama-3.1-70b": dict(_LLAMA3, width=8192, num_layers=80, num_heads=64, mlp_dim=28672,
+                          rope_scaling=_llama3_rope(8.0)),
+    "mistral-7b": dict(_MODERN, width=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+                       mlp_dim=14336, vocab_size=32000, max_len=32768, norm_eps=1e-5,
+                       sliding_window=4096),  # v0.1
+    "qwen2.5-0.5b": dict(_QWEN2, width=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                         mlp_dim=4864, vocab_size=151936, max_len=32768, tie_embeddings=True),
+    "qwen2.5-7b": dict(_QWEN2, width=3584, num_layers=28, num_heads=28, num_kv_heads=4,
+                       mlp_dim=18944, vocab_size=152064, max_len=131072),
+    "qwen3-0.6b": dict(_QWEN3, width=1024, num_layers=28, num_heads=16, mlp_dim=3072,
+                       tie_embeddings=True),
+    "qwen3-8b": dict(_QWEN3, width=4096, num_layers=36, num_heads=32, mlp_dim=12288),
+}  # fmt: skip
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 
 
