@@ -10,8 +10,10 @@ optimizer (`tfjax.optim`); `tfjax.checkpoint` restores; then the loop runs `trai
 `tfjax.metrics` reports. Everything of a run lives in the workdir:
 
   run.lock          held by the run that owns the workdir (see `tfjax.workdirs`)
-  config.json       the resolved config (a resume with a changed one keeps the earlier one as
-                    config.<step>.json and logs what changed)
+  config.json       the run's config, file and overrides applied, as it is: fields left None
+                    stay None (model sizes: the preset's; dataset fields: the catalog's); a
+                    resume with a changed one keeps the earlier one as config.<step>.json and
+                    logs what changed
   tokenizer.model   the run's SentencePiece model (text datasets not tokenized as bytes), so
                     that decoding needs only the workdir
   checkpoints/      Orbax checkpoints (parameters, optimizer state, step, rng, data position)
@@ -146,7 +148,7 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
     experiment.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
 
     # ---- data: each process loads its distinct part of the global batch
-    data = tfjax.data.dataset_spec(config)  # resolved once; the loaders read it
+    data = tfjax.data.dataset_spec(config)  # the loaders, their element specs and eval rows
     shard, shards = sharding.data_shard(mesh, rules)
     data_dir = config.data_dir or None
 
