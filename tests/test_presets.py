@@ -46,3 +46,23 @@ def test_published_presets_have_the_model_cards_parameter_counts(variant):
 def test_every_published_preset_is_counted():
     published = {v for v in decoder.VARIANTS if v.startswith(("llama-", "mistral-", "qwen"))}
     assert published == set(CARDS)
+
+
+@pytest.mark.parametrize("variant", sorted(CARDS))
+def test_published_presets_export_a_config_transformers_builds_with_the_same_count(variant):
+    """The preset's exported config.json, built by transformers on the meta device (no memory),
+    has as many parameters as the preset, and loads back as the same model."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tfjax.interop import core
+    from tfjax.interop import decoder as convert
+
+    model = convert.spelled_out(decoder.Model(variant=variant))
+    family = convert.export_family(model)
+    config = core.hf_config(family, model)
+    assert decoder.Model(**core.model_fields(family, config)) == model
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(hf_config)
+    assert type(reference).__name__ == config["architectures"][0]
+    assert sum(p.numel() for p in reference.parameters()) == _count(model)

@@ -101,7 +101,7 @@ def load(directory, **overrides):
 def export(model, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
     if isinstance(model, _decoder.Decoder):
-        return decoder.exporter(model)(model, params)
+        return core.to_hf(decoder.export_family(model), decoder.spelled_out(model), params)
     if isinstance(model, _encoder.Encoder):
         return to_bert(model, params)
     if isinstance(model, _vit.VisionTransformer):

@@ -136,13 +136,17 @@ def from_gpt2(source, config=None, **overrides):
     return core.from_hf(GPT2, source, config, **overrides)
 
 
-def to_gpt2(model: decoder.Decoder, params):
-    """({Hugging Face key: numpy array}, config dict) for a GPT-2-shaped tfjax decoder."""
+def _check_gpt2_heads(model: decoder.Decoder) -> None:
     if model.head_dim not in (None, model.width // model.num_heads):
         raise ValueError(
             f"GPT2LMHeadModel has head_dim = n_embd / n_head = {model.width // model.num_heads}; "
             f"the model's head_dim={model.head_dim}"
         )
+
+
+def to_gpt2(model: decoder.Decoder, params):
+    """({Hugging Face key: numpy array}, config dict) for a GPT-2-shaped tfjax decoder."""
+    _check_gpt2_heads(model)
     return core.to_hf(GPT2, spelled_out(model), params)
 
 
@@ -393,14 +397,15 @@ def to_qwen3(model: decoder.Decoder, params):
     return core.to_hf(QWEN3, spelled_out(model), params)
 
 
-def exporter(model: decoder.Decoder):
-    """The `to_*` function of the Hugging Face family a tfjax decoder exports as, by its fields."""
+def export_family(model: decoder.Decoder) -> core.Family:
+    """The Hugging Face family a tfjax decoder exports as, by its fields."""
     if model.position == "learned":
-        return to_gpt2
+        _check_gpt2_heads(model)
+        return GPT2
     if model.sliding_window is not None:
-        return to_mistral
+        return MISTRAL
     if model.qk_norm:
-        return to_qwen3
+        return QWEN3
     if model.qkv_bias and not model.use_bias:
-        return to_qwen2
-    return to_llama
+        return QWEN2
+    return LLAMA
