@@ -64,7 +64,7 @@ class Block(nn.Module):
     mlp_dim: int  # F
     num_kv_heads: int | None = None  # K; num_heads when None (grouped-query when smaller)
     head_dim: int | None = None  # H; width // num_heads when None
-    activation: str = "relu"  # FFN: "relu", "gelu", "gelu_tanh", "swiglu", "geglu"
+    activation: str = "relu"  # FFN: "relu", "gelu", "gelu_tanh", "quick_gelu", "swiglu", "geglu"
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
     norm_eps: float = 1e-6  # norm epsilon (BERT 1e-12, GPT-2 1e-5)
     norm_position: str = "pre"  # "pre" (x + F(LN(x))) or "post" (LN(x + F(x)), the paper)
@@ -80,6 +80,8 @@ class Block(nn.Module):
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
     sliding_window: int | None = None  # self-attention sees only the last this many positions
+    layer_scale: float | None = None  # init of a learned [D] gamma multiplying each sub-layer's
+    # output before the residual add (CaiT, DINOv2); none when None
     implementation: str | None = None  # attention backend; see dot_product_attention
     kernel_init: Callable = _attention_init  # every projection's kernel
     dtype: Any = None  # compute dtype; the input's when None
@@ -121,12 +123,24 @@ class Block(nn.Module):
             name=name,
         )
 
+    def _scaled(self, y, name):
+        """y [B, T, D] times the sub-layer's learned per-channel gamma [D] (with layer_scale)."""
+        if self.layer_scale is None:
+            return y
+        gamma = self.param(
+            f"{name}_layer_scale",
+            nn.with_logical_partitioning(nn.initializers.constant(self.layer_scale), (axes.EMBED,)),
+            (y.shape[-1],),
+            self.param_dtype,
+        )
+        return y * gamma.astype(y.dtype)
+
     def _residual(self, x, sublayer, name, train):
         """One residual sub-layer with the norm before (pre) or after (post) it."""
         if self.norm_position == "pre":
-            y = sublayer(self._norm(f"{name}_norm")(x))
+            y = self._scaled(sublayer(self._norm(f"{name}_norm")(x)), name)
             return x + nn.Dropout(self.dropout_rate)(y, deterministic=not train)
-        y = nn.Dropout(self.dropout_rate)(sublayer(x), deterministic=not train)
+        y = nn.Dropout(self.dropout_rate)(self._scaled(sublayer(x), name), deterministic=not train)
         return self._norm(f"{name}_norm")(x + y)
 
     @nn.compact

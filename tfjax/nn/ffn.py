@@ -2,7 +2,7 @@
 
 Letters: B batch, T length, D model width, F mlp width.
 Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2),
-                                      silu (Marian)
+                                      silu (Marian), quick_gelu (CLIP)
 GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020)
 """
 
@@ -27,11 +27,18 @@ def gelu(x):
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2**-0.5, x.dtype)))
 
 
+def quick_gelu(x):
+    """x * sigmoid(1.702 x): the sigmoid approximation of GELU (Hendrycks and Gimpel, 2016) that
+    CLIP was trained with; a different function from gelu, not a faster form of it."""
+    return x * jax.nn.sigmoid(jnp.asarray(1.702, x.dtype) * x)
+
+
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu": gelu,
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "silu": jax.nn.silu,  # a.k.a. swish (Marian / Opus-MT)
+    "quick_gelu": quick_gelu,  # CLIP
 }
 GATED_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": gelu}
 ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)
@@ -56,7 +63,7 @@ class Mlp(nn.Module):
     """Two projections with an activation between: max(0, x W1 + b1) W2 + b2 for relu."""
 
     mlp_dim: int  # F
-    activation: str = "relu"  # "relu", "gelu" (exact erf), "gelu_tanh" or "silu"
+    activation: str = "relu"  # "relu", "gelu" (exact erf), "gelu_tanh", "silu" or "quick_gelu"
     dropout_rate: float = 0.0  # on the hidden activations; 0 in Vaswani et al.
     use_bias: bool = True  # biases on both projections
     kernel_init: Callable = default_kernel_init  # both projections
