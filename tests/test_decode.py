@@ -182,3 +182,16 @@ def test_bad_options_name_themselves(gpt):
         decode.generate(model, params, PROMPTS, method="sample", **kw)
     with pytest.raises(ValueError, match="equal length"):
         decode.generate(model, params, PROMPTS, method="beam", **kw)
+
+
+def test_left_padded_prompts_decode_as_the_same_prompts_right_padded(gpt):
+    model, params = gpt
+    right = jnp.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]])
+    left = jnp.array([[5, 6, 7, 8], [0, 0, 9, 10], [0, 0, 0, 11]])
+    np.testing.assert_array_equal(decode.left_aligned(left), right)
+    for method in ("greedy", "sample"):
+        kw = dict(max_new_tokens=5, eos_id=EOS, method=method, rng=jax.random.key(3))
+        want, want_scores = decode.generate(model, params, right, **kw)
+        got, got_scores = decode.generate(model, params, left, **kw)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_scores, want_scores)

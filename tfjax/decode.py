@@ -4,8 +4,9 @@ Letters: B batch, K beams, L buffer length, P prompt length, V vocab.
 
     tokens, scores = decode.generate(model, params, inputs, max_new_tokens=50, eos_id=eos)
 
-`model` is a `tfjax.models.decoder` model (inputs: prompts [B, P], right-padded with 0; the
-result continues each prompt) or a `tfjax.models.transformer` model (inputs: source ids
+`model` is a `tfjax.models.decoder` model (inputs: prompts [B, P], padded with 0 on the right
+or the left (left-padded rows are moved to the left edge first); the result continues each
+prompt) or a `tfjax.models.transformer` model (inputs: source ids
 [B, S]; the result is the target sequence). `tokens` [B, max_new_tokens] holds the generated
 ids, 0 (padding) after an EOS; `scores` [B] the sum of their log-probabilities under the model
 (for beam search divided by the length penalty ((5 + length) / 6)^alpha of Wu et al., 2016,
@@ -71,6 +72,21 @@ def _check(model, inputs, *, method, max_new_tokens, eos_id, beam_size, temperat
         if method == "beam" and (lengths != inputs.shape[1]).any():
             raise ValueError("beam search needs prompts of equal length (no padding)")
     return lengths
+
+
+def left_aligned(prompts) -> np.ndarray:
+    """Prompts [B, P] with each row's leading padding (0) moved to its end: a left-padded batch
+    as the right-padded one the decoder reads (positions then start at 0 in every row)."""
+    prompts = np.asarray(prompts)
+    if prompts.ndim != 2 or not prompts.size:
+        return prompts  # _check names what is wrong with it
+    nonzero = prompts != 0
+    lead = np.where(nonzero.any(1), np.argmax(nonzero, 1), 0)  # [B] leading zeros per row
+    if not lead.any():
+        return prompts
+    # [B, P]: row b read from column (p + lead[b]) mod P
+    columns = (np.arange(prompts.shape[1])[None] + lead[:, None]) % prompts.shape[1]
+    return np.take_along_axis(prompts, columns, axis=1)
 
 
 def _lengths(inputs):
@@ -389,7 +405,7 @@ def generate(
     Args:
       model: a decoder (prompt -> continuation) or transformer (source -> target) model.
       params: its parameters (plain arrays or logically boxed).
-      inputs: [B, P] prompts right-padded with 0, or [B, S] source ids.
+      inputs: [B, P] prompts padded with 0 (right or left), or [B, S] source ids.
       method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha).
       rng: a PRNG key for sampling (the same key gives the same samples).
       use_cache: feed one token per step through the KV cache (False recomputes the prefix).
@@ -409,6 +425,8 @@ def generate(
         top_p=top_p,
     )
     if check:
+        if not _is_encoder_decoder(model):
+            inputs = left_aligned(inputs)
         lengths = _check(model, inputs, **options)
         min_length = int(lengths.min())
     else:
