@@ -153,7 +153,8 @@ FSDP = dict(data=1, fsdp=-1)  # parameters and optimizer state sharded over ever
 def _paper(config, variant, *, seq_len=1024, batch_size=512, remat_policy="full",
            mesh=FSDP, learning_rate=6e-4):  # fmt: skip
     """A published decoder size (its sizes from decoder.VARIANTS) trained on lm1b in bf16."""
-    config.model.update(variant=variant, scan_layers=True, remat_policy=remat_policy)
+    # mlp_dim=None: the preset's, also after "tiny" (which sets its own) earlier in the list
+    config.model.update(variant=variant, mlp_dim=None, scan_layers=True, remat_policy=remat_policy)
     config.dataset.update(name="lm1b", seq_len=seq_len)
     config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=100_000,
                   log_every=100, eval_every=5000, eval_steps=50, dtype="bfloat16")  # fmt: skip
