@@ -8,10 +8,12 @@
 `load` picks the converter from the config's "architectures" (the keys of ARCHITECTURES).
 Each family module also converts a state dict plus a config (`decoder.from_gpt2(state,
 cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3,
-BERT_MLM, BERT_CLASSIFIER, HF_VIT, MARIAN): one table of config.json keys <-> model fields
-and one function of key rules, which import and export both read. Every converter checks
-every key and shape before returning: nothing is loaded half-way. Parameters come back as
-the plain "params" collection, stacked when the model has `scan_layers=True`.
+GEMMA2, GEMMA3,
+BERT_MLM, BERT_CLASSIFIER, HF_VIT, DINOV2, DINOV2_REGISTERS, CLIP_VISION, SIGLIP_VISION,
+MARIAN): one table of config.json keys <-> model fields and one function of key rules,
+which import and export both read. Every converter checks every key and shape before
+returning: nothing is loaded half-way. Parameters come back as the plain "params"
+collection, stacked when the model has `scan_layers=True`.
 
 What loads (every row also exports, `to_*`, and round trips bit for bit):
 
@@ -23,9 +25,20 @@ What loads (every row also exports, `to_*`, and round trips bit for bit):
   Mistral (MistralForCausalLM)            from_mistral       models.decoder (sliding_window)
   Qwen 2 / 2.5 (Qwen2ForCausalLM)         from_qwen2         models.decoder (qkv_bias)
   Qwen 3 (Qwen3ForCausalLM)               from_qwen3         models.decoder (qk_norm, head_dim)
+  Gemma 2 (Gemma2ForCausalLM)             from_gemma2        models.decoder (sandwich norms,
+                                                             soft caps, attention_pattern)
+  Gemma 3 text (Gemma3ForCausalLM)        from_gemma3        models.decoder (+ qk_norm, local
+                                                             and global RoPE)
   BERT (BertForMaskedLM, ...Classif.)     from_bert          models.encoder (mlm / classifier)
   ViT (HF ViTForImageClassification)      from_hf_vit        models.vit
   ViT (timm state dict; export: none)     from_timm_vit      models.vit
+  DINOv2 (Dinov2Model)                    from_dinov2        models.vit, num_classes=None
+                                                             (layer_scale, mask_token,
+                                                             swiglu for giant)
+  DINOv2 + registers                      from_dinov2_registers  models.vit (num_registers)
+  CLIP vision (CLIPVisionModel)           from_clip_vision   models.vit (quick_gelu, pre_norm,
+                                                             final_norm="pooled")
+  SigLIP vision (SiglipVisionModel)       from_siglip_vision models.vit (pool="map")
   Marian / Opus-MT (MarianMTModel)        from_marian        models.transformer; pad != 0
                                                              needs remap_ids=True (ids swapped,
                                                              see marian_id_map)
@@ -38,7 +51,7 @@ Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `trans
 import functools
 import os
 
-from tfjax.interop import attention, core, decoder, encoder, transformer, vit
+from tfjax.interop import attention, core, decoder, encoder, gemma, transformer, vision, vit
 from tfjax.interop.attention import from_torch_mha, to_torch_mha
 from tfjax.interop.core import read_config, read_state_dict, write_safetensors
 from tfjax.interop.decoder import (
@@ -54,6 +67,7 @@ from tfjax.interop.decoder import (
     to_qwen3,
 )
 from tfjax.interop.encoder import from_bert, to_bert
+from tfjax.interop.gemma import from_gemma2, from_gemma3, to_gemma2, to_gemma3
 from tfjax.interop.transformer import (
     from_marian,
     from_torch_transformer,
@@ -62,6 +76,15 @@ from tfjax.interop.transformer import (
     tfjax_to_marian_ids,
     to_marian,
     to_torch_transformer,
+)
+from tfjax.interop.vision import (
+    from_clip_vision,
+    from_dinov2,
+    from_dinov2_registers,
+    from_siglip_vision,
+    to_clip_vision,
+    to_dinov2,
+    to_siglip_vision,
 )
 from tfjax.interop.vit import from_hf_vit, from_timm_vit, resample_posemb, to_hf_vit
 from tfjax.models import decoder as _decoder
@@ -75,9 +98,15 @@ ARCHITECTURES = {
     "MistralForCausalLM": from_mistral,
     "Qwen2ForCausalLM": from_qwen2,
     "Qwen3ForCausalLM": from_qwen3,
+    "Gemma2ForCausalLM": from_gemma2,
+    "Gemma3ForCausalLM": from_gemma3,
     "BertForMaskedLM": functools.partial(from_bert, head="mlm"),
     "BertForSequenceClassification": functools.partial(from_bert, head="classifier"),
     "ViTForImageClassification": from_hf_vit,
+    "Dinov2Model": from_dinov2,
+    "Dinov2WithRegistersModel": from_dinov2_registers,
+    "CLIPVisionModel": from_clip_vision,
+    "SiglipVisionModel": from_siglip_vision,
     "MarianMTModel": from_marian,
 }
 
@@ -105,6 +134,8 @@ def export(model, params):
     if isinstance(model, _encoder.Encoder):
         return to_bert(model, params)
     if isinstance(model, _vit.VisionTransformer):
+        if model.num_classes is None:  # a vision tower (DINOv2, CLIP, SigLIP)
+            return vision.export(model, params)
         return to_hf_vit(model, params)
     if isinstance(model, _transformer.Transformer):
         return to_marian(model, params)
@@ -128,13 +159,20 @@ __all__ = [
     "decoder",
     "encoder",
     "export",
+    "gemma",
     "from_bert",
+    "from_gemma2",
+    "from_gemma3",
+    "from_clip_vision",
+    "from_dinov2",
+    "from_dinov2_registers",
     "from_gpt2",
     "from_hf_vit",
     "from_llama",
     "from_mistral",
     "from_qwen2",
     "from_qwen3",
+    "from_siglip_vision",
     "from_marian",
     "from_timm_vit",
     "from_torch_mha",
@@ -148,16 +186,22 @@ __all__ = [
     "save",
     "tfjax_to_marian_ids",
     "to_bert",
+    "to_gemma2",
+    "to_gemma3",
+    "to_clip_vision",
+    "to_dinov2",
     "to_gpt2",
     "to_hf_vit",
     "to_llama",
     "to_mistral",
     "to_qwen2",
     "to_qwen3",
+    "to_siglip_vision",
     "to_marian",
     "to_torch_mha",
     "to_torch_transformer",
     "transformer",
+    "vision",
     "vit",
     "write_safetensors",
 ]

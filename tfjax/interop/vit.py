@@ -45,8 +45,36 @@ def _cubic(x):
     return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
 
 
-def bicubic_matrix(size_in: int, size_out: int) -> np.ndarray:
-    """[size_out, size_in] weights of torch's bicubic resize (align_corners=False) on one axis."""
+def _cubic_aa(x):
+    """Keys' cubic convolution kernel with a = -0.5 (PIL's; torch's antialiased bicubic)."""
+    x = np.abs(x)
+    near = (1.5 * x - 2.5) * x * x + 1
+    far = ((-0.5 * x + 2.5) * x - 4) * x + 2
+    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def _bicubic_aa_matrix(size_in: int, size_out: int) -> np.ndarray:
+    """torch's bicubic resize with antialias=True (align_corners=False): the kernel widened by
+    the scale when shrinking, taps outside the image left out, each row's weights normalised."""
+    m = np.zeros((size_out, size_in), np.float64)
+    scale = size_in / size_out
+    support = 2.0 * max(scale, 1.0)
+    inv = 1.0 / max(scale, 1.0)
+    for i in range(size_out):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), size_in)
+        j = np.arange(lo, hi)
+        w = _cubic_aa((j - center + 0.5) * inv)
+        m[i, lo:hi] = w / w.sum()
+    return m
+
+
+def bicubic_matrix(size_in: int, size_out: int, *, antialias: bool = False) -> np.ndarray:
+    """[size_out, size_in] weights of torch's bicubic resize (align_corners=False) on one axis;
+    `antialias` as torch's interpolate (DINOv2 with registers resamples with it)."""
+    if antialias:
+        return _bicubic_aa_matrix(size_in, size_out)
     m = np.zeros((size_out, size_in), np.float64)
     scale = size_in / size_out
     for i in range(size_out):
@@ -59,12 +87,15 @@ def bicubic_matrix(size_in: int, size_out: int) -> np.ndarray:
     return m
 
 
-def resample_posemb(posemb, new_grid: tuple[int, int], *, num_prefix_tokens: int = 1):
+def resample_posemb(
+    posemb, new_grid: tuple[int, int], *, num_prefix_tokens: int = 1, antialias: bool = False
+):
     """Position embeddings [1, prefix + h * w, D] of a square grid -> [1, prefix + H * W, D].
 
     Args:
       posemb: learned embeddings; the first `num_prefix_tokens` (the class token) are kept.
       new_grid: (H, W) patches of the new image size.
+      antialias: torch's antialiased bicubic (a = -0.5, normalised taps) instead of the plain one.
     """
     posemb = np.asarray(posemb)
     if posemb.ndim != 3 or posemb.shape[0] != 1:
@@ -81,7 +112,9 @@ def resample_posemb(posemb, new_grid: tuple[int, int], *, num_prefix_tokens: int
     d = grid.shape[-1]
     # [side, side, D] -> [H, W, D]
     grid = grid.reshape(side, side, d).astype(np.float64)
-    out = np.einsum("Hh,hwd,Ww->HWd", bicubic_matrix(side, h), grid, bicubic_matrix(side, w))
+    rows, cols = (bicubic_matrix(side, n, antialias=antialias) for n in (h, w))
+    # [H, W, D]
+    out = np.einsum("Hh,hwd,Ww->HWd", rows, grid, cols)
     out = out.reshape(1, h * w, d).astype(posemb.dtype)
     return np.concatenate([prefix, out], axis=1)
 

@@ -1,19 +1,30 @@
 """Vision Transformer (Dosovitskiy et al., 2021).
 
 Letters: B batch, H, W image height and width, C image channels, D model width, N heads,
-L layers, P patches (tokens); in the patch embedding (p the patch size) X, Y the patch grid's
-rows and columns (H/p, W/p) and I, J a pixel's row and column within its patch (p each). The
-head gives num_classes logits.
+L layers, P patches (tokens), R register tokens; in the patch embedding (p the patch size) X, Y
+the patch grid's rows and columns (H/p, W/p) and I, J a pixel's row and column within its patch
+(p each). The head gives num_classes logits.
 
-Patches embedded by a strided convolution (computed as a matmul), a class token (pool="cls")
-or mean pooling (pool="gap"), learned or 2-D sin-cos position embeddings, pre-LN blocks with
-exact GELU, a final LayerNorm and a linear head (zero-initialised, as in big_vision).
+Patches embedded by a strided convolution (computed as a matmul), a class token (pool="cls"),
+mean pooling (pool="gap") or a multihead-attention pooling head with a learned probe
+(pool="map", big_vision's MAPHead, SigLIP), learned or 2-D sin-cos position embeddings,
+optional register tokens (DINOv2 with registers), an optional LayerNorm before the blocks
+(CLIP), pre-LN blocks with exact GELU by default (or quick_gelu, gelu_tanh, swiglu) and an
+optional layer scale (DINOv2), a final LayerNorm on every token (final_norm="tokens") or on the
+pooled features only (final_norm="pooled", CLIP), and a linear head (zero-initialised, as in
+big_vision), or none (num_classes=None: the pooled features, as a vision tower gives them).
 
     model = vit.Model(variant="B/16", num_classes=1000)
     logits, aux = model.apply(variables, images)        # [B, H, W, 3] float -> [B, num_classes]
+    tower = vit.Model(variant="dinov2-B/14")             # num_classes=None: an encoder
+    pooled, aux = tower.apply(variables, images)        # [B, D]; aux["encoded"] every token
 
 Variants are "<size>/<patch>" with size Ti, S, B, L, H and patch 2, 4, 8, 14, 16 or 32,
-plus "tiny/<patch>" for tests and "demo/<patch>" for configs/vit.py's CPU experiment.
+plus "tiny/<patch>" for tests and "demo/<patch>" for configs/vit.py's CPU experiment, and the
+published vision towers (sizes from their config.json): "dinov2-S/14", "dinov2-B/14",
+"dinov2-L/14", "dinov2-g/14" (with registers: num_registers=4), "clip-B/32", "clip-B/16",
+"clip-L/14" and "siglip-so400m/14". Their learned position embeddings are made for the image
+size in TRAINED_IMAGE_SIZES (init with images of that size to get the checkpoint's shapes).
 """
 
 from typing import Any
@@ -24,6 +35,7 @@ import jax.numpy as jnp
 from tfjax import nn as tnn
 from tfjax.models.common import from_variant
 from tfjax.nn import axes
+from tfjax.nn.ffn import ALL_ACTIVATIONS
 
 SIZES = {
     "tiny": dict(width=32, num_layers=2, mlp_dim=64, num_heads=4),
@@ -36,8 +48,61 @@ SIZES = {
 }
 PATCHES = (2, 4, 8, 14, 16, 32)
 VARIANTS = {f"{s}/{p}": dict(SIZES[s], patch_size=p) for s in SIZES for p in PATCHES}
-POOLS = ("cls", "gap")
+# Published vision towers, sizes and options from their config.json (no classification head;
+# image sizes no multiple of the patch drop their last pixels, as those towers' convolutions do:
+# SigLIP so400m/14 at 384 px is 27 patches of 14 and 6 px).
+_DINOV2 = dict(  # facebook/dinov2-*: layerscale_value 1.0 in config.json (the weights hold
+    # the trained gammas); the mask token is kept for the masked-patch input
+    patch_size=14,
+    num_classes=None,
+    layer_scale=1.0,
+    mask_token=True,
+    norm_eps=1e-6,
+    drop_remainder=True,
+)
+_CLIP = dict(  # openai/clip-vit-*: quick_gelu, no patch bias, LayerNorm before the blocks and
+    # on the pooled class token only (post_layernorm)
+    num_classes=None, activation="quick_gelu", patch_bias=False, pre_norm=True,
+    final_norm="pooled", norm_eps=1e-5, drop_remainder=True,
+)  # fmt: skip
+_SIGLIP = dict(  # google/siglip-*: no class token, attention pooling head, gelu_tanh
+    num_classes=None, pool="map", activation="gelu_tanh", norm_eps=1e-6, drop_remainder=True
+)
+VARIANTS |= {
+    "dinov2-S/14": dict(_DINOV2, width=384, num_layers=12, mlp_dim=1536, num_heads=6),
+    "dinov2-B/14": dict(_DINOV2, width=768, num_layers=12, mlp_dim=3072, num_heads=12),
+    "dinov2-L/14": dict(_DINOV2, width=1024, num_layers=24, mlp_dim=4096, num_heads=16),
+    # SwiGLU with mlp_ratio 4: 2/3 of 4 D rounded up to a multiple of 8 (DINOv2's SwiGLUFFN)
+    "dinov2-g/14": dict(
+        _DINOV2, width=1536, num_layers=40, mlp_dim=4096, num_heads=24, activation="swiglu"
+    ),
+    "clip-B/32": dict(_CLIP, width=768, num_layers=12, mlp_dim=3072, num_heads=12, patch_size=32),
+    "clip-B/16": dict(_CLIP, width=768, num_layers=12, mlp_dim=3072, num_heads=12, patch_size=16),
+    "clip-L/14": dict(_CLIP, width=1024, num_layers=24, mlp_dim=4096, num_heads=16, patch_size=14),
+    "siglip-so400m/14": dict(
+        _SIGLIP,
+        width=1152,
+        num_layers=27,
+        mlp_dim=4304,
+        num_heads=16,
+        patch_size=14,
+    ),
+}
+# The square image size each published tower's position embeddings were made for (config.json's
+# image_size; siglip-so400m-patch14-384).
+TRAINED_IMAGE_SIZES = {
+    "dinov2-S/14": 518,
+    "dinov2-B/14": 518,
+    "dinov2-L/14": 518,
+    "dinov2-g/14": 518,
+    "clip-B/32": 224,
+    "clip-B/16": 224,
+    "clip-L/14": 224,
+    "siglip-so400m/14": 384,
+}
+POOLS = ("cls", "gap", "map")
 POSEMBS = ("learned", "sincos2d")
+FINAL_NORMS = ("tokens", "pooled")
 
 
 class PatchEmbed(nn.Module):
@@ -53,6 +118,7 @@ class PatchEmbed(nn.Module):
 
     features: int  # D
     patch_size: int  # p
+    use_bias: bool = True  # a bias [D] (CLIP's patch embedding has none)
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -68,17 +134,64 @@ class PatchEmbed(nn.Module):
             (p, p, c, self.features),
             self.param_dtype,
         )
-        bias = self.param(
-            "bias",
-            nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
-            (self.features,),
-            self.param_dtype,
-        )
+        bias = jnp.zeros((self.features,), self.param_dtype)
+        if self.use_bias:
+            bias = self.param(
+                "bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
+                (self.features,),
+                self.param_dtype,
+            )
         images, kernel, bias = nn.dtypes.promote_dtype(images, kernel, bias, dtype=self.dtype)
         # [B, X, I, Y, J, C]: patch (x, y) of the grid, its pixel row i and column j
         patches = images.reshape(b, h // p, p, w // p, p, c)
         # [B, X, Y, D]
-        return jnp.einsum("bxiyjc,ijcd->bxyd", patches, kernel) + bias
+        out = jnp.einsum("bxiyjc,ijcd->bxyd", patches, kernel)
+        return out + bias if self.use_bias else out
+
+
+class MapHead(nn.Module):
+    """Multihead attention pooling (big_vision's MAPHead; SigLIP's vision head): a learned
+    probe attends to the tokens, then a residual pre-LN MLP; [B, P, D] -> [B, D]."""
+
+    num_heads: int  # N
+    mlp_dim: int  # F
+    activation: str = "gelu"  # the MLP's; see tfjax.nn.ffn.ALL_ACTIVATIONS
+    norm_eps: float = 1e-6  # LayerNorm epsilon
+    implementation: str | None = None  # attention backend
+    dtype: Any = None  # compute dtype; the input's when None
+    param_dtype: Any = jnp.float32  # storage dtype
+
+    @nn.compact
+    def __call__(self, x):
+        """x: [B, P, D] -> [B, D]."""
+        b, _, d = x.shape
+        probe = self.param(
+            "probe",
+            nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, None, axes.EMBED)),
+            (1, 1, d),
+            self.param_dtype,
+        )
+        # [B, 1, D]: the probe's query attends to every token
+        y = tnn.MultiHeadAttention(
+            num_heads=self.num_heads,
+            implementation=self.implementation,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="attention",
+        )(jnp.broadcast_to(probe.astype(x.dtype), (b, 1, d)), x)
+        z = tnn.make_norm(
+            "layer", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name="norm"
+        )(y)
+        y = y + tnn.make_mlp(
+            self.activation,
+            mlp_dim=self.mlp_dim,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="mlp",
+        )(z)
+        # [B, D]
+        return y[:, 0]
 
 
 class VisionTransformer(nn.Module):
@@ -90,8 +203,23 @@ class VisionTransformer(nn.Module):
     num_layers: int = 12  # L
     mlp_dim: int = 3072  # 4 D
     num_heads: int = 12  # N
-    pool: str = "cls"  # "cls" (class token) or "gap" (mean of patch tokens)
+    pool: str = "cls"  # "cls" (class token), "gap" (mean of patch tokens) or "map" (MapHead)
     posemb: str = "learned"  # "learned" or "sincos2d"
+    activation: str = "gelu"  # FFN: see tfjax.nn.blocks.Block ("quick_gelu" CLIP, "gelu_tanh"
+    # SigLIP, "swiglu" DINOv2 giant)
+    num_registers: int = 0  # R learned tokens after the class token, without position
+    # embeddings (Darcet et al., 2024; DINOv2 with registers)
+    layer_scale: float | None = None  # init of a learned [D] gamma on each sub-layer's output
+    # (DINOv2); none when None
+    pre_norm: bool = False  # a LayerNorm on the embeddings before the blocks (CLIP)
+    final_norm: str = "tokens"  # "tokens": a LayerNorm after the last block on every token;
+    # "pooled": on the pooled features only (CLIP's post_layernorm)
+    patch_bias: bool = True  # a bias in the patch embedding (CLIP has none)
+    drop_remainder: bool = False  # an image size no multiple of patch_size loses its last rows
+    # and columns, as a stride-p convolution does (SigLIP so400m/14 at 384 px: 27 patches, 6 px
+    # dropped); refused when False
+    mask_token: bool = False  # a learned [D] embedding that __call__'s `mask` puts in place of
+    # masked patches (DINOv2, BEiT pre-training)
     dropout_rate: float = 0.0  # embeddings and residual sub-layers
     attention_dropout_rate: float = 0.0  # on attention weights
     norm_eps: float = 1e-6  # LayerNorm epsilon
@@ -103,18 +231,34 @@ class VisionTransformer(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        for field, value, allowed in (("pool", self.pool, POOLS), ("posemb", self.posemb, POSEMBS)):
+        for field, value, allowed in (
+            ("pool", self.pool, POOLS),
+            ("posemb", self.posemb, POSEMBS),
+            ("final_norm", self.final_norm, FINAL_NORMS),
+            ("activation", self.activation, ALL_ACTIVATIONS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{field}={value!r} is unknown; allowed: {allowed}")
+        if self.num_registers < 0:
+            raise ValueError(f"num_registers must be 0 or more, got {self.num_registers}")
         super().__post_init__()
 
+    def _norm(self, name):
+        return tnn.make_norm(
+            "layer", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+        )
+
     @nn.compact
-    def __call__(self, images, *, train=False):
+    def __call__(self, images, *, mask=None, train=False):
         """Args:
-          images: [B, H, W, C] floats; H and W divisible by patch_size.
+          images: [B, H, W, C] floats; H and W divisible by patch_size (or drop_remainder).
+          mask: optional [B, P] booleans (P = H/p * W/p, row-major), True where a patch is
+            replaced by the mask token (needs mask_token=True).
         Returns:
-          ([B, num_classes] logits, or the [B, D] pre-logits without a head, aux) with
-          aux["pre_logits"] [B, D] and aux["encoded"] [B, P(+1), D].
+          ([B, num_classes] logits, or the [B, D] pooled features without a head, aux) with
+          aux["pre_logits"] [B, D] (the pooled features) and aux["encoded"] [B, 1 + R + P, D]
+          (every token after the blocks and, with final_norm="tokens", the final norm; no
+          class token with pool "gap" or "map").
         """
         if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
             raise ValueError(
@@ -122,15 +266,37 @@ class VisionTransformer(nn.Module):
             )
         _, height, width, _ = images.shape
         p = self.patch_size
-        if height % p or width % p:
-            raise ValueError(f"image size {height}x{width} is not divisible by patch_size={p}")
+        if (height % p or width % p) and not self.drop_remainder:
+            raise ValueError(
+                f"image size {height}x{width} is not divisible by patch_size={p} (set "
+                "drop_remainder=True to drop the last rows and columns)"
+            )
+        images = images[:, : height - height % p, : width - width % p]
         # [B, X, Y, D]
         x = PatchEmbed(
-            self.width, p, dtype=self.dtype, param_dtype=self.param_dtype, name="patch_embed"
+            self.width,
+            p,
+            use_bias=self.patch_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="patch_embed",
         )(images)
         b, gh, gw, d = x.shape
         # [B, P, D]
         x = x.reshape(b, gh * gw, d)
+        if self.mask_token:
+            token = self.param(
+                "mask_token",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
+                (d,),
+                self.param_dtype,
+            )
+            if mask is not None:
+                if mask.shape != (b, gh * gw):
+                    raise ValueError(f"mask must be [B, P] = {(b, gh * gw)}, got {mask.shape}")
+                x = jnp.where(mask[..., None], token.astype(x.dtype), x)
+        elif mask is not None:
+            raise ValueError("a mask needs a model with mask_token=True")
         if self.pool == "cls":
             cls = self.param(
                 "cls",
@@ -153,11 +319,24 @@ class VisionTransformer(nn.Module):
         else:  # fixed; the class token gets none (as in MoCo v3)
             pe = jnp.pad(tnn.sincos_2d(gh, gw, d), ((n_cls, 0), (0, 0)))[None]
         x = x + pe.astype(x.dtype)
+        if self.num_registers:  # after the class token, with no position embedding
+            registers = self.param(
+                "registers",
+                nn.with_logical_partitioning(nn.initializers.zeros, (None, None, axes.EMBED)),
+                (1, self.num_registers, d),
+                self.param_dtype,
+            )
+            registers = jnp.broadcast_to(registers.astype(x.dtype), (b, self.num_registers, d))
+            # [B, 1 + R + P, D]
+            x = jnp.concatenate([x[:, :n_cls], registers, x[:, n_cls:]], axis=1)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+        if self.pre_norm:
+            x = self._norm("pre_norm")(x)
         block = tnn.Block(
             num_heads=self.num_heads,
             mlp_dim=self.mlp_dim,
-            activation="gelu",
+            activation=self.activation,
+            layer_scale=self.layer_scale,
             norm_eps=self.norm_eps,
             norm_position="pre",
             dropout_rate=self.dropout_rate,
@@ -171,10 +350,27 @@ class VisionTransformer(nn.Module):
             block,
             scan_layers=self.scan_layers,
             remat_policy=self.remat_policy,
+            final_norm=self.final_norm == "tokens",
             name="encoder",
         )(x, train=train)
         # [B, D]
-        pre_logits = x[:, 0] if self.pool == "cls" else x.mean(axis=1)
+        if self.pool == "cls":
+            pre_logits = x[:, 0]
+        elif self.pool == "gap":  # the patch tokens (not the registers)
+            pre_logits = x[:, self.num_registers :].mean(axis=1)
+        else:
+            pre_logits = MapHead(
+                self.num_heads,
+                self.mlp_dim,
+                activation=self.activation,
+                norm_eps=self.norm_eps,
+                implementation=self.implementation,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name="map_head",
+            )(x)
+        if self.final_norm == "pooled":
+            pre_logits = self._norm("pooled_norm")(pre_logits)
         aux = {"encoded": x, "pre_logits": pre_logits}
         if self.num_classes is None:
             return pre_logits, aux
