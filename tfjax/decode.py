@@ -64,7 +64,9 @@ def _check(model, inputs, *, method, max_new_tokens, eos_id, beam_size, temperat
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if not _is_encoder_decoder(model):
         total = inputs.shape[1] + max_new_tokens
-        if model.position == "learned" and total > model.max_len:  # the table's last row
+        # A learned position table ends at max_len (RoPE goes on; a model without the field: as
+        # learned)
+        if getattr(model, "position", "learned") == "learned" and total > model.max_len:
             raise ValueError(
                 f"prompt length {inputs.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
                 f"exceeds the model's max_len={model.max_len}"
