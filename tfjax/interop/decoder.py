@@ -399,6 +399,10 @@ def to_qwen3(model: decoder.Decoder, params):
 
 def export_family(model: decoder.Decoder) -> core.Family:
     """The Hugging Face family a tfjax decoder exports as, by its fields."""
+    if model.norm_position == "sandwich":  # Gemma 2 / 3
+        from tfjax.interop import gemma  # noqa: PLC0415 (gemma imports this module)
+
+        return gemma.export_family(model)
     if model.position == "learned":
         _check_gpt2_heads(model)
         return GPT2

@@ -4,7 +4,12 @@ Letters: B batch, T length, D model width, V vocab.
 
 GPT-2: learned positions, pre-LN blocks with biases, tanh-GELU FFN, a final LayerNorm and the
 output projection tied to the token embeddings. The modern variant (as in Llama): RMSNorm,
-SwiGLU FFN, RoPE, grouped-query attention, no biases, untied output projection.
+SwiGLU FFN, RoPE, grouped-query attention, no biases, untied output projection. Gemma 2 / 3
+add a norm after each sub-layer too ("sandwich"), RMSNorm with (1 + w), embeddings scaled by
+sqrt(D), GeGLU, soft caps on the attention and output logits (Gemma 2), and local
+(sliding-window) and global layers in a repeating `attention_pattern`, each kind with its own
+RoPE (Gemma 3). Layers that differ only so keep one parameter shape: a scanned stack passes
+each layer's kind as a scanned index (tfjax.nn.Stack's `variants`).
 
     model = decoder.Model(variant="gpt2-small", vocab_size=50257)
     logits, aux = model.apply(variables, tokens)            # [B, T] -> [B, T, V]
@@ -44,6 +49,14 @@ def _llama3_rope(factor):
     return tnn.RopeScaling("llama3", factor, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
 
 
+_GEMMA = dict(position="rope", norm="rms_plus_one", norm_position="sandwich",
+              activation="geglu_tanh", use_bias=False, tie_embeddings=True, dropout_rate=0.0,
+              scale_embeddings=True, norm_eps=1e-6, head_dim=256, attention_scalar=256)  # fmt: skip
+_GEMMA2 = dict(_GEMMA, vocab_size=256000, max_len=8192, attention_softcap=50.0,
+               final_logit_softcap=30.0, sliding_window=4096,
+               attention_pattern=("local", "global"))  # fmt: skip
+_GEMMA3 = dict(_GEMMA, qk_norm=True, rope_base=1_000_000.0, local_rope_base=10_000.0,
+               attention_pattern=("local",) * 5 + ("global",))  # fmt: skip
 _QWEN2 = dict(_MODERN, rope_base=1_000_000.0, norm_eps=1e-6, qkv_bias=True)
 _QWEN3 = dict(_MODERN, num_kv_heads=8, head_dim=128, vocab_size=151936, max_len=40960,
               rope_base=1_000_000.0, norm_eps=1e-6, qk_norm=True)  # fmt: skip
@@ -86,8 +99,20 @@ VARIANTS = {
     "qwen3-0.6b": dict(_QWEN3, width=1024, num_layers=28, num_heads=16, mlp_dim=3072,
                        tie_embeddings=True),
     "qwen3-8b": dict(_QWEN3, width=4096, num_layers=36, num_heads=32, mlp_dim=12288),
+    "gemma-2-2b": dict(_GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4,
+                       mlp_dim=9216),
+    "gemma-2-9b": dict(_GEMMA2, width=3584, num_layers=42, num_heads=16, num_kv_heads=8,
+                       mlp_dim=14336),
+    "gemma-3-1b": dict(_GEMMA3, width=1152, num_layers=26, num_heads=4, num_kv_heads=1,
+                       mlp_dim=6912, vocab_size=262144, max_len=32768, sliding_window=512),
+    # the text part of gemma-3-4b-pt (Gemma3ForConditionalGeneration's text_config)
+    "gemma-3-4b": dict(_GEMMA3, width=2560, num_layers=34, num_heads=8, num_kv_heads=4,
+                       mlp_dim=10240, vocab_size=262208, max_len=131072, sliding_window=1024,
+                       rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
 }  # fmt: skip
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+NORM_POSITIONS = ("pre", "sandwich")
+LAYER_KINDS = ("local", "global")  # attention_pattern's entries, in Stack variant order
 
 
 class Decoder(nn.Module):
@@ -104,14 +129,30 @@ class Decoder(nn.Module):
     position: str = "learned"  # "learned", "sinusoidal", "rope" or "alibi"
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: tnn.position.RopeScaling | None = None  # RoPE past the training length
-    sliding_window: int | None = None  # attend only to the last this many positions (Mistral)
+    sliding_window: int | None = None  # attend only to the last this many positions (Mistral;
+    # with attention_pattern, the "local" layers only)
+    attention_pattern: tuple[str, ...] | None = None  # the layers' self-attention kinds,
+    # repeated over the stack: "local" (sliding_window) or "global" (every position); Gemma 2:
+    # ("local", "global"); None: every layer as sliding_window says
+    local_rope_base: float | None = None  # RoPE base of the "local" layers (Gemma 3: 10,000);
+    # rope_base when None (rope_base and rope_scaling are the "global" layers')
+    local_rope_scaling: tnn.position.RopeScaling | None = None  # the "local" layers' RoPE
+    # scaling; none when None
+    attention_scalar: float | None = None  # attention logits are q.k / sqrt(attention_scalar);
+    # head_dim when None (Gemma's query_pre_attn_scalar)
+    attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
+    final_logit_softcap: float | None = None  # output logits -> c * tanh(logits / c) (Gemma 2)
     activation: str = "gelu_tanh"  # GPT-2's GELU approximation
-    norm: str = "layer"  # "layer" or "rms"
+    norm: str = "layer"  # "layer", "rms" or "rms_plus_one" (Gemma: x / rms(x) * (1 + w))
+    norm_position: str = "pre"  # "pre" or "sandwich" (Gemma: a norm before and after each
+    # sub-layer)
     norm_eps: float = 1e-5  # GPT-2's LayerNorm epsilon
     use_bias: bool = True  # biases in attention and FFN
     qkv_bias: bool | None = None  # biases on Q, K, V only (Qwen 2); use_bias when None
     qk_norm: bool = False  # RMSNorm of each query and key head over H (Qwen 3)
     tie_embeddings: bool = True  # output projection = token embeddings^T
+    scale_embeddings: bool = False  # token embeddings times sqrt(D), rounded to param_dtype
+    # (Gemma)
     dropout_rate: float = 0.1  # embeddings and residual sub-layers (GPT-2: 0.1)
     attention_dropout_rate: float = 0.0  # on attention weights
     init_stddev: float = 0.02  # GPT-2's init scale
@@ -124,7 +165,47 @@ class Decoder(nn.Module):
     def __post_init__(self):
         if self.position not in POSITIONS:
             raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(
+                f"norm_position={self.norm_position!r} is unknown; allowed: {NORM_POSITIONS}"
+            )
+        pattern = self.attention_pattern
+        if pattern is not None:
+            if not pattern or any(kind not in LAYER_KINDS for kind in pattern):
+                raise ValueError(
+                    f"attention_pattern={pattern!r}: each entry must be one of {LAYER_KINDS}"
+                )
+            if "local" in pattern and self.sliding_window is None:
+                raise ValueError(
+                    f"attention_pattern={pattern!r} has local layers, which need sliding_window"
+                )
+        elif (self.local_rope_base, self.local_rope_scaling) != (None, None):
+            raise ValueError(
+                "local_rope_base and local_rope_scaling need an attention_pattern (the layers "
+                "they apply to)"
+            )
         super().__post_init__()
+
+    def layer_variants(self):
+        """(the attention variants of the stack's blocks, each layer's index into them or None).
+
+        Without attention_pattern: one variant (sliding_window, rope_base, rope_scaling).
+        """
+        everywhere = tnn.LayerAttention(self.sliding_window, self.rope_base, self.rope_scaling)
+        if self.attention_pattern is None:
+            return (everywhere,), None
+        local = tnn.LayerAttention(
+            self.sliding_window,
+            self.rope_base if self.local_rope_base is None else self.local_rope_base,
+            self.local_rope_scaling,
+        )
+        kinds = {"local": local, "global": everywhere._replace(sliding_window=None)}
+        pattern = self.attention_pattern
+        per_layer = [kinds[pattern[i % len(pattern)]] for i in range(self.num_layers)]
+        variants = tuple(dict.fromkeys(per_layer))  # the distinct ones, in order of first use
+        if len(variants) == 1:
+            return variants, None
+        return variants, tuple(variants.index(v) for v in per_layer)
 
     def setup(self):
         # The modules the output head shares with __call__, here so that `logits` can be
@@ -132,6 +213,8 @@ class Decoder(nn.Module):
         self.embed = tnn.Embed(
             self.vocab_size,
             self.width,
+            scale_by_sqrt_width=self.scale_embeddings,
+            scale_dtype=self.param_dtype if self.scale_embeddings else None,
             init_stddev=self.init_stddev,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
@@ -151,6 +234,9 @@ class Decoder(nn.Module):
         """The output head: x [B, T, D] final hidden states -> [B, T, V] logits."""
         # [B, T, V]
         logits = self.embed.attend(x) if self.tie_embeddings else self.output_proj(x)
+        if self.final_logit_softcap is not None:
+            cap = self.final_logit_softcap
+            logits = cap * jnp.tanh(logits / cap)
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
 
     @nn.compact
@@ -187,6 +273,7 @@ class Decoder(nn.Module):
         elif self.position == "sinusoidal":
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+        variants, layer_variants = self.layer_variants()
         block = tnn.Block(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -195,7 +282,7 @@ class Decoder(nn.Module):
             activation=self.activation,
             norm=self.norm,
             norm_eps=self.norm_eps,
-            norm_position="pre",
+            norm_position=self.norm_position,
             causal=True,
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
@@ -206,6 +293,9 @@ class Decoder(nn.Module):
             rope_base=self.rope_base,
             rope_scaling=self.rope_scaling,
             sliding_window=self.sliding_window,
+            attention_variants=variants,
+            attention_scale=None if self.attention_scalar is None else self.attention_scalar**-0.5,
+            attention_softcap=self.attention_softcap,
             implementation=self.implementation,
             kernel_init=init,
             dtype=self.dtype,
@@ -217,6 +307,7 @@ class Decoder(nn.Module):
             block,
             scan_layers=self.scan_layers,
             remat_policy=self.remat_policy,
+            variants=layer_variants,
             name="decoder",
         )(x, segment_ids=segment_ids, positions=pos, train=train, decode=decode)
         return (self.logits(x) if apply_head else x), {"pre_logits": x}

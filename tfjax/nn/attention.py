@@ -4,7 +4,8 @@ Letters: B batch, T query length, S key/value length, N query heads, K key/value
 G query heads per kv head (N = K * G), H head dim, D model width; E = N * H (or K * H), heads
 and head dim as one axis in the projections' 2-D matmuls.
 
-`dot_product_attention` computes softmax(Q K^T / sqrt(H)) V with grouped-query heads:
+`dot_product_attention` computes softmax(Q K^T / sqrt(H)) V with grouped-query heads (and
+optionally Gemma 2's soft cap on the logits, softcap * tanh(logits / softcap)):
 - "xla": the plain formula (`_xla_attention`, below); materialises the [B, N, T, S] weights.
 - "cudnn": cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
 - "splash": the Pallas splash (flash) attention kernel for TPUs (tfjax.nn.splash): causal and
@@ -21,7 +22,7 @@ kernels compare ids block by block, where a dense [B, 1, T, S] mask is read whol
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -76,6 +77,12 @@ _einsum_f32_low.defvjp(_einsum_f32_low_fwd, _einsum_f32_low_bwd)
 # The formula ("xla"): softmax(Q K^T * scale + bias, masked) V, written out.
 
 
+def check_softcap(softcap) -> None:
+    """Raises unless `softcap` is None or a positive number."""
+    if softcap is not None and not (isinstance(softcap, int | float) and softcap > 0):
+        raise ValueError(f"softcap must be a positive number or None, got {softcap!r}")
+
+
 def _head_groups(num_heads, num_kv_heads):
     """How the einsums lay the query heads over the kv heads: (the query heads' axes, their
     einsum letters, the kv heads' letters).
@@ -116,8 +123,10 @@ def _grouped_like_heads(x, groups):
     return x.reshape(b, *(groups if n > 1 else (1,) * len(groups)), t, s)
 
 
-def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale):
-    """Biased, masked float32 logits [B, *groups, T, S] (see _head_groups) and the head letters."""
+def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale,
+            softcap=None):  # fmt: skip
+    """Capped, biased, masked float32 logits [B, *groups, T, S] (see _head_groups) and the head
+    letters."""
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     groups, q_heads, kv_heads = _head_groups(n, kh)
@@ -131,6 +140,8 @@ def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
     kt = jnp.swapaxes(k, 1, 2)
     # [B, N, T, S] or [B, K, G, T, S]
     logits = _einsum_f32(f"b{q_heads}th,b{kv_heads}sh->b{q_heads}ts", _heads_first(q, groups), kt)
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
     if bias is not None:
         logits = logits + _grouped_like_heads(bias, groups).astype(jnp.float32)
     # [B|1, N|1, T, S]
@@ -143,25 +154,25 @@ def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
 
 
 def attention_weights(q, k, *, mask=None, bias=None, segment_ids=None, kv_segment_ids=None,
-                      is_causal=False, window=None, scale=None):  # fmt: skip
+                      is_causal=False, window=None, scale=None, softcap=None):  # fmt: skip
     """[B, N, T, S] softmax weights in float32 (for inspection; the "xla" path uses the same
     logits but normalises its output instead). Arguments as in dot_product_attention."""
     b, t, n, _ = q.shape
     logits, _, _ = _logits(
         q, k, mask=mask, bias=bias, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        is_causal=is_causal, window=window, scale=scale,
+        is_causal=is_causal, window=window, scale=scale, softcap=softcap,
     )  # fmt: skip
     # [B, *groups, T, S] -> [B, N, T, S]
     return jax.nn.softmax(logits, axis=-1).reshape(b, n, t, k.shape[1])
 
 
 def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale,
-                   dropout_rate, dropout_rng):  # fmt: skip
+                   softcap, dropout_rate, dropout_rng):  # fmt: skip
     b, t, n, _ = q.shape
     # [B, *groups, T, S]
     logits, q_heads, kv_heads = _logits(
         q, k, mask=mask, bias=bias, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        is_causal=is_causal, window=window, scale=scale,
+        is_causal=is_causal, window=window, scale=scale, softcap=softcap,
     )  # fmt: skip
     # The softmax's division is applied to the [.., T, H] output rather than to the [.., T, S]
     # weights, as flash attention does: one pass fewer over the largest tensor, and no
@@ -181,7 +192,7 @@ def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, 
 
 
 def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
-                       scale, dropout_rate, dropout_rng, chunk_size):  # fmt: skip
+                       scale, softcap, dropout_rate, dropout_rng, chunk_size):  # fmt: skip
     """The chunked kernel (tfjax.nn.chunked) on [B, T, N, H] queries; its einsums take them
     grouped by kv head, [B, K, G, T, H], G = 1 included."""
     n, kh = q.shape[2], k.shape[2]
@@ -192,6 +203,7 @@ def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_caus
         bias=_grouped_like_heads(bias, groups), segment_ids=segment_ids,
         kv_segment_ids=kv_segment_ids, is_causal=is_causal, window=window, scale=scale,
         dropout_rate=dropout_rate, dropout_rng=dropout_rng, chunk_size=chunk_size,
+        softcap=softcap,
     )  # fmt: skip
     # [B, T, N, H]
     return _heads_last(out)
@@ -210,11 +222,12 @@ def check_implementation(implementation) -> None:
         )
 
 
-def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, implementation,
-                  dropout_rate, dropout_rng):  # fmt: skip
+def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, softcap,
+                  implementation, dropout_rate, dropout_rng):  # fmt: skip
     check_implementation(implementation)
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive int (keys per query) or None, got {window!r}")
+    check_softcap(softcap)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(
@@ -262,7 +275,7 @@ def target_platform() -> str:
 
 
 def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None,
-                             window=None) -> str | None:  # fmt: skip
+                             window=None, softcap=None) -> str | None:  # fmt: skip
     """Why cuDNN cannot run this call on `platform` (the target's when None), or None when it
     can."""
     platform = platform or target_platform()
@@ -270,6 +283,8 @@ def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None
         return f"it needs a GPU and the target is {platform!r}"
     if window is not None:  # jax.nn's local_window_size is not wired in (no GPU to test it)
         return "tfjax does not pass a sliding window to it yet"
+    if softcap is not None:
+        return "jax.nn.dot_product_attention has no logit soft-capping (softcap)"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"it needs bfloat16 or float16 inputs, got {q.dtype}"
     if dropout_rate > 0.0:
@@ -283,13 +298,13 @@ def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None
 
 
 def _unavailable_reason(implementation, q, k, mask, bias, window, dropout_rate,
-                        platform) -> str | None:  # fmt: skip
+                        platform, softcap=None) -> str | None:  # fmt: skip
     """Why `implementation` cannot run this call on `platform`, or None when it can."""
     if implementation == "cudnn":
-        return cudnn_unsupported_reason(q, k, dropout_rate, platform, window)
+        return cudnn_unsupported_reason(q, k, dropout_rate, platform, window, softcap)
     if implementation == "splash":
         reason = splash.unsupported_reason(
-            mask=mask, bias=bias, window=window, dropout_rate=dropout_rate
+            mask=mask, bias=bias, window=window, dropout_rate=dropout_rate, softcap=softcap
         )
         if reason is None and platform == "gpu":
             reason = "it is a TPU kernel and the target is a GPU"
@@ -303,14 +318,14 @@ def _unfused(key_length: int) -> str:
 
 
 def choose_implementation(q, k, *, mask=None, bias=None, window=None, dropout_rate=0.0,
-                          platform: str | None = None) -> str:  # fmt: skip
+                          platform: str | None = None, softcap=None) -> str:  # fmt: skip
     """The implementation `implementation=None` runs, for the target platform (the one place
     where that is decided): cuDNN on GPUs where it applies; from SPLASH_MIN_LENGTH keys the
     splash kernel on TPUs where it applies; from CHUNKED_MIN_LENGTH keys "chunked"; else "xla".
     """
     platform = platform or target_platform()
     s = k.shape[1]
-    args = (q, k, mask, bias, window, dropout_rate, platform)
+    args = (q, k, mask, bias, window, dropout_rate, platform, softcap)
     if platform == "gpu" and _unavailable_reason("cudnn", *args) is None:
         return "cudnn"
     if (
@@ -368,12 +383,13 @@ def dot_product_attention(
     is_causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    softcap: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng=None,
     implementation: str | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ):
-    """softmax(Q K^T * scale + bias, masked) V with grouped-query heads.
+    """softmax(cap(Q K^T * scale) + bias, masked) V with grouped-query heads.
 
     Args:
       q: [B, T, N, H] queries.
@@ -387,14 +403,16 @@ def dot_product_attention(
       window: query t attends only keys s > t - window (sliding-window attention; with
         is_causal the `window` keys up to t), built like is_causal.
       scale: logit scale; 1/sqrt(H) when None.
+      softcap: None, or the soft cap of the scaled logits: cap(x) = softcap * tanh(x / softcap)
+        (Gemma 2; splash and cuDNN do not take it, so the automatic choice passes them over).
       dropout_rate: dropout on the attention weights (needs dropout_rng).
       implementation: "xla", "cudnn", "splash", "chunked" or None (`choose_implementation`).
       chunk_size: key chunk length C of the "chunked" path.
     Returns:
       [B, T, N, H] in q's dtype.
     """
-    _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, implementation,
-                  dropout_rate, dropout_rng)  # fmt: skip
+    _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, softcap,
+                  implementation, dropout_rate, dropout_rng)  # fmt: skip
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     platform = target_platform()
     if kv_segment_ids is None:
@@ -403,11 +421,11 @@ def dot_product_attention(
     if implementation is None:
         implementation = choose_implementation(
             q, k, mask=mask, bias=bias, window=window, dropout_rate=dropout_rate,
-            platform=platform,
+            platform=platform, softcap=softcap,
         )  # fmt: skip
     else:
         reason = _unavailable_reason(
-            implementation, q, k, mask, bias, window, dropout_rate, platform
+            implementation, q, k, mask, bias, window, dropout_rate, platform, softcap
         )
         if reason:
             raise ValueError(f'implementation="{implementation}" is not available: {reason}')
@@ -424,9 +442,10 @@ def dot_product_attention(
         implementation = _unfused(k.shape[1])
     if implementation == "chunked":
         return _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal,
-                                  window, scale, dropout_rate, dropout_rng, chunk_size)  # fmt: skip
+                                  window, scale, softcap, dropout_rate, dropout_rng,
+                                  chunk_size)  # fmt: skip
     return _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
-                          scale, dropout_rate, dropout_rng)  # fmt: skip
+                          scale, softcap, dropout_rate, dropout_rng)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -434,6 +453,16 @@ def dot_product_attention(
 
 default_kernel_init = nn.initializers.xavier_uniform()
 POSITIONS = (None, "rope", "alibi")
+QK_NORMS = ("rms", "rms_plus_one")
+
+
+class LayerAttention(NamedTuple):
+    """What may differ between the self-attention of a stack's layers while their parameters
+    have one shape: Gemma's local (sliding-window) and global layers, each with its RoPE."""
+
+    sliding_window: int | None = None  # keys within the last this many positions; all when None
+    rope_base: float = 10_000.0  # RoPE wavelength base
+    rope_scaling: RopeScaling | None = None  # RoPE past the training length
 
 
 class MultiHeadAttention(nn.Module):
@@ -455,12 +484,17 @@ class MultiHeadAttention(nn.Module):
         None  # biases on Q, K, V (Qwen 2: not on the output); use_bias when None
     )
     qk_norm: bool = False  # RMSNorm of each query and key head over H, before RoPE (Qwen 3)
+    qk_norm_kind: str = "rms"  # qk_norm's norm: "rms" or "rms_plus_one" (Gemma 3)
     norm_eps: float = 1e-6  # qk_norm's epsilon
     dropout_rate: float = 0.0  # dropout on the attention weights
     position: str | None = None  # None, "rope" or "alibi" (self-attention only)
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
     sliding_window: int | None = None  # self-attention sees only the last this many positions
+    variants: tuple[LayerAttention, ...] = ()  # per-layer alternatives to the three fields
+    # above, one picked by each call's `variant` (Gemma's local and global layers); () for none
+    scale: float | None = None  # logit scale; head_dim**-0.5 when None (Gemma: a config's)
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
     implementation: str | None = None  # see dot_product_attention
     kernel_init: Callable = default_kernel_init  # for all four projections
     dtype: Any = None  # compute dtype; the input's when None
@@ -475,7 +509,10 @@ class MultiHeadAttention(nn.Module):
             )
         if self.position not in POSITIONS:
             raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        if self.qk_norm_kind not in QK_NORMS:
+            raise ValueError(f"qk_norm_kind={self.qk_norm_kind!r} is unknown; allowed: {QK_NORMS}")
         check_implementation(self.implementation)
+        check_softcap(self.softcap)
         super().__post_init__()
 
     @nn.compact
@@ -491,6 +528,7 @@ class MultiHeadAttention(nn.Module):
         positions=None,
         train: bool = False,
         decode: bool = False,
+        variant=None,
     ):
         """Attends from x to itself (context None) or to context.
 
@@ -506,6 +544,8 @@ class MultiHeadAttention(nn.Module):
             onwards when decoding) when None.
           train: enables attention dropout (rng stream "dropout").
           decode: use and update the KV cache (self-attention only).
+          variant: with `variants`, the index of the one this call uses: an int, or a traced
+            int32 scalar (a scanned stack's layer), which picks by `lax.switch`.
         Returns:
           [B, T, out_features].
         """
@@ -516,7 +556,23 @@ class MultiHeadAttention(nn.Module):
         offset = self._cache_index() if decoding else 0
         if positions is None:
             positions = offset + jnp.arange(x.shape[1])
-        q, k, v = self._project_qkv(x, context, positions if self_attention else None)
+        choices = self.variants or (
+            LayerAttention(self.sliding_window, self.rope_base, self.rope_scaling),
+        )
+        if len(choices) > 1 and variant is None:
+            raise ValueError(
+                f"MultiHeadAttention: {len(choices)} variants need the call's `variant` (an index)"
+            )
+        q, k, v = self._project_qkv(x, context)
+        if self_attention and self.position == "rope":
+
+            def rotate(choice):
+                return tuple(
+                    position.rope(y, positions, base=choice.rope_base, scaling=choice.rope_scaling)
+                    for y in (q, k)
+                )
+
+            q, k = _by_variant(variant, choices, rotate)
         if self_attention:
             kv_segment_ids = segment_ids
         else:
@@ -529,23 +585,36 @@ class MultiHeadAttention(nn.Module):
                     "MultiHeadAttention: decode=True takes a mask, not segment_ids (the cache "
                     "keeps no ids)"
                 )
-            k, v, mask = self._update_cache(k, v, mask, offset)
-            is_causal = False  # the cache mask is causal (and windowed) already
+            k, v = self._update_cache(k, v, offset)
         bias = None
         if self_attention and self.position == "alibi":
             bias = position.alibi_bias(q.shape[2], positions, jnp.arange(k.shape[1]))
-        window = self.sliding_window if self_attention and not decoding else None
-        patterns = dict(mask=mask, bias=bias, segment_ids=segment_ids,
-                        kv_segment_ids=kv_segment_ids, is_causal=is_causal,
-                        window=window)  # fmt: skip
         rate = self.dropout_rate if train else 0.0
         dropout_rng = self.make_rng("dropout") if rate > 0.0 else None
-        if self.is_mutable_collection("intermediates"):
-            self.sow("intermediates", "attention_weights", attention_weights(q, k, **patterns))
-        out = dot_product_attention(
-            q, k, v, **patterns, dropout_rate=rate, dropout_rng=dropout_rng,
-            implementation=self.implementation,
-        )  # fmt: skip
+        sow = self.is_mutable_collection("intermediates")
+
+        def attend(choice):
+            window = choice.sliding_window if self_attention else None
+            patterns = dict(mask=mask, bias=bias, segment_ids=segment_ids,
+                            kv_segment_ids=kv_segment_ids, is_causal=is_causal, window=window,
+                            scale=self.scale, softcap=self.softcap)  # fmt: skip
+            if decoding:  # the queries at offset.., the whole cache's keys at 0..
+                causal = masks.block_mask(
+                    offset + jnp.arange(q.shape[1]), jnp.arange(k.shape[1]), is_causal=True,
+                    window=window,
+                )  # fmt: skip
+                patterns.update(mask=masks.combine_masks(mask, causal), is_causal=False,
+                                window=None)  # fmt: skip
+            weights = attention_weights(q, k, **patterns) if sow else None
+            out = dot_product_attention(
+                q, k, v, **patterns, dropout_rate=rate, dropout_rng=dropout_rng,
+                implementation=self.implementation,
+            )  # fmt: skip
+            return out, weights
+
+        out, weights = _by_variant(variant, choices, attend)
+        if sow:
+            self.sow("intermediates", "attention_weights", weights)
         return self._project_out(out, x.shape[-1])
 
     def _check_shapes(self, x, context):
@@ -558,9 +627,9 @@ class MultiHeadAttention(nn.Module):
         if context.ndim != 3:
             raise ValueError(f"MultiHeadAttention: context must be [B, S, D], got {context.shape}")
 
-    def _project_qkv(self, x, context, rope_positions):
-        """Queries [B, T, N, H] from x, keys and values [B, S, K, H] from context; with
-        position="rope", q and k rotated to `rope_positions` (None: cross-attention, no RoPE)."""
+    def _project_qkv(self, x, context):
+        """Queries [B, T, N, H] from x, keys and values [B, S, K, H] from context (q and k
+        normed per head with qk_norm; not yet rotated)."""
         n = self.num_heads
         kh = self.num_kv_heads or n
         h = self.head_dim or x.shape[-1] // n
@@ -570,18 +639,13 @@ class MultiHeadAttention(nn.Module):
         q = nn.with_logical_constraint(q, (axes.BATCH, axes.LENGTH, axes.ACT_HEADS, None))
         if self.qk_norm:
             q, k = self._head_norm("query_norm")(q), self._head_norm("key_norm")(k)
-        if rope_positions is not None and self.position == "rope":
-            rotate = functools.partial(
-                position.rope, positions=rope_positions, base=self.rope_base,
-                scaling=self.rope_scaling,
-            )  # fmt: skip
-            q, k = rotate(q), rotate(k)
         return q, k, v
 
     def _head_norm(self, name):
         """RMSNorm over H with one scale [H] shared by all heads."""
-        return make_norm("rms", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
-                         name=name, axis_name=axes.HEAD_DIM)  # fmt: skip
+        return make_norm(self.qk_norm_kind, eps=self.norm_eps, dtype=self.dtype,
+                         param_dtype=self.param_dtype, name=name,
+                         axis_name=axes.HEAD_DIM)  # fmt: skip
 
     def _project(self, name, x, heads, head_dim, head_axis):
         """[B, T, D] -> [B, T, heads, head_dim] by the `{name}_kernel` [D, heads, head_dim]."""
@@ -640,9 +704,9 @@ class MultiHeadAttention(nn.Module):
             return 0
         return self.get_variable("cache", "cache_index")
 
-    def _update_cache(self, k, v, mask, offset):
-        """Writes this call's keys/values at `offset`; returns the whole cache and its mask:
-        `mask` AND causal (and the sliding window), the queries at offset.., the keys at 0..
+    def _update_cache(self, k, v, offset):
+        """Writes this call's keys/values at `offset`; returns the whole cache (keys at 0..; the
+        caller masks what is not yet written, causally).
 
         At initialisation (no cache yet) the cache is created with the input's length, which
         sets the maximum decode length, and the call computes ordinary causal attention.
@@ -662,11 +726,17 @@ class MultiHeadAttention(nn.Module):
             )
             index.value = offset + t
             k, v = cached_k.value, cached_v.value
-        causal = masks.block_mask(
-            offset + jnp.arange(t), jnp.arange(k.shape[1]), is_causal=True,
-            window=self.sliding_window,
-        )  # fmt: skip
-        return k, v, masks.combine_masks(mask, causal)
+        return k, v
+
+
+def _by_variant(variant, choices, fn):
+    """fn(choices[variant]): directly for one choice or a Python int, else by `lax.switch` on
+    the traced index (every branch traced, one run)."""
+    if len(choices) == 1:
+        return fn(choices[0])
+    if isinstance(variant, int):
+        return fn(choices[variant])
+    return lax.switch(variant, [functools.partial(fn, c) for c in choices])
 
 
 def _ids_on_both_sides(segment_ids, kv_segment_ids, x, context):

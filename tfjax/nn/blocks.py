@@ -6,6 +6,7 @@ A `Block` is self-attention (+ cross-attention when `cross_attention`) + FFN, ea
 sub-layer with the norm placed per `norm_position`:
   "post": x = LN(x + Dropout(F(x)))      Vaswani et al. (2017), BERT
   "pre":  x = x + Dropout(F(LN(x)))      GPT-2, ViT, Llama (the stack adds a final norm)
+  "sandwich": x = x + Dropout(LN'(F(LN(x))))  Gemma 2 / 3: a norm before and after (as "pre")
 `Stack` applies `num_layers` copies of a block, unrolled (params `layers_0`, `layers_1`, ...)
 or with `nn.scan` (params `layers`, with a leading layer axis); `unrolled_to_scanned` and
 `scanned_to_unrolled` convert the parameters, and both layouts compute the same function.
@@ -22,13 +23,13 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from tfjax.nn import axes
-from tfjax.nn.attention import MultiHeadAttention
+from tfjax.nn.attention import LayerAttention, MultiHeadAttention
 from tfjax.nn.attention import default_kernel_init as _attention_init
 from tfjax.nn.ffn import ALL_ACTIVATIONS, make_mlp
 from tfjax.nn.norms import NORMS, make_norm
 from tfjax.nn.position import RopeScaling
 
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
 LAYER_INPUT = "layer_input"  # checkpoint_name of each block's input, the residual stream
 # What the backward pass of each layer finds saved from its forward pass; everything else is
 # recomputed from the layer's input. The "offload_" policies move what they save from the
@@ -65,9 +66,10 @@ class Block(nn.Module):
     num_kv_heads: int | None = None  # K; num_heads when None (grouped-query when smaller)
     head_dim: int | None = None  # H; width // num_heads when None
     activation: str = "relu"  # FFN: "relu", "gelu", "gelu_tanh", "quick_gelu", "swiglu", "geglu"
-    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    norm: str = "layer"  # "layer" (LayerNorm), "rms" (RMSNorm) or "rms_plus_one" (Gemma's)
     norm_eps: float = 1e-6  # norm epsilon (BERT 1e-12, GPT-2 1e-5)
-    norm_position: str = "pre"  # "pre" (x + F(LN(x))) or "post" (LN(x + F(x)), the paper)
+    norm_position: str = "pre"  # "pre" (x + F(LN(x))), "post" (LN(x + F(x)), the paper) or
+    # "sandwich" (x + LN'(F(LN(x))), Gemma)
     causal: bool = False  # self-attention sees only earlier positions (decoders)
     cross_attention: bool = False  # attend to an encoder's output (encoder-decoder)
     dropout_rate: float = 0.0  # residual dropout on each sub-layer's output (paper: 0.1)
@@ -80,6 +82,10 @@ class Block(nn.Module):
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
     sliding_window: int | None = None  # self-attention sees only the last this many positions
+    attention_variants: tuple[LayerAttention, ...] = ()  # per-layer alternatives of
+    # (sliding_window, rope_base, rope_scaling), picked by the call's `variant`; () for none
+    attention_scale: float | None = None  # attention logit scale; head_dim**-0.5 when None
+    attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
     layer_scale: float | None = None  # init of a learned [D] gamma multiplying each sub-layer's
     # output before the residual add (CaiT, DINOv2); none when None
     implementation: str | None = None  # attention backend; see dot_product_attention
@@ -102,7 +108,7 @@ class Block(nn.Module):
             self.norm, eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
         )
 
-    def _attention(self, name, position, sliding_window=None):
+    def _attention(self, name, position, sliding_window=None, variants=()):
         return MultiHeadAttention(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -110,12 +116,16 @@ class Block(nn.Module):
             use_bias=self.use_bias,
             qkv_bias=self.qkv_bias,
             qk_norm=self.qk_norm,
+            qk_norm_kind="rms_plus_one" if self.norm == "rms_plus_one" else "rms",
             norm_eps=self.norm_eps,
             dropout_rate=self.attention_dropout_rate,
             position=position,
             rope_base=self.rope_base,
             rope_scaling=self.rope_scaling,
             sliding_window=sliding_window,
+            variants=variants,
+            scale=self.attention_scale,
+            softcap=self.attention_softcap,
             implementation=self.implementation,
             kernel_init=self.kernel_init,
             dtype=self.dtype,
@@ -136,9 +146,12 @@ class Block(nn.Module):
         return y * gamma.astype(y.dtype)
 
     def _residual(self, x, sublayer, name, train):
-        """One residual sub-layer with the norm before (pre) or after (post) it."""
-        if self.norm_position == "pre":
-            y = self._scaled(sublayer(self._norm(f"{name}_norm")(x)), name)
+        """One residual sub-layer with the norm before (pre), after (post) or both (sandwich)."""
+        if self.norm_position in ("pre", "sandwich"):
+            y = sublayer(self._norm(f"{name}_norm")(x))
+            if self.norm_position == "sandwich":
+                y = self._norm(f"{name}_post_norm")(y)
+            y = self._scaled(y, name)
             return x + nn.Dropout(self.dropout_rate)(y, deterministic=not train)
         y = nn.Dropout(self.dropout_rate)(self._scaled(sublayer(x), name), deterministic=not train)
         return self._norm(f"{name}_norm")(x + y)
@@ -156,6 +169,7 @@ class Block(nn.Module):
         positions=None,
         train: bool = False,
         decode: bool = False,
+        variant=None,
     ):
         """Args:
           x: [B, T, D].
@@ -166,6 +180,7 @@ class Block(nn.Module):
             attention kernels take them without a [T, S] mask.
           context_segment_ids: [B, S] the context's ids, for cross-attention.
           positions: [B, T] positions for RoPE / ALiBi.
+          variant: this layer's index into attention_variants (an int or a traced int).
         Returns:
           [B, T, D].
         """
@@ -174,7 +189,9 @@ class Block(nn.Module):
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
         # The identity, named for the remat policies that save the layer's input by name.
         x = checkpoint_name(x, LAYER_INPUT)
-        attend = self._attention("self_attention", self.position, self.sliding_window)
+        attend = self._attention(
+            "self_attention", self.position, self.sliding_window, self.attention_variants
+        )
         x = self._residual(
             x,
             lambda y: attend(
@@ -185,6 +202,7 @@ class Block(nn.Module):
                 positions=positions,
                 train=train,
                 decode=decode,
+                variant=variant,
             ),  # fmt: skip
             "self_attention",
             train,
@@ -237,6 +255,9 @@ class Stack(nn.Module):
     scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
     remat_policy: str = "none"  # rematerialisation per layer; see REMAT_POLICIES
     final_norm: bool | None = None  # a norm after the last layer; None: only for pre-norm blocks
+    # (and sandwich ones)
+    variants: tuple[int, ...] | None = None  # per layer, the index into the block's
+    # attention_variants (Gemma: local 0, global 1); None when the block has none
 
     def __post_init__(self):
         if self.remat_policy not in REMAT_POLICIES:
@@ -245,6 +266,11 @@ class Stack(nn.Module):
             )
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be at least 1, got {self.num_layers}")
+        if self.variants is not None and len(self.variants) != self.num_layers:
+            raise ValueError(
+                f"variants has {len(self.variants)} entries; it needs one per layer "
+                f"(num_layers={self.num_layers})"
+            )
         super().__post_init__()
 
     @nn.compact
@@ -263,7 +289,7 @@ class Stack(nn.Module):
     ):
         """x: [B, T, D] -> [B, T, D]; the other arguments are passed to every block."""
 
-        def layer(block, y):
+        def layer(block, y, variant=None):
             return block(
                 y,
                 context,
@@ -274,6 +300,7 @@ class Stack(nn.Module):
                 positions=positions,
                 train=train,
                 decode=decode,
+                variant=variant,
             )
 
         policy = REMAT_POLICIES[self.remat_policy]
@@ -281,20 +308,24 @@ class Stack(nn.Module):
             layer = nn.remat(layer, policy=policy, prevent_cse=not self.scan_layers)
         kwargs = _fields(self.block)
         if self.scan_layers:
+            # Each layer's variant index is a scanned input (a traced int: attention picks its
+            # variant by lax.switch), so the parameters stay stacked [L, ...] whatever varies.
+            variants = None if self.variants is None else jnp.asarray(self.variants, jnp.int32)
             scanned = nn.scan(
-                lambda block, y, _: (layer(block, y), None),
+                lambda block, y, v: (layer(block, y, v), None),
                 variable_axes={"params": 0, "cache": 0, "intermediates": 0},
                 split_rngs={"params": True, "dropout": True},
                 length=self.num_layers,
                 metadata_params={nn.PARTITION_NAME: axes.LAYERS},
             )
-            x, _ = scanned(Block(**kwargs, name="layers"), x, None)
+            x, _ = scanned(Block(**kwargs, name="layers"), x, variants)
         else:
             for i in range(self.num_layers):
-                x = layer(Block(**kwargs, name=f"layers_{i}"), x)
+                v = None if self.variants is None else self.variants[i]
+                x = layer(Block(**kwargs, name=f"layers_{i}"), x, v)
         final_norm = self.final_norm
         if final_norm is None:
-            final_norm = self.block.norm_position == "pre"
+            final_norm = self.block.norm_position in ("pre", "sandwich")
         if final_norm:
             b = self.block
             x = make_norm(

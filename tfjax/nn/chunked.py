@@ -32,11 +32,12 @@ class _Statics(NamedTuple):
     rate: float  # dropout
     chunk: int  # C
     key_length: int | None  # S when the last chunk is padded, else None
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) when set
 
 
 def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
-                      scale, dropout_rate, dropout_rng, chunk_size):  # fmt: skip
-    """softmax(Q K^T * scale + bias, masked) V over key chunks of chunk_size.
+                      scale, dropout_rate, dropout_rng, chunk_size, softcap=None):  # fmt: skip
+    """softmax(cap(Q K^T * scale) + bias, masked) V over key chunks of chunk_size.
 
     Args:
       qg: [B, K, G, T, H] queries grouped by the kv head they read (G = 1: multi-head).
@@ -44,6 +45,7 @@ def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_c
       mask, bias: None or broadcastable to the grouped logits [B, K, G, T, S] with a rank of 5.
       segment_ids: [B, T] ints or None; kv_segment_ids: [B, S] (as `masks.segment_mask`).
       is_causal, window: as `masks.block_mask`.
+      softcap: None, or cap(x) = softcap * tanh(x / softcap) on the scaled logits (Gemma 2).
     Returns:
       [B, K, G, T, H] in qg's dtype.
     """
@@ -63,7 +65,7 @@ def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_c
         ids = (segment_ids, jnp.moveaxis(kv_ids.reshape(b, num_chunks, chunk), 1, 0))
     rng = dropout_rng if dropout_rate > 0.0 else None
     key_length = s if num_chunks * chunk != s else None
-    statics = _Statics(is_causal, window, scale, dropout_rate, chunk, key_length)
+    statics = _Statics(is_causal, window, scale, dropout_rate, chunk, key_length, softcap)
     return _attend(qg, kc, vc, mask, bias, ids, rng, statics)
 
 
@@ -102,13 +104,18 @@ def _reduce_to(x, shape):
 
 
 def _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics):
-    """Chunk j's scaled, biased, masked logits [B, K, G, T, C], the pattern of pairs that may
-    attend (None when all may; masked logits are constants that get no gradient) and the
-    dropout keep mask (or None)."""
-    is_causal, window, scale, rate, chunk, key_length = statics
+    """Chunk j's scaled, capped, biased, masked logits [B, K, G, T, C], the pattern of pairs
+    that may attend (None when all may; masked logits are constants that get no gradient), the
+    dropout keep mask (or None) and the soft cap's derivative [B, K, G, T, C] (or None)."""
+    is_causal, window, scale, rate, chunk, key_length, softcap = statics
     # [B, K, G, T, C]
     logits = jnp.einsum("bkgth,bckh->bkgtc", qg, k_j, preferred_element_type=jnp.float32)
     logits = logits * scale
+    dcap = None
+    if softcap is not None:
+        capped = jnp.tanh(logits / softcap)
+        logits = softcap * capped
+        dcap = 1.0 - capped * capped  # d cap(x) / dx
     if bias_j is not None:
         logits = logits + bias_j.astype(jnp.float32)
     key_positions = j * chunk + jnp.arange(chunk)
@@ -125,7 +132,7 @@ def _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics):
     keep = None
     if rate > 0.0:
         keep = jax.random.bernoulli(jax.random.fold_in(rng, j), 1.0 - rate, logits.shape)
-    return logits, allowed, keep
+    return logits, allowed, keep, dcap
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
@@ -150,7 +157,7 @@ def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics):
         j, k_j, v_j, mask_j, bias_j, kv_ids_j = xs
         mask_j = mask_shared if mask_j is None else mask_j
         bias_j = bias_shared if bias_j is None else bias_j
-        logits, _, keep = _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics)
+        logits, _, keep, _ = _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics)
         m_new = jnp.maximum(m, logits.max(-1))
         alpha = jnp.exp(m - m_new)
         # [B, K, G, T, C]
@@ -196,7 +203,7 @@ def _attend_bwd(statics, residuals, dout):
         j, k_j, v_j, mask_j, bias_j, kv_ids_j = xs
         mask_j = mask_shared if mask_j is None else mask_j
         bias_j = bias_shared if bias_j is None else bias_j
-        logits, allowed, keep = _chunk_logits(
+        logits, allowed, keep, dcap = _chunk_logits(
             qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics
         )
         # [B, K, G, T, C]
@@ -211,10 +218,12 @@ def _attend_bwd(statics, residuals, dout):
         ds = p * (dp - delta[..., None])
         if allowed is not None:
             ds = jnp.where(allowed, ds, 0.0)
+        # The bias is added after the cap; q and k are under it.
+        ds_qk = ds if dcap is None else ds * dcap
         # [B, K, G, T, H]
-        dq = dq + mm("bkgtc,bckh->bkgth", ds, k_j)
+        dq = dq + mm("bkgtc,bckh->bkgth", ds_qk, k_j)
         # [B, C, K, H]
-        dk_j = mm("bkgtc,bkgth->bckh", ds, qg) * scale
+        dk_j = mm("bkgtc,bkgth->bckh", ds_qk, qg) * scale
         dbias_j = None
         if bias is not None:
             if bias_chunked:

@@ -21,6 +21,8 @@ class Embed(nn.Module):
     vocab_size: int  # V
     width: int  # D
     scale_by_sqrt_width: bool = False  # multiply looked-up vectors by sqrt(D) (the paper)
+    scale_dtype: Any = None  # sqrt(D) is rounded to this dtype first; the vectors' when None
+    # (Gemma: the table's, so a bfloat16 Gemma multiplies by sqrt(3072) = 55.5, not 55.43)
     init_stddev: float | None = None  # D**-0.5 when None (unit variance after the sqrt(D) scale)
     dtype: Any = None  # compute dtype; float32 when None
     param_dtype: Any = jnp.float32  # storage dtype
@@ -40,7 +42,11 @@ class Embed(nn.Module):
             raise ValueError(f"Embed: token ids must be integers, got dtype {ids.dtype}")
         x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype or jnp.float32)
         if self.scale_by_sqrt_width:
-            x = x * jnp.sqrt(jnp.asarray(self.width, x.dtype))
+            if self.scale_dtype is None:
+                scale = jnp.sqrt(jnp.asarray(self.width, x.dtype))
+            else:  # as transformers' Gemma: a float32 sqrt(D) cast to the table's dtype
+                scale = jnp.asarray(self.width**0.5, jnp.float32).astype(self.scale_dtype)
+            x = x * scale.astype(x.dtype)
         return x
 
     def attend(self, x):

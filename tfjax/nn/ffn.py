@@ -3,7 +3,7 @@
 Letters: B batch, T length, D model width, F mlp width.
 Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2),
                                       silu (Marian), quick_gelu (CLIP)
-GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020)
+GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020), geglu_tanh (Gemma)
 """
 
 from collections.abc import Callable
@@ -40,7 +40,11 @@ ACTIVATIONS = {
     "silu": jax.nn.silu,  # a.k.a. swish (Marian / Opus-MT)
     "quick_gelu": quick_gelu,  # CLIP
 }
-GATED_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": gelu}
+GATED_ACTIVATIONS = {
+    "swiglu": jax.nn.silu,
+    "geglu": gelu,
+    "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # Gemma's gelu_pytorch_tanh gate
+}
 ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)
 
 default_kernel_init = nn.initializers.xavier_uniform()
@@ -101,7 +105,7 @@ class GatedMlp(nn.Module):
     """Gated linear unit FFN: (act(x W_0) * x W_1) W_o (Shazeer, 2020)."""
 
     mlp_dim: int  # F
-    activation: str = "swiglu"  # "swiglu" or "geglu"
+    activation: str = "swiglu"  # "swiglu", "geglu" or "geglu_tanh"
     dropout_rate: float = 0.0  # on the hidden activations
     use_bias: bool = False  # Llama has none
     kernel_init: Callable = default_kernel_init  # all three projections

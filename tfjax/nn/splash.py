@@ -39,10 +39,12 @@ LANES = 128
 _PADDED_QUERY, _PADDED_KEY = -2, -1  # segment ids of the rows and columns added as padding
 
 
-def unsupported_reason(*, mask, bias, dropout_rate, window=None) -> str | None:
+def unsupported_reason(*, mask, bias, dropout_rate, window=None, softcap=None) -> str | None:
     """Why the kernel cannot compute this call, or None when it can."""
     if window is not None:  # the kernel's LocalMask is not wired in yet
         return "tfjax does not pass a sliding window to it yet"
+    if softcap is not None:  # the kernel's attn_logits_soft_cap is not wired in yet
+        return "tfjax does not pass a logit soft cap (softcap) to it yet"
     if mask is not None:
         return "it takes causal attention and segment ids, not a dense mask"
     if bias is not None:

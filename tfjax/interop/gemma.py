@@ -1,0 +1,253 @@
+"""Gemma 2 (`Gemma2ForCausalLM`) and Gemma 3's text model (`Gemma3ForCausalLM`) <->
+`tfjax.models.decoder`.
+
+    model, params = from_gemma2("path/to/gemma-2-2b")   # config.json + weights
+    model, params = from_gemma3(state_dict, config)      # or a state dict and a config
+    state, config = to_gemma3(model, params)              # back to Hugging Face keys and config
+
+Key mapping, layer i (under "model."):
+  layers.i.input_layernorm / post_attention_layernorm  -> self_attention_norm / _post_norm
+  layers.i.pre_feedforward_layernorm / post_feedforward_layernorm -> mlp_norm / mlp_post_norm
+  layers.i.self_attn.{q,k,v}_proj [N*H, D]  -> self_attention/{query,key,value}_kernel [D, N, H]
+  layers.i.self_attn.o_proj [D, N*H]        -> self_attention/out_kernel [N, H, D]
+  layers.i.self_attn.{q,k}_norm (Gemma 3)   -> self_attention/{query,key}_norm
+  layers.i.mlp.{gate,up,down}_proj          -> mlp/wi_0, wi_1, wo
+  embed_tokens, norm                        -> embed, decoder/final_norm; lm_head tied
+Every norm weight w is Gemma's offset from one (x / rms(x) * (1 + w)): norm="rms_plus_one"
+keeps it as it is, so the weights convert without arithmetic and round trips are exact.
+
+config.json's layer_types (one "sliding_attention" or "full_attention" per layer) becomes the
+shortest repeating `attention_pattern` of "local" and "global" that gives it (Gemma 2:
+("local", "global"); Gemma 3: five local, one global); the export writes the whole list.
+Gemma 3's rope_parameters has one entry per layer type: "full_attention" is rope_base and
+rope_scaling, "sliding_attention" local_rope_base and local_rope_scaling.
+
+What is refused, by key: attention biases, bidirectional attention, rope types other than
+Llama's (decoder.ROPE_TYPES), and Gemma 3's attn_logit_softcapping (transformers' Gemma 3 does
+not apply it, so which model such a checkpoint means is unclear).
+"""
+
+from tfjax.interop import core
+from tfjax.interop import decoder as llama
+from tfjax.interop.core import Field, Fixed
+from tfjax.models import decoder
+
+ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
+LAYER_TYPES = {"sliding_attention": "local", "full_attention": "global"}
+
+
+def gemma_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
+    p = prefix
+    rules = [
+        core.identity(f"{p}embed_tokens.weight", ("embed", "embedding")),
+        core.identity(f"{p}norm.weight", ("decoder", "final_norm", "scale")),
+    ]
+    if not model.tie_embeddings:
+        rules.append(core.linear("lm_head.weight", ("output_proj", "kernel")))
+    norms = {
+        "input_layernorm": "self_attention_norm",
+        "post_attention_layernorm": "self_attention_post_norm",
+        "pre_feedforward_layernorm": "mlp_norm",
+        "post_feedforward_layernorm": "mlp_post_norm",
+    }
+    for i in range(model.num_layers):
+        h, layer = f"{p}layers.{i}.", ("decoder", f"layers_{i}")
+        att = (*layer, "self_attention")
+        rules += [core.identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in norms.items()]
+        rules += [
+            core.linear(f"{h}self_attn.q_proj.weight", (*att, "query_kernel")),
+            core.linear(f"{h}self_attn.k_proj.weight", (*att, "key_kernel")),
+            core.linear(f"{h}self_attn.v_proj.weight", (*att, "value_kernel")),
+            core.linear_out(f"{h}self_attn.o_proj.weight", (*att, "out_kernel")),
+            core.linear(f"{h}mlp.gate_proj.weight", (*layer, "mlp", "wi_0", "kernel")),
+            core.linear(f"{h}mlp.up_proj.weight", (*layer, "mlp", "wi_1", "kernel")),
+            core.linear(f"{h}mlp.down_proj.weight", (*layer, "mlp", "wo", "kernel")),
+        ]
+        if model.qk_norm:
+            rules += [
+                core.identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
+                core.identity(f"{h}self_attn.k_norm.weight", (*att, "key_norm", "scale")),
+            ]
+    return rules
+
+
+def _pattern(layer_types, fields) -> tuple[str, ...]:
+    """layer_types (one per layer) -> the shortest attention_pattern that repeats to it."""
+    n = fields["num_layers"]
+    if not isinstance(layer_types, list | tuple) or len(layer_types) != n:
+        raise ValueError(f"layer_types={layer_types!r} must list one type per layer ({n})")
+    unknown = sorted({t for t in layer_types if t not in LAYER_TYPES}, key=str)
+    if unknown:
+        raise ValueError(
+            f"layer_types has {unknown}, which is not supported; allowed: {tuple(LAYER_TYPES)}"
+        )
+    kinds = [LAYER_TYPES[t] for t in layer_types]
+    if "local" in kinds and fields.get("sliding_window") is None:
+        raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
+    period = next(p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n)))
+    return tuple(kinds[:period])
+
+
+def _layer_types(fields) -> list[str]:
+    """The model's attention_pattern (None: every layer as sliding_window says) as layer_types."""
+    pattern = fields["attention_pattern"]
+    if pattern is None:
+        pattern = ("local",) if fields["sliding_window"] is not None else ("global",)
+    names = {v: k for k, v in LAYER_TYPES.items()}
+    return [names[pattern[i % len(pattern)]] for i in range(fields["num_layers"])]
+
+
+def _every(every: int, num_layers: int) -> list[str]:
+    """transformers' default layer_types: every `every`-th layer global, the others local."""
+    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+            for i in range(num_layers)]  # fmt: skip
+
+
+def _default_pattern(every: int):
+    """layer_types' default: the one sliding_window_pattern gave (older configs), else
+    transformers' default."""
+
+    def default(fields):
+        if "attention_pattern" in fields:
+            return _layer_types(fields)
+        return _every(every, fields["num_layers"])
+
+    return default
+
+
+def _from_window_pattern(every, fields) -> tuple[str, ...]:
+    """Older Gemma 3 configs' sliding_window_pattern: every `every`-th layer global."""
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"sliding_window_pattern={every!r} is not supported; needs an int >= 1")
+    return _pattern(_every(every, fields["num_layers"]), fields)
+
+
+def _head_dim(fields) -> int:
+    return fields["head_dim"] or fields["width"] // fields["num_heads"]
+
+
+def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> core.Family:
+    """A Gemma family: the entries all share, `config` the family's own (read in between)."""
+    return core.Family(
+        architecture=architecture,
+        model_type=model_type,
+        model=decoder.Model,
+        config=(
+            Field("vocab_size", "vocab_size"),
+            Field("hidden_size", "width"),
+            Field("num_hidden_layers", "num_layers"),
+            Field("num_attention_heads", "num_heads"),
+            Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+            Field("head_dim", "head_dim", 256),
+            Field("intermediate_size", "mlp_dim"),
+            Field("max_position_embeddings", "max_len", max_len),
+            Field("hidden_activation", "activation", "gelu_pytorch_tanh", values=ACTIVATIONS),
+            Field("rms_norm_eps", "norm_eps", 1e-6),
+            Field("query_pre_attn_scalar", "attention_scalar", 256, write=False),
+            Fixed(
+                "query_pre_attn_scalar",
+                lambda f: f["attention_scalar"] or _head_dim(f),
+                read=False,
+            ),
+            # transformers' defaults for a missing key (sliding_window 4096, Gemma 2's soft caps
+            # 50 and 30) are not taken: core reads a missing key and null alike, and its configs
+            # write them all.
+            Field("sliding_window", "sliding_window", None),
+            *config,
+            Field("final_logit_softcapping", "final_logit_softcap", None),
+            Field("attention_dropout", "attention_dropout_rate", 0.0),
+            Field("tie_word_embeddings", "tie_embeddings", True),
+            Field("initializer_range", "init_stddev", 0.02),
+            Fixed("attention_bias", False, why="tfjax's Gemma has no attention biases"),
+            Fixed("use_bidirectional_attention", False, why="tfjax's decoder is causal"),
+        ),
+        rules=gemma_rules,
+        prefix="model.",
+        bare="layers.",
+        requires={
+            "position": "rope",
+            "norm": "rms_plus_one",
+            "norm_position": "sandwich",
+            "scale_embeddings": True,
+            "use_bias": False,
+            "qkv_bias": None,
+            **requires,
+        },
+        defaults={"dropout_rate": 0.0, **defaults},
+        ignore=("*rotary_emb.*inv_freq", "*embed_scale"),
+        tied=llama._tied_head("embed_tokens.weight"),
+    )
+
+
+GEMMA2 = _gemma(
+    "Gemma2ForCausalLM",
+    "gemma2",
+    Field("layer_types", "attention_pattern", _default_pattern(2), to_model=_pattern,
+          write=False),
+    Fixed("layer_types", _layer_types, read=False),
+    # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta)
+    Field("rope_parameters", "rope_scaling", None, to_model=llama._rope_scaling,
+          to_config=llama._rope_parameters),
+    Field("rope_parameters.rope_theta", "rope_base", None),
+    Field("rope_theta", "rope_base", None, write=False),
+    Field("attn_logit_softcapping", "attention_softcap", None),
+    requires={"qk_norm": False, "local_rope_base": None, "local_rope_scaling": None},
+    defaults={"rope_base": 10_000.0},
+    max_len=8192,
+)  # fmt: skip
+
+_FULL, _SLIDING = "rope_parameters.full_attention", "rope_parameters.sliding_attention"
+GEMMA3 = _gemma(
+    "Gemma3ForCausalLM",
+    "gemma3_text",
+    Field("sliding_window_pattern", "attention_pattern", None, to_model=_from_window_pattern,
+          write=False),
+    Field("layer_types", "attention_pattern", _default_pattern(6), to_model=_pattern,
+          write=False),
+    Fixed("layer_types", _layer_types, read=False),
+    # rope_parameters by layer type (transformers 5); older configs: rope_theta, rope_scaling
+    # (the global layers') and rope_local_base_freq.
+    Field(_FULL, "rope_scaling", None, to_model=llama._rope_scaling,
+          to_config=llama._rope_parameters),
+    Field(f"{_FULL}.rope_theta", "rope_base", None),
+    Field("rope_theta", "rope_base", None, write=False),
+    Field("rope_scaling", "rope_scaling", None, to_model=llama._rope_scaling, write=False),
+    Field(_SLIDING, "local_rope_scaling", None, to_model=llama._rope_scaling,
+          to_config=llama._rope_parameters),
+    Field(f"{_SLIDING}.rope_theta", "local_rope_base", None, write=False),
+    Field("rope_local_base_freq", "local_rope_base", None, write=False),
+    Fixed(f"{_SLIDING}.rope_theta", lambda f: f["local_rope_base"] or f["rope_base"],
+          read=False),
+    Fixed("attn_logit_softcapping", None,
+          why="transformers' Gemma 3 does not apply it, so which model is meant is unclear"),
+    requires={"qk_norm": True, "attention_softcap": None},
+    defaults={"rope_base": 1_000_000.0, "local_rope_base": 10_000.0},
+    max_len=131_072,
+)  # fmt: skip
+
+
+def from_gemma2(source, config=None, **overrides):
+    """(tfjax decoder, params) from a Gemma 2 checkpoint (Gemma2ForCausalLM)."""
+    return core.from_hf(GEMMA2, source, config, **overrides)
+
+
+def to_gemma2(model: decoder.Decoder, params):
+    """({Hugging Face key: numpy array}, config dict) for a Gemma-2-shaped tfjax decoder."""
+    return core.to_hf(GEMMA2, llama.spelled_out(model), params)
+
+
+def from_gemma3(source, config=None, **overrides):
+    """(tfjax decoder, params) from a Gemma 3 text checkpoint (Gemma3ForCausalLM)."""
+    return core.from_hf(GEMMA3, source, config, **overrides)
+
+
+def to_gemma3(model: decoder.Decoder, params):
+    """({Hugging Face key: numpy array}, config dict) for a Gemma-3-shaped tfjax decoder."""
+    return core.to_hf(GEMMA3, llama.spelled_out(model), params)
+
+
+def export_family(model: decoder.Decoder) -> core.Family | None:
+    """GEMMA3 or GEMMA2 for a decoder with Gemma's sandwich norms (by qk_norm), else None."""
+    if model.norm_position != "sandwich":
+        return None
+    return GEMMA3 if model.qk_norm else GEMMA2
