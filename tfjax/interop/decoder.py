@@ -35,7 +35,7 @@ GPT2_ACTIVATIONS = {
 LLAMA_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 
 
-def _tied_head(embedding: str):
+def tied_head(embedding: str):
     """The lm_head must equal the token embedding (key under the prefix) when tied."""
 
     def tied(model, prefix):
@@ -124,7 +124,7 @@ GPT2 = core.Family(
         "sliding_window": None,
     },
     ignore=("*.attn.bias", "*.attn.masked_bias"),
-    tied=_tied_head("wte.weight"),
+    tied=tied_head("wte.weight"),
 )
 
 
@@ -220,7 +220,7 @@ ROPE_FIELDS = {  # config key -> RopeScaling field
 }
 
 
-def _rope_scaling(params: dict, fields) -> position.RopeScaling | None:
+def rope_scaling_of(params: dict, fields) -> position.RopeScaling | None:
     """rope_parameters (or the older rope_scaling) -> RopeScaling, None for "default"."""
     kind = params.get("rope_type") or params.get("type") or "default"
     if kind not in ROPE_TYPES:
@@ -258,7 +258,7 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
-def _rope_parameters(scaling: position.RopeScaling | None) -> dict:
+def rope_parameters_of(scaling: position.RopeScaling | None) -> dict:
     """RopeScaling -> the rope_parameters keys of its kind (rope_theta is written apart)."""
     if scaling is None:
         return {"rope_type": "default"}
@@ -293,10 +293,10 @@ def _llama_like(architecture, model_type, *config, requires=None) -> core.Family
                 "rope_parameters",
                 "rope_scaling",
                 None,
-                to_model=_rope_scaling,
-                to_config=_rope_parameters,
+                to_model=rope_scaling_of,
+                to_config=rope_parameters_of,
             ),
-            Field("rope_scaling", "rope_scaling", None, to_model=_rope_scaling, write=False),
+            Field("rope_scaling", "rope_scaling", None, to_model=rope_scaling_of, write=False),
             Field("rope_parameters.rope_theta", "rope_base", None),
             Field("rope_theta", "rope_base", None),
             Field("attention_dropout", "attention_dropout_rate", 0.0),
@@ -310,7 +310,7 @@ def _llama_like(architecture, model_type, *config, requires=None) -> core.Family
         requires={"position": "rope", "norm": "rms", **(requires or {})},
         defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
         ignore=("*rotary_emb.inv_freq",),
-        tied=_tied_head("embed_tokens.weight"),
+        tied=tied_head("embed_tokens.weight"),
     )
 
 

@@ -28,7 +28,7 @@ not apply it, so which model such a checkpoint means is unclear).
 """
 
 from tfjax.interop import core
-from tfjax.interop import decoder as llama
+from tfjax.interop import decoder as llama_like
 from tfjax.interop.core import Field, Fixed
 from tfjax.models import decoder
 
@@ -175,7 +175,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> co
         },
         defaults={"dropout_rate": 0.0, **defaults},
         ignore=("*rotary_emb.*inv_freq", "*embed_scale"),
-        tied=llama._tied_head("embed_tokens.weight"),
+        tied=llama_like.tied_head("embed_tokens.weight"),
     )
 
 
@@ -186,8 +186,8 @@ GEMMA2 = _gemma(
           write=False),
     Fixed("layer_types", _layer_types, read=False),
     # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta)
-    Field("rope_parameters", "rope_scaling", None, to_model=llama._rope_scaling,
-          to_config=llama._rope_parameters),
+    Field("rope_parameters", "rope_scaling", None, to_model=llama_like.rope_scaling_of,
+          to_config=llama_like.rope_parameters_of),
     Field("rope_parameters.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
     Field("attn_logit_softcapping", "attention_softcap", None),
@@ -207,13 +207,13 @@ GEMMA3 = _gemma(
     Fixed("layer_types", _layer_types, read=False),
     # rope_parameters by layer type (transformers 5); older configs: rope_theta, rope_scaling
     # (the global layers') and rope_local_base_freq.
-    Field(_FULL, "rope_scaling", None, to_model=llama._rope_scaling,
-          to_config=llama._rope_parameters),
+    Field(_FULL, "rope_scaling", None, to_model=llama_like.rope_scaling_of,
+          to_config=llama_like.rope_parameters_of),
     Field(f"{_FULL}.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
-    Field("rope_scaling", "rope_scaling", None, to_model=llama._rope_scaling, write=False),
-    Field(_SLIDING, "local_rope_scaling", None, to_model=llama._rope_scaling,
-          to_config=llama._rope_parameters),
+    Field("rope_scaling", "rope_scaling", None, to_model=llama_like.rope_scaling_of, write=False),
+    Field(_SLIDING, "local_rope_scaling", None, to_model=llama_like.rope_scaling_of,
+          to_config=llama_like.rope_parameters_of),
     Field(f"{_SLIDING}.rope_theta", "local_rope_base", None, write=False),
     Field("rope_local_base_freq", "local_rope_base", None, write=False),
     Fixed(f"{_SLIDING}.rope_theta", lambda f: f["local_rope_base"] or f["rope_base"],
@@ -233,7 +233,7 @@ def from_gemma2(source, config=None, **overrides):
 
 def to_gemma2(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a Gemma-2-shaped tfjax decoder."""
-    return core.to_hf(GEMMA2, llama.spelled_out(model), params)
+    return core.to_hf(GEMMA2, llama_like.spelled_out(model), params)
 
 
 def from_gemma3(source, config=None, **overrides):
@@ -243,7 +243,7 @@ def from_gemma3(source, config=None, **overrides):
 
 def to_gemma3(model: decoder.Decoder, params):
     """({Hugging Face key: numpy array}, config dict) for a Gemma-3-shaped tfjax decoder."""
-    return core.to_hf(GEMMA3, llama.spelled_out(model), params)
+    return core.to_hf(GEMMA3, llama_like.spelled_out(model), params)
 
 
 def export_family(model: decoder.Decoder) -> core.Family | None:

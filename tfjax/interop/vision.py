@@ -49,7 +49,7 @@ import numpy as np
 
 from tfjax.interop import core
 from tfjax.interop.core import Field, Fixed
-from tfjax.interop.vit import _image_size, resample_posemb
+from tfjax.interop.vit import image_size_pair, resample_posemb
 from tfjax.models import vit
 
 # Hugging Face hidden_act -> tfjax activation (the tanh GELU has two names there).
@@ -378,7 +378,7 @@ def _load(family, source, config, image_size, overrides):
     key, _, prefix_tokens, antialias = _POSEMB[family.architecture]
     key = core.key_prefix(family, state) + key
     p = model.patch_size
-    size = _image_size(image_size or c.get("image_size") or 224)
+    size = image_size_pair(image_size or c.get("image_size") or 224)
     if min(size) < p:
         raise ValueError(f"{family.architecture}: image size {size} is smaller than patch {p}")
     if key in state:

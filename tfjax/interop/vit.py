@@ -119,7 +119,7 @@ def resample_posemb(
     return np.concatenate([prefix, out], axis=1)
 
 
-def _image_size(value) -> tuple[int, int]:
+def image_size_pair(value) -> tuple[int, int]:
     if isinstance(value, int | np.integer):
         return int(value), int(value)
     h, w = value
@@ -211,7 +211,7 @@ HF_VIT = core.Family(
 
 def _resampled(state, key, trained_size, image_size, patch, what):
     """(state with the posemb tensor `key` resampled to image_size, image_size as (H, W))."""
-    image_size = _image_size(image_size or trained_size)
+    image_size = image_size_pair(image_size or trained_size)
     if image_size[0] % patch or image_size[1] % patch:
         raise ValueError(f"{what}: image size {image_size} is not divisible by patch {patch}")
     if key in state:
