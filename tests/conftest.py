@@ -159,3 +159,40 @@ def read_checkpoint(workdir, step):
             with open(os.path.join(directory, "data", name)) as f:
                 out["data"][name] = json.load(f)
     return out
+
+
+# ------------------------------------------------------------------ converted checkpoints
+
+
+def save_pretrained(model, directory):
+    """A transformers reference model written as `from_pretrained` reads it (quietly)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    model.save_pretrained(directory)
+    return directory
+
+
+def assert_params_identical(a, b):
+    """Two parameter trees with the same keys, dtypes, shapes and bits."""
+    import numpy as np
+
+    from tfjax.interop import core
+
+    fa, fb = core.flatten(a), core.flatten(b)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        x, y = np.asarray(fa[k]), np.asarray(fb[k])
+        assert x.dtype == y.dtype and x.shape == y.shape, k
+        assert np.array_equal(x.view(np.uint8), y.view(np.uint8)), k
+
+
+def module_fields(module) -> dict:
+    """A Flax module's dataclass fields, without parent and name (to compare two models)."""
+    import dataclasses
+
+    return {
+        f.name: getattr(module, f.name)
+        for f in dataclasses.fields(module)
+        if f.init and f.name not in ("parent", "name")
+    }

@@ -5,7 +5,6 @@ model must give the reference's numbers within 1e-5 in float32.
 """
 
 import copy
-import dataclasses
 import functools
 import math
 import os
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_params_identical, module_fields, save_pretrained
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,12 +31,6 @@ def _quiet():
     transformers.logging.set_verbosity_error()
 
 
-def _save(model, directory):
-    _quiet()
-    model.save_pretrained(directory)
-    return directory
-
-
 def _tokens(shape, seed=0, low=3):
     return np.random.RandomState(seed).randint(low, V, shape)
 
@@ -44,15 +38,6 @@ def _tokens(shape, seed=0, low=3):
 def _apply(model, params, *args, **kwargs):
     out, _ = jax.jit(lambda p, *a: model.apply({"params": p}, *a, **kwargs))(params, *args)
     return np.asarray(out)
-
-
-def _assert_params_identical(a, b):
-    fa, fb = core.flatten(a), core.flatten(b)
-    assert fa.keys() == fb.keys()
-    for k in fa:
-        x, y = np.asarray(fa[k]), np.asarray(fb[k])
-        assert x.dtype == y.dtype and x.shape == y.shape, k
-        assert np.array_equal(x.view(np.uint8), y.view(np.uint8)), k
 
 
 # ----------------------------------------------------------------------------------------------
@@ -75,7 +60,7 @@ def gpt2(tmp_path_factory):
         pad_token_id=0,
     )
     ref = transformers.GPT2LMHeadModel(config).eval()
-    return ref, _save(ref, tmp_path_factory.mktemp("gpt2"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("gpt2"))
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +82,7 @@ def llama(tmp_path_factory):
         pad_token_id=0,
     )
     ref = transformers.LlamaForCausalLM(config).eval()
-    return ref, _save(ref, tmp_path_factory.mktemp("llama"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("llama"))
 
 
 # Llama 3.x and the other RoPE scalings on the llama fixture's shapes (head_dim 8, base 500:
@@ -137,7 +122,7 @@ def _llama_rope_fixture(name):
             pad_token_id=0,
         )
         ref = transformers.LlamaForCausalLM(config).eval()
-        return ref, _save(ref, tmp_path_factory.mktemp(name))
+        return ref, save_pretrained(ref, tmp_path_factory.mktemp(name))
 
     return fixture
 
@@ -176,7 +161,7 @@ def qwen2(tmp_path_factory):
         for name, p in ref.named_parameters():
             if name.endswith("_proj.bias"):
                 p.copy_(0.5 * torch.randn_like(p))
-    return ref, _save(ref, tmp_path_factory.mktemp("qwen2"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("qwen2"))
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +174,7 @@ def qwen3(tmp_path_factory):
         for name, p in ref.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.copy_(1.0 + 0.5 * torch.randn_like(p))
-    return ref, _save(ref, tmp_path_factory.mktemp("qwen3"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("qwen3"))
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +183,7 @@ def mistral(tmp_path_factory):
     torch.manual_seed(8)
     config = _small_decoder_config(transformers.MistralConfig, head_dim=8, sliding_window=4)
     ref = transformers.MistralForCausalLM(config).eval()
-    return ref, _save(ref, tmp_path_factory.mktemp("mistral"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("mistral"))
 
 
 DECODERS = ["gpt2", "llama", *ROPE_FAMILIES, "mistral", "qwen2", "qwen3"]
@@ -221,14 +206,14 @@ def _bert_config():
 def bert_mlm(tmp_path_factory):
     torch.manual_seed(2)
     ref = transformers.BertForMaskedLM(_bert_config()).eval()
-    return ref, _save(ref, tmp_path_factory.mktemp("bert_mlm"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("bert_mlm"))
 
 
 @pytest.fixture(scope="module")
 def bert_cls(tmp_path_factory):
     torch.manual_seed(3)
     ref = transformers.BertForSequenceClassification(_bert_config()).eval()
-    return ref, _save(ref, tmp_path_factory.mktemp("bert_cls"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("bert_cls"))
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +232,7 @@ def hf_vit(tmp_path_factory):
     with torch.no_grad():  # position embeddings that matter, so resampling errors would show
         pe = ref.vit.embeddings.position_embeddings
         pe.copy_(torch.randn_like(pe))
-    return ref, _save(ref, tmp_path_factory.mktemp("vit"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("vit"))
 
 
 def _marian_config(shared: bool, init_std: float):
@@ -282,7 +267,7 @@ def marian(tmp_path_factory):
         for name, p in ref.named_parameters():
             if "layer_norm" in name:
                 p.copy_(float(name.endswith("weight")) + 0.3 * torch.randn_like(p))
-    return ref, _save(ref, tmp_path_factory.mktemp("marian"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("marian"))
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +276,7 @@ def marian_untied(tmp_path_factory):
     one token forever under greedy decoding; this one gives varied continuations."""
     torch.manual_seed(0)
     ref = transformers.MarianMTModel(_marian_config(False, 0.1)).eval()
-    return ref, _save(ref, tmp_path_factory.mktemp("marian_untied"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("marian_untied"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -405,7 +390,7 @@ def test_gpt2_from_state_dict_and_torch_bin(gpt2, tmp_path):
     model, params = interop.from_gpt2(ref.state_dict(), config)
     torch.save(ref.state_dict(), tmp_path / "pytorch_model.bin")
     _, from_bin = interop.from_gpt2(str(tmp_path), config)
-    _assert_params_identical(params, from_bin)
+    assert_params_identical(params, from_bin)
     tokens = _tokens((1, 7))
     with torch.no_grad():
         want = ref(torch.tensor(tokens)).logits.numpy()
@@ -458,7 +443,7 @@ def test_bert_reads_tf_era_gamma_beta_names(bert_mlm):
     }
     _, renamed = interop.from_bert(state, interop.read_config(path))
     _, direct = interop.load(path)
-    _assert_params_identical(renamed, direct)
+    assert_params_identical(renamed, direct)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -588,7 +573,7 @@ def test_torch_mha_cross_attention_other_width_no_bias():
     np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=ATOL, rtol=0)
     # The state dict route needs num_heads and gives the same parameters.
     _, from_state = interop.from_torch_mha(ref.state_dict(), num_heads=2)
-    _assert_params_identical(params, from_state)
+    assert_params_identical(params, from_state)
     exported = interop.to_torch_mha(mha, params)
     assert sorted(exported) == sorted(ref.state_dict())
 
@@ -645,7 +630,7 @@ def test_marian_from_in_memory_state_dict(marian):
     assert "lm_head.weight" in state and "model.encoder.embed_positions.weight" in state
     _, params = interop.from_marian(state, ref.config)
     _, from_file = interop.load(path)
-    _assert_params_identical(params, from_file)
+    assert_params_identical(params, from_file)
 
 
 def test_marian_greedy_generation_matches_reference(marian_untied):
@@ -783,8 +768,8 @@ def test_torch_transformer_round_trip_is_bitwise(tmp_path):
         assert np.array_equal(state[k], v.numpy()), k
     core.write_safetensors(state, tmp_path)
     model2, params2 = interop.from_torch_transformer(tmp_path, num_heads=4)
-    assert _fields(model2) == _fields(model)
-    _assert_params_identical(params, params2)
+    assert module_fields(model2) == module_fields(model)
+    assert_params_identical(params, params2)
     # The exported state dict loads back into the torch module.
     again = _TorchSeq2Seq(shared=True).eval()
     again.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
@@ -811,22 +796,14 @@ def test_round_trip_through_safetensors_is_bitwise(family, scan_layers, request,
     interop.save(model, params, tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
     model2, params2 = interop.load(tmp_path, scan_layers=scan_layers)
-    assert _fields(model2) == _fields(model)
-    _assert_params_identical(params, params2)
+    assert module_fields(model2) == module_fields(model)
+    assert_params_identical(params, params2)
     # The export holds exactly the reference file's tensors (bitwise), under the same keys.
     original = interop.read_state_dict(path)
     exported = interop.read_state_dict(tmp_path)
     assert exported.keys() == original.keys()
     for k in original:
         assert np.array_equal(exported[k], original[k]), k
-
-
-def _fields(module):
-    return {
-        f.name: getattr(module, f.name)
-        for f in dataclasses.fields(module)
-        if f.init and f.name not in ("parent", "name")
-    }
 
 
 @pytest.mark.parametrize("family", [*DECODERS, "bert_cls"])
@@ -1118,7 +1095,7 @@ def test_marian_opus_options_silu_and_final_logits_bias(tmp_path):
     ref = transformers.MarianMTModel(config).eval()
     with torch.no_grad():
         ref.final_logits_bias.copy_(torch.randn_like(ref.final_logits_bias))
-    path = _save(ref, tmp_path / "ref")
+    path = save_pretrained(ref, tmp_path / "ref")
     model, params = interop.load(path)
     assert model.activation == "silu" and model.logits_bias
     inputs, targets, decoder_inputs = _seq2seq_batch()
@@ -1180,7 +1157,7 @@ def _opus_model(shared: bool, seed: int = 0):
 def opus(tmp_path_factory):
     """Untied (varied greedy continuations; see marian_untied)."""
     ref = _opus_model(shared=False, seed=4)
-    return ref, _save(ref, tmp_path_factory.mktemp("opus"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("opus"))
 
 
 def _opus_batch():
@@ -1278,7 +1255,7 @@ def test_opus_export_swaps_ids_back(opus, tmp_path):
     # Default export: a valid Marian checkpoint in tfjax's ids (pad 0), which loads as is.
     interop.save(model, params, tmp_path)
     again, again_params = interop.load(tmp_path)
-    _assert_params_identical(again_params, params)
+    assert_params_identical(again_params, params)
 
 
 def test_marian_id_errors_are_one_line_naming_the_architecture():

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_params_identical, save_pretrained
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,12 +26,6 @@ V = 61
 ATOL = 1e-5
 
 
-def _save(model, directory):
-    transformers.logging.set_verbosity_error()
-    model.save_pretrained(directory)
-    return directory
-
-
 def _tokens(shape, seed=0, low=3):
     return np.random.RandomState(seed).randint(low, V, shape)
 
@@ -38,15 +33,6 @@ def _tokens(shape, seed=0, low=3):
 def _apply(model, params, *args):
     out, _ = jax.jit(lambda p, *a: model.apply({"params": p}, *a))(params, *args)
     return np.asarray(out)
-
-
-def _assert_params_identical(a, b):
-    fa, fb = core.flatten(a), core.flatten(b)
-    assert fa.keys() == fb.keys()
-    for k in fa:
-        x, y = np.asarray(fa[k]), np.asarray(fb[k])
-        assert x.dtype == y.dtype and x.shape == y.shape, k
-        assert np.array_equal(x.view(np.uint8), y.view(np.uint8)), k
 
 
 def _sizes(**changes):
@@ -88,7 +74,7 @@ def gemma2(tmp_path_factory):
                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})
     )  # fmt: skip
     ref = _randomise_norms(transformers.Gemma2ForCausalLM(config).eval())
-    return ref, _save(ref, tmp_path_factory.mktemp("gemma2"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("gemma2"))
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +95,7 @@ def gemma3(tmp_path_factory):
         )
     )  # fmt: skip
     ref = _randomise_norms(transformers.Gemma3ForCausalLM(config).eval())
-    return ref, _save(ref, tmp_path_factory.mktemp("gemma3"))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp("gemma3"))
 
 
 FAMILIES = ["gemma2", "gemma3"]
@@ -192,7 +178,7 @@ def test_round_trip_is_bit_exact_and_transformers_reads_it(family, request, tmp_
     interop.save(model, params, tmp_path)
     model2, params2 = interop.load(tmp_path, scan_layers=True)
     assert model2 == model
-    _assert_params_identical(params, params2)
+    assert_params_identical(params, params2)
     original, exported = core.read_state_dict(path), core.read_state_dict(tmp_path)
     assert set(exported) == set(original) - {"lm_head.weight"}
     for key, value in exported.items():

@@ -6,13 +6,13 @@ copy of the reference's last_hidden_state and pooler_output within 1e-5.
 """
 
 import copy
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_params_identical, module_fields, save_pretrained
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,12 +24,6 @@ from tfjax.models import vit  # noqa: E402
 
 ATOL = 1e-5
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=28)
-
-
-def _save(ref, directory):
-    transformers.logging.set_verbosity_error()
-    ref.save_pretrained(directory)
-    return directory
 
 
 def _randomise(ref, std=0.3):
@@ -48,7 +42,7 @@ def _randomise(ref, std=0.3):
 def _tower(cls, config, seed, tmp_path_factory, name):
     torch.manual_seed(seed)
     ref = _randomise(cls(config).eval())
-    return ref, _save(ref, tmp_path_factory.mktemp(name))
+    return ref, save_pretrained(ref, tmp_path_factory.mktemp(name))
 
 
 @pytest.fixture(scope="module")
@@ -147,23 +141,6 @@ def test_dinov2_mask_token_replaces_masked_patches(dinov2):
     np.testing.assert_allclose(np.asarray(pooled), want_pooled, atol=ATOL, rtol=0)
 
 
-def _fields(module):
-    return {
-        f.name: getattr(module, f.name)
-        for f in dataclasses.fields(module)
-        if f.init and f.name not in ("parent", "name")
-    }
-
-
-def _assert_params_identical(a, b):
-    fa, fb = core.flatten(a), core.flatten(b)
-    assert fa.keys() == fb.keys()
-    for k in fa:
-        x, y = np.asarray(fa[k]), np.asarray(fb[k])
-        assert x.dtype == y.dtype and x.shape == y.shape, k
-        assert np.array_equal(x.view(np.uint8), y.view(np.uint8)), k
-
-
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize("family", TOWERS)
 def test_tower_round_trip_is_bitwise_and_loads_in_transformers(
@@ -173,8 +150,8 @@ def test_tower_round_trip_is_bitwise_and_loads_in_transformers(
     model, params = interop.load(path, scan_layers=scan_layers)
     interop.save(model, params, tmp_path)
     model2, params2 = interop.load(tmp_path, scan_layers=scan_layers)
-    assert _fields(model2) == _fields(model)
-    _assert_params_identical(params, params2)
+    assert module_fields(model2) == module_fields(model)
+    assert_params_identical(params, params2)
     # The export holds the reference file's tensors bitwise; CLIP and SigLIP under the
     # "vision_model." prefix that hub files carry (transformers reads both).
     original = interop.read_state_dict(path)
