@@ -154,8 +154,23 @@ def to_gpt2(model: decoder.Decoder, params):
 # Llama.
 
 
+# Each layer's norm weights: Llama's two, and Gemma's four (a norm before and after each
+# sub-layer, norm_position="sandwich").
+LAYER_NORMS = {
+    "pre": {"input_layernorm": "self_attention_norm", "post_attention_layernorm": "mlp_norm"},
+    "sandwich": {
+        "input_layernorm": "self_attention_norm",
+        "post_attention_layernorm": "self_attention_post_norm",
+        "pre_feedforward_layernorm": "mlp_norm",
+        "post_feedforward_layernorm": "mlp_post_norm",
+    },
+}
+
+
 def llama_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
+    """Llama's state-dict keys, which Mistral, Qwen and Gemma share (Gemma: four norms)."""
     p = prefix
+    norms = LAYER_NORMS[model.norm_position]
     rules = [
         core.identity(f"{p}embed_tokens.weight", ("embed", "embedding")),
         core.identity(f"{p}norm.weight", ("decoder", "final_norm", "scale")),
@@ -165,9 +180,8 @@ def llama_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
     for i in range(model.num_layers):
         h, layer = f"{p}layers.{i}.", ("decoder", f"layers_{i}")
         att = (*layer, "self_attention")
+        rules += [core.identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in norms.items()]
         rules += [
-            core.identity(f"{h}input_layernorm.weight", (*layer, "self_attention_norm", "scale")),
-            core.identity(f"{h}post_attention_layernorm.weight", (*layer, "mlp_norm", "scale")),
             core.linear(f"{h}self_attn.q_proj.weight", (*att, "query_kernel")),
             core.linear(f"{h}self_attn.k_proj.weight", (*att, "key_kernel")),
             core.linear(f"{h}self_attn.v_proj.weight", (*att, "value_kernel")),

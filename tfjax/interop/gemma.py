@@ -36,41 +36,6 @@ ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gel
 LAYER_TYPES = {"sliding_attention": "local", "full_attention": "global"}
 
 
-def gemma_rules(model: decoder.Decoder, prefix="model.") -> list[core.Rule]:
-    p = prefix
-    rules = [
-        core.identity(f"{p}embed_tokens.weight", ("embed", "embedding")),
-        core.identity(f"{p}norm.weight", ("decoder", "final_norm", "scale")),
-    ]
-    if not model.tie_embeddings:
-        rules.append(core.linear("lm_head.weight", ("output_proj", "kernel")))
-    norms = {
-        "input_layernorm": "self_attention_norm",
-        "post_attention_layernorm": "self_attention_post_norm",
-        "pre_feedforward_layernorm": "mlp_norm",
-        "post_feedforward_layernorm": "mlp_post_norm",
-    }
-    for i in range(model.num_layers):
-        h, layer = f"{p}layers.{i}.", ("decoder", f"layers_{i}")
-        att = (*layer, "self_attention")
-        rules += [core.identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in norms.items()]
-        rules += [
-            core.linear(f"{h}self_attn.q_proj.weight", (*att, "query_kernel")),
-            core.linear(f"{h}self_attn.k_proj.weight", (*att, "key_kernel")),
-            core.linear(f"{h}self_attn.v_proj.weight", (*att, "value_kernel")),
-            core.linear_out(f"{h}self_attn.o_proj.weight", (*att, "out_kernel")),
-            core.linear(f"{h}mlp.gate_proj.weight", (*layer, "mlp", "wi_0", "kernel")),
-            core.linear(f"{h}mlp.up_proj.weight", (*layer, "mlp", "wi_1", "kernel")),
-            core.linear(f"{h}mlp.down_proj.weight", (*layer, "mlp", "wo", "kernel")),
-        ]
-        if model.qk_norm:
-            rules += [
-                core.identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
-                core.identity(f"{h}self_attn.k_norm.weight", (*att, "key_norm", "scale")),
-            ]
-    return rules
-
-
 def _pattern(layer_types, fields) -> tuple[str, ...]:
     """layer_types (one per layer) -> the shortest attention_pattern that repeats to it."""
     n = fields["num_layers"]
@@ -161,7 +126,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> co
             Fixed("attention_bias", False, why="tfjax's Gemma has no attention biases"),
             Fixed("use_bidirectional_attention", False, why="tfjax's decoder is causal"),
         ),
-        rules=gemma_rules,
+        rules=llama_like.llama_rules,
         prefix="model.",
         bare="layers.",
         requires={
