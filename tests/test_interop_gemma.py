@@ -171,6 +171,28 @@ def test_greedy_generation_matches_reference(family, scan_layers, request):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_of_padded_prompts_matches_each_row_alone(family, side, request):
+    """Prompts of 5, 2 and 4 tokens in one padded batch (scanned layers): each row's 9 tokens
+    are the reference's for that prompt alone."""
+    ref, path = request.getfixturevalue(family)
+    model, params = interop.load(path, scan_layers=True)
+    tokens, max_new, lengths = _tokens((3, 5), seed=11), 9, (5, 2, 4)
+    prompts = np.zeros_like(tokens)
+    for row, n in enumerate(lengths):
+        if side == "right":
+            prompts[row, :n] = tokens[row, :n]
+        else:
+            prompts[row, 5 - n :] = tokens[row, :n]
+    want = [_greedy_reference(ref, tokens[r : r + 1, :n], max_new, eos=V + 5)[0]
+            for r, n in enumerate(lengths)]  # fmt: skip
+    eos = min(set(range(3, V)) - set(np.concatenate(want).tolist()))  # all 9 compared
+    got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
+    for row, n in enumerate(lengths):
+        assert list(np.asarray(got)[row]) == list(want[row]), (row, n)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_round_trip_is_bit_exact_and_transformers_reads_it(family, request, tmp_path):
     ref, path = request.getfixturevalue(family)
