@@ -14,37 +14,40 @@ decode() generates from a batch; `tfjax.aot` lowers the same from an abstract ev
 
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 from jax.experimental import multihost_utils
 
 
-class DecodeEval:
-    """Base of the decode-eval hooks (translation: BLEU; lm: samples)."""
+class DecodeEval(abc.ABC):
+    """Base of the decode-eval hooks (translation: BLEU; lm: samples): each subclass defines
+    the four methods."""
 
     # The eval loader reads unpacked rows (one example per row) because decode() decodes each
     # row on its own; a property of the task, so it holds whether or not a config decodes.
     unpacked_eval_rows = False
 
     @classmethod
+    @abc.abstractmethod
     def from_config(cls, config) -> DecodeEval | None:
         """The hook of a run config, or None when the config asks for no decoding."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def generate_args(self, exp, batch) -> tuple[object, dict]:
         """(prompts, keyword arguments of `tfjax.decode.generate` other than eos_id, rng and
         check) with which decode() generates from eval batch `batch` (global arrays). For an
         abstract batch (jax.ShapeDtypeStructs with shardings, as `tfjax.aot` lowers the
         decode) the prompts are a ShapeDtypeStruct of the largest prompts decode() feeds."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decode(self, exp, tokenizer, params, batch, *, step: int, index: int) -> list[dict]:
         """The outputs of eval batch number `index` (global arrays) at training step `step`, as
         JSON-serialisable dicts, the same on every process; [] for a batch it does not decode."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self, outputs: list[dict]) -> tuple[dict[str, float], list[dict]]:
         """(metrics to add to the eval metrics, samples to log) from the outputs of one eval."""
-        raise NotImplementedError
 
 
 def gather(x) -> np.ndarray:
