@@ -283,6 +283,16 @@ def rope_parameters_of(scaling: position.RopeScaling | None) -> dict:
     return out
 
 
+# The sizes every Llama-shaped config names alike (Llama, Mistral, Qwen, Gemma).
+SIZES = (
+    Field("vocab_size", "vocab_size"),
+    Field("hidden_size", "width"),
+    Field("num_hidden_layers", "num_layers"),
+    Field("num_attention_heads", "num_heads"),
+    Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+)
+
+
 def _llama_like(architecture, model_type, *config, requires=None) -> core.Family:
     """A Llama-shaped family: RoPE, RMSNorm, gated FFN, grouped-query attention, Llama's key
     names; `config` adds the family's own entries, `requires` its fixed model fields."""
@@ -291,11 +301,7 @@ def _llama_like(architecture, model_type, *config, requires=None) -> core.Family
         model_type=model_type,
         model=decoder.Model,
         config=(
-            Field("vocab_size", "vocab_size"),
-            Field("hidden_size", "width"),
-            Field("num_hidden_layers", "num_layers"),
-            Field("num_attention_heads", "num_heads"),
-            Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+            *SIZES,
             Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
             Field("intermediate_size", "mlp_dim"),
             Field("max_position_embeddings", "max_len", 2048),

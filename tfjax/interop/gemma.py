@@ -98,11 +98,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> co
         model_type=model_type,
         model=decoder.Model,
         config=(
-            Field("vocab_size", "vocab_size"),
-            Field("hidden_size", "width"),
-            Field("num_hidden_layers", "num_layers"),
-            Field("num_attention_heads", "num_heads"),
-            Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+            *llama_like.SIZES,
             Field("head_dim", "head_dim", 256),
             Field("intermediate_size", "mlp_dim"),
             Field("max_position_embeddings", "max_len", max_len),
