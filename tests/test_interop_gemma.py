@@ -20,6 +20,7 @@ pytest.importorskip("safetensors")
 
 from tfjax import decode, interop  # noqa: E402
 from tfjax.interop import core, gemma  # noqa: E402
+from tfjax.interop import decoder as convert  # noqa: E402
 from tfjax.models import decoder  # noqa: E402
 
 V = 61
@@ -259,10 +260,19 @@ def test_export_refuses_a_model_gemma_cannot_express():
 # Presets: parameter counts from shapes alone.
 
 # (billions, decimals the card gives), from each model card on huggingface.co: Gemma 2 2B's
-# "2.6B" (2,614,341,888), 9B's "9.24B"; Gemma 3 1B's "1B" (999,885,952). Gemma 3 4B's card
-# gives 4.3B for the whole model with its SigLIP vision tower (~0.42B); the text part alone is
-# checked against the count of transformers' Gemma3ForCausalLM of the same config below.
-CARDS = {"gemma-2-2b": (2.6, 1), "gemma-2-9b": (9.24, 2), "gemma-3-1b": (1.0, 1)}
+# "2.6B" (2,614,341,888), 9B's "9.24B", 27B's "27.2B" (27,227,128,320); Gemma 3 1B's "1B"
+# (999,885,952).
+CARDS = {"gemma-2-2b": (2.6, 1), "gemma-2-9b": (9.24, 2), "gemma-2-27b": (27.2, 1),
+         "gemma-3-1b": (1.0, 1)}  # fmt: skip
+
+# Gemma 3 4B, 12B and 27B's cards ("4.3B", "12.2B", "27.4B") count the whole
+# Gemma3ForConditionalGeneration: the text part (the preset) plus a SigLIP so400m/14 vision
+# tower at 896 px without its pooling head and a projector to the text width, ~0.42B. The
+# tower's config is the checkpoints' vision_config; the 4B's total is 4,300,079,472.
+MULTIMODAL_CARDS = {"gemma-3-4b": (4.3, 1), "gemma-3-12b": (12.2, 1), "gemma-3-27b": (27.4, 1)}
+VISION_CONFIG = dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304,
+                     num_hidden_layers=27, num_attention_heads=16, patch_size=14, image_size=896,
+                     vision_use_head=False)  # fmt: skip
 
 
 def _count(model) -> int:
@@ -270,9 +280,29 @@ def _count(model) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
 
 
+def test_every_gemma_preset_is_counted():
+    gemmas = {v for v in decoder.VARIANTS if v.startswith("gemma-")}
+    assert gemmas == set(CARDS) | set(MULTIMODAL_CARDS)
+
+
 # tests/test_presets.py checks the presets' exported configs against transformers' own models.
 @pytest.mark.parametrize("variant", sorted(CARDS))
 def test_presets_have_the_model_cards_parameter_counts(variant):
     billions, decimals = CARDS[variant]
     n = _count(decoder.Model(variant=variant))
+    assert abs(n / 1e9 - billions) < 10**-decimals, n
+
+
+@pytest.mark.parametrize("variant", sorted(MULTIMODAL_CARDS))
+def test_gemma3_text_presets_with_the_vision_tower_have_the_model_cards_counts(variant):
+    billions, decimals = MULTIMODAL_CARDS[variant]
+    model = decoder.Model(variant=variant)
+    text = core.hf_config(gemma.GEMMA3, convert.spelled_out(model))
+    del text["architectures"]  # Gemma3ForCausalLM's; here the text part of the whole model
+    config = transformers.Gemma3Config(text_config=text, vision_config=VISION_CONFIG)
+    with torch.device("meta"):
+        reference = transformers.Gemma3ForConditionalGeneration(config)
+    language_model = reference.model.language_model
+    assert sum(p.numel() for p in language_model.parameters()) == _count(model)
+    n = sum(p.numel() for p in reference.parameters())
     assert abs(n / 1e9 - billions) < 10**-decimals, n

@@ -103,12 +103,24 @@ VARIANTS = {
                        mlp_dim=9216),
     "gemma-2-9b": dict(_GEMMA2, width=3584, num_layers=42, num_heads=16, num_kv_heads=8,
                        mlp_dim=14336),
+    # the 27B scales queries by (width / num_heads)^-1/2, not head_dim^-1/2
+    "gemma-2-27b": dict(_GEMMA2, width=4608, num_layers=46, num_heads=32, num_kv_heads=16,
+                        head_dim=128, mlp_dim=36864, attention_scalar=144),
     "gemma-3-1b": dict(_GEMMA3, width=1152, num_layers=26, num_heads=4, num_kv_heads=1,
                        mlp_dim=6912, vocab_size=262144, max_len=32768, sliding_window=512),
     # the text part of gemma-3-4b-pt (Gemma3ForConditionalGeneration's text_config)
     "gemma-3-4b": dict(_GEMMA3, width=2560, num_layers=34, num_heads=8, num_kv_heads=4,
                        mlp_dim=10240, vocab_size=262208, max_len=131072, sliding_window=1024,
                        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
+    # the text parts of gemma-3-12b-pt and gemma-3-27b-pt (the 27B: attention_scalar is
+    # width / num_heads, as in Gemma 2 27B)
+    "gemma-3-12b": dict(_GEMMA3, width=3840, num_layers=48, num_heads=16, num_kv_heads=8,
+                        mlp_dim=15360, vocab_size=262208, max_len=131072, sliding_window=1024,
+                        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
+    "gemma-3-27b": dict(_GEMMA3, width=5376, num_layers=62, num_heads=32, num_kv_heads=16,
+                        head_dim=128, mlp_dim=21504, attention_scalar=168, vocab_size=262208,
+                        max_len=131072, sliding_window=1024,
+                        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
 }  # fmt: skip
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 NORM_POSITIONS = ("pre", "sandwich")
