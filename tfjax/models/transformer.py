@@ -12,12 +12,19 @@ and on every sub-layer's output.
     hidden, aux = model.apply(variables, inputs, targets, apply_head=False)  # -> [B, T, D]
     logits = model.apply(variables, hidden, method="logits")                 # -> [B, T, V]
 
+T5 (Raffel et al., 2020; its v1.1 layout, as in Flan-T5) is this model with other fields, see
+`T5`: pre-LN stacks with RMSNorm, no biases, unscaled embeddings and no added positions, but a
+learned relative position bias per stack (`position="relative"`, T5's buckets) computed once
+and added to every layer's self-attention logits, unscaled attention logits
+(`attention_scale=1`), a gated-GELU FFN and an output projection of its own.
+
 `targets` are shifted right inside the model (0 is the start token), so logits at t predict
 targets[t]. For generation call `encode` once, then `decode` token by token with decode=True.
 The second form above lets a loss make the logits in slices of T (`loss.chunks`), never all
 [B, T, V] at once.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +44,21 @@ VARIANTS = {
     "base": dict(width=512, num_layers=6, num_heads=8, mlp_dim=2048, dropout_rate=0.1),
     "big": dict(width=1024, num_layers=6, num_heads=16, mlp_dim=4096, dropout_rate=0.3),
 }
+# T5 v1.1 (Raffel et al., 2020, its v1.1 release): what every size shares.
+T5 = dict(
+    norm="rms", norm_position="pre", use_bias=False, position="relative",
+    scale_embeddings=False, attention_scale=1.0, activation="geglu_tanh", head_dim=64,
+    share_embeddings=True, tie_embeddings=False, norm_eps=1e-6, dropout_rate=0.0,
+)  # fmt: skip
+# The published sizes of T5 v1.1 and Flan-T5 (Chung et al., 2022), which share them.
+for _size, _d in dict(small=(512, 8, 6, 1024), base=(768, 12, 12, 2048),
+                      large=(1024, 24, 16, 2816), xl=(2048, 24, 32, 5120),
+                      xxl=(4096, 24, 64, 10240)).items():  # fmt: skip
+    _width, _layers, _heads, _mlp = _d
+    VARIANTS[f"flan-t5-{_size}"] = dict(
+        T5, vocab_size=32128, width=_width, num_layers=_layers, num_heads=_heads, mlp_dim=_mlp
+    )
+POSITIONS = ("sinusoidal", "relative")
 
 
 class Transformer(nn.Module):
@@ -47,12 +69,22 @@ class Transformer(nn.Module):
     num_layers: int = 6  # N, in the encoder and in the decoder
     num_heads: int = 8  # h
     mlp_dim: int = 2048  # d_ff
+    head_dim: int | None = None  # d_k = d_v; width // num_heads when None (T5: 64)
     dropout_rate: float = 0.1  # P_drop: embeddings and every residual sub-layer
     attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
-    activation: str = "relu"  # FFN activation
+    activation: str = "relu"  # FFN activation (T5 v1.1: "geglu_tanh")
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm, T5)
     norm_position: str = "post"  # "post" as in the paper, "pre" for stabler deep stacks
-    norm_eps: float = 1e-6  # LayerNorm epsilon
-    share_embeddings: bool = True  # one matrix for source, target and output projection
+    norm_eps: float = 1e-6  # norm epsilon
+    use_bias: bool = True  # biases in the attention and FFN projections (T5: none)
+    position: str = "sinusoidal"  # added sinusoids (the paper) or "relative" (T5's bias)
+    relative_buckets: int = 32  # position="relative": buckets of T5's relative distances
+    relative_max_distance: int = 128  # ... and the distance where the last bucket starts
+    scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (the paper; T5: no)
+    attention_scale: float | None = None  # logit scale; head_dim**-0.5 when None (T5: 1)
+    share_embeddings: bool = True  # one token embedding for source and target
+    tie_embeddings: bool | None = None  # the output projection is the target embedding^T;
+    # share_embeddings when None (the paper: one matrix for all three; T5 v1.1: no)
     logits_bias: bool = False  # a learned [V] bias added to the logits (Marian)
     final_norm: bool = False  # a LayerNorm after each post-norm stack (torch.nn.Transformer)
     scan_layers: bool = False  # nn.scan over layers
@@ -62,12 +94,22 @@ class Transformer(nn.Module):
     dtype: Any = None  # compute dtype (float32 when None)
     param_dtype: Any = jnp.float32  # storage dtype
 
+    def __post_init__(self):
+        if self.position not in POSITIONS:
+            raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        super().__post_init__()
+
+    @property
+    def tied(self) -> bool:
+        """Whether the logits are the target embedding^T (no output_proj)."""
+        return self.share_embeddings if self.tie_embeddings is None else self.tie_embeddings
+
     def setup(self):
         def embed(name):
             return tnn.Embed(
                 self.vocab_size,
                 self.width,
-                scale_by_sqrt_width=True,
+                scale_by_sqrt_width=self.scale_embeddings,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
                 name=name,
@@ -77,9 +119,13 @@ class Transformer(nn.Module):
             block = tnn.Block(
                 num_heads=self.num_heads,
                 mlp_dim=self.mlp_dim,
+                head_dim=self.head_dim,
                 activation=self.activation,
+                norm=self.norm,
                 norm_eps=self.norm_eps,
                 norm_position=self.norm_position,
+                use_bias=self.use_bias,
+                attention_scale=self.attention_scale,
                 causal=causal,
                 cross_attention=cross,
                 dropout_rate=self.dropout_rate,
@@ -101,6 +147,7 @@ class Transformer(nn.Module):
         self.embed = embed("embed")
         if not self.share_embeddings:
             self.target_embed = embed("target_embed")
+        if not self.tied:
             self.output_proj = tnn.ffn.dense(
                 self.vocab_size,
                 (axes.EMBED, axes.VOCAB),
@@ -117,6 +164,16 @@ class Transformer(nn.Module):
                 (self.vocab_size,),
                 self.param_dtype,
             )
+        if self.position == "relative":  # one bias per stack, shared by its layers
+            bias = functools.partial(
+                tnn.position.RelativePositionBias,
+                self.num_heads,
+                num_buckets=self.relative_buckets,
+                max_distance=self.relative_max_distance,
+                param_dtype=self.param_dtype,
+            )
+            self.encoder_position_bias = bias(bidirectional=True)
+            self.decoder_position_bias = bias(bidirectional=False)
         self.encoder = stack(False, False, "encoder")
         self.decoder = stack(True, True, "decoder")
         self.dropout = nn.Dropout(self.dropout_rate)
@@ -125,13 +182,18 @@ class Transformer(nn.Module):
     def _embed(self, embed, tokens, positions, train):
         # [B, T, D]
         x = embed(tokens)
-        x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
+        if self.position == "sinusoidal":
+            x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         return self.dropout(x, deterministic=not train)
 
     def logits(self, y):
         """The output projection: y [B, T, D] final decoder states -> [B, T, V] logits."""
         # [B, T, V]
-        logits = self.embed.attend(y) if self.share_embeddings else self.output_proj(y)
+        if self.tied:
+            embed = self.embed if self.share_embeddings else self.target_embed
+            logits = embed.attend(y)
+        else:
+            logits = self.output_proj(y)
         if self.logits_bias:
             logits = logits + self.output_bias.astype(logits.dtype)
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
@@ -143,7 +205,8 @@ class Transformer(nn.Module):
         x = self._embed(self.embed, inputs, positions, train)
         if inputs_segment_ids is None:  # padding (id 0) attends to nothing, is never attended
             inputs_segment_ids = masks.padding_ids(inputs)
-        return self.encoder(x, segment_ids=inputs_segment_ids, train=train)
+        bias = self.encoder_position_bias(positions) if self.position == "relative" else None
+        return self.encoder(x, bias=bias, segment_ids=inputs_segment_ids, train=train)
 
     def decode(
         self,
@@ -187,9 +250,12 @@ class Transformer(nn.Module):
             inputs_segment_ids = masks.padding_ids(inputs)
         if targets_segment_ids is None and targets is not None:
             targets_segment_ids = masks.padding_ids(targets)
+        bias = None
+        if self.position == "relative":  # decoding: this step's queries against the cache
+            bias = self.decoder_position_bias(positions, decode=decode)
         y = self.decoder(
-            y, encoded, segment_ids=targets_segment_ids, context_segment_ids=inputs_segment_ids,
-            train=train, decode=decode,
+            y, encoded, bias=bias, segment_ids=targets_segment_ids,
+            context_segment_ids=inputs_segment_ids, train=train, decode=decode,
         )  # fmt: skip
         return (self.logits(y) if apply_head else y), y
 

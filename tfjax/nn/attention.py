@@ -522,6 +522,7 @@ class MultiHeadAttention(nn.Module):
         context=None,
         *,
         mask=None,
+        bias=None,
         segment_ids=None,
         context_segment_ids=None,
         is_causal: bool = False,
@@ -536,6 +537,8 @@ class MultiHeadAttention(nn.Module):
           x: [B, T, D] queries' input.
           context: [B, S, D'] keys' and values' input for cross-attention.
           mask: boolean, broadcastable to [B, N, T, S], True where a query may attend.
+          bias: float, broadcastable to [B, N, T, S], added to the logits (T5's relative
+            position bias; decoding: the queries against the whole cache's S keys).
           segment_ids: [B, T] ints: packed or padded rows (see dot_product_attention); the
             kernels take them without a [T, S] mask.
           context_segment_ids: [B, S] the context's ids (cross-attention).
@@ -586,9 +589,9 @@ class MultiHeadAttention(nn.Module):
                     "keeps no ids)"
                 )
             k, v = self._update_cache(k, v, offset)
-        bias = None
         if self_attention and self.position == "alibi":
-            bias = position.alibi_bias(q.shape[2], positions, jnp.arange(k.shape[1]))
+            alibi = position.alibi_bias(q.shape[2], positions, jnp.arange(k.shape[1]))
+            bias = alibi if bias is None else bias + alibi
         rate = self.dropout_rate if train else 0.0
         dropout_rng = self.make_rng("dropout") if rate > 0.0 else None
         sow = self.is_mutable_collection("intermediates")

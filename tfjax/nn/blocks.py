@@ -163,6 +163,7 @@ class Block(nn.Module):
         context=None,
         *,
         mask=None,
+        bias=None,
         context_mask=None,
         segment_ids=None,
         context_segment_ids=None,
@@ -175,6 +176,8 @@ class Block(nn.Module):
           x: [B, T, D].
           context: [B, S, D] encoder output (with cross_attention).
           mask: self-attention mask, boolean, broadcastable to [B, N, T, T].
+          bias: self-attention's additive logit bias, broadcastable to [B, N, T, T] (T5's
+            relative positions, computed once per stack).
           context_mask: cross-attention mask, broadcastable to [B, N, T, S].
           segment_ids: [B, T] ints for packed or padded rows (see dot_product_attention): the
             attention kernels take them without a [T, S] mask.
@@ -197,6 +200,7 @@ class Block(nn.Module):
             lambda y: attend(
                 y,
                 mask=mask,
+                bias=bias,
                 segment_ids=segment_ids,
                 is_causal=self.causal,
                 positions=positions,
@@ -280,6 +284,7 @@ class Stack(nn.Module):
         context=None,
         *,
         mask=None,
+        bias=None,
         context_mask=None,
         segment_ids=None,
         context_segment_ids=None,
@@ -294,6 +299,7 @@ class Stack(nn.Module):
                 y,
                 context,
                 mask=mask,
+                bias=bias,
                 context_mask=context_mask,
                 segment_ids=segment_ids,
                 context_segment_ids=context_segment_ids,

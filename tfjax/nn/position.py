@@ -291,8 +291,20 @@ class RelativePositionBias(nn.Module):
     param_dtype: jnp.dtype = jnp.float32  # storage dtype
 
     @nn.compact
-    def __call__(self, query_positions, key_positions):
-        """query_positions: [T] or [B, T]; key_positions: [S] or [B, S] -> [B|1, N, T, S] f32."""
+    def __call__(self, query_positions, key_positions=None, *, decode: bool = False):
+        """query_positions: [T] or [B, T]; key_positions: [S] or [B, S], the queries' when None
+        -> [B|1, N, T, S] float32.
+
+        decode=True: the keys are a KV cache's, at positions 0 .. S - 1. The first call (the one
+        that initialises the caches, with S queries) sizes it; later calls give the new tokens'
+        positions, biased against every cache slot (the attention masks the unwritten ones).
+        """
+        if key_positions is None:
+            key_positions = query_positions
+        if decode:
+            # Only its length is read: a cache is zeroed after it is sized (decode.generate).
+            slots = self.variable("cache", "key_slots", jnp.zeros, jnp.shape(key_positions)[-1:])
+            key_positions = jnp.arange(slots.value.shape[0])
         q = jnp.atleast_2d(query_positions)[:, :, None]
         k = jnp.atleast_2d(key_positions)[:, None, :]
         # [B|1, T, S]
