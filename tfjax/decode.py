@@ -12,6 +12,15 @@ ids, 0 (padding) after an EOS; `scores` [B] the sum of their log-probabilities u
 (for beam search divided by the length penalty ((5 + length) / 6)^alpha of Wu et al., 2016,
 which the paper uses with beam 4 and alpha 0.6).
 
+Beam search has two sets of rules. "gnmt" (the default): finished hypotheses are scored with
+the penalty above, and the search stops once no live beam can beat the worst finished one even
+at full length. "hf": transformers' `generate(num_beams=K, length_penalty=alpha,
+early_stopping=...)`, so that a converted checkpoint gives the reference's output: a score is
+log-probability / length^alpha; of the 2K best candidates only those among the best K may
+finish; at max_new_tokens the best K live ones finish too; `early_stopping` True stops a row
+once K have finished, False once the best live beam, scored at its current length, cannot beat
+the worst finished one, "never" scores it at full length instead (when alpha > 0).
+
 Everything after the argument checks is one jitted `lax.while_loop`. With `use_cache=True`
 each step feeds one token through the model's KV cache; `use_cache=False` recomputes the whole
 prefix every step (the reference the tests compare against, and the benchmark's baseline).
@@ -27,6 +36,8 @@ import numpy as np
 from jax import lax
 
 METHODS = ("greedy", "sample", "beam")
+BEAM_RULES = ("gnmt", "hf")
+EARLY_STOPPING = (True, False, "never")  # transformers' values (beam_rules="hf")
 _NEG = -1e30  # a finite "minus infinity": keeps arithmetic on dead beams NaN-free
 
 
@@ -34,10 +45,20 @@ def _is_encoder_decoder(model) -> bool:
     return hasattr(model, "encode")
 
 
-def _check(model, inputs, *, method, max_new_tokens, eos_id, beam_size, temperature, top_k, top_p):
+def _check(model, inputs, *, method, max_new_tokens, eos_id, beam_size, beam_rules,
+           early_stopping, temperature, top_k, top_p):  # fmt: skip
     """Host-side validation: every message names the option and what is allowed."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is unknown; allowed: {METHODS}")
+    if beam_rules not in BEAM_RULES:
+        raise ValueError(f"beam_rules={beam_rules!r} is unknown; allowed: {BEAM_RULES}")
+    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
+        raise ValueError(f"early_stopping={early_stopping!r} is unknown; allowed: {EARLY_STOPPING}")
+    if method == "beam" and beam_rules == "gnmt" and early_stopping is not False:
+        raise ValueError(
+            f"early_stopping={early_stopping!r} applies to beam_rules='hf' only (the 'gnmt' "
+            "rules stop once no live beam can beat the worst finished one)"
+        )
     inputs = np.asarray(inputs)
     if inputs.ndim != 2 or not np.issubdtype(inputs.dtype, np.integer):
         raise ValueError(f"inputs must be [B, P] integer ids, got {inputs.shape} {inputs.dtype}")
@@ -254,7 +275,13 @@ def _gather_beams(tree, index, batch, beams, scanned):
     return jax.tree_util.tree_map_with_path(gather, tree)
 
 
-def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens):
+def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rules,
+               early_stopping):  # fmt: skip
+    if rules == "hf":
+        return _hf_beam_loop(
+            stepper, prompt, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
+            max_new_tokens=max_new_tokens, early_stopping=early_stopping,
+        )  # fmt: skip
     b, p = prompt.shape
     k, total = beam_size, p + max_new_tokens
     scanned = getattr(stepper.model, "scan_layers", False)
@@ -310,6 +337,65 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens):
     return best, score
 
 
+def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, early_stopping):
+    """Beam search by transformers' rules (its `_beam_search`); see the module docstring."""
+    b, p = prompt.shape
+    k, total = beam_size, p + max_new_tokens
+    scanned = getattr(stepper.model, "scan_layers", False)
+    stepper = stepper.repeat(k)
+    seqs = jnp.zeros((b, k, total), jnp.int32).at[:, :, :p].set(prompt[:, None])
+    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (k - 1)), (b, 1))
+    state = stepper.init_state(b * k)
+    state = stepper.prefill(state, seqs[:, :, : p - 1].reshape(b * k, -1))
+    fin_seqs = jnp.zeros_like(seqs)
+    fin_scores = jnp.full((b, k), _NEG)
+    improvable = jnp.ones(b, bool)  # may a finished hypothesis still change in this row?
+    best_rank = jnp.arange(2 * k) < k  # only the best K candidates may finish
+
+    def finished(scores):
+        return scores > _NEG / 2
+
+    def cond(c):
+        i, _, _, _, fin_scores, improvable, _ = c
+        going = (i < total - 1) & jnp.any(improvable)
+        if early_stopping is True:  # every row has K finished
+            going = going & ~jnp.all(finished(fin_scores))
+        return going
+
+    def body(c):
+        i, seqs, live_logp, fin_seqs, fin_scores, improvable, state = c
+        flat = seqs.reshape(b * k, total)
+        logits, state = stepper.step(state, lax.dynamic_slice_in_dim(flat, i, 1, 1), i, flat)
+        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(b, k, -1)
+        vocab = logp.shape[-1]
+        # [B, 2K] best candidates of all K * V
+        top_logp, top_idx = lax.top_k((live_logp[..., None] + logp).reshape(b, k * vocab), 2 * k)
+        origin, token = top_idx // vocab, top_idx % vocab
+        top_seqs = jnp.take_along_axis(seqs, origin[..., None], axis=1)
+        top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, token[..., None], i + 1, 2)
+        # A candidate stops at EOS or at full length (then every one does).
+        stops = (token == eos_id) | (i + 2 >= total)
+        length = (i + 2 - p).astype(jnp.float32)
+        full = jnp.all(finished(fin_scores), -1) & (early_stopping is True)
+        may_finish = stops & best_rank & (improvable & ~full)[:, None]
+        fin_cand = jnp.where(may_finish, top_logp / length**alpha, _NEG)
+        fin_scores, keep = lax.top_k(jnp.concatenate([fin_scores, fin_cand], 1), k)
+        fin_seqs = jnp.take_along_axis(jnp.concatenate([fin_seqs, top_seqs], 1), keep[..., None], 1)
+        live_logp, keep = lax.top_k(jnp.where(stops, _NEG, top_logp), k)
+        seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
+        state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, scanned)
+        # Can the best live beam still beat the worst finished one (any slot still empty: yes)?
+        hoped = total - p if (early_stopping == "never" and alpha > 0) else i + 2 - p
+        best_possible = live_logp[:, 0] / jnp.asarray(hoped, jnp.float32) ** alpha
+        worst = jnp.where(jnp.all(finished(fin_scores), -1), fin_scores.min(-1), _NEG)
+        improvable = improvable & (best_possible > worst)
+        return i + 1, seqs, live_logp, fin_seqs, fin_scores, improvable, state
+
+    init = (jnp.asarray(p - 1), seqs, live_logp, fin_seqs, fin_scores, improvable, state)
+    _, seqs, live_logp, fin_seqs, fin_scores, _, _ = lax.while_loop(cond, body, init)
+    return fin_seqs[:, 0], fin_scores[:, 0]
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -322,6 +408,8 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens):
         "method",
         "beam_size",
         "alpha",
+        "beam_rules",
+        "early_stopping",
         "temperature",
         "top_k",
         "top_p",
@@ -341,6 +429,8 @@ def _generate(
     method,
     beam_size,
     alpha,
+    beam_rules,
+    early_stopping,
     temperature,
     top_k,
     top_p,
@@ -365,6 +455,8 @@ def _generate(
             beam_size=beam_size,
             alpha=alpha,
             max_new_tokens=max_new_tokens,
+            rules=beam_rules,
+            early_stopping=early_stopping,
         )
         return seqs[:, prompt_len:], scores
     buffer = jnp.pad(prompt, ((0, 0), (0, max_new_tokens)))
@@ -395,6 +487,8 @@ def generate(
     method: str = "greedy",
     beam_size: int = 4,
     alpha: float = 0.6,
+    beam_rules: str = "gnmt",
+    early_stopping: bool | str = False,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -409,6 +503,8 @@ def generate(
       params: its parameters (plain arrays or logically boxed).
       inputs: [B, P] prompts padded with 0 (right or left), or [B, S] source ids.
       method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha).
+      beam_rules: "gnmt" (the length penalty of Wu et al.) or "hf" (transformers' generate:
+        alpha is its length_penalty, with its `early_stopping`: True, False or "never").
       rng: a PRNG key for sampling (the same key gives the same samples).
       use_cache: feed one token per step through the KV cache (False recomputes the prefix).
       check: validate the inputs on the host first. False is for inputs that are global arrays
@@ -422,6 +518,8 @@ def generate(
         max_new_tokens=max_new_tokens,
         eos_id=eos_id,
         beam_size=beam_size,
+        beam_rules=beam_rules,
+        early_stopping=early_stopping,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
@@ -450,6 +548,8 @@ def generate(
         method=method,
         beam_size=beam_size,
         alpha=alpha,
+        beam_rules=beam_rules,
+        early_stopping=early_stopping,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
@@ -473,6 +573,7 @@ def lower(model, params, inputs, *, max_new_tokens: int, eos_id: int, method: st
         model, params, inputs, jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
         jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
         max_new_tokens=max_new_tokens, eos_id=eos_id, method=method, beam_size=beam_size,
-        alpha=alpha, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=True,
+        alpha=alpha, beam_rules="gnmt", early_stopping=False, temperature=temperature,
+        top_k=top_k, top_p=top_p, use_cache=True,
         min_length=1,
     )  # fmt: skip
