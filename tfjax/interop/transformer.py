@@ -157,9 +157,24 @@ def _stack_rules(num_layers: int, layout: _Layout, prefix: str) -> list[core.Rul
     return rules
 
 
+# The paper's layout, which both references have: fields T5 (`transformer.T5`) sets otherwise.
+PAPER_LAYOUT = {
+    "position": "sinusoidal",
+    "norm": "layer",
+    "use_bias": True,
+    "scale_embeddings": True,
+    "attention_scale": None,
+    "head_dim": None,
+    "tie_embeddings": None,
+}
+
+
 def _check_model(model, what: str):
     if not isinstance(model, transformer.Transformer):
         raise ValueError(f"{what}: expected a tfjax.models.transformer model, got {type(model)}")
+    have = {k: getattr(model, k) for k in PAPER_LAYOUT}
+    if have != PAPER_LAYOUT:
+        raise ValueError(f"{what} is the paper's layout: it needs {PAPER_LAYOUT}; got {have}")
     if model.norm_position != "post":
         raise ValueError(
             f"{what} is post-LN; the model has norm_position={model.norm_position!r} (its "
@@ -369,7 +384,7 @@ MARIAN = core.Family(
     inputs=(core.TOKENS, core.TOKENS),
     prefix="model.",
     # Marian's LayerNorm epsilon is nn.LayerNorm's default, not in its config.
-    requires={"norm_position": "post", "norm_eps": 1e-5, "final_norm": False},
+    requires={"norm_position": "post", "norm_eps": 1e-5, "final_norm": False, **PAPER_LAYOUT},
     ignore=("model.*.embed_positions.weight",),
     tied=_marian_tied,
 )
