@@ -10,12 +10,13 @@ Each family module also converts a state dict plus a config (`decoder.from_gpt2(
 cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3,
 GEMMA2, GEMMA3,
 BERT_MLM, BERT_CLASSIFIER, HF_VIT, DINOV2, DINOV2_REGISTERS, CLIP_VISION, SIGLIP_VISION,
-MARIAN): one table of config.json keys <-> model fields and one function of key rules,
-which import and export both read. Every converter checks every key and shape before
-returning: nothing is loaded half-way. Parameters come back as the plain "params"
-collection, stacked when the model has `scan_layers=True`.
+CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN, T5): one table of config.json keys <-> model fields
+and one function of key rules, which import and export both read. Every converter checks
+every key and shape before returning: nothing is loaded half-way. Parameters come back as
+the plain "params" collection, stacked when the model has `scan_layers=True`.
 
-What loads (every row also exports, `to_*`, and round trips bit for bit):
+What loads (every row also exports, `to_*`, and round trips bit for bit; a whole CLIPModel or
+SiglipModel exports its vision tower as the vision-only architecture):
 
   source                                  import             tfjax model
   GPT-2 (GPT2LMHeadModel)                 from_gpt2          models.decoder (learned pos.)
@@ -39,9 +40,20 @@ What loads (every row also exports, `to_*`, and round trips bit for bit):
   CLIP vision (CLIPVisionModel)           from_clip_vision   models.vit (quick_gelu, pre_norm,
                                                              final_norm="pooled")
   SigLIP vision (SiglipVisionModel)       from_siglip_vision models.vit (pool="map")
+  CLIP vision + projection                from_clip_vision_projection  models.vit (head:
+    (CLIPVisionModelWithProjection)                          visual_projection, head_bias=False)
+  CLIP image tower (CLIPModel)            from_clip          as above: get_image_features
+                                                             (projection=False: pooler_output);
+                                                             text tower skipped; export: the
+                                                             row above (to_clip_vision_projection)
+  SigLIP image tower (SiglipModel)        from_siglip        models.vit (pool="map"); text tower
+                                                             skipped; export: SiglipVisionModel
   Marian / Opus-MT (MarianMTModel)        from_marian        models.transformer; pad != 0
                                                              needs remap_ids=True (ids swapped,
                                                              see marian_id_map)
+  T5 v1.1, Flan-T5                        from_t5            models.transformer (relative
+  (T5ForConditionalGeneration)                               position bias, RMSNorm, gated
+                                                             GELU, no biases)
   torch.nn.Transformer + embeddings       from_torch_transformer  models.transformer
   torch.nn.MultiheadAttention             from_torch_mha     nn.MultiHeadAttention
 
@@ -51,7 +63,7 @@ Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `trans
 import functools
 import os
 
-from tfjax.interop import attention, core, decoder, encoder, gemma, transformer, vision, vit
+from tfjax.interop import attention, core, decoder, encoder, gemma, t5, transformer, vision, vit
 from tfjax.interop.attention import from_torch_mha, to_torch_mha
 from tfjax.interop.core import read_config, read_state_dict, write_safetensors
 from tfjax.interop.decoder import (
@@ -68,6 +80,7 @@ from tfjax.interop.decoder import (
 )
 from tfjax.interop.encoder import from_bert, to_bert
 from tfjax.interop.gemma import from_gemma2, from_gemma3, to_gemma2, to_gemma3
+from tfjax.interop.t5 import from_t5, to_t5
 from tfjax.interop.transformer import (
     from_marian,
     from_torch_transformer,
@@ -78,11 +91,15 @@ from tfjax.interop.transformer import (
     to_torch_transformer,
 )
 from tfjax.interop.vision import (
+    from_clip,
     from_clip_vision,
+    from_clip_vision_projection,
     from_dinov2,
     from_dinov2_registers,
+    from_siglip,
     from_siglip_vision,
     to_clip_vision,
+    to_clip_vision_projection,
     to_dinov2,
     to_siglip_vision,
 )
@@ -107,7 +124,11 @@ ARCHITECTURES = {
     "Dinov2WithRegistersModel": from_dinov2_registers,
     "CLIPVisionModel": from_clip_vision,
     "SiglipVisionModel": from_siglip_vision,
+    "CLIPVisionModelWithProjection": from_clip_vision_projection,
+    "CLIPModel": from_clip,
+    "SiglipModel": from_siglip,
     "MarianMTModel": from_marian,
+    "T5ForConditionalGeneration": from_t5,
 }
 
 
@@ -134,10 +155,12 @@ def export(model, params):
     if isinstance(model, _encoder.Encoder):
         return to_bert(model, params)
     if isinstance(model, _vit.VisionTransformer):
-        if model.num_classes is None:  # a vision tower (DINOv2, CLIP, SigLIP)
+        if model.num_classes is None or not model.head_bias:  # a tower (DINOv2, CLIP, SigLIP)
             return vision.export(model, params)
         return to_hf_vit(model, params)
     if isinstance(model, _transformer.Transformer):
+        if model.position == "relative":  # T5's relative position bias
+            return to_t5(model, params)
         return to_marian(model, params)
     raise ValueError(f"no exporter for {type(model).__name__}")
 
@@ -163,7 +186,9 @@ __all__ = [
     "from_bert",
     "from_gemma2",
     "from_gemma3",
+    "from_clip",
     "from_clip_vision",
+    "from_clip_vision_projection",
     "from_dinov2",
     "from_dinov2_registers",
     "from_gpt2",
@@ -172,8 +197,10 @@ __all__ = [
     "from_mistral",
     "from_qwen2",
     "from_qwen3",
+    "from_siglip",
     "from_siglip_vision",
     "from_marian",
+    "from_t5",
     "from_timm_vit",
     "from_torch_mha",
     "from_torch_transformer",
@@ -189,6 +216,7 @@ __all__ = [
     "to_gemma2",
     "to_gemma3",
     "to_clip_vision",
+    "to_clip_vision_projection",
     "to_dinov2",
     "to_gpt2",
     "to_hf_vit",
@@ -198,6 +226,8 @@ __all__ = [
     "to_qwen3",
     "to_siglip_vision",
     "to_marian",
+    "to_t5",
+    "t5",
     "to_torch_mha",
     "to_torch_transformer",
     "transformer",

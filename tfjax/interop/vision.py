@@ -1,10 +1,14 @@
 """Vision towers: Hugging Face `Dinov2Model`, `Dinov2WithRegistersModel`, `CLIPVisionModel` and
-`SiglipVisionModel` <-> `tfjax.models.vit` without a classification head (num_classes=None).
+`SiglipVisionModel` <-> `tfjax.models.vit` without a classification head (num_classes=None);
+`CLIPVisionModelWithProjection` and the vision towers of whole `CLIPModel` and `SiglipModel`
+checkpoints (read only; their export is the vision-only architecture).
 
     model, params = from_dinov2("path/to/dinov2")                  # as trained (518 px)
     model, params = from_dinov2("path/to/dinov2", image_size=224)  # posemb resampled to 224 px
     pooled, aux = model.apply({"params": params}, images)          # [B, H, W, C] -> [B, D]
     state, config = to_dinov2(model, params)
+    model, params = from_clip("path/to/clip")                      # a whole CLIPModel
+    features, aux = model.apply({"params": params}, images)        # [B, projection_dim]
 
 What the towers give, as Hugging Face names them: last_hidden_state is aux["encoded"] and
 pooler_output the model's output (aux["pre_logits"]):
@@ -37,11 +41,27 @@ Key mapping, layer i (DINOv2 bare; CLIP and SigLIP under "vision_model.", bare k
          MultiheadAttention, in_proj [3D, D]), head.layernorm, head.mlp -> map_head/probe,
          attention, norm, mlp
 
+Whole image-text models load as what their `get_image_features` gives; the sizes are read from
+config.json's vision_config (image_size and num_channels too), the text tower's keys
+("text_model.*") and the named joint keys are skipped, and any other key is refused as usual:
+  CLIPVisionModelWithProjection, CLIPModel  the tower plus visual_projection.weight [E, D] (no
+           bias) -> head [D, E] with head_bias=False, num_classes = projection_dim (CLIPModel:
+           the outer config's); from_clip(..., projection=False) (or load(dir,
+           projection=False)) gives the tower's pooler_output instead (num_classes=None).
+           CLIPModel skips text_projection and logit_scale. Export: CLIPVisionModelWithProjection
+           (without the projection: CLIPVisionModel).
+  SiglipModel  the SigLIP tower (pooler_output: the attention pooling head); skips logit_scale
+           and logit_bias. Export: SiglipVisionModel.
+A config whose image_size does not give the checkpoint's number of position embeddings is
+refused, naming both.
+
 Position embeddings are resampled to another `image_size` at load, with the bicubic resize the
 Hugging Face model uses at that size (DINOv2 with registers: antialiased), so the model equals
-the reference's `interpolate_pos_encoding`; the export's image_size is then the new one.
+the reference's `interpolate_pos_encoding`; the export's image_size is then the new one
+(a square size: config.json has one number, so a non-square grid is refused at export).
 """
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -288,12 +308,14 @@ def siglip_vision_rules(model: vit.VisionTransformer, prefix: str = "vision_mode
 
 
 def _clip_like_config(patch: int, eps: float, act: str) -> tuple:
+    """CLIPVisionConfig's and SiglipVisionConfig's keys, a missing one meaning what it means to
+    transformers (published SiglipModel configs leave most out of their vision_config)."""
     return (
         Field("patch_size", "patch_size", patch),
-        Field("hidden_size", "width"),
-        Field("intermediate_size", "mlp_dim"),
-        Field("num_hidden_layers", "num_layers"),
-        Field("num_attention_heads", "num_heads"),
+        Field("hidden_size", "width", 768),
+        Field("intermediate_size", "mlp_dim", 3072),
+        Field("num_hidden_layers", "num_layers", 12),
+        Field("num_attention_heads", "num_heads", 12),
         Field("attention_dropout", "attention_dropout_rate", 0.0),
         Field("layer_norm_eps", "norm_eps", eps),
         Field("hidden_act", "activation", act, values=ACTIVATIONS),
@@ -336,6 +358,76 @@ SIGLIP_VISION = core.Family(
     ignore=("*position_ids",),
 )
 
+# ----------------------------------------------------------------------------------------------
+# CLIP's visual projection, and the vision towers of whole CLIPModel and SiglipModel checkpoints.
+
+
+def clip_projection_rules(model: vit.VisionTransformer, prefix: str = "vision_model.") -> list:
+    """CLIPVisionModel's rules and visual_projection.weight [E, D] (no bias) -> head/kernel
+    [D, E], E = projection_dim (outside the tower's prefix, as in both Hugging Face models)."""
+    return [
+        *clip_vision_rules(model, prefix),
+        core.linear("visual_projection.weight", ("head", "kernel")),
+    ]
+
+
+_PROJECTION = Field("projection_dim", "num_classes", 512)  # both configs' default
+# The tower's fields, with a bias-free head of projection_dim outputs instead of none.
+_PROJECTED = {k: v for k, v in CLIP_VISION.requires.items() if k != "num_classes"}
+_PROJECTED["head_bias"] = False
+CLIP_VISION_PROJECTION = dataclasses.replace(
+    CLIP_VISION,
+    architecture="CLIPVisionModelWithProjection",
+    config=(*CLIP_VISION.config, _PROJECTION),
+    rules=clip_projection_rules,
+    bare="",  # transformers writes this model's keys under "vision_model." only
+    requires=_PROJECTED,
+)
+
+
+def _whole(tower: core.Family, architecture, model_type, ignore, extra=(), **changes):
+    """A whole image-text model read as `tower`: the tower's config keys under "vision_config."
+    (then `extra` keys of the outer config), the text tower ("text_model.*") and the named
+    `ignore` keys skipped; any other key the rules do not read is still refused."""
+    nested = tuple(dataclasses.replace(e, key=f"vision_config.{e.key}") for e in tower.config)
+    return dataclasses.replace(
+        tower,
+        architecture=architecture,
+        model_type=model_type,
+        config=(*nested, *extra),
+        bare="",
+        ignore=(*tower.ignore, "text_model.*", *ignore),
+        **changes,
+    )
+
+
+# get_image_features: visual_projection on the pooled output (CLIPModel's image embeddings).
+CLIP = _whole(
+    CLIP_VISION,
+    "CLIPModel",
+    "clip",
+    ("text_projection.weight", "logit_scale"),
+    extra=(_PROJECTION,),
+    rules=clip_projection_rules,
+    requires=_PROJECTED,
+)
+# get_image_features: the attention pooling head's output (SigLIP has no projection).
+SIGLIP = _whole(SIGLIP_VISION, "SiglipModel", "siglip", ("logit_scale", "logit_bias"))
+_NESTED = (CLIP.architecture, SIGLIP.architecture)  # image_size, num_channels in vision_config
+
+
+def _unprojected(family: core.Family) -> core.Family:
+    """A projected CLIP family read as the bare tower (pooler_output): visual_projection.weight
+    (and the projection_dim key) skipped."""
+    return dataclasses.replace(
+        family,
+        config=tuple(e for e in family.config if e is not _PROJECTION),
+        rules=clip_vision_rules,
+        requires=CLIP_VISION.requires,
+        ignore=(*family.ignore, "visual_projection.weight"),
+    )
+
+
 # Each family's keys (after the prefix) of its position embeddings and patch kernel, whether
 # the position embeddings hold the class token's, and whether it resamples them antialiased.
 _DINO_KEYS = ("embeddings.position_embeddings", "embeddings.patch_embeddings.projection.weight")
@@ -344,7 +436,10 @@ _POSEMB = {
     "Dinov2Model": (*_DINO_KEYS, 1, False),
     "Dinov2WithRegistersModel": (*_DINO_KEYS, 1, True),
     "CLIPVisionModel": (*_CLIP_KEYS, 1, False),
+    "CLIPVisionModelWithProjection": (*_CLIP_KEYS, 1, False),
+    "CLIPModel": (*_CLIP_KEYS, 1, False),
     "SiglipVisionModel": (*_CLIP_KEYS, 0, False),
+    "SiglipModel": (*_CLIP_KEYS, 0, False),
 }
 
 
@@ -375,14 +470,26 @@ def hf_config(family: core.Family, model) -> dict:
 def _load(family, source, config, image_size, overrides):
     state, c = core.load_source(source, config)
     model = family.model(**{**model_fields(family, c), **overrides})
-    key, _, prefix_tokens, antialias = _POSEMB[family.architecture]
+    what, nested = family.architecture, family.architecture in _NESTED
+    vision = (c.get("vision_config") or {}) if nested else c
+    size_key = "vision_config.image_size" if nested else "image_size"
+    key, _, prefix_tokens, antialias = _POSEMB[what]
     key = core.key_prefix(family, state) + key
     p = model.patch_size
-    size = image_size_pair(image_size or c.get("image_size") or 224)
+    trained = image_size_pair(vision.get("image_size") or 224)
+    size = image_size_pair(image_size) if image_size else trained
     if min(size) < p:
-        raise ValueError(f"{family.architecture}: image size {size} is smaller than patch {p}")
+        raise ValueError(f"{what}: image size {size} is smaller than patch {p}")
     if key in state:
         table = state[key]
+        grid = (trained[0] // p, trained[1] // p)
+        if table.shape[-2] - prefix_tokens != grid[0] * grid[1]:
+            raise ValueError(
+                f"{what}: {size_key}={vision.get('image_size') or 224} means {grid[0]}x{grid[1]} "
+                f"patches of {p} px ({grid[0] * grid[1] + prefix_tokens} position embeddings), "
+                f"but {key!r} in {state.where(key)} holds {table.shape[-2]}; do the config and "
+                "the weights belong together?"
+            )
         resampled = resample_posemb(
             table.reshape(1, -1, table.shape[-1]),
             (size[0] // p, size[1] // p),
@@ -391,7 +498,7 @@ def _load(family, source, config, image_size, overrides):
         )
         state = core.StateDict(state, state.files, state.origin)
         state[key] = resampled.reshape(*table.shape[:-2], -1, table.shape[-1])
-    images = jnp.zeros((1, *size, c.get("num_channels") or 3), jnp.float32)
+    images = jnp.zeros((1, *size, vision.get("num_channels") or 3), jnp.float32)
     return model, core.import_params(family, model, state, inputs=(images,))
 
 
@@ -400,7 +507,13 @@ def _save(family, model, params):
     state = core.export_state(core.unrolled(model, params), family.rules(model, family.prefix))
     posemb, kernel, prefix_tokens, _ = _POSEMB[family.architecture]
     posemb, kernel = state[family.prefix + posemb], state[family.prefix + kernel]
-    side = math.isqrt(posemb.shape[-2] - prefix_tokens)
+    patches = posemb.shape[-2] - prefix_tokens
+    side = math.isqrt(patches)
+    if side * side != patches:
+        raise ValueError(
+            f"{family.architecture}: the position embeddings hold {patches} patches, no square "
+            "grid, and config.json's image_size is one number; load at a square image_size"
+        )
     config |= {"image_size": side * model.patch_size, "num_channels": kernel.shape[1]}
     return state, config
 
@@ -426,6 +539,38 @@ def from_siglip_vision(source, config=None, *, image_size=None, **overrides):
     return _load(SIGLIP_VISION, source, config, image_size, overrides)
 
 
+def _projection_choice(family, projection):
+    if projection not in (True, False):
+        raise ValueError(f"{family.architecture}: projection={projection!r}; allowed: True, False")
+    return family if projection else _unprojected(family)
+
+
+def from_clip_vision_projection(
+    source, config=None, *, projection=True, image_size=None, **overrides
+):
+    """(tfjax ViT, params) from a CLIPVisionModelWithProjection: the image embeddings
+    (image_embeds, visual_projection as a bias-free head of projection_dim outputs); with
+    projection=False the tower's pooler_output (num_classes=None, visual_projection skipped)."""
+    family = _projection_choice(CLIP_VISION_PROJECTION, projection)
+    return _load(family, source, config, image_size, overrides)
+
+
+def from_clip(source, config=None, *, projection=True, image_size=None, **overrides):
+    """(tfjax ViT, params) of a whole CLIPModel's vision tower: what get_image_features gives
+    (the projected pooled output; projection=False: the tower's pooler_output). The text tower,
+    text_projection and logit_scale are skipped; the export is CLIPVisionModelWithProjection (or
+    CLIPVisionModel), which holds the same numbers."""
+    family = _projection_choice(CLIP, projection)
+    return _load(family, source, config, image_size, overrides)
+
+
+def from_siglip(source, config=None, *, image_size=None, **overrides):
+    """(tfjax ViT, params) of a whole SiglipModel's vision tower: what get_image_features gives
+    (the attention pooling head's output). The text tower, logit_scale and logit_bias are
+    skipped; the export is SiglipVisionModel, which holds the same numbers."""
+    return _load(SIGLIP, source, config, image_size, overrides)
+
+
 def to_dinov2(model, params):
     """({key: array}, config): Dinov2Model, or Dinov2WithRegistersModel with registers."""
     return _save(DINOV2_REGISTERS if model.num_registers else DINOV2, model, params)
@@ -435,17 +580,28 @@ def to_clip_vision(model, params):
     return _save(CLIP_VISION, model, params)
 
 
+def to_clip_vision_projection(model, params):
+    """({key: array}, config): CLIPVisionModelWithProjection (a CLIP tower with head_bias=False,
+    as from_clip and from_clip_vision_projection load it)."""
+    return _save(CLIP_VISION_PROJECTION, model, params)
+
+
 def to_siglip_vision(model, params):
     return _save(SIGLIP_VISION, model, params)
 
 
+def _clip_like(model) -> bool:
+    return model.final_norm == "pooled" or model.pre_norm
+
+
 def export_family(model: vit.VisionTransformer):
-    """The vision-tower family of a headless ViT by its fields, or None (HF ViT's)."""
+    """The vision-tower family of a ViT by its fields, or None (HF ViT's): without a head a
+    tower; with a bias-free head on CLIP's tower, CLIPVisionModelWithProjection."""
     if model.num_classes is not None:
-        return None
+        return CLIP_VISION_PROJECTION if not model.head_bias and _clip_like(model) else None
     if model.pool == "map":
         return SIGLIP_VISION
-    if model.final_norm == "pooled" or model.pre_norm:
+    if _clip_like(model):
         return CLIP_VISION
     if model.layer_scale is not None:
         return DINOV2_REGISTERS if model.num_registers else DINOV2
@@ -453,11 +609,12 @@ def export_family(model: vit.VisionTransformer):
 
 
 def export(model, params):
-    """The export of a headless ViT as the tower its fields say (see export_family)."""
+    """The export of a ViT as the tower its fields say (see export_family)."""
     family = export_family(model)
     if family is None:
         raise ValueError(
             "a ViT without a head exports as a vision tower: DINOv2 (layer_scale), CLIP "
-            "(pre_norm, final_norm='pooled') or SigLIP (pool='map'); this one is none of them"
+            "(pre_norm, final_norm='pooled') or SigLIP (pool='map'), and one with a bias-free "
+            "head (head_bias=False) as CLIP's tower with its projection; this one is none of them"
         )
     return _save(family, model, params)

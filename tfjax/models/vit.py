@@ -12,7 +12,8 @@ optional register tokens (DINOv2 with registers), an optional LayerNorm before t
 (CLIP), pre-LN blocks with exact GELU by default (or quick_gelu, gelu_tanh, swiglu) and an
 optional layer scale (DINOv2), a final LayerNorm on every token (final_norm="tokens") or on the
 pooled features only (final_norm="pooled", CLIP), and a linear head (zero-initialised, as in
-big_vision), or none (num_classes=None: the pooled features, as a vision tower gives them).
+big_vision; head_bias=False: a bias-free projection, as CLIP's visual projection), or none
+(num_classes=None: the pooled features, as a vision tower gives them).
 
     model = vit.Model(variant="B/16", num_classes=1000)
     logits, aux = model.apply(variables, images)        # [B, H, W, 3] float -> [B, num_classes]
@@ -224,6 +225,7 @@ class VisionTransformer(nn.Module):
     attention_dropout_rate: float = 0.0  # on attention weights
     norm_eps: float = 1e-6  # LayerNorm epsilon
     head_zero_init: bool = True  # zero head kernel (big_vision); False for a random head
+    head_bias: bool = True  # a bias in the head (CLIP's visual projection has none)
     scan_layers: bool = False  # nn.scan over layers
     remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
     implementation: str | None = None  # attention backend
@@ -379,7 +381,7 @@ class VisionTransformer(nn.Module):
             self.num_classes,
             (axes.EMBED, None),
             name="head",
-            use_bias=True,
+            use_bias=self.head_bias,
             kernel_init=head_init,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
