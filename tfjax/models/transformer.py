@@ -44,20 +44,22 @@ VARIANTS = {
     "base": dict(width=512, num_layers=6, num_heads=8, mlp_dim=2048, dropout_rate=0.1),
     "big": dict(width=1024, num_layers=6, num_heads=16, mlp_dim=4096, dropout_rate=0.3),
 }
-# T5 v1.1 (Raffel et al., 2020, its v1.1 release): what every size shares.
+# T5 v1.1 (Raffel et al., 2020, its v1.1 release): what every size shares. Dropout as in the
+# checkpoints' config.json (transformers applies it to attention weights too).
 T5 = dict(
     norm="rms", norm_position="pre", use_bias=False, position="relative",
     scale_embeddings=False, attention_scale=1.0, activation="geglu_tanh", head_dim=64,
-    share_embeddings=True, tie_embeddings=False, norm_eps=1e-6, dropout_rate=0.0,
+    share_embeddings=True, tie_embeddings=False, norm_eps=1e-6, dropout_rate=0.1,
+    attention_dropout_rate=0.1, vocab_size=32128,
 )  # fmt: skip
 # The published sizes of T5 v1.1 and Flan-T5 (Chung et al., 2022), which share them.
-for _size, _d in dict(small=(512, 8, 6, 1024), base=(768, 12, 12, 2048),
-                      large=(1024, 24, 16, 2816), xl=(2048, 24, 32, 5120),
-                      xxl=(4096, 24, 64, 10240)).items():  # fmt: skip
-    _width, _layers, _heads, _mlp = _d
-    VARIANTS[f"flan-t5-{_size}"] = dict(
-        T5, vocab_size=32128, width=_width, num_layers=_layers, num_heads=_heads, mlp_dim=_mlp
-    )
+VARIANTS |= {
+    "flan-t5-small": dict(T5, width=512, num_layers=8, num_heads=6, mlp_dim=1024),
+    "flan-t5-base": dict(T5, width=768, num_layers=12, num_heads=12, mlp_dim=2048),
+    "flan-t5-large": dict(T5, width=1024, num_layers=24, num_heads=16, mlp_dim=2816),
+    "flan-t5-xl": dict(T5, width=2048, num_layers=24, num_heads=32, mlp_dim=5120),
+    "flan-t5-xxl": dict(T5, width=4096, num_layers=24, num_heads=64, mlp_dim=10240),
+}
 POSITIONS = ("sinusoidal", "relative")
 
 
