@@ -469,3 +469,12 @@ def test_whole_model_export_refusals(clip_model):
     model, params = interop.load(path, image_size=(42, 35))
     with pytest.raises(ValueError, match=r"30 patches, no square grid"):
         interop.export(model, params)
+
+
+def test_hf_vit_export_refuses_a_tower_option_it_has_no_key_for():
+    """ViTForImageClassification has no bias-free head or CLIP pre-norm: named, not a missing
+    or extra key later."""
+    for change, name in ((dict(head_bias=False), "head_bias"), (dict(pre_norm=True), "pre_norm")):
+        model = vit.Model(variant="Ti/16", num_classes=10, **change)
+        with pytest.raises(ValueError, match=f"ViTForImageClassification needs .*{name}"):
+            interop.to_hf_vit(model, {})

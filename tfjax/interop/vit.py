@@ -204,7 +204,18 @@ HF_VIT = core.Family(
     ),
     rules=hf_vit_rules,
     prefix="vit.",
-    requires={"pool": "cls", "posemb": "learned"},
+    # what ViTForImageClassification has no key for (the vision towers' options) is refused
+    requires={
+        "pool": "cls",
+        "posemb": "learned",
+        "head_bias": True,
+        "pre_norm": False,
+        "final_norm": "tokens",
+        "layer_scale": None,
+        "num_registers": 0,
+        "patch_bias": True,
+        "mask_token": False,
+    },  # fmt: skip
     defaults={"num_classes": 2, "head_zero_init": False},
 )
 
