@@ -182,6 +182,13 @@ def test_bad_options_name_themselves(gpt):
         decode.generate(model, params, PROMPTS, method="sample", **kw)
     with pytest.raises(ValueError, match="equal length"):
         decode.generate(model, params, PROMPTS, method="beam", **kw)
+    with pytest.raises(ValueError, match=r"beam_rules='t5x' is unknown; allowed: \('gnmt', 'hf'\)"):
+        decode.generate(model, params, PROMPTS[:1], method="beam", beam_rules="t5x", **kw)
+    with pytest.raises(ValueError, match="early_stopping='always' is unknown; allowed: "):
+        decode.generate(model, params, PROMPTS[:1], method="beam", beam_rules="hf",
+                        early_stopping="always", **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="early_stopping=True applies to beam_rules='hf' only"):
+        decode.generate(model, params, PROMPTS[:1], method="beam", early_stopping=True, **kw)
 
 
 def test_left_padded_prompts_decode_as_the_same_prompts_right_padded(gpt):

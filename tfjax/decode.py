@@ -19,7 +19,8 @@ early_stopping=...)`, so that a converted checkpoint gives the reference's outpu
 log-probability / length^alpha; of the 2K best candidates only those among the best K may
 finish; at max_new_tokens the best K live ones finish too; `early_stopping` True stops a row
 once K have finished, False once the best live beam, scored at its current length, cannot beat
-the worst finished one, "never" scores it at full length instead (when alpha > 0).
+the worst finished one, "never" scores it at full length instead (when alpha > 0). alpha=None
+is 0.6 under "gnmt" and transformers' default length_penalty, 1.0, under "hf".
 
 Everything after the argument checks is one jitted `lax.while_loop`. With `use_cache=True`
 each step feeds one token through the model's KV cache; `use_cache=False` recomputes the whole
@@ -37,6 +38,7 @@ from jax import lax
 
 METHODS = ("greedy", "sample", "beam")
 BEAM_RULES = ("gnmt", "hf")
+DEFAULT_ALPHA = {"gnmt": 0.6, "hf": 1.0}  # alpha=None: the paper's; transformers' length_penalty
 EARLY_STOPPING = (True, False, "never")  # transformers' values (beam_rules="hf")
 _NEG = -1e30  # a finite "minus infinity": keeps arithmetic on dead beams NaN-free
 
@@ -275,6 +277,48 @@ def _gather_beams(tree, index, batch, beams, scanned):
     return jax.tree_util.tree_map_with_path(gather, tree)
 
 
+def _beam_start(stepper, prompt, k, max_new_tokens):
+    """The stepper for K beams per row and the search's start: [B, K, L] beams that are all the
+    prompt with only beam 0 alive, the cache holding the prompt but its last token, and K empty
+    finished slots per row."""
+    b, p = prompt.shape
+    total = p + max_new_tokens
+    stepper = stepper.repeat(k)
+    seqs = jnp.zeros((b, k, total), jnp.int32).at[:, :, :p].set(prompt[:, None])
+    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (k - 1)), (b, 1))
+    state = stepper.init_state(b * k)
+    state = stepper.prefill(state, seqs[:, :, : p - 1].reshape(b * k, -1))
+    return stepper, seqs, live_logp, state, jnp.zeros_like(seqs), jnp.full((b, k), _NEG)
+
+
+def _candidates(stepper, state, seqs, live_logp, i):
+    """The best 2K continuations of each row's K beams by summed log-probability (they always
+    hold K that do not end): scores, origin beams, tokens and sequences [B, 2K, L]."""
+    b, k, total = seqs.shape
+    flat = seqs.reshape(b * k, total)
+    logits, state = stepper.step(state, lax.dynamic_slice_in_dim(flat, i, 1, 1), i, flat)
+    logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(b, k, -1)
+    vocab = logp.shape[-1]
+    # [B, K * V] -> [B, 2K]
+    top_logp, top_idx = lax.top_k((live_logp[..., None] + logp).reshape(b, k * vocab), 2 * k)
+    origin, token = top_idx // vocab, top_idx % vocab
+    top_seqs = jnp.take_along_axis(seqs, origin[..., None], axis=1)
+    top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, token[..., None], i + 1, 2)
+    return top_logp, origin, token, top_seqs, state
+
+
+def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, ends, scanned):
+    """The K best finished of the old and the new (`fin_cand` scores, _NEG: not finishing) and
+    the K best live candidates (those that do not `end`), the cache reordered to follow them."""
+    b, k = fin_scores.shape
+    fin_scores, keep = lax.top_k(jnp.concatenate([fin_scores, fin_cand], 1), k)
+    fin_seqs = jnp.take_along_axis(jnp.concatenate([fin_seqs, top_seqs], 1), keep[..., None], 1)
+    live_logp, keep = lax.top_k(jnp.where(ends, _NEG, top_logp), k)
+    seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
+    state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, scanned)
+    return seqs, live_logp, fin_seqs, fin_scores, state
+
+
 def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rules,
                early_stopping):  # fmt: skip
     if rules == "hf":
@@ -282,17 +326,11 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rul
             stepper, prompt, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
             max_new_tokens=max_new_tokens, early_stopping=early_stopping,
         )  # fmt: skip
-    b, p = prompt.shape
-    k, total = beam_size, p + max_new_tokens
+    p, total = prompt.shape[1], prompt.shape[1] + max_new_tokens
     scanned = getattr(stepper.model, "scan_layers", False)
-    stepper = stepper.repeat(k)
-    # [B, K, L]: every beam starts as the prompt; only beam 0 is alive at first.
-    seqs = jnp.zeros((b, k, total), jnp.int32).at[:, :, :p].set(prompt[:, None])
-    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (k - 1)), (b, 1))
-    state = stepper.init_state(b * k)
-    state = stepper.prefill(state, seqs[:, :, : p - 1].reshape(b * k, -1))
-    fin_seqs = jnp.zeros_like(seqs)
-    fin_scores = jnp.full((b, k), _NEG)
+    stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
+        stepper, prompt, beam_size, max_new_tokens
+    )
     max_penalty = _length_penalty(max_new_tokens, alpha)
 
     def cond(c):
@@ -304,28 +342,14 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rul
 
     def body(c):
         i, seqs, live_logp, fin_seqs, fin_scores, state = c
-        flat = seqs.reshape(b * k, total)
-        logits, state = stepper.step(state, lax.dynamic_slice_in_dim(flat, i, 1, 1), i, flat)
-        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(b, k, -1)
-        vocab = logp.shape[-1]
-        # [B, K * V] candidate scores; the best 2K always hold K that do not end in EOS.
-        cand = (live_logp[..., None] + logp).reshape(b, k * vocab)
-        top_logp, top_idx = lax.top_k(cand, 2 * k)
-        origin, token = top_idx // vocab, top_idx % vocab
-        top_seqs = jnp.take_along_axis(seqs, origin[..., None], axis=1)
-        top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, token[..., None], i + 1, 2)
+        top_logp, origin, token, top_seqs, state = _candidates(stepper, state, seqs, live_logp, i)
         is_eos = token == eos_id
-        # Finished: EOS candidates, scored with the length penalty, merged with earlier ones.
+        # Finished: EOS candidates, scored with the length penalty.
         length = (i + 2 - p).astype(jnp.float32)
         fin_cand = jnp.where(is_eos, top_logp / _length_penalty(length, alpha), _NEG)
-        all_scores = jnp.concatenate([fin_scores, fin_cand], 1)
-        all_seqs = jnp.concatenate([fin_seqs, top_seqs], 1)
-        fin_scores, keep = lax.top_k(all_scores, k)
-        fin_seqs = jnp.take_along_axis(all_seqs, keep[..., None], axis=1)
-        # Live: the best K candidates that did not end.
-        live_logp, keep = lax.top_k(jnp.where(is_eos, _NEG, top_logp), k)
-        seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
-        state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, scanned)
+        seqs, live_logp, fin_seqs, fin_scores, state = _advance(
+            state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, is_eos, scanned
+        )
         return i + 1, seqs, live_logp, fin_seqs, fin_scores, state
 
     init = (jnp.asarray(p - 1), seqs, live_logp, fin_seqs, fin_scores, state)
@@ -339,17 +363,13 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rul
 
 def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, early_stopping):
     """Beam search by transformers' rules (its `_beam_search`); see the module docstring."""
-    b, p = prompt.shape
-    k, total = beam_size, p + max_new_tokens
+    k, p = beam_size, prompt.shape[1]
+    total = p + max_new_tokens
     scanned = getattr(stepper.model, "scan_layers", False)
-    stepper = stepper.repeat(k)
-    seqs = jnp.zeros((b, k, total), jnp.int32).at[:, :, :p].set(prompt[:, None])
-    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (k - 1)), (b, 1))
-    state = stepper.init_state(b * k)
-    state = stepper.prefill(state, seqs[:, :, : p - 1].reshape(b * k, -1))
-    fin_seqs = jnp.zeros_like(seqs)
-    fin_scores = jnp.full((b, k), _NEG)
-    improvable = jnp.ones(b, bool)  # may a finished hypothesis still change in this row?
+    stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
+        stepper, prompt, k, max_new_tokens
+    )
+    improvable = jnp.ones(prompt.shape[0], bool)  # may a finished hypothesis still change?
     best_rank = jnp.arange(2 * k) < k  # only the best K candidates may finish
 
     def finished(scores):
@@ -364,26 +384,16 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
 
     def body(c):
         i, seqs, live_logp, fin_seqs, fin_scores, improvable, state = c
-        flat = seqs.reshape(b * k, total)
-        logits, state = stepper.step(state, lax.dynamic_slice_in_dim(flat, i, 1, 1), i, flat)
-        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(b, k, -1)
-        vocab = logp.shape[-1]
-        # [B, 2K] best candidates of all K * V
-        top_logp, top_idx = lax.top_k((live_logp[..., None] + logp).reshape(b, k * vocab), 2 * k)
-        origin, token = top_idx // vocab, top_idx % vocab
-        top_seqs = jnp.take_along_axis(seqs, origin[..., None], axis=1)
-        top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, token[..., None], i + 1, 2)
+        top_logp, origin, token, top_seqs, state = _candidates(stepper, state, seqs, live_logp, i)
         # A candidate stops at EOS or at full length (then every one does).
         stops = (token == eos_id) | (i + 2 >= total)
         length = (i + 2 - p).astype(jnp.float32)
         full = jnp.all(finished(fin_scores), -1) & (early_stopping is True)
         may_finish = stops & best_rank & (improvable & ~full)[:, None]
         fin_cand = jnp.where(may_finish, top_logp / length**alpha, _NEG)
-        fin_scores, keep = lax.top_k(jnp.concatenate([fin_scores, fin_cand], 1), k)
-        fin_seqs = jnp.take_along_axis(jnp.concatenate([fin_seqs, top_seqs], 1), keep[..., None], 1)
-        live_logp, keep = lax.top_k(jnp.where(stops, _NEG, top_logp), k)
-        seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
-        state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, scanned)
+        seqs, live_logp, fin_seqs, fin_scores, state = _advance(
+            state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, stops, scanned
+        )
         # Can the best live beam still beat the worst finished one (any slot still empty: yes)?
         hoped = total - p if (early_stopping == "never" and alpha > 0) else i + 2 - p
         best_possible = live_logp[:, 0] / jnp.asarray(hoped, jnp.float32) ** alpha
@@ -392,7 +402,7 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
         return i + 1, seqs, live_logp, fin_seqs, fin_scores, improvable, state
 
     init = (jnp.asarray(p - 1), seqs, live_logp, fin_seqs, fin_scores, improvable, state)
-    _, seqs, live_logp, fin_seqs, fin_scores, _, _ = lax.while_loop(cond, body, init)
+    _, _, _, fin_seqs, fin_scores, _, _ = lax.while_loop(cond, body, init)
     return fin_seqs[:, 0], fin_scores[:, 0]
 
 
@@ -486,7 +496,7 @@ def generate(
     eos_id: int,
     method: str = "greedy",
     beam_size: int = 4,
-    alpha: float = 0.6,
+    alpha: float | None = None,
     beam_rules: str = "gnmt",
     early_stopping: bool | str = False,
     temperature: float = 1.0,
@@ -502,7 +512,8 @@ def generate(
       model: a decoder (prompt -> continuation) or transformer (source -> target) model.
       params: its parameters (plain arrays or logically boxed).
       inputs: [B, P] prompts padded with 0 (right or left), or [B, S] source ids.
-      method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha).
+      method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha; None:
+        0.6 for "gnmt", transformers' default length_penalty 1.0 for "hf").
       beam_rules: "gnmt" (the length penalty of Wu et al.) or "hf" (transformers' generate:
         alpha is its length_penalty, with its `early_stopping`: True, False or "never").
       rng: a PRNG key for sampling (the same key gives the same samples).
@@ -537,6 +548,7 @@ def generate(
     if method == "sample" and rng is None:
         raise ValueError('method="sample" needs an rng')
     rng = jax.random.key(0) if rng is None else rng
+    alpha = DEFAULT_ALPHA[beam_rules] if alpha is None else alpha
     return _generate(
         model,
         nn.unbox(params),
@@ -559,13 +571,16 @@ def generate(
 
 
 def lower(model, params, inputs, *, max_new_tokens: int, eos_id: int, method: str = "greedy",
-          beam_size: int = 4, alpha: float = 0.6, temperature: float = 1.0, top_k: int = 0,
+          beam_size: int = 4, alpha: float | None = None, beam_rules: str = "gnmt",
+          early_stopping: bool | str = False, temperature: float = 1.0, top_k: int = 0,
           top_p: float = 1.0):  # fmt: skip
     """`generate`'s jitted program lowered for abstract `params` and `inputs` (ShapeDtypeStructs
     with shardings): compile it ahead of time for a target (`tfjax.aot`) without any data.
     Prompts are taken as fed token by token from the start, as in the runner's eval."""
     from jax.sharding import NamedSharding, PartitionSpec
 
+    if beam_rules not in BEAM_RULES:
+        raise ValueError(f"beam_rules={beam_rules!r} is unknown; allowed: {BEAM_RULES}")
     mesh = inputs.sharding.mesh
     lengths = NamedSharding(mesh, PartitionSpec(*inputs.sharding.spec[:1]))  # as the rows
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -573,7 +588,8 @@ def lower(model, params, inputs, *, max_new_tokens: int, eos_id: int, method: st
         model, params, inputs, jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
         jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
         max_new_tokens=max_new_tokens, eos_id=eos_id, method=method, beam_size=beam_size,
-        alpha=alpha, beam_rules="gnmt", early_stopping=False, temperature=temperature,
+        alpha=DEFAULT_ALPHA[beam_rules] if alpha is None else alpha, beam_rules=beam_rules,
+        early_stopping=early_stopping, temperature=temperature,
         top_k=top_k, top_p=top_p, use_cache=True,
         min_length=1,
     )  # fmt: skip
