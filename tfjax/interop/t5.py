@@ -115,9 +115,11 @@ T5 = core.Family(
         Field("num_heads", "num_heads"),
         Field("relative_attention_num_buckets", "relative_buckets", 32),
         Field("relative_attention_max_distance", "relative_max_distance", 128),
-        # transformers' T5 drops out attention weights at the same rate as everything else
+        # transformers' T5 drops out attention weights and the FFN's hidden activations at the
+        # same rate as everything else; save writes dropout_rate (training only) from the first
         Field("dropout_rate", "dropout_rate", 0.1),
-        Field("dropout_rate", "attention_dropout_rate", 0.1),
+        Field("dropout_rate", "attention_dropout_rate", 0.1, write=False),
+        Field("dropout_rate", "mlp_dropout_rate", 0.1, write=False),
         Field("layer_norm_epsilon", "norm_eps", 1e-6),
         Field("feed_forward_proj", "activation", "relu", values=ACTIVATIONS),
         # read by _check_head: transformers >= 5 saves an untied v1.1 model as
@@ -130,6 +132,7 @@ T5 = core.Family(
     ),
     rules=t5_rules,
     inputs=(core.TOKENS, core.TOKENS),
+    defaults={"output_dropout": True},  # dropout after each stack's final norm, as transformers
     requires={
         "norm": "rms",
         "norm_position": "pre",

@@ -45,12 +45,13 @@ VARIANTS = {
     "big": dict(width=1024, num_layers=6, num_heads=16, mlp_dim=4096, dropout_rate=0.3),
 }
 # T5 v1.1 (Raffel et al., 2020, its v1.1 release): what every size shares. Dropout as in the
-# checkpoints' config.json (transformers applies it to attention weights too).
+# checkpoints' config.json, everywhere transformers' T5 applies it (attention weights, the FFN's
+# hidden activations and each stack's output too).
 T5 = dict(
     norm="rms", norm_position="pre", use_bias=False, position="relative",
     scale_embeddings=False, attention_scale=1.0, activation="geglu_tanh", head_dim=64,
     share_embeddings=True, tie_embeddings=False, norm_eps=1e-6, dropout_rate=0.1,
-    attention_dropout_rate=0.1, vocab_size=32128,
+    attention_dropout_rate=0.1, mlp_dropout_rate=0.1, output_dropout=True, vocab_size=32128,
 )  # fmt: skip
 # The published sizes of T5 v1.1 and Flan-T5 (Chung et al., 2022), which share them.
 VARIANTS |= {
@@ -73,7 +74,10 @@ class Transformer(nn.Module):
     mlp_dim: int = 2048  # d_ff
     head_dim: int | None = None  # d_k = d_v; width // num_heads when None (T5: 64)
     dropout_rate: float = 0.1  # P_drop: embeddings and every residual sub-layer
-    attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
+    attention_dropout_rate: float = 0.0  # on attention weights (not in the paper; T5's rate)
+    mlp_dropout_rate: float = 0.0  # on the FFN's hidden activations (not in the paper; T5's)
+    output_dropout: bool = False  # dropout_rate also on each stack's output, after its final
+    # norm (T5)
     activation: str = "relu"  # FFN activation (T5 v1.1: "geglu_tanh")
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm, T5)
     norm_position: str = "post"  # "post" as in the paper, "pre" for stabler deep stacks
@@ -132,6 +136,7 @@ class Transformer(nn.Module):
                 cross_attention=cross,
                 dropout_rate=self.dropout_rate,
                 attention_dropout_rate=self.attention_dropout_rate,
+                mlp_dropout_rate=self.mlp_dropout_rate,
                 implementation=self.implementation,
                 kernel_init=self.kernel_init,
                 dtype=self.dtype,
@@ -181,6 +186,21 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(self.dropout_rate)
         self.decode_positions = tnn.position.DecodePositions()
 
+    def _relative_bias(self, which, length, decode_positions=None):
+        """[1, N, T, S] T5 bias of the stack `which` (None for other positions). By arange
+        positions also for packed rows: it depends on key - query offsets only, which are the
+        same within each packed segment (pairs across segments are masked), and it stays
+        [1, ...] instead of [B, ...]. Decoding: `decode_positions` [T] against the whole cache."""
+        if self.position != "relative":
+            return None
+        bias = getattr(self, f"{which}_position_bias")
+        if decode_positions is not None:
+            return bias(decode_positions, decode=True)
+        return bias(jnp.arange(length))
+
+    def _stack_output(self, x, train):
+        return self.dropout(x, deterministic=not train) if self.output_dropout else x
+
     def _embed(self, embed, tokens, positions, train):
         # [B, T, D]
         x = embed(tokens)
@@ -207,8 +227,9 @@ class Transformer(nn.Module):
         x = self._embed(self.embed, inputs, positions, train)
         if inputs_segment_ids is None:  # padding (id 0) attends to nothing, is never attended
             inputs_segment_ids = masks.padding_ids(inputs)
-        bias = self.encoder_position_bias(positions) if self.position == "relative" else None
-        return self.encoder(x, bias=bias, segment_ids=inputs_segment_ids, train=train)
+        bias = self._relative_bias("encoder", inputs.shape[1])
+        x = self.encoder(x, bias=bias, segment_ids=inputs_segment_ids, train=train)
+        return self._stack_output(x, train)
 
     def decode(
         self,
@@ -252,13 +273,12 @@ class Transformer(nn.Module):
             inputs_segment_ids = masks.padding_ids(inputs)
         if targets_segment_ids is None and targets is not None:
             targets_segment_ids = masks.padding_ids(targets)
-        bias = None
-        if self.position == "relative":  # decoding: this step's queries against the cache
-            bias = self.decoder_position_bias(positions, decode=decode)
+        bias = self._relative_bias("decoder", t, positions if decode else None)
         y = self.decoder(
             y, encoded, bias=bias, segment_ids=targets_segment_ids,
             context_segment_ids=inputs_segment_ids, train=train, decode=decode,
         )  # fmt: skip
+        y = self._stack_output(y, train)
         return (self.logits(y) if apply_head else y), y
 
     def __call__(
