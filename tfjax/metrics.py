@@ -163,6 +163,10 @@ def training_flops_per_example(model, params, example: dict) -> float:
     """
     kind = type(model).__name__
     d, layers = model.width, model.num_layers
+    if getattr(model, "head_dim", None):  # attention's width N * H, not D (T5, Qwen 3, Gemma)
+        d_attention = model.num_heads * model.head_dim
+    else:
+        d_attention = d
     if kind == "VisionTransformer":
         _, h, w, c = example["image"]
         p = model.patch_size
@@ -170,12 +174,12 @@ def training_flops_per_example(model, params, example: dict) -> float:
         t = n + (1 if model.pool == "cls" else 0)
         dense = _count(params["encoder"]) * t + d * c * p * p * n
         dense += _count(params.get("head", {}))
-        attention = layers * t * t * d
+        attention = layers * t * t * d_attention
     elif kind == "Transformer":
         s, t = example["inputs"][1], example["targets"][1]
         out = _count(params["output_proj"]) if "output_proj" in params else model.vocab_size * d
         dense = _count(params["encoder"]) * s + _count(params["decoder"]) * t + out * t
-        attention = layers * (s * s + t * t + t * s) * d
+        attention = layers * (s * s + t * t + t * s) * d_attention
     elif kind in ("Decoder", "Encoder"):
         t = example["tokens"][1]
         stack = params["decoder" if kind == "Decoder" else "encoder"]
@@ -187,10 +191,10 @@ def training_flops_per_example(model, params, example: dict) -> float:
         else:
             out = (_count(params["pooler"]) + _count(params["classifier"])) / t
         dense = _count(stack) * t + out * t
-        attention = layers * t * t * d
+        attention = layers * t * t * d_attention
     else:
         raise ValueError(f"no FLOP count for model type {kind}")
-    # forward: 2 per weight and token; attention: Q K^T and weights V, 2 * T * S * D each.
+    # forward: 2 per weight and token; attention: Q K^T and weights V, 2 * T * S * N * H each.
     return 3.0 * (2.0 * dense + 4.0 * attention)
 
 
