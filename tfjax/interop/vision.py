@@ -483,9 +483,11 @@ def _load(family, source, config, image_size, overrides):
     if key in state:
         table = state[key]
         grid = (trained[0] // p, trained[1] // p)
+        given = vision.get("image_size")
+        said_size = f"{size_key}={given}" if given else f"no {size_key} (224)"
         if table.shape[-2] - prefix_tokens != grid[0] * grid[1]:
             raise ValueError(
-                f"{what}: {size_key}={vision.get('image_size') or 224} means {grid[0]}x{grid[1]} "
+                f"{what}: {said_size} means {grid[0]}x{grid[1]} "
                 f"patches of {p} px ({grid[0] * grid[1] + prefix_tokens} position embeddings), "
                 f"but {key!r} in {state.where(key)} holds {table.shape[-2]}; do the config and "
                 "the weights belong together?"
