@@ -329,6 +329,31 @@ def _until_eos(row, eos):
     return row[: row.index(eos) + 1] if eos in row else row
 
 
+def test_decoder_beam_search_with_hf_rules_matches_generate(gpt2):
+    """beam_rules="hf" for a decoder-only model: transformers' beams for equal-length prompts,
+    with an EOS the reference emits mid-way (so finished and live beams compete)."""
+    ref, path = gpt2
+    model, params = interop.load(path)
+    prompts, max_new = _tokens((2, 5), seed=7), 10
+    eos = int(_greedy_reference(ref, prompts, max_new, eos=V + 5)[0, 3])
+    for early_stopping, length_penalty in ((False, 1.0), (True, 0.6), ("never", 2.0)):
+        with torch.no_grad():
+            out = ref.generate(
+                torch.tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+                max_new_tokens=max_new, do_sample=False, num_beams=3, eos_token_id=eos,
+                pad_token_id=0, length_penalty=length_penalty, early_stopping=early_stopping,
+                return_dict_in_generate=True, output_scores=True,
+            )  # fmt: skip
+        want = out.sequences[:, prompts.shape[1] :].numpy()
+        got, scores = decode.generate(
+            model, params, prompts, max_new_tokens=max_new, eos_id=eos, method="beam",
+            beam_size=3, alpha=length_penalty, beam_rules="hf", early_stopping=early_stopping,
+        )  # fmt: skip
+        for row_got, row_want in zip(np.asarray(got), want, strict=True):
+            assert _until_eos(row_got, eos) == _until_eos(row_want, eos), early_stopping
+        np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-5)
+
+
 @pytest.mark.parametrize("family", DECODERS)
 def test_decoder_greedy_generation_matches_reference(family, request):
     ref, path = request.getfixturevalue(family)

@@ -130,6 +130,55 @@ def test_logits_match_reference(flan, scan_layers, padding):
     np.testing.assert_allclose(got[valid], want[valid], atol=ATOL, rtol=0)
 
 
+def test_packed_rows_equal_the_pairs_apart(flan):
+    """Two source-target pairs packed in one row (segment ids, positions restarting) give each
+    pair's own logits: T5's relative bias depends only on offsets within a segment."""
+    _, path = flan
+    model, params = interop.load(path)
+    rs = np.random.RandomState(4)
+    src = [rs.randint(2, V, n) for n in (9, 6)]
+    tgt = [rs.randint(2, V, n) for n in (7, 5)]
+
+    def packed(parts):
+        ids = np.concatenate(parts)[None]
+        segments = np.concatenate([np.full(len(x), i + 1) for i, x in enumerate(parts)])[None]
+        positions = np.concatenate([np.arange(len(x)) for x in parts])[None]
+        return ids, segments, positions
+
+    (si, ss, sp), (ti, ts, tp) = packed(src), packed(tgt)
+    got, _ = model.apply({"params": params}, si, ti, inputs_segment_ids=ss, targets_segment_ids=ts,
+                         inputs_positions=sp, targets_positions=tp)  # fmt: skip
+    apart = [_apply(model, params, s[None], t[None])[0] for s, t in zip(src, tgt, strict=True)]
+    np.testing.assert_allclose(np.asarray(got)[0], np.concatenate(apart), atol=1e-5, rtol=0)
+
+
+def test_dropout_is_where_transformers_has_it(flan, tmp_path):
+    """config.json's dropout_rate: embeddings, sub-layers, attention weights, the FFN's hidden
+    activations and each stack's output; training with it differs from training without each."""
+    _, path = flan
+    model, params = interop.load(path, dropout_rate=0.3)
+    assert (model.attention_dropout_rate, model.mlp_dropout_rate) == (0.0, 0.0)  # the file's
+    assert model.output_dropout
+    config = {**core.read_config(path), "dropout_rate": 0.3}
+    model = t5.from_t5(core.read_state_dict(path), config)[0]
+    assert (model.dropout_rate, model.attention_dropout_rate, model.mlp_dropout_rate) == (
+        0.3, 0.3, 0.3,
+    )  # fmt: skip
+    src, tgt = _sources(), np.random.RandomState(1).randint(2, V, (3, 15))
+
+    def train(m):
+        rngs = {"dropout": jax.random.key(0)}
+        return np.asarray(m.apply({"params": params}, src, tgt, train=True, rngs=rngs)[0])
+
+    full = train(model)
+    for off in (dict(attention_dropout_rate=0.0), dict(mlp_dropout_rate=0.0),
+                dict(output_dropout=False)):  # fmt: skip
+        assert np.abs(train(model.clone(**off)) - full).max() > 1e-3, off
+    # the export writes dropout_rate alone: a model whose rates differ still saves
+    interop.save(model.clone(attention_dropout_rate=0.0), params, tmp_path)
+    assert core.read_config(tmp_path)["dropout_rate"] == 0.3
+
+
 def test_the_relative_bias_and_the_head_are_in_the_compared_logits(flan):
     """Zeroing either bias table, or using the embedding as the head, changes the logits."""
     _, path = flan
