@@ -76,6 +76,17 @@ def _mask(ids):
     return torch.tensor((ids != 0).astype(np.int64))
 
 
+def _reference_logits(ref, src, tgt):
+    """The reference's teacher-forced logits, in float64."""
+    ref64 = copy.deepcopy(ref).double()
+    with torch.no_grad():
+        return ref64(
+            input_ids=torch.tensor(src),
+            attention_mask=_mask(src),
+            decoder_input_ids=ref64._shift_right(torch.tensor(tgt)),
+        ).logits.numpy()
+
+
 def _apply(model, params, *args):
     out, _ = jax.jit(lambda p, *a: model.apply({"params": p}, *a))(params, *args)
     return np.asarray(out)
@@ -118,13 +129,7 @@ def test_logits_match_reference(flan, scan_layers, padding):
     src = _sources(padding)
     tgt = np.random.RandomState(1).randint(2, V, (3, 15))
     tgt[1, 9:] = 0
-    ref64 = copy.deepcopy(ref).double()
-    with torch.no_grad():
-        want = ref64(
-            input_ids=torch.tensor(src),
-            attention_mask=_mask(src),
-            decoder_input_ids=ref64._shift_right(torch.tensor(tgt)),
-        ).logits.numpy()
+    want = _reference_logits(ref, src, tgt)
     got = _apply(model, params, jnp.asarray(src), jnp.asarray(tgt))
     valid = tgt != 0  # right-padded targets: the positions before the padding
     np.testing.assert_allclose(got[valid], want[valid], atol=ATOL, rtol=0)
@@ -310,11 +315,7 @@ def test_a_file_without_lm_head_loads_tied(tmp_path):
     model, params = interop.load(tmp_path)
     assert model.tied and "output_proj" not in params
     src, tgt = _sources(), np.random.RandomState(1).randint(2, V, (3, 15))
-    with torch.no_grad():
-        ref64 = copy.deepcopy(ref).double()
-        decoder_inputs = ref64._shift_right(torch.tensor(tgt))
-        want = ref64(input_ids=torch.tensor(src), attention_mask=_mask(src),
-                     decoder_input_ids=decoder_inputs).logits.numpy()  # fmt: skip
+    want = _reference_logits(ref, src, tgt)
     got = _apply(model, params, src, tgt)
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
     interop.save(model, params, tmp_path / "out")
