@@ -188,20 +188,26 @@ def test_the_target_chooses_the_backend_not_the_host():
     assert _chosen(cpu, attention.CHUNKED_MIN_LENGTH) == "chunked"
 
 
-def _compiled_attention(mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128):
-    """The text of a compiled forward + backward of causal packed attention on `mesh`."""
+def _compiled_attention(mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128, bias=False):
+    """The text of a compiled forward + backward of causal packed attention on `mesh`; with
+    `bias`, a float32 [1, N, T, T] logit bias (T5's relative one) and its gradient too."""
     batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
-    def loss(q, k, v, ids):
+    def loss(q, k, v, ids, *bias):
         with sharding.logical_context(mesh, sharding.DEFAULT_RULES):
             out = dot_product_attention(q, k, v, segment_ids=ids, is_causal=True,
+                                        bias=bias[0] if bias else None,
                                         implementation=implementation)  # fmt: skip
             return jnp.sum(out.astype(jnp.float32))
 
     args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=batch)
             for s in ((b, t, n, h), (b, t, kh, h), (b, t, kh, h))]  # fmt: skip
     args.append(jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=batch))
-    return jax.jit(jax.grad(loss, (0, 1, 2))).lower(*args).compile().as_text()
+    if bias:
+        args.append(jax.ShapeDtypeStruct((1, n, t, t), jnp.float32, sharding=replicated))
+    wrt = (0, 1, 2, 4) if bias else (0, 1, 2)
+    return jax.jit(jax.grad(loss, wrt)).lower(*args).compile().as_text()
 
 
 @pytest.mark.parametrize("implementation", ["splash", None])
@@ -217,4 +223,16 @@ def test_gpu_compile_from_this_host_uses_cudnn():
     """With cuDNN's library installed (make install-dev), an H100 compile on this CPU host runs
     cuDNN's fused attention forward and backward, as a run on the GPU would."""
     text = _compiled_attention(_mesh("h100:8", data=-1), None)
+    assert "__cudnn$fmha" in text
+
+
+def test_gpu_compile_takes_cudnn_with_a_relative_bias():
+    """T5's float32 [1, N, T, T] relative bias (and its gradient) goes through cuDNN's fused
+    attention with bf16 q, k, v, where splash refuses a bias."""
+    mesh = _mesh("h100:8", data=-1)
+    q = jnp.zeros((8, 256, 8, 64), jnp.bfloat16)
+    bias = jnp.zeros((1, 8, 256, 256), jnp.float32)
+    with sharding.logical_context(mesh, sharding.DEFAULT_RULES):
+        assert attention.choose_implementation(q, q, bias=bias) == "cudnn"
+    text = _compiled_attention(mesh, None, t=256, kh=8, h=64, bias=True)
     assert "__cudnn$fmha" in text
