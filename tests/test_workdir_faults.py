@@ -155,7 +155,11 @@ def test_random_bytes_never_restore_other_values(trained, tmp_path):
     for seed in range(8):
         workdir = _copy(trained, tmp_path / str(seed))
         rng = random.Random(seed)
-        path = rng.choice(sorted(_array_files(os.path.join(workdir, "checkpoints", "4", "params"))))
+        files = _array_files(os.path.join(workdir, "checkpoints", "4", "params"))
+        # Even seeds: the largest file (the arrays' data, always read); odd: any of them. Not a
+        # choice by name: OCDBT names its files at random, so that choice changed from run to
+        # run, and one full-suite run here hit only files a restore does not read.
+        path = files[0] if seed % 2 == 0 else rng.choice(files)
         size = os.path.getsize(path)
         n = min(1000, size)
         with open(path, "r+b") as f:
@@ -168,7 +172,7 @@ def test_random_bytes_never_restore_other_values(trained, tmp_path):
             refused += 1
             continue
         assert_bitwise_equal(jax.device_get(restored), saved)
-    assert refused >= 1  # fixed seeds: at least one trial changes bytes that are read
+    assert refused >= 1  # the data file's trials change bytes that are read
 
 
 def _write(path, data: bytes, *, truncate_to=None):
