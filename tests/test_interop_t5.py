@@ -72,6 +72,11 @@ def _sources(padding="right"):
     return src
 
 
+def _targets():
+    """[3, 15] target ids for the three sources (no 0 or EOS inside)."""
+    return np.random.RandomState(1).randint(2, V, (3, 15))
+
+
 def _mask(ids):
     return torch.tensor((ids != 0).astype(np.int64))
 
@@ -127,7 +132,7 @@ def test_logits_match_reference(flan, scan_layers, padding):
     ref, path = flan
     model, params = interop.load(path, scan_layers=scan_layers)
     src = _sources(padding)
-    tgt = np.random.RandomState(1).randint(2, V, (3, 15))
+    tgt = _targets()
     tgt[1, 9:] = 0
     want = _reference_logits(ref, src, tgt)
     got = _apply(model, params, jnp.asarray(src), jnp.asarray(tgt))
@@ -169,7 +174,7 @@ def test_dropout_is_where_transformers_has_it(flan, tmp_path):
     assert (model.dropout_rate, model.attention_dropout_rate, model.mlp_dropout_rate) == (
         0.3, 0.3, 0.3,
     )  # fmt: skip
-    src, tgt = _sources(), np.random.RandomState(1).randint(2, V, (3, 15))
+    src, tgt = _sources(), _targets()
 
     def train(m):
         rngs = {"dropout": jax.random.key(0)}
@@ -188,7 +193,7 @@ def test_the_relative_bias_and_the_head_are_in_the_compared_logits(flan):
     """Zeroing either bias table, or using the embedding as the head, changes the logits."""
     _, path = flan
     model, params = interop.load(path)
-    src, tgt = _sources(), np.random.RandomState(1).randint(2, V, (3, 15))
+    src, tgt = _sources(), _targets()
     base = _apply(model, params, src, tgt)
     for name in ("encoder_position_bias", "decoder_position_bias"):
         changed = {**params, name: {"embedding": jnp.zeros_like(params[name]["embedding"])}}
@@ -314,7 +319,7 @@ def test_a_file_without_lm_head_loads_tied(tmp_path):
     assert "lm_head.weight" not in core.read_state_dict(tmp_path)
     model, params = interop.load(tmp_path)
     assert model.tied and "output_proj" not in params
-    src, tgt = _sources(), np.random.RandomState(1).randint(2, V, (3, 15))
+    src, tgt = _sources(), _targets()
     want = _reference_logits(ref, src, tgt)
     got = _apply(model, params, src, tgt)
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
