@@ -48,12 +48,18 @@ def measure(topology: str, length: int, implementation: str, loss_chunks: int) -
         return {"length": length, "implementation": implementation, "error": str(e)[:300]}
     (train,) = report.steps
     return {
-        "length": length, "implementation": implementation, "batch": config.batch_size,
+        "length": length,
+        "implementation": implementation,
+        "batch": config.batch_size,
         "loss_chunks": loss_chunks,
-        "fits": train.fits, "peak_bytes": train.peak_bytes, "temp_bytes": train.temp_bytes,
-        "hbm_bytes": report.hbm_bytes, "compile_s": train.compile_s,
-        "wall_s": time.perf_counter() - start, "refused": train.error,
-    }  # fmt: skip
+        "fits": train.fits,
+        "peak_bytes": train.peak_bytes,
+        "temp_bytes": train.temp_bytes,
+        "hbm_bytes": report.hbm_bytes,
+        "compile_s": train.compile_s,
+        "wall_s": time.perf_counter() - start,
+        "refused": train.error,
+    }
 
 
 def table(rows: list[dict], topology: str) -> str:
@@ -70,10 +76,15 @@ def table(rows: list[dict], topology: str) -> str:
         peak = f"{r['peak_bytes'] / GiB:.1f} GiB" if r["peak_bytes"] else "?"
         if not r["fits"]:
             peak = f"**does not fit** ({peak} asked, {r['hbm_bytes'] / GiB:.0f} GiB HBM)"
-        ratio = (f"{r['peak_bytes'] / base['peak_bytes']:.2f}x"
-                 if base.get("peak_bytes") and r["peak_bytes"] else "")  # fmt: skip
-        lines.append(f"| {r['length']} | {r['batch']} | {r['implementation']} | {peak} | "
-                     f"{ratio} | {r['compile_s']:.0f} s |")  # fmt: skip
+        ratio = (
+            f"{r['peak_bytes'] / base['peak_bytes']:.2f}x"
+            if base.get("peak_bytes") and r["peak_bytes"]
+            else ""
+        )
+        lines.append(
+            f"| {r['length']} | {r['batch']} | {r['implementation']} | {peak} | "
+            f"{ratio} | {r['compile_s']:.0f} s |"
+        )
     return "\n".join(lines)
 
 
@@ -90,8 +101,9 @@ def main():
             rows.append(measure(args.topology, length, implementation, args.loss_chunks))
             harness.log(json.dumps(rows[-1]))
     harness.log(table(rows, args.topology))
-    harness.write_json(args.out, dict(topology=args.topology, loss_chunks=args.loss_chunks,
-                                      rows=rows))  # fmt: skip
+    harness.write_json(
+        args.out, dict(topology=args.topology, loss_chunks=args.loss_chunks, rows=rows)
+    )
 
 
 if __name__ == "__main__":

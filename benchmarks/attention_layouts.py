@@ -18,10 +18,14 @@ agree (1e-4) before timing. Writes benchmarks/results/attention_layouts.json.
 
 import harness
 
-SHAPES = {"vit": dict(B=8, T=197, N=6, H=64, causal=False),
-          "decoder": dict(B=4, T=256, N=8, H=64, causal=True)}  # fmt: skip
-TINY = {"vit": dict(B=2, T=17, N=2, H=8, causal=False),
-        "decoder": dict(B=2, T=16, N=2, H=8, causal=True)}  # fmt: skip
+SHAPES = {
+    "vit": dict(B=8, T=197, N=6, H=64, causal=False),
+    "decoder": dict(B=4, T=256, N=8, H=64, causal=True),
+}
+TINY = {
+    "vit": dict(B=2, T=17, N=2, H=8, causal=False),
+    "decoder": dict(B=2, T=16, N=2, H=8, causal=True),
+}
 
 
 def token_major(q, k, v, causal):
@@ -49,8 +53,9 @@ def jax_contenders(shape, qkv):
     out = {}
     for name, fn in (("token_major", token_major), ("tfjax", tfjax_attention)):
         fwd = jax.jit(lambda q, k, v, fn=fn: fn(q, k, v, causal))
-        grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, causal) * cot),
-                                argnums=(0, 1, 2)))  # fmt: skip
+        grad = jax.jit(
+            jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, causal) * cot), argnums=(0, 1, 2))
+        )
         out[f"{name} fwd"] = lambda f=fwd: f(*qkv)
         out[f"{name} fwd+bwd"] = lambda g=grad: g(*qkv)
     return out
@@ -87,15 +92,21 @@ def main():
     import torch
 
     torch.set_num_threads(cores)
-    print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, "
-          f"{cores} cores, float32; medians of {args.rounds} rounds (ms)")  # fmt: skip
+    print(
+        f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, "
+        f"{cores} cores, float32; medians of {args.rounds} rounds (ms)"
+    )
     results = {}
     for model, shape in (TINY if args.tiny else SHAPES).items():
         rng = np.random.default_rng(0)
-        qkv_np = [rng.standard_normal((shape["B"], shape["T"], shape["N"], shape["H"]),
-                                      dtype=np.float32) for _ in range(3)]  # fmt: skip
-        cases = {**jax_contenders(shape, [jax.numpy.asarray(a) for a in qkv_np]),
-                 **torch_contenders(shape, qkv_np)}  # fmt: skip
+        qkv_np = [
+            rng.standard_normal((shape["B"], shape["T"], shape["N"], shape["H"]), dtype=np.float32)
+            for _ in range(3)
+        ]
+        cases = {
+            **jax_contenders(shape, [jax.numpy.asarray(a) for a in qkv_np]),
+            **torch_contenders(shape, qkv_np),
+        }
         # The contenders compute the same attention ([B, T, N, H] outputs).
         want = np.asarray(cases["token_major fwd"]())
         for n in ("tfjax fwd", "torch_sdpa fwd"):
@@ -116,9 +127,16 @@ def main():
                 ratios[key] = median[f"tfjax {pass_}"] / median[f"{base} {pass_}"]
                 print(f"  {harness.ratio_line(key, ratios[key])}")
         results[model] = dict(shape=shape, median_s=median, step_s=times, ratios=ratios)
-    harness.write_json(args.out, dict(benchmark="attention_layouts", tiny=args.tiny,
-                                      jax=jax.__version__, torch=torch.__version__,
-                                      results=results))  # fmt: skip
+    harness.write_json(
+        args.out,
+        dict(
+            benchmark="attention_layouts",
+            tiny=args.tiny,
+            jax=jax.__version__,
+            torch=torch.__version__,
+            results=results,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -165,8 +165,13 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     args = parser.parse_args()
     tiny = dict(lengths="64,128", time_lengths="64,128", rounds=2, heads=2, head_dim=16)
-    full = dict(lengths="1024,2048,4096,8192,16384", time_lengths="256,512,1024,2048,4096",
-                rounds=5, heads=8, head_dim=64)  # fmt: skip
+    full = dict(
+        lengths="1024,2048,4096,8192,16384",
+        time_lengths="256,512,1024,2048,4096",
+        rounds=5,
+        heads=8,
+        head_dim=64,
+    )
     for k, v in (tiny if args.tiny else full).items():
         if getattr(args, k) is None:
             setattr(args, k, v)

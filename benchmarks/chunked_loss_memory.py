@@ -58,8 +58,9 @@ def measure(args, chunks, log):
     config = make_config(args, chunks)
     devices = aot.topology_devices(args.topology)
     start = time.perf_counter()
-    report = aot.compile_experiment(config, devices, topology=args.topology,
-                                    steps=tuple(args.steps))  # fmt: skip
+    report = aot.compile_experiment(
+        config, devices, topology=args.topology, steps=tuple(args.steps)
+    )
     seconds = time.perf_counter() - start
     model = experiment.build_model(config, vocab_size=args.vocab_size)
     head_flops = 2 * args.batch_size * args.seq_len * model.width * model.vocab_size
@@ -73,14 +74,22 @@ def measure(args, chunks, log):
         # the backward pass makes every slice's logits again
         "recomputed_flops": head_flops if chunks > 1 else 0,
         "steps": {
-            s.name: {"peak_bytes": s.peak_bytes, "temp_bytes": s.temp_bytes,
-                     "argument_bytes": s.argument_bytes, "error": s.error}
+            s.name: {
+                "peak_bytes": s.peak_bytes,
+                "temp_bytes": s.temp_bytes,
+                "argument_bytes": s.argument_bytes,
+                "error": s.error,
+            }
             for s in report.steps
         },
-    }  # fmt: skip
-    log(f"loss.chunks={chunks}: " + ", ".join(
-        f"{name} peak {s['peak_bytes'] / GiB:.2f} GiB" for name, s in row["steps"].items()
-    ) + f" ({seconds:.0f} s to compile)")  # fmt: skip
+    }
+    log(
+        f"loss.chunks={chunks}: "
+        + ", ".join(
+            f"{name} peak {s['peak_bytes'] / GiB:.2f} GiB" for name, s in row["steps"].items()
+        )
+        + f" ({seconds:.0f} s to compile)"
+    )
     return row, report
 
 
@@ -101,8 +110,10 @@ def main():
     args.steps = [s for s in args.steps.split(",") if s]
     chunks = [int(c) for c in args.chunks.split(",")]
 
-    log(f"{args.config}, vocab {args.vocab_size:,}, T={args.seq_len}, batch {args.batch_size}, "
-        f"on {args.topology}; loss.chunks {chunks} (baseline {chunks[0]})")  # fmt: skip
+    log(
+        f"{args.config}, vocab {args.vocab_size:,}, T={args.seq_len}, batch {args.batch_size}, "
+        f"on {args.topology}; loss.chunks {chunks} (baseline {chunks[0]})"
+    )
     rows, reports = [], []
     for c in chunks:
         row, report = measure(args, c, log)
@@ -115,11 +126,15 @@ def main():
             for name, s in row["steps"].items()
         }
     hbm = reports[0].hbm_bytes
-    log(f"\nper device, of {hbm / GiB:.0f} GiB HBM ({reports[0].devices}); mesh {base['mesh']}, "
-        f"{base['per_device_batch']:g} rows per device\n")  # fmt: skip
-    header = "| loss.chunks | " + " | ".join(
-        f"{n} peak GiB | {n} peak / chunks={base['chunks']}" for n in args.steps
-    ) + " | train step: recomputed head FLOPs | fits |"  # fmt: skip
+    log(
+        f"\nper device, of {hbm / GiB:.0f} GiB HBM ({reports[0].devices}); mesh {base['mesh']}, "
+        f"{base['per_device_batch']:g} rows per device\n"
+    )
+    header = (
+        "| loss.chunks | "
+        + " | ".join(f"{n} peak GiB | {n} peak / chunks={base['chunks']}" for n in args.steps)
+        + " | train step: recomputed head FLOPs | fits |"
+    )
     log(header)
     log("|" + "---|" * (header.count("|") - 1))
     for row in rows:
@@ -128,19 +143,28 @@ def main():
             s = row["steps"][n]
             cells += [f"{s['peak_bytes'] / GiB:.2f}", f"{row['ratio_to_baseline'][n]:.2f}"]
         extra = row["recomputed_flops"] / row["flops_per_step"]
-        log(f"| {row['chunks']} | " + " | ".join(cells) + f" | +{extra:.1%} | "
-            f"{'yes' if row['fits'] else 'no'} |")  # fmt: skip
+        log(
+            f"| {row['chunks']} | " + " | ".join(cells) + f" | +{extra:.1%} | "
+            f"{'yes' if row['fits'] else 'no'} |"
+        )
     for row in rows[1:]:
         for n in args.steps:
-            log(f"ratio {n} peak chunks={row['chunks']}/chunks={base['chunks']} = "
-                f"{row['ratio_to_baseline'][n]:.3f}")  # fmt: skip
+            log(
+                f"ratio {n} peak chunks={row['chunks']}/chunks={base['chunks']} = "
+                f"{row['ratio_to_baseline'][n]:.3f}"
+            )
     result = {
-        "config": args.config, "topology": args.topology, "vocab_size": args.vocab_size,
-        "seq_len": args.seq_len, "batch_size": args.batch_size, "hbm_bytes": hbm,
-        "devices": reports[0].devices, "rows": rows,
+        "config": args.config,
+        "topology": args.topology,
+        "vocab_size": args.vocab_size,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "hbm_bytes": hbm,
+        "devices": reports[0].devices,
+        "rows": rows,
         "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
         "machine": harness.machine("jax", "libtpu"),
-    }  # fmt: skip
+    }
     log()
     harness.write_json(args.out, result)
     return 0 if all(r["fits"] for r in rows) else 1

@@ -44,17 +44,30 @@ def compile_one(config: str, topology: str) -> dict:
         out = os.path.join(tmp, "report.json")
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "experiments", "compile.py"), f"--config={config}",
-             f"--topology={topology}", f"--json={out}"],
-            capture_output=True, text=True, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                os.path.join(ROOT, "experiments", "compile.py"),
+                f"--config={config}",
+                f"--topology={topology}",
+                f"--json={out}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         wall = time.perf_counter() - start
         print(proc.stdout, flush=True)
         if not os.path.exists(out):  # the compiler failed (exit 3): a row that says so
             error = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
             print(error, flush=True)
-            return {"config": config, "topology": topology, "error": error[:300],
-                    "exit_code": proc.returncode, "fits": False, "wall_s": 0.0}  # fmt: skip
+            return {
+                "config": config,
+                "topology": topology,
+                "error": error[:300],
+                "exit_code": proc.returncode,
+                "fits": False,
+                "wall_s": 0.0,
+            }
         with open(out) as f:
             report = json.load(f)
     report["wall_s"] = wall
@@ -72,9 +85,11 @@ def row(r: dict) -> str:
     compile_s = sum(s["compile_s"] for s in r["steps"])
     steps = ", ".join(s["name"] for s in r["steps"])
     fits = "yes" if r["fits"] else "**no**"
-    return (f"| `{r['config']}` | {r['topology']} | {r['num_params'] / 1e6:.0f}M | "
-            f"{r['mesh']} | {train['compile_s']:.0f} s ({steps}: {compile_s:.0f} s) | {peak} | "
-            f"{fits} | {1e3 * r['ideal_step_s']:.1f} ms | {coll:.2f} GiB |")  # fmt: skip
+    return (
+        f"| `{r['config']}` | {r['topology']} | {r['num_params'] / 1e6:.0f}M | "
+        f"{r['mesh']} | {train['compile_s']:.0f} s ({steps}: {compile_s:.0f} s) | {peak} | "
+        f"{fits} | {1e3 * r['ideal_step_s']:.1f} ms | {coll:.2f} GiB |"
+    )
 
 
 def main():
@@ -85,8 +100,10 @@ def main():
     todo = [(c, t) for c, t in PRESETS if not wanted or any(c.endswith(w) for w in wanted)]
     start = time.perf_counter()
     reports = [compile_one(c, t) for c, t in todo]
-    print("| config | slice | params | mesh | train compile (all steps) | train peak GiB / HBM | "
-          "fits | ideal train step | train collectives |")  # fmt: skip
+    print(
+        "| config | slice | params | mesh | train compile (all steps) | train peak GiB / HBM | "
+        "fits | ideal train step | train collectives |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         print(row(r))

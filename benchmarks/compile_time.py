@@ -50,9 +50,17 @@ FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
 
 def compile_once(spec, depth, scan):
     """(trace + lower seconds, XLA compile seconds) of one fresh train step."""
-    decoder = dict(kind="lm", width=spec["width"], layers=depth, heads=spec["heads"],
-                   mlp=spec["mlp"], vocab=spec["vocab"], length=spec["length"],
-                   max_len=spec["length"], batch=spec["batch"])  # fmt: skip
+    decoder = dict(
+        kind="lm",
+        width=spec["width"],
+        layers=depth,
+        heads=spec["heads"],
+        mlp=spec["mlp"],
+        vocab=spec["vocab"],
+        length=spec["length"],
+        max_len=spec["length"],
+        batch=spec["batch"],
+    )
     exp = contenders.set_up_tfjax(decoder, scan_layers=scan)
     start = time.perf_counter()
     lowered = exp.train_step.lower(exp.abstract_state, exp.train_batch, exp.abstract_rng)
@@ -69,8 +77,10 @@ def depth_part(spec, depths, reps, log):
         for depth, scan in harness.rotated(configs, r):
             times[(depth, scan)].append(compile_once(spec, depth, scan))
             lo, co = times[(depth, scan)][-1]
-            log(f"  round {r + 1}: L={depth:<3} {'scan' if scan else 'unrolled':8} "
-                f"lower {lo:6.2f} s, compile {co:6.2f} s")  # fmt: skip
+            log(
+                f"  round {r + 1}: L={depth:<3} {'scan' if scan else 'unrolled':8} "
+                f"lower {lo:6.2f} s, compile {co:6.2f} s"
+            )
     rows = {}
     for (depth, scan), t in times.items():
         rows[f"{depth}/{'scan' if scan else 'unrolled'}"] = dict(
@@ -87,11 +97,16 @@ def depth_part(spec, depths, reps, log):
 def launch(config, env, log):
     """Runs the runner once in a fresh workdir; returns its timings."""
     workdir = tempfile.mkdtemp(prefix="tfjax_compile_bench_")
-    cmd = [sys.executable, os.path.join(ROOT, "experiments/run.py"), f"--config={config}",
-           f"--workdir={workdir}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "experiments/run.py"),
+        f"--config={config}",
+        f"--workdir={workdir}",
+    ]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     first_step = to_first = None
     tail = []
     for line in proc.stdout:
@@ -124,14 +139,18 @@ def cache_part(config, modes, reps, log):
             if mode == "runner":
                 env.update(HOME=scratch, XDG_CACHE_HOME=os.path.join(scratch, ".cache"))
             else:
-                env.update(JAX_COMPILATION_CACHE_DIR=os.path.join(scratch, "jax_cache"),
-                           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+                env.update(
+                    JAX_COMPILATION_CACHE_DIR=os.path.join(scratch, "jax_cache"),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                )
             for phase in ("cold", "warm"):
                 result = launch(config, env, log)
                 runs[mode][phase].append(result)
-                log(f"  round {r + 1}: {mode:9} {phase}: first step {result['first_step_s']:5.1f}"
+                log(
+                    f"  round {r + 1}: {mode:9} {phase}: first step {result['first_step_s']:5.1f}"
                     f" s, launch to first step {result['to_first_step_s']:5.1f} s, "
-                    f"whole run {result['total_s']:5.1f} s")  # fmt: skip
+                    f"whole run {result['total_s']:5.1f} s"
+                )
             entries = 0
             for _, _, files in os.walk(scratch):
                 entries += len(files)
@@ -174,9 +193,11 @@ def main():
         log(f"\n  {'layers':>6} {'unrolled lower':>14} {'compile':>8} {'total':>7}   {head}")
         for d in depths:
             u, s = rows[f"{d}/unrolled"], rows[f"{d}/scan"]
-            log(f"  {d:>6} {u['lower_s']:>14.2f} {u['compile_s']:>8.2f} {u['total_s']:>7.2f}   "
+            log(
+                f"  {d:>6} {u['lower_s']:>14.2f} {u['compile_s']:>8.2f} {u['total_s']:>7.2f}   "
                 f"{s['lower_s']:>13.2f} {s['compile_s']:>8.2f} {s['total_s']:>7.2f}   "
-                f"{u['total_s'] / s['total_s']:>13.2f}")  # fmt: skip
+                f"{u['total_s'] / s['total_s']:>13.2f}"
+            )
         lo, hi = min(depths), max(depths)
         ratios = {
             f"scan L={hi}/L={lo}": rows[f"{hi}/scan"]["total_s"] / rows[f"{lo}/scan"]["total_s"],
@@ -189,22 +210,28 @@ def main():
         result["depth"] = dict(spec=spec, rows=rows, ratios=ratios)
     if "cache" in parts:
         modes = args.cache_modes.split(",")
-        log(f"\n[cache] experiments/run.py --config={args.runner_config}, fresh workdirs, "
-            f"{reps} round(s) of cold + warm per mode")  # fmt: skip
+        log(
+            f"\n[cache] experiments/run.py --config={args.runner_config}, fresh workdirs, "
+            f"{reps} round(s) of cold + warm per mode"
+        )
         if not args.tiny:
             launch(args.runner_config, dict(os.environ), log)  # untimed: data, page cache
         runs = cache_part(args.runner_config, modes, reps, log)
-        log(f"\n  {'mode':10} {'first step cold s':>17} {'warm s':>7} {'cold/warm':>9}   "
-            f"{'to first step cold s':>20} {'warm s':>7} {'cold/warm':>9}")  # fmt: skip
+        log(
+            f"\n  {'mode':10} {'first step cold s':>17} {'warm s':>7} {'cold/warm':>9}   "
+            f"{'to first step cold s':>20} {'warm s':>7} {'cold/warm':>9}"
+        )
         ratios = {}
         for mode, r in runs.items():
             c, w = r["median"]["cold"], r["median"]["warm"]
             ratio = c["first_step_s"] / max(w["first_step_s"], 0.05)
             ratio_wall = c["to_first_step_s"] / w["to_first_step_s"]
             ratios[mode] = dict(first_step=ratio, to_first_step=ratio_wall)
-            log(f"  {mode:10} {c['first_step_s']:>17.1f} {w['first_step_s']:>7.1f} "
+            log(
+                f"  {mode:10} {c['first_step_s']:>17.1f} {w['first_step_s']:>7.1f} "
                 f"{ratio:>9.2f}   {c['to_first_step_s']:>20.1f} {w['to_first_step_s']:>7.1f} "
-                f"{ratio_wall:>9.2f}")  # fmt: skip
+                f"{ratio_wall:>9.2f}"
+            )
         for mode, r in ratios.items():
             target = CACHE_TARGET if mode == "runner" and not args.tiny else None
             name = f"{mode} cold/warm first step (compile)"

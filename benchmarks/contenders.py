@@ -32,21 +32,51 @@ CONTENDERS = ("tfjax", "stock_flax", "torch_eager", "torch_compile")
 # kind "lm": a GPT-2-style decoder (learned positions, pre-LN, tanh-GELU, tied output);
 # kind "vit": ViT with a class token and learned positions, exact GELU, LayerNorm eps 1e-6.
 MODELS = {
-    "decoder": dict(kind="lm", width=512, layers=6, heads=8, mlp=2048, vocab=8192, length=256,
-                    max_len=256, batch=4),
-    "vit": dict(kind="vit", width=384, layers=12, heads=6, mlp=1536, image=224, patch=16,
-                classes=1000, batch=8),
-    "gpt2": dict(kind="lm", width=768, layers=12, heads=12, mlp=3072, vocab=50257, length=128,
-                 max_len=1024, batch=4),
-}  # fmt: skip
+    "decoder": dict(
+        kind="lm",
+        width=512,
+        layers=6,
+        heads=8,
+        mlp=2048,
+        vocab=8192,
+        length=256,
+        max_len=256,
+        batch=4,
+    ),
+    "vit": dict(
+        kind="vit",
+        width=384,
+        layers=12,
+        heads=6,
+        mlp=1536,
+        image=224,
+        patch=16,
+        classes=1000,
+        batch=8,
+    ),
+    "gpt2": dict(
+        kind="lm",
+        width=768,
+        layers=12,
+        heads=12,
+        mlp=3072,
+        vocab=50257,
+        length=128,
+        max_len=1024,
+        batch=4,
+    ),
+}
 TINY = {
-    "decoder": dict(kind="lm", width=32, layers=2, heads=4, mlp=128, vocab=256, length=16,
-                    max_len=16, batch=2),
-    "vit": dict(kind="vit", width=32, layers=2, heads=4, mlp=64, image=32, patch=16, classes=10,
-                batch=2),
-    "gpt2": dict(kind="lm", width=48, layers=2, heads=4, mlp=192, vocab=512, length=16,
-                 max_len=32, batch=2),
-}  # fmt: skip
+    "decoder": dict(
+        kind="lm", width=32, layers=2, heads=4, mlp=128, vocab=256, length=16, max_len=16, batch=2
+    ),
+    "vit": dict(
+        kind="vit", width=32, layers=2, heads=4, mlp=64, image=32, patch=16, classes=10, batch=2
+    ),
+    "gpt2": dict(
+        kind="lm", width=48, layers=2, heads=4, mlp=192, vocab=512, length=16, max_len=32, batch=2
+    ),
+}
 
 LR, WEIGHT_DECAY = 1e-4, 0.01
 
@@ -76,24 +106,52 @@ def tfjax_config(spec, **model_overrides):
 
     if spec["kind"] == "lm":
         config = experiment.load_config(os.path.join(harness.ROOT, "configs/lm.py") + ":tiny")
-        model = dict(variant="gpt2-small", vocab_size=spec["vocab"], width=spec["width"],
-                     num_layers=spec["layers"], num_heads=spec["heads"], mlp_dim=spec["mlp"],
-                     max_len=spec["max_len"], dropout_rate=0.0)  # fmt: skip
+        model = dict(
+            variant="gpt2-small",
+            vocab_size=spec["vocab"],
+            width=spec["width"],
+            num_layers=spec["layers"],
+            num_heads=spec["heads"],
+            mlp_dim=spec["mlp"],
+            max_len=spec["max_len"],
+            dropout_rate=0.0,
+        )
     else:
         config = experiment.load_config(os.path.join(harness.ROOT, "configs/vit.py") + ":tiny")
-        model = dict(variant=f"S/{spec['patch']}", num_classes=spec["classes"],
-                     width=spec["width"], num_layers=spec["layers"], num_heads=spec["heads"],
-                     mlp_dim=spec["mlp"], pool="cls", posemb="learned", dropout_rate=0.0,
-                     head_zero_init=False)  # fmt: skip
+        model = dict(
+            variant=f"S/{spec['patch']}",
+            num_classes=spec["classes"],
+            width=spec["width"],
+            num_layers=spec["layers"],
+            num_heads=spec["heads"],
+            mlp_dim=spec["mlp"],
+            pool="cls",
+            posemb="learned",
+            dropout_rate=0.0,
+            head_zero_init=False,
+        )
     with config.unlocked():  # head_zero_init is not a field of configs/vit.py
         config.model.update(model, **model_overrides)
-        config.update(batch_size=spec["batch"], eval_batch_size=spec["batch"],
-                      num_train_steps=10**6, dtype="float32")  # fmt: skip
+        config.update(
+            batch_size=spec["batch"],
+            eval_batch_size=spec["batch"],
+            num_train_steps=10**6,
+            dtype="float32",
+        )
         config.loss.update(label_smoothing=0.0, z_loss=0.0)
-        config.optim.update(name="adamw", learning_rate=LR, schedule="constant",
-                            warmup_steps=0, end_learning_rate_fraction=1.0, b1=0.9, b2=0.999,
-                            eps=1e-8, weight_decay=WEIGHT_DECAY, grad_clip_norm=0.0,
-                            ema_decay=0.0)  # fmt: skip
+        config.optim.update(
+            name="adamw",
+            learning_rate=LR,
+            schedule="constant",
+            warmup_steps=0,
+            end_learning_rate_fraction=1.0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=WEIGHT_DECAY,
+            grad_clip_norm=0.0,
+            ema_decay=0.0,
+        )
         config.mesh.update(data=-1, fsdp=1, tensor=1)
     return config
 
@@ -229,8 +287,14 @@ def build_stock_flax(spec, batch_np):
 
     gpt, vit_cls = stock_flax_modules()
     if spec["kind"] == "lm":
-        model = gpt(spec["vocab"], spec["width"], spec["layers"], spec["heads"], spec["mlp"],
-                    spec["max_len"])  # fmt: skip
+        model = gpt(
+            spec["vocab"],
+            spec["width"],
+            spec["layers"],
+            spec["heads"],
+            spec["mlp"],
+            spec["max_len"],
+        )
 
         def loss_fn(params, batch):
             logits = model.apply({"params": params}, batch["tokens"])
@@ -240,8 +304,14 @@ def build_stock_flax(spec, batch_np):
 
         x = batch_np["tokens"]
     else:
-        model = vit_cls(spec["classes"], spec["patch"], spec["width"], spec["layers"],
-                        spec["heads"], spec["mlp"])  # fmt: skip
+        model = vit_cls(
+            spec["classes"],
+            spec["patch"],
+            spec["width"],
+            spec["layers"],
+            spec["heads"],
+            spec["mlp"],
+        )
 
         def loss_fn(params, batch):
             logits = model.apply({"params": params}, batch["image"])
@@ -284,12 +354,23 @@ def build_torch(spec, batch_np, *, compiled):
     torch.manual_seed(0)
     if spec["kind"] == "lm":
         config = transformers.GPT2Config(
-            vocab_size=spec["vocab"], n_positions=spec["max_len"], n_embd=spec["width"],
-            n_layer=spec["layers"], n_head=spec["heads"], n_inner=spec["mlp"],
-            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            layer_norm_epsilon=1e-5, initializer_range=0.02, use_cache=False, bos_token_id=0,
-            eos_token_id=0, loss_type="ForCausalLM",
-        )  # fmt: skip
+            vocab_size=spec["vocab"],
+            n_positions=spec["max_len"],
+            n_embd=spec["width"],
+            n_layer=spec["layers"],
+            n_head=spec["heads"],
+            n_inner=spec["mlp"],
+            activation_function="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5,
+            initializer_range=0.02,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            loss_type="ForCausalLM",
+        )
         model = transformers.GPT2LMHeadModel(config)
         inputs = torch.from_numpy(batch_np["tokens"]).long()
 
@@ -298,12 +379,20 @@ def build_torch(spec, batch_np, *, compiled):
 
     else:
         config = transformers.ViTConfig(
-            hidden_size=spec["width"], num_hidden_layers=spec["layers"],
-            num_attention_heads=spec["heads"], intermediate_size=spec["mlp"],
-            image_size=spec["image"], patch_size=spec["patch"], num_labels=spec["classes"],
-            hidden_act="gelu", layer_norm_eps=1e-6, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0, qkv_bias=True, initializer_range=0.02,
-        )  # fmt: skip
+            hidden_size=spec["width"],
+            num_hidden_layers=spec["layers"],
+            num_attention_heads=spec["heads"],
+            intermediate_size=spec["mlp"],
+            image_size=spec["image"],
+            patch_size=spec["patch"],
+            num_labels=spec["classes"],
+            hidden_act="gelu",
+            layer_norm_eps=1e-6,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            qkv_bias=True,
+            initializer_range=0.02,
+        )
         model = transformers.ViTForImageClassification(config)
         # [B, C, H, W]: torch's layout
         images = torch.from_numpy(batch_np["image"]).permute(0, 3, 1, 2).contiguous()
@@ -313,8 +402,14 @@ def build_torch(spec, batch_np, *, compiled):
             return F.cross_entropy(m(pixel_values=images).logits, labels)
 
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WEIGHT_DECAY, foreach=True)  # fmt: skip
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=LR,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=WEIGHT_DECAY,
+        foreach=True,
+    )
 
     stepped = torch.compile(model) if compiled else model
 
@@ -342,9 +437,16 @@ def build(contender, spec, batch_np):
 
 def command(contender, model, *, warmup, threads, malloc, tiny):
     """The command line of a process that serves `contender`'s steps on `model`."""
-    return [sys.executable, os.path.abspath(__file__), f"--contender={contender}",
-            f"--model={model}", f"--warmup={warmup}", f"--threads={threads}",
-            f"--malloc={malloc}", *(["--tiny"] if tiny else [])]  # fmt: skip
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        f"--contender={contender}",
+        f"--model={model}",
+        f"--warmup={warmup}",
+        f"--threads={threads}",
+        f"--malloc={malloc}",
+        *(["--tiny"] if tiny else []),
+    ]
 
 
 def main():

@@ -87,8 +87,9 @@ def main():
             )
             rows.append(row)
             prev = row
-    harness.write_json(args.out, {"args": vars(args), "backend": jax.default_backend(),
-                                  "rows": rows})  # fmt: skip
+    harness.write_json(
+        args.out, {"args": vars(args), "backend": jax.default_backend(), "rows": rows}
+    )
 
 
 if __name__ == "__main__":

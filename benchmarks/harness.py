@@ -150,8 +150,9 @@ class Contender:
 
     def __init__(self, command: list[str]):
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+        )
 
     def ask(self, line=None) -> dict:
         if line is not None:
@@ -208,9 +209,17 @@ def time_processes(commands: dict, rounds: int) -> dict:
     finally:
         for w in workers.values():
             w.close()
-    return dict(contenders=names, build_s=build_s, first_step_s=first_s, first_loss=losses,
-                step_s=times, median_s=medians(times), page_faults=faults,
-                max_rss_gib={c: max(r) / 2**20 for c, r in rss.items()}, **info)  # fmt: skip
+    return dict(
+        contenders=names,
+        build_s=build_s,
+        first_step_s=first_s,
+        first_loss=losses,
+        step_s=times,
+        median_s=medians(times),
+        page_faults=faults,
+        max_rss_gib={c: max(r) / 2**20 for c, r in rss.items()},
+        **info,
+    )
 
 
 # ------------------------------------------------------------------------------ the record

@@ -36,25 +36,32 @@ def main():
         print(f"\n[{m}] {args.rounds} rounds after {args.warmup} warm-up steps")
         # The same tfjax contender, its malloc setting per process.
         commands = {
-            s: contenders.command("tfjax", m, warmup=args.warmup, threads=args.threads,
-                                  malloc=s, tiny=args.tiny)
+            s: contenders.command(
+                "tfjax", m, warmup=args.warmup, threads=args.threads, malloc=s, tiny=args.tiny
+            )
             for s in SETTINGS
-        }  # fmt: skip
+        }
         r = harness.time_processes(commands, args.rounds)
         failed = [k for k in r if k.endswith("_error")]
         if failed:
             raise RuntimeError(f"{m}: {failed[0][: -len('_error')]} did not start: {r[failed[0]]}")
         row = {
-            s: dict(median_s=r["median_s"][s], page_faults=statistics.median(r["page_faults"][s]),
-                    max_rss_gib=r["max_rss_gib"][s], step_s=r["step_s"][s])
+            s: dict(
+                median_s=r["median_s"][s],
+                page_faults=statistics.median(r["page_faults"][s]),
+                max_rss_gib=r["max_rss_gib"][s],
+                step_s=r["step_s"][s],
+            )
             for s in SETTINGS
-        }  # fmt: skip
+        }
         row["ratio keep/glibc"] = row["keep"]["median_s"] / row["glibc"]["median_s"]
         results[m] = row
         print(f"  {'malloc':8} {'median ms':>10} {'page faults/step':>17} {'peak RSS GiB':>13}")
         for s in SETTINGS:
-            print(f"  {s:8} {1e3 * row[s]['median_s']:>10.1f} {row[s]['page_faults']:>17,.0f} "
-                  f"{row[s]['max_rss_gib']:>13.2f}")  # fmt: skip
+            print(
+                f"  {s:8} {1e3 * row[s]['median_s']:>10.1f} {row[s]['page_faults']:>17,.0f} "
+                f"{row[s]['max_rss_gib']:>13.2f}"
+            )
         print(f"  step time keep/glibc = {row['ratio keep/glibc']:.3f}")
     harness.write_json(args.out, dict(benchmark="host_memory", tiny=args.tiny, results=results))
 

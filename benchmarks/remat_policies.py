@@ -72,8 +72,12 @@ def memory(spec: str, policy: str, devices) -> dict:
         message = str(e)
         if not aot.refused_for_memory(message):
             raise
-        return {"fits": False, "peak_bytes": aot.refused_bytes(message), "host_bytes": None,
-                "error": aot.first_line(message)}  # fmt: skip
+        return {
+            "fits": False,
+            "peak_bytes": aot.refused_bytes(message),
+            "host_bytes": None,
+            "error": aot.first_line(message),
+        }
     m = compiled.memory_analysis()
     return {
         "fits": True,
@@ -129,12 +133,16 @@ def main():
     fitting = [r for r in rows if r["fits"] and r["policy"] in ("none", "full")]
     base = fitting[0] if fitting else None
     attention = config.model.get("implementation") or "the target's choice"
-    print(f"\n{args.config} train step on {args.topology} ({len(devices)} devices, "
-          f"{hbm / GiB:.0f} GiB HBM each), {num_layers} layers, attention: {attention}; memory "
-          "per device; FLOPs from unrolled 1- and 2-layer compiles\n")  # fmt: skip
+    print(
+        f"\n{args.config} train step on {args.topology} ({len(devices)} devices, "
+        f"{hbm / GiB:.0f} GiB HBM each), {num_layers} layers, attention: {attention}; memory "
+        "per device; FLOPs from unrolled 1- and 2-layer compiles\n"
+    )
     vs = f"vs {base['policy']}" if base else "ratio"
-    print(f"| remat_policy | HBM peak | {vs} | host memory (offloaded) | step FLOPs vs none | "
-          "layer FLOPs vs none |")  # fmt: skip
+    print(
+        f"| remat_policy | HBM peak | {vs} | host memory (offloaded) | step FLOPs vs none | "
+        "layer FLOPs vs none |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
         peak = (
@@ -142,19 +150,33 @@ def main():
         )
         ratio = f"{r['peak_bytes'] / base['peak_bytes']:.2f}" if base and r["fits"] else "-"
         host = "-" if r["host_bytes"] is None else size(r["host_bytes"])
-        print(f"| {r['policy']} | {peak} | {ratio} | {host} | "
-              f"{r['step_flops'] / none['step_flops']:.3f} | "
-              f"{r['flops_per_layer'] / none['flops_per_layer']:.3f} |")  # fmt: skip
+        print(
+            f"| {r['policy']} | {peak} | {ratio} | {host} | "
+            f"{r['step_flops'] / none['step_flops']:.3f} | "
+            f"{r['flops_per_layer'] / none['flops_per_layer']:.3f} |"
+        )
     seconds = time.perf_counter() - start
     print(f"\n{len(rows)} policies in {seconds:.0f} s")
-    if (args.config, args.topology, policies) == (DEFAULT_CONFIG, DEFAULT_TOPOLOGY,
-                                                   list(REMAT_POLICIES)):  # fmt: skip
-        harness.write_json(args.out, {
-            "config": args.config, "topology": args.topology, "num_devices": len(devices),
-            "hbm_bytes": hbm, "num_layers": num_layers, "attention": attention,
-            "jax": jax.__version__, "libtpu": harness.version("libtpu"), "wall_s": seconds,
-            "rows": rows,
-        })  # fmt: skip
+    if (args.config, args.topology, policies) == (
+        DEFAULT_CONFIG,
+        DEFAULT_TOPOLOGY,
+        list(REMAT_POLICIES),
+    ):
+        harness.write_json(
+            args.out,
+            {
+                "config": args.config,
+                "topology": args.topology,
+                "num_devices": len(devices),
+                "hbm_bytes": hbm,
+                "num_layers": num_layers,
+                "attention": attention,
+                "jax": jax.__version__,
+                "libtpu": harness.version("libtpu"),
+                "wall_s": seconds,
+                "rows": rows,
+            },
+        )
     return 0
 
 

@@ -33,8 +33,11 @@ def main():
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--layouts", default="scanned,unrolled",
-                        help="comma-separated: scanned (scan_layers=True), unrolled")  # fmt: skip
+    parser.add_argument(
+        "--layouts",
+        default="scanned,unrolled",
+        help="comma-separated: scanned (scan_layers=True), unrolled",
+    )
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
     if args.tiny:
@@ -57,8 +60,10 @@ def main():
         leaves = jax.tree.leaves((state.params, state.opt_state))
         nbytes = sum(x.nbytes for x in leaves)
         n_params = sum(x.size for x in jax.tree.leaves(state.params))
-        print(f"{layout}: {n_params / 1e6:.1f}M parameters, state {nbytes / 2**30:.2f} GiB "
-              f"in {len(leaves)} arrays")  # fmt: skip
+        print(
+            f"{layout}: {n_params / 1e6:.1f}M parameters, state {nbytes / 2**30:.2f} GiB "
+            f"in {len(leaves)} arrays"
+        )
         blocks = {}
         for mode in ("async", "sync"):
             blocks[mode] = _time_saves(args, state, os.path.join(root, layout, mode), mode)
@@ -73,17 +78,29 @@ def main():
     results = {}
     for layout, n_arrays, nbytes, blocks in rows:
         fraction = blocks["async"][0] / blocks["sync"][0]
-        print(f"{layout}: async save blocks the loop for {100 * fraction:.1f}% of a sync save's "
-              f"time (target < 5%)")  # fmt: skip
-        results[layout] = dict(arrays=n_arrays, bytes=nbytes, async_over_sync=fraction,
-                               **{f"{mode}_s": dict(blocks=b, durable=d)
-                                  for mode, (b, d) in blocks.items()})  # fmt: skip
-    harness.write_json(args.out, dict(
-        benchmark="train_checkpoint", tiny=args.tiny, jax=jax.__version__,
-        orbax=orbax.checkpoint.__version__, cores=os.cpu_count(),
-        model=dict(width=args.width, layers=args.layers, vocab=args.vocab),
-        repeats=args.repeats, results=results,
-    ))  # fmt: skip
+        print(
+            f"{layout}: async save blocks the loop for {100 * fraction:.1f}% of a sync save's "
+            f"time (target < 5%)"
+        )
+        results[layout] = dict(
+            arrays=n_arrays,
+            bytes=nbytes,
+            async_over_sync=fraction,
+            **{f"{mode}_s": dict(blocks=b, durable=d) for mode, (b, d) in blocks.items()},
+        )
+    harness.write_json(
+        args.out,
+        dict(
+            benchmark="train_checkpoint",
+            tiny=args.tiny,
+            jax=jax.__version__,
+            orbax=orbax.checkpoint.__version__,
+            cores=os.cpu_count(),
+            model=dict(width=args.width, layers=args.layers, vocab=args.vocab),
+            repeats=args.repeats,
+            results=results,
+        ),
+    )
 
 
 def _config(args, scan_layers: bool, batch_size: int):
@@ -92,14 +109,33 @@ def _config(args, scan_layers: bool, batch_size: int):
     from tfjax import experiment
 
     config = experiment.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
-    config.model.update(variant="gpt2-small", vocab_size=args.vocab, width=args.width,
-                        num_layers=args.layers, num_heads=args.width // 64, mlp_dim=None,
-                        max_len=None, dropout_rate=None, scan_layers=scan_layers)  # fmt: skip
-    config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1,
-                  dtype="float32")  # fmt: skip
-    config.optim.update(name="adamw", learning_rate=1e-3, schedule="constant", warmup_steps=0,
-                        end_learning_rate_fraction=0.0, b1=0.9, b2=0.95, eps=1e-8,
-                        weight_decay=0.1, grad_clip_norm=1.0, ema_decay=0.0)  # fmt: skip
+    config.model.update(
+        variant="gpt2-small",
+        vocab_size=args.vocab,
+        width=args.width,
+        num_layers=args.layers,
+        num_heads=args.width // 64,
+        mlp_dim=None,
+        max_len=None,
+        dropout_rate=None,
+        scan_layers=scan_layers,
+    )
+    config.update(
+        batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1, dtype="float32"
+    )
+    config.optim.update(
+        name="adamw",
+        learning_rate=1e-3,
+        schedule="constant",
+        warmup_steps=0,
+        end_learning_rate_fraction=0.0,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.1,
+        grad_clip_norm=1.0,
+        ema_decay=0.0,
+    )
     return config
 
 
@@ -119,8 +155,9 @@ def _train_state(args, scan_layers: bool, mesh):
     inputs = experiment.Inputs(train=batch, eval=batch, vocab_size=args.vocab)
     state = experiment.set_up(config, mesh, inputs=inputs).init(jax.random.key(0))
     # Adam's moments start at zero; fill them so that nothing compresses unusually well.
-    state = state.replace(opt_state=jax.tree.map(lambda x: x + 0.001 if x.ndim else x,
-                                                 state.opt_state))  # fmt: skip
+    state = state.replace(
+        opt_state=jax.tree.map(lambda x: x + 0.001 if x.ndim else x, state.opt_state)
+    )
     return jax.block_until_ready(state)
 
 
@@ -131,16 +168,27 @@ def _time_saves(args, state, directory: str, mode: str) -> tuple[float, float]:
     from tfjax import checkpoint
 
     shutil.rmtree(directory, ignore_errors=True)
-    config = ml_collections.ConfigDict(dict(every=1, keep=2, best_metric="", best_mode="max",
-                                            async_save=mode == "async",
-                                            replica_parallel=True))  # fmt: skip
+    config = ml_collections.ConfigDict(
+        dict(
+            every=1,
+            keep=2,
+            best_metric="",
+            best_mode="max",
+            async_save=mode == "async",
+            replica_parallel=True,
+        )
+    )
     manager = checkpoint.make_manager(directory, config)
     blocks, durable = [], []
     for step in range(args.repeats + 1):
         start = time.perf_counter()
-        checkpoint.save(manager, step, params=state.params,
-                        state=dict(step=state.step, opt_state=state.opt_state),
-                        data_state={"position": step})  # fmt: skip
+        checkpoint.save(
+            manager,
+            step,
+            params=state.params,
+            state=dict(step=state.step, opt_state=state.opt_state),
+            data_state={"position": step},
+        )
         returned = time.perf_counter()
         manager.wait_until_finished()
         done = time.perf_counter()

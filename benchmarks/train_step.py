@@ -55,13 +55,24 @@ def bench(family, spec, *, steps, devices, data_dir):
     data_config = tfjax.data.dataset_spec(config)
     if tfjax.data.is_embedded(data_config.name):
         tfjax.data.prepare(data_config.name, data_dir or None)
-    loader = tfjax.data.make_loader(data_config, split=data_config.train_split,
-                                    batch_size=config.batch_size, seed=0, shuffle=True,
-                                    num_epochs=None, data_dir=data_dir or None)  # fmt: skip
-    eval_loader = tfjax.data.make_loader(data_config, split=data_config.eval_split,
-                                         batch_size=config.eval_batch_size, seed=0,
-                                         shuffle=False, num_epochs=1,
-                                         data_dir=data_dir or None)  # fmt: skip
+    loader = tfjax.data.make_loader(
+        data_config,
+        split=data_config.train_split,
+        batch_size=config.batch_size,
+        seed=0,
+        shuffle=True,
+        num_epochs=None,
+        data_dir=data_dir or None,
+    )
+    eval_loader = tfjax.data.make_loader(
+        data_config,
+        split=data_config.eval_split,
+        batch_size=config.eval_batch_size,
+        seed=0,
+        shuffle=False,
+        num_epochs=1,
+        data_dir=data_dir or None,
+    )
     inputs = experiment.Inputs.from_loaders(config, data_config, loader, eval_loader)
     exp = experiment.set_up(config, mesh, inputs=inputs)
     rules = exp.rules
@@ -128,24 +139,36 @@ def main():
         )
     import jax
 
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.devices} device(s), "
-          f"{os.cpu_count()} CPU cores")  # fmt: skip
-    rows = [bench(f, FAMILIES[f], steps=args.steps, devices=args.devices,
-                  data_dir=args.data_dir) for f in args.families.split(",")]  # fmt: skip
-    header = (f"{'family':10} {'params':>9} {'batch':>5} {'compile+1st s':>13} {'step ms':>8} "
-              f"{'throughput':>20} {'GFLOP/step':>10} {'TFLOP/s':>8} {'peak TFLOP/s':>12} "
-              f"{'MFU':>6} {'compiles (train, eval/batches)':>30}")  # fmt: skip
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, {args.devices} device(s), "
+        f"{os.cpu_count()} CPU cores"
+    )
+    rows = [
+        bench(f, FAMILIES[f], steps=args.steps, devices=args.devices, data_dir=args.data_dir)
+        for f in args.families.split(",")
+    ]
+    header = (
+        f"{'family':10} {'params':>9} {'batch':>5} {'compile+1st s':>13} {'step ms':>8} "
+        f"{'throughput':>20} {'GFLOP/step':>10} {'TFLOP/s':>8} {'peak TFLOP/s':>12} "
+        f"{'MFU':>6} {'compiles (train, eval/batches)':>30}"
+    )
     print(header)
     for r in rows:
-        print(f"{r['family']:10} {r['params']:>9,} {r['batch']:>5} {r['first_s']:>13.1f} "
-              f"{r['step_ms']:>8.1f} {r['rate']:>12,.0f} {r['unit'] + '/s':>7} "
-              f"{r['gflops']:>10.2f} {r['tflops_s']:>8.3f} {r['peak_tflops_s']:>12.3f} "
-              f"{100 * r['mfu']:>5.1f}% {r['train_compiles']:>14}, "
-              f"{r['eval_compiles']}/{r['eval_batches']}")  # fmt: skip
+        print(
+            f"{r['family']:10} {r['params']:>9,} {r['batch']:>5} {r['first_s']:>13.1f} "
+            f"{r['step_ms']:>8.1f} {r['rate']:>12,.0f} {r['unit'] + '/s':>7} "
+            f"{r['gflops']:>10.2f} {r['tflops_s']:>8.3f} {r['peak_tflops_s']:>12.3f} "
+            f"{100 * r['mfu']:>5.1f}% {r['train_compiles']:>14}, "
+            f"{r['eval_compiles']}/{r['eval_batches']}"
+        )
     for source in dict.fromkeys(r["peak_source"] for r in rows):
         print(f"peak: {source}")
-    harness.write_json(args.out, dict(benchmark="train_step", devices=args.devices,
-                                      machine=harness.machine("jax"), rows=rows))  # fmt: skip
+    harness.write_json(
+        args.out,
+        dict(
+            benchmark="train_step", devices=args.devices, machine=harness.machine("jax"), rows=rows
+        ),
+    )
     bad = [r["family"] for r in rows if r["train_compiles"] != 1 or r["eval_compiles"] != 1]
     if bad:
         sys.exit(f"recompiled: {bad}")

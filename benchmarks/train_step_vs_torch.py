@@ -117,10 +117,12 @@ def main():
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     parser.add_argument("--threads", type=int, default=0, help="cores to use (0: all)")
     parser.add_argument(
-        "--malloc", default="keep", choices=("keep", "glibc"),
+        "--malloc",
+        default="keep",
+        choices=("keep", "glibc"),
         help="keep: every contender's process keeps freed memory for reuse "
         "(tfjax.host_memory, as experiments/run.py does); glibc: its defaults",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     threads = harness.use_cores(args.threads)
     import jax
@@ -138,11 +140,15 @@ def main():
             parser.error(f"unknown model {m!r}; allowed: {list(sizes)}")
 
     info = harness.machine("jax", "jaxlib", "flax", "optax", "torch", "transformers")
-    info.update(cores_used=threads, torch_threads=torch.get_num_threads(),
-                torch_interop_threads=torch.get_num_interop_threads(),
-                jax_backend=jax.default_backend(), jax_devices=len(jax.devices()),
-                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", ""),
-                malloc=args.malloc)  # fmt: skip
+    info.update(
+        cores_used=threads,
+        torch_threads=torch.get_num_threads(),
+        torch_interop_threads=torch.get_num_interop_threads(),
+        jax_backend=jax.default_backend(),
+        jax_devices=len(jax.devices()),
+        OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", ""),
+        malloc=args.malloc,
+    )
     log("train step (forward + backward + AdamW), float32, CPU")
     log("  " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "load_average"))
     log(f"  load average at start: {info['load_average']}")
@@ -153,27 +159,36 @@ def main():
         rounds = args.rounds or (3 if args.tiny else (6 if m == "gpt2" else 10))
         log(f"\n[{m}] {spec}; {rounds} rounds after {args.warmup} warm-up steps")
         commands = {
-            c: contenders.command(c, m, warmup=args.warmup, threads=args.threads,
-                                  malloc=args.malloc, tiny=args.tiny)
+            c: contenders.command(
+                c, m, warmup=args.warmup, threads=args.threads, malloc=args.malloc, tiny=args.tiny
+            )
             for c in names
-        }  # fmt: skip
+        }
         results[m] = dict(spec=spec, **harness.time_processes(commands, rounds))
     peak_after = roofline(sizes=(128, 256) if args.tiny else (512, 1024, 2048))
     peak_all = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     peak = max(peak_all.values())
     peak_src = max(peak_all, key=peak_all.get)
 
-    log("\nmatmul roofline (float32 n x n, best of 5, before/after): " + ", ".join(
-        f"{k}: {peak_before[k] / 1e9:.0f}/{peak_after[k] / 1e9:.0f}" for k in peak_before
-    ) + f" GFLOP/s; roofline = {peak / 1e9:.1f} GFLOP/s ({peak_src})")  # fmt: skip
+    log(
+        "\nmatmul roofline (float32 n x n, best of 5, before/after): "
+        + ", ".join(
+            f"{k}: {peak_before[k] / 1e9:.0f}/{peak_after[k] / 1e9:.0f}" for k in peak_before
+        )
+        + f" GFLOP/s; roofline = {peak / 1e9:.1f} GFLOP/s ({peak_src})"
+    )
     summary = {}
     for m, r in results.items():
         flops = r.get("flops")
-        log(f"\n[{m}] params: tfjax {r.get('params_tfjax', 0):,}, stock_flax "
+        log(
+            f"\n[{m}] params: tfjax {r.get('params_tfjax', 0):,}, stock_flax "
             f"{r.get('params_stock_flax', 0):,}, torch {r.get('params_torch', 0):,}; "
-            f"model FLOPs/step {flops / 1e9 if flops else float('nan'):.1f} G")  # fmt: skip
-        log(f"  {'contender':14} {'compile+1st s':>13} {'median ms':>10} {'min ms':>9} "
-            f"{'max ms':>9} {'GFLOP/s':>8} {'MFU':>6} {'page faults':>11}")  # fmt: skip
+            f"model FLOPs/step {flops / 1e9 if flops else float('nan'):.1f} G"
+        )
+        log(
+            f"  {'contender':14} {'compile+1st s':>13} {'median ms':>10} {'min ms':>9} "
+            f"{'max ms':>9} {'GFLOP/s':>8} {'MFU':>6} {'page faults':>11}"
+        )
         mfu = {}
         for c in r["contenders"]:
             t = r["step_s"][c]
@@ -181,17 +196,21 @@ def main():
             rate = flops / med if flops else float("nan")
             mfu[c] = rate / peak
             faults = statistics.median(r["page_faults"][c])
-            log(f"  {c:14} {r['first_step_s'][c]:>13.1f} {1e3 * med:>10.1f} "
+            log(
+                f"  {c:14} {r['first_step_s'][c]:>13.1f} {1e3 * med:>10.1f} "
                 f"{1e3 * min(t):>9.1f} {1e3 * max(t):>9.1f} {rate / 1e9:>8.1f} "
-                f"{100 * mfu[c]:>5.1f}% {faults:>11,.0f}")  # fmt: skip
+                f"{100 * mfu[c]:>5.1f}% {faults:>11,.0f}"
+            )
         counts = step_matmuls(r["spec"])
         matmul_flops = sum(2.0 * g * m * k * n * c for (g, m, k, n), c in counts.items())
         matmul_s = matmul_time(counts, repeats=2 if args.tiny else 5)
         ceiling = {lib: flops / t / peak if flops else float("nan") for lib, t in matmul_s.items()}
-        log(f"  the step's matmuls alone ({matmul_flops / 1e9:.1f} GFLOP, {len(counts)} shapes, "
+        log(
+            f"  the step's matmuls alone ({matmul_flops / 1e9:.1f} GFLOP, {len(counts)} shapes, "
             f"best of {2 if args.tiny else 5} each): JAX {1e3 * matmul_s['jax']:.0f} ms, torch "
             f"{1e3 * matmul_s['torch']:.0f} ms; MFU of a step doing only these: JAX "
-            f"{ceiling['jax']:.3f}, torch {ceiling['torch']:.3f}")  # fmt: skip
+            f"{ceiling['jax']:.3f}, torch {ceiling['torch']:.3f}"
+        )
         ratios, checks = {}, []
         if "tfjax" in r["median_s"]:
             for c in r["contenders"]:
@@ -200,13 +219,22 @@ def main():
                 ratio = ratios[f"tfjax/{c}"] = r["median_s"]["tfjax"] / r["median_s"][c]
                 target = TARGETS[m].get(c)
                 if target is not None:
-                    checks.append(dict(what=f"tfjax/{c}", value=ratio, target=f"<= {target}",
-                                       met=ratio <= target))  # fmt: skip
+                    checks.append(
+                        dict(
+                            what=f"tfjax/{c}",
+                            value=ratio,
+                            target=f"<= {target}",
+                            met=ratio <= target,
+                        )
+                    )
                 log(f"  {harness.ratio_line(f'tfjax/{c}', ratio, at_most=target)}")
             if m in MFU_TARGET:
                 met = mfu["tfjax"] >= MFU_TARGET[m]
-                checks.append(dict(what="tfjax MFU", value=mfu["tfjax"],
-                                   target=f">= {MFU_TARGET[m]}", met=met))  # fmt: skip
+                checks.append(
+                    dict(
+                        what="tfjax MFU", value=mfu["tfjax"], target=f">= {MFU_TARGET[m]}", met=met
+                    )
+                )
                 note = harness.target_note(mfu["tfjax"], at_least=MFU_TARGET[m])
                 log(f"  tfjax MFU = {mfu['tfjax']:.3f}{note}")
         for k in [k for k in r if k.endswith("_error")]:
@@ -223,12 +251,21 @@ def main():
         )
     info["load_average_end"] = os.getloadavg()
     log(f"\nload average at end: {info['load_average_end']}")
-    harness.write_json(args.out, dict(
-        benchmark="train_step_vs_torch", tiny=args.tiny, machine=info, roofline_flops=peak,
-        roofline_source=peak_src, roofline_before=peak_before, roofline_after=peak_after,
-        flops_convention="6*N*T + 12*L*T*S*D (tfjax.metrics), causal not discounted",
-        results=results, summary=summary,
-    ))  # fmt: skip
+    harness.write_json(
+        args.out,
+        dict(
+            benchmark="train_step_vs_torch",
+            tiny=args.tiny,
+            machine=info,
+            roofline_flops=peak,
+            roofline_source=peak_src,
+            roofline_before=peak_before,
+            roofline_after=peak_after,
+            flops_convention="6*N*T + 12*L*T*S*D (tfjax.metrics), causal not discounted",
+            results=results,
+            summary=summary,
+        ),
+    )
 
 
 if __name__ == "__main__":

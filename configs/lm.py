@@ -140,8 +140,14 @@ def _pydoc(config):
 def _tiny(config):
     config.model.update(variant="tiny", mlp_dim=64)
     config.dataset.seq_len = 32
-    config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
-                  eval_every=2, eval_steps=1)  # fmt: skip
+    config.update(
+        batch_size=16,
+        eval_batch_size=16,
+        num_train_steps=2,
+        log_every=1,
+        eval_every=2,
+        eval_steps=1,
+    )
     config.optim.warmup_steps = 1
     config.decode.update(num_samples=2, prompt_length=8, max_new_tokens=8)
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
@@ -150,14 +156,29 @@ def _tiny(config):
 FSDP = dict(data=1, fsdp=-1)  # parameters and optimizer state sharded over every chip
 
 
-def _paper(config, variant, *, seq_len=1024, batch_size=512, remat_policy="full",
-           mesh=FSDP, learning_rate=6e-4):  # fmt: skip
+def _paper(
+    config,
+    variant,
+    *,
+    seq_len=1024,
+    batch_size=512,
+    remat_policy="full",
+    mesh=FSDP,
+    learning_rate=6e-4,
+):
     """A published decoder size (its sizes from decoder.VARIANTS) trained on lm1b in bf16."""
     # mlp_dim=None: the preset's, also after "tiny" (which sets its own) earlier in the list
     config.model.update(variant=variant, mlp_dim=None, scan_layers=True, remat_policy=remat_policy)
     config.dataset.update(name="lm1b", seq_len=seq_len)
-    config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=100_000,
-                  log_every=100, eval_every=5000, eval_steps=50, dtype="bfloat16")  # fmt: skip
+    config.update(
+        batch_size=batch_size,
+        eval_batch_size=batch_size,
+        num_train_steps=100_000,
+        log_every=100,
+        eval_every=5000,
+        eval_steps=50,
+        dtype="bfloat16",
+    )
     config.mesh.update(mesh)
     config.optim.update(learning_rate=learning_rate, warmup_steps=2000)
     config.checkpoint.every = 5000
@@ -169,10 +190,16 @@ _PRESETS = {
     "pydoc": _pydoc,
     "tiny": _tiny,
     # v5e:2x2, data parallel, GPT-2 small at 128 tokens
-    "gpt2-small": lambda c: _paper(c, "gpt2-small", seq_len=128, batch_size=256,
-                                   remat_policy="none", mesh=dict(data=-1, fsdp=1)),
+    "gpt2-small": lambda c: _paper(
+        c,
+        "gpt2-small",
+        seq_len=128,
+        batch_size=256,
+        remat_policy="none",
+        mesh=dict(data=-1, fsdp=1),
+    ),
     "gpt2-medium": lambda c: _paper(c, "gpt2-medium", learning_rate=3e-4),  # v5p:2x2x2
     "gpt2-large": lambda c: _paper(c, "gpt2-large", learning_rate=2.5e-4),  # v5p:4x4x2
     "gpt2-xl": lambda c: _paper(c, "gpt2-xl", learning_rate=2e-4),  # v5p:4x4x4
     "modern-small": lambda c: _paper(c, "modern-small", seq_len=2048, batch_size=128),  # v5p:2x2x1
-}  # fmt: skip
+}

@@ -120,19 +120,33 @@ def _pydoc(config):
 def _tiny(config):
     config.model.variant = "tiny"
     config.dataset.seq_len = 32
-    config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
-                  eval_every=2, eval_steps=1)  # fmt: skip
+    config.update(
+        batch_size=16,
+        eval_batch_size=16,
+        num_train_steps=2,
+        log_every=1,
+        eval_every=2,
+        eval_steps=1,
+    )
     config.optim.warmup_steps = 1
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
 
 def _paper(config, variant, *, batch_size, mesh):
     """A published BERT size (its sizes from encoder.VARIANTS), masked LM on lm1b in bf16."""
-    config.model.update(variant=variant, dropout_rate=0.1, attention_dropout_rate=0.1,
-                        scan_layers=True)  # fmt: skip
+    config.model.update(
+        variant=variant, dropout_rate=0.1, attention_dropout_rate=0.1, scan_layers=True
+    )
     config.dataset.update(name="lm1b", seq_len=128)
-    config.update(batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1_000_000,
-                  log_every=100, eval_every=10_000, eval_steps=50, dtype="bfloat16")  # fmt: skip
+    config.update(
+        batch_size=batch_size,
+        eval_batch_size=batch_size,
+        num_train_steps=1_000_000,
+        log_every=100,
+        eval_every=10_000,
+        eval_steps=50,
+        dtype="bfloat16",
+    )
     config.mesh.update(mesh)
     config.optim.update(learning_rate=1e-4, warmup_steps=10_000, end_learning_rate_fraction=0.0)
     config.checkpoint.every = 10_000

@@ -135,8 +135,14 @@ def _demo(config):
 def _tiny(config):
     config.model.variant = "tiny"
     config.dataset.tokenizer = "bytes"  # no SentencePiece training in a smoke run
-    config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
-                  eval_every=2, eval_steps=1)  # fmt: skip
+    config.update(
+        batch_size=16,
+        eval_batch_size=16,
+        num_train_steps=2,
+        log_every=1,
+        eval_every=2,
+        eval_steps=1,
+    )
     config.optim.warmup_steps = 1
     config.decode.max_new_tokens = 8
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
@@ -147,8 +153,14 @@ def _paper(config, variant, rows, steps):
     en-de, bf16."""
     config.model.update(variant=variant, scan_layers=True)
     config.dataset.update(name="wmt14_translate/de-en", seq_len=256, packing=True)
-    config.update(batch_size=rows, eval_batch_size=rows, num_train_steps=steps, log_every=100,
-                  eval_every=5000, dtype="bfloat16")  # fmt: skip
+    config.update(
+        batch_size=rows,
+        eval_batch_size=rows,
+        num_train_steps=steps,
+        log_every=100,
+        eval_every=5000,
+        dtype="bfloat16",
+    )
     config.optim.update(learning_rate=1.0, warmup_steps=4000, ema_decay=0.9999)
     config.checkpoint.update(every=5000, best_metric="")
 

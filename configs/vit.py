@@ -120,8 +120,14 @@ def _digits(config):
 
 def _tiny(config):
     config.model.variant = "tiny/2"
-    config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every=1,
-                  eval_every=2, eval_steps=1)  # fmt: skip
+    config.update(
+        batch_size=16,
+        eval_batch_size=16,
+        num_train_steps=2,
+        log_every=1,
+        eval_every=2,
+        eval_steps=1,
+    )
     config.optim.warmup_steps = 1
     config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
 
@@ -129,19 +135,27 @@ def _tiny(config):
 def _cifar10(config):
     config.model.update(variant="S/4", pool="gap", dropout_rate=0.1)
     config.dataset.update(name="cifar10", crop="pad", crop_padding=4)
-    config.update(batch_size=512, eval_batch_size=1000, num_train_steps=40_000,
-                  log_every=200, eval_every=2000)  # fmt: skip
+    config.update(
+        batch_size=512, eval_batch_size=1000, num_train_steps=40_000, log_every=200, eval_every=2000
+    )
     config.optim.update(learning_rate=1e-3, warmup_steps=2000, weight_decay=0.05)
     config.checkpoint.every = 2000
 
 
 def _imagenet(config):  # v4:2x2x2 (8 chips, 16 TensorCores), data parallel
-    config.model.update(variant="B/16", pool="cls", dropout_rate=0.1, scan_layers=True,
-                        remat_policy="full")  # fmt: skip
+    config.model.update(
+        variant="B/16", pool="cls", dropout_rate=0.1, scan_layers=True, remat_policy="full"
+    )
     config.model.posemb = "learned"
     config.dataset.update(name="imagenet2012", crop="inception", crop_padding=0)
-    config.update(batch_size=4096, eval_batch_size=4096, num_train_steps=93_750,
-                  log_every=100, eval_every=5000, dtype="bfloat16")  # fmt: skip
+    config.update(
+        batch_size=4096,
+        eval_batch_size=4096,
+        num_train_steps=93_750,
+        log_every=100,
+        eval_every=5000,
+        dtype="bfloat16",
+    )
     config.optim.update(learning_rate=3e-3, warmup_steps=10_000, weight_decay=0.3)
     config.checkpoint.every = 5000
 

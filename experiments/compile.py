@@ -69,8 +69,9 @@ def main(argv):
         topology = _TOPOLOGY.value
         if _NUM_SLICES.value > 1:
             topology += f" x {_NUM_SLICES.value} slices"
-        report = aot.compile_experiment(config, devices, topology=topology, name=name,
-                                        steps=tuple(_STEPS.value))  # fmt: skip
+        report = aot.compile_experiment(
+            config, devices, topology=topology, name=name, steps=tuple(_STEPS.value)
+        )
     except aot.CompileError as e:
         print(f"{name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
         return 3

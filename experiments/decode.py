@@ -90,8 +90,12 @@ def main(argv):
     except app.UsageError as e:  # a few lines naming the flag or input, not absl's whole help
         print(f"decode.py: {e}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, NotADirectoryError,
-            checkpoint.UnusableCheckpointError) as e:  # fmt: skip
+    except (
+        ValueError,
+        FileNotFoundError,
+        NotADirectoryError,
+        checkpoint.UnusableCheckpointError,
+    ) as e:
         # tfjax's checks of options, workdirs and checkpoints: their message says it all.
         print(f"decode.py: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -135,9 +139,11 @@ def _decode(argv):
         if len(x) > config.dataset.seq_len:
             logging.warning(
                 "%s is %d tokens long, but the model was trained on at most %d "
-                "(dataset.seq_len): its output for it is unreliable", w, len(x),
+                "(dataset.seq_len): its output for it is unreliable",
+                w,
+                len(x),
                 config.dataset.seq_len,
-            )  # fmt: skip
+            )
     max_new = _option(_MAX_NEW, d.max_new_tokens) or default_new
     if not encoder_decoder:
         max_new = min(max_new, model.max_len - max(len(x) for x in ids))
@@ -167,9 +173,14 @@ def _decode(argv):
         for row, i in enumerate(members):
             batch[row, : len(ids[i])] = ids[i]
         tokens, _ = decode.generate(
-            model, params, batch, max_new_tokens=max_new, eos_id=tokenizer.eos_id,
-            rng=jax.random.key(_SEED.value), **options,
-        )  # fmt: skip
+            model,
+            params,
+            batch,
+            max_new_tokens=max_new,
+            eos_id=tokenizer.eos_id,
+            rng=jax.random.key(_SEED.value),
+            **options,
+        )
         tokens = np.asarray(tokens)
         for row, i in enumerate(members):
             outputs[i] = tokenizer.decode(tokens[row])
@@ -177,8 +188,11 @@ def _decode(argv):
             generated += int(ends[0]) + 1 if ends.size else len(tokens[row])
         bar.update(len(members))
     bar.close()
-    logging.info("Decoded %d inputs: %s generated", len(ids),
-                 metrics.throughput(generated, "tokens", time.perf_counter() - start))  # fmt: skip
+    logging.info(
+        "Decoded %d inputs: %s generated",
+        len(ids),
+        metrics.throughput(generated, "tokens", time.perf_counter() - start),
+    )
     for text, out in zip(texts, outputs, strict=True):
         print(f"{text}\t{out}", flush=True)
 

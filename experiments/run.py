@@ -53,31 +53,37 @@ _COORDINATOR = flags.DEFINE_string(
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-based.")
 _DISTRIBUTED = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "yes", "no"],
+    "distributed",
+    "auto",
+    ["auto", "yes", "no"],
     "Call jax.distributed.initialize(): 'auto' when a coordinator is given (flag or "
     "JAX_COORDINATOR_ADDRESS) or a SLURM job has several tasks; 'yes' always (Cloud TPU pod "
     "slices detect everything themselves); 'no' never.",
-)  # fmt: skip
+)
 _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
-    "distributed_timeout", 300,
+    "distributed_timeout",
+    300,
     "Seconds each process waits at start-up for all --num_processes processes to connect "
     "(then it exits naming the processes that did not), and at exit for the others to finish.",
-)  # fmt: skip
+)
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
-    "heartbeat_timeout", 100,
+    "heartbeat_timeout",
+    100,
     "Seconds without a heartbeat after which a process counts as dead: JAX's coordination "
     "service then ends every other process with an error naming it.",
-)  # fmt: skip
+)
 _CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir", os.path.join("~", ".cache", "tfjax", "jax"),
+    "compilation_cache_dir",
+    os.path.join("~", ".cache", "tfjax", "jax"),
     "JAX's persistent compilation cache: a rerun or resume skips XLA compilation. "
     "$JAX_COMPILATION_CACHE_DIR wins; '' turns it off.",
-)  # fmt: skip
+)
 _KEEP_FREED_MEMORY = flags.DEFINE_bool(
-    "keep_freed_memory", True,
+    "keep_freed_memory",
+    True,
     "CPU runs: glibc's malloc keeps freed memory for reuse, so XLA's per-step temporaries are "
     "not page-faulted in anew every step (see tfjax.host_memory; GPT-2 small: a 0.90x step).",
-)  # fmt: skip
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -154,13 +160,18 @@ def _bad_override(argv) -> str | None:
         node, path = config, []
         for part in key.split("."):
             if not isinstance(node, ml_collections.ConfigDict):
-                return (f"--config.{key}: {'.'.join(path)} is a value ({type(node).__name__}), "
-                        "not a group of fields")  # fmt: skip
+                return (
+                    f"--config.{key}: {'.'.join(path)} is a value ({type(node).__name__}), "
+                    "not a group of fields"
+                )
             if part not in node:
                 near = difflib.get_close_matches(key, fields, n=2, cutoff=0.8)
                 group = f"config.{'.'.join(path)}" if path else "the config"
-                hint = (f"did you mean {' or '.join(near)}?" if near else
-                        f"the fields of {group}: {', '.join(node)}")  # fmt: skip
+                hint = (
+                    f"did you mean {' or '.join(near)}?"
+                    if near
+                    else f"the fields of {group}: {', '.join(node)}"
+                )
                 return f"--config.{key}: {spec} has no field {key}; {hint}"
             node, path = node[part], [*path, part]
     return None
@@ -208,17 +219,24 @@ def main(argv):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         _initialize_distributed()
     logging.info(
-        "Process %d of %d; %d local devices of %d (%s)", jax.process_index(),
-        jax.process_count(), jax.local_device_count(), jax.device_count(), jax.default_backend(),
-    )  # fmt: skip
+        "Process %d of %d; %d local devices of %d (%s)",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+        jax.default_backend(),
+    )
     from tfjax import checkpoint, train, workdirs
 
     try:
         result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except (
-        workdirs.WorkdirBusyError, checkpoint.CheckpointMismatchError,
-        checkpoint.UnusableCheckpointError, checkpoint.CheckpointWriteError, FloatingPointError,
-    ) as e:  # fmt: skip
+        workdirs.WorkdirBusyError,
+        checkpoint.CheckpointMismatchError,
+        checkpoint.UnusableCheckpointError,
+        checkpoint.CheckpointWriteError,
+        FloatingPointError,
+    ) as e:
         # Errors whose message says what happened and what to do: no traceback around them.
         sys.stderr.write(f"{os.path.basename(sys.argv[0])}: {type(e).__name__}: {e}\n")
         sys.exit(1)

@@ -88,15 +88,21 @@ def plain_env(**extra) -> dict:
 def run_python(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     """`python *args` in the checkout, output captured; `env` is plain_env() unless given."""
     env = plain_env() if env is None else env
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_command(workdir, data_dir, overrides, *, config=VIT_TINY) -> list[str]:
     """experiments/run.py's command line, with --config.<key>=<value> for each override."""
-    return [sys.executable, RUN, f"--config={config}", f"--workdir={workdir}",
-            f"--config.data_dir={data_dir}",
-            *(f"--config.{k}={v}" for k, v in overrides.items())]  # fmt: skip
+    return [
+        sys.executable,
+        RUN,
+        f"--config={config}",
+        f"--workdir={workdir}",
+        f"--config.data_dir={data_dir}",
+        *(f"--config.{k}={v}" for k, v in overrides.items()),
+    ]
 
 
 def free_port() -> int:
@@ -108,8 +114,13 @@ def free_port() -> int:
 
 def start_process(cmd, process_id, env) -> subprocess.Popen:
     """Process `process_id` of a multi-process command, its output (stderr too) piped."""
-    return subprocess.Popen([*cmd, f"--process_id={process_id}"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [*cmd, f"--process_id={process_id}"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for_steps(workdir, n, proc, timeout=240):

@@ -42,8 +42,11 @@ def test_each_family_compiles_for_v5e_and_fits(spec, v5e):
     assert report.mesh == MESH and report.fits
     assert report.hbm_bytes == 16 * 2**30 and report.peak_flops == 197e12
     names = [s.name for s in report.steps]
-    assert names == (["train", "eval", "decode"] if spec.split(":")[0] in ("lm.py", "translate.py")
-                     else ["train", "eval"])  # fmt: skip
+    assert names == (
+        ["train", "eval", "decode"]
+        if spec.split(":")[0] in ("lm.py", "translate.py")
+        else ["train", "eval"]
+    )
     train = report.steps[0]
     assert 0 < train.peak_bytes < report.hbm_bytes and train.argument_bytes > 0
     # fsdp and tensor parallelism: parameters are gathered, gradients reduced.
@@ -86,8 +89,12 @@ def test_v4_compile_only_devices_make_a_mesh():
 
 def test_too_big_does_not_fit_and_exits_non_zero():
     # A 8M-token vocabulary: 256M replicated parameters, and [16, 32, 8M] logits.
-    proc, seconds = compile_cli("--config=configs/lm.py:tiny", "--topology=v5e:2x2",
-                                "--steps=train", "--config.model.vocab_size=8388608")  # fmt: skip
+    proc, seconds = compile_cli(
+        "--config=configs/lm.py:tiny",
+        "--topology=v5e:2x2",
+        "--steps=train",
+        "--config.model.vocab_size=8388608",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     assert "DOES NOT FIT: needs 20.00 GiB, the chip has 16.00 GiB" in proc.stdout
     assert "params/embed/embedding (8388608, 32) (1.00 GiB) is replicated" in proc.stdout
@@ -119,8 +126,9 @@ def test_bad_input_is_refused_before_compiling(args, message):
 
 
 def test_a_misspelt_key_names_the_key():
-    proc, _ = compile_cli("--config=configs/lm.py:tiny", "--topology=v5e:2x2",
-                          "--config.model.widht=64")  # fmt: skip
+    proc, _ = compile_cli(
+        "--config=configs/lm.py:tiny", "--topology=v5e:2x2", "--config.model.widht=64"
+    )
     assert proc.returncode != 0 and "widht" in proc.stderr
 
 
@@ -153,8 +161,12 @@ def test_f32_dot_fraction():
         mixed = jnp.dot(a, b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
         return a @ b + mixed + jnp.dot(c, d, preferred_element_type=jnp.float32)
 
-    shapes = [((64, 32), jnp.float32), ((32, 64), jnp.float32), ((64, 96), jnp.bfloat16),
-              ((96, 64), jnp.bfloat16)]  # fmt: skip
+    shapes = [
+        ((64, 32), jnp.float32),
+        ((32, 64), jnp.float32),
+        ((64, 96), jnp.bfloat16),
+        ((96, 64), jnp.bfloat16),
+    ]
     lowered = jax.jit(dots).lower(*(jax.ShapeDtypeStruct(*s) for s in shapes))
     assert aot.f32_dot_fraction(lowered.as_text()) == pytest.approx(64 / (64 + 96))
 
@@ -163,8 +175,11 @@ def test_a_gpu_node_compiles_and_fits():
     devices = aot.topology_devices("h100:4", platform="cuda")
     assert len(devices) == 4 and devices[0].device_kind == "NVIDIA H100 80GB HBM3"
     report = aot.compile_experiment(tiny("translate.py:tiny"), devices, topology="h100:4")
-    assert report.mesh == MESH and report.fits and [s.name for s in report.steps] == [
-        "train", "eval", "decode"]  # fmt: skip
+    assert (
+        report.mesh == MESH
+        and report.fits
+        and [s.name for s in report.steps] == ["train", "eval", "decode"]
+    )
     # JAX's GPU client allocates from 75% of the memory (XLA_PYTHON_CLIENT_MEM_FRACTION).
     assert report.hbm_bytes == int(0.75 * 81_559 * 2**20) and report.peak_flops == 989e12
     train = report.steps[0]
@@ -175,8 +190,12 @@ def test_a_gpu_node_compiles_and_fits():
 
 def test_too_big_for_a_gpu_does_not_fit():
     """The GPU compiler accepts any size; tfjax compares the peak with what JAX may allocate."""
-    proc, seconds = compile_cli("--config=configs/lm.py:tiny", "--topology=h100:2",
-                                "--steps=train", "--config.model.vocab_size=33554432")  # fmt: skip
+    proc, seconds = compile_cli(
+        "--config=configs/lm.py:tiny",
+        "--topology=h100:2",
+        "--steps=train",
+        "--config.model.vocab_size=33554432",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     assert "DOES NOT FIT: needs" in proc.stdout and "the chip has 59.74 GiB" in proc.stdout
     assert seconds < 120
@@ -188,7 +207,9 @@ def test_the_host_stays_on_the_cpu():
 
 def test_beam_search_on_a_data_parallel_mesh_gathers_nothing(v5e):
     """Beams are reordered within each row, so the sharded KV cache is never all-gathered."""
-    config = tiny("translate.py:tiny", **{"mesh.data": 4, "mesh.fsdp": 1, "mesh.tensor": 1,
-                                          "decode.method": "beam"})  # fmt: skip
+    config = tiny(
+        "translate.py:tiny",
+        **{"mesh.data": 4, "mesh.fsdp": 1, "mesh.tensor": 1, "decode.method": "beam"},
+    )
     report = aot.compile_experiment(config, v5e, steps=("decode",))
     assert report.fits and report.steps[0].collectives == {}

@@ -243,8 +243,9 @@ def test_bf16_attention_trains_with_bf16_matmuls_only(implementation):
     q, k, v = qkv(b=2, t=64, s=64, n=4, kh=2, h=16, dtype=jnp.bfloat16)
 
     def loss(q, k, v):
-        out = dot_product_attention(q, k, v, is_causal=True, implementation=implementation,
-                                    chunk_size=16)  # fmt: skip
+        out = dot_product_attention(
+            q, k, v, is_causal=True, implementation=implementation, chunk_size=16
+        )
         return jnp.sum(out.astype(jnp.float32))
 
     stablehlo = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).as_text()
@@ -262,8 +263,9 @@ def test_sliding_window_matches_the_formula_with_a_banded_mask(impl, kh):
     ids = jnp.array([[1] * 7 + [2] * 4, [1] * 9 + [0] * 2])
     same = np.asarray(masks.segment_mask(ids))
     want = reference(q, k, v, mask=jnp.asarray(band[None, None] & same))
-    got = dot_product_attention(q, k, v, is_causal=True, window=4, segment_ids=ids,
-                                implementation=impl, chunk_size=3)  # fmt: skip
+    got = dot_product_attention(
+        q, k, v, is_causal=True, window=4, segment_ids=ids, implementation=impl, chunk_size=3
+    )
     rows = np.asarray(ids) != 0  # padded queries attend nothing (any output)
     np.testing.assert_allclose(np.asarray(got)[rows], np.asarray(want)[rows], atol=1e-5)
 
@@ -276,8 +278,9 @@ def test_sliding_window_in_the_kv_cache_matches_the_full_forward():
     cache = mha.init(jax.random.key(0), x, decode=True)["cache"]
     steps = []
     for i in range(9):
-        out, mutated = mha.apply({"params": params, "cache": cache}, x[:, i : i + 1],
-                                 decode=True, mutable=["cache"])  # fmt: skip
+        out, mutated = mha.apply(
+            {"params": params, "cache": cache}, x[:, i : i + 1], decode=True, mutable=["cache"]
+        )
         cache = mutated["cache"]
         steps.append(out)
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)

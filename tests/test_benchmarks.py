@@ -87,8 +87,13 @@ def test_train_checkpoint_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_host_memory_tiny(tmp_path):
-    out, result = _run("host_memory.py", tmp_path / "host_memory.json", "--models=decoder",
-                       "--rounds=2", "--warmup=0")  # fmt: skip
+    out, result = _run(
+        "host_memory.py",
+        tmp_path / "host_memory.json",
+        "--models=decoder",
+        "--rounds=2",
+        "--warmup=0",
+    )
     assert "step time keep/glibc = " in out
     row = result["results"]["decoder"]
     assert row["ratio keep/glibc"] > 0

@@ -35,9 +35,13 @@ def env(runner_env):
 def two_process_command(workdir, data_dir, overrides):
     """run.py's command for two processes (without --process_id) and the coordinator address."""
     address = f"127.0.0.1:{free_port()}"
-    cmd = [*run_command(workdir, data_dir, overrides), f"--coordinator_address={address}",
-           "--num_processes=2", f"--distributed_timeout={TIMEOUT_S}",
-           f"--heartbeat_timeout={TIMEOUT_S}"]  # fmt: skip
+    cmd = [
+        *run_command(workdir, data_dir, overrides),
+        f"--coordinator_address={address}",
+        "--num_processes=2",
+        f"--distributed_timeout={TIMEOUT_S}",
+        f"--heartbeat_timeout={TIMEOUT_S}",
+    ]
     return cmd, address
 
 
@@ -71,8 +75,13 @@ def _run_until_step_5_then(signum, data_dir, env, tmp_path):
     """Two processes train; after step 5 process 1 gets `signum`. (workdir, status, output) of
     process 0, which must end on its own within the heartbeat timeout and a margin."""
     workdir = str(tmp_path / "run")
-    overrides = {"num_train_steps": 100000, "log_every": 1, "eval_every": 0,
-                 "checkpoint.every": 2, "checkpoint.best_metric": ""}  # fmt: skip
+    overrides = {
+        "num_train_steps": 100000,
+        "log_every": 1,
+        "eval_every": 0,
+        "checkpoint.every": 2,
+        "checkpoint.best_metric": "",
+    }
     cmd, _ = two_process_command(workdir, data_dir, overrides)
     procs = [start_process(cmd, i, env) for i in range(2)]
     try:
@@ -124,8 +133,16 @@ def test_a_killed_peer_ends_the_survivor(data_dir, env, tmp_path):
 def test_checkpoint_timeout_is_checked(tmp_path, value):
     import ml_collections
 
-    config = ml_collections.ConfigDict(dict(every=1, keep=2, best_metric="", best_mode="max",
-                                            async_save=True, replica_parallel=False,
-                                            timeout_s=value))  # fmt: skip
+    config = ml_collections.ConfigDict(
+        dict(
+            every=1,
+            keep=2,
+            best_metric="",
+            best_mode="max",
+            async_save=True,
+            replica_parallel=False,
+            timeout_s=value,
+        )
+    )
     with pytest.raises(ValueError, match=r"checkpoint.timeout_s must be a whole number of seconds"):
         checkpoint.make_manager(str(tmp_path / "checkpoints"), config)

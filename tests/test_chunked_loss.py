@@ -66,9 +66,11 @@ def _case(name):
         variant = "tiny" if "tied" in name.split("-") else "modern-tiny"
         return decoder.Model(variant, vocab_size=V), "lm", _lm_batch(rng, "packed" in name)
     if name == "encoder-mlm":
-        batch = {"tokens": rng.integers(1, V, (B, T)).astype(np.int32),
-                 "targets": rng.integers(1, V, (B, T)).astype(np.int32),
-                 "weights": (rng.random((B, T)) > 0.5).astype(np.float32)}  # fmt: skip
+        batch = {
+            "tokens": rng.integers(1, V, (B, T)).astype(np.int32),
+            "targets": rng.integers(1, V, (B, T)).astype(np.int32),
+            "weights": (rng.random((B, T)) > 0.5).astype(np.float32),
+        }
         model = encoder.Model("tiny", vocab_size=V, dropout_rate=0.0, attention_dropout_rate=0.0)
         return model, "mlm", batch
     targets = rng.integers(1, V, (B, T)).astype(np.int32)
@@ -79,8 +81,14 @@ def _case(name):
     return model, "translation", batch
 
 
-CASES = ["decoder-tied", "decoder-untied-packed", "decoder-tied-packed", "encoder-mlm",
-         "transformer-shared", "transformer-untied-bias"]  # fmt: skip
+CASES = [
+    "decoder-tied",
+    "decoder-untied-packed",
+    "decoder-tied-packed",
+    "encoder-mlm",
+    "transformer-shared",
+    "transformer-untied-bias",
+]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -90,15 +98,23 @@ def test_chunked_loss_and_gradients_equal_the_full_logits(name):
     args, kwargs = task.model_inputs(batch)
     params = nn.unbox(model.init(jax.random.key(0), *args, **kwargs)["params"])
     # Non-zero biases and a not-yet-trained head, so that every term has a gradient.
-    params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape),
-                          params)  # fmt: skip
+    params = jax.tree.map(
+        lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape), params
+    )
 
     @functools.partial(jax.jit, static_argnums=1)
     def value_and_grad(params, chunks):
         def f(p):
-            loss, stats = steps.loss_and_stats(model, task, p, batch, train=False,
-                                               loss_chunks=chunks, label_smoothing=0.1,
-                                               z_loss=1e-2)  # fmt: skip
+            loss, stats = steps.loss_and_stats(
+                model,
+                task,
+                p,
+                batch,
+                train=False,
+                loss_chunks=chunks,
+                label_smoothing=0.1,
+                z_loss=1e-2,
+            )
             return loss / stats["weight"], stats
 
         return jax.value_and_grad(f, has_aux=True)(params)
@@ -112,8 +128,11 @@ def test_chunked_loss_and_gradients_equal_the_full_logits(name):
             assert_close(got[k], full[k], f"{name} chunks={chunks} {k}")
         assert_trees_close(grads, full_grads, f"{name} chunks={chunks} grad")
     # The head's parameters do get a gradient through the slices.
-    head = full_grads["embed"]["embedding"] if "output_proj" not in full_grads else (
-        full_grads["output_proj"]["kernel"])  # fmt: skip
+    head = (
+        full_grads["embed"]["embedding"]
+        if "output_proj" not in full_grads
+        else (full_grads["output_proj"]["kernel"])
+    )
     assert float(jnp.max(jnp.abs(head))) > 0
 
 
@@ -131,9 +150,9 @@ def test_chunked_sums_match_cross_entropy_sums(eps, z):
         return losses.cross_entropy_sums(h @ w, labels, weights, label_smoothing=eps, z_loss=z)
 
     def chunked(h, w, *, chunks):
-        return losses.chunked_cross_entropy_sums(lambda x: x @ w, h, labels, weights,
-                                                 chunks=chunks, label_smoothing=eps,
-                                                 z_loss=z)  # fmt: skip
+        return losses.chunked_cross_entropy_sums(
+            lambda x: x @ w, h, labels, weights, chunks=chunks, label_smoothing=eps, z_loss=z
+        )
 
     def chunked_loss(h, w, chunks):
         return chunked(h, w, chunks=chunks)["loss"]
@@ -176,8 +195,7 @@ def _config(spec, **overrides):
 MESH_2X2X2 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
 # SGD: the update is linear in the gradient (Adam's first step is ~lr * sign(g), which turns
 # rounding-level differences of near-zero gradients into lr-sized ones).
-SGD = {"optim.name": "sgd", "optim.b1": 0.0, "optim.weight_decay": 0.0,
-       "optim.grad_clip_norm": 0.0}  # fmt: skip
+SGD = {"optim.name": "sgd", "optim.b1": 0.0, "optim.weight_decay": 0.0, "optim.grad_clip_norm": 0.0}
 
 
 def test_sharded_train_step_with_chunks_equals_full_logits():
@@ -186,15 +204,20 @@ def test_sharded_train_step_with_chunks_equals_full_logits():
     devices = jax.devices()[:8]
     results = {}
     for chunks in (1, 4):
-        config = _config("lm.py:tiny", **MESH_2X2X2, **SGD, **{
-            "loss.chunks": chunks, "loss.label_smoothing": 0.1})  # fmt: skip
+        config = _config(
+            "lm.py:tiny",
+            **MESH_2X2X2,
+            **SGD,
+            **{"loss.chunks": chunks, "loss.label_smoothing": 0.1},
+        )
         mesh = sharding.make_mesh(config.mesh, devices)
         exp = experiment.set_up(config, mesh, inputs=experiment.planned_inputs(config))
         spec = exp.train_batch
         rng = np.random.default_rng(0)
         batch = {k: rng.integers(1, 64, s.shape).astype(s.dtype) for k, s in spec.items()}
-        batch["tokens_segment_ids"] = np.repeat(np.array([[1] * 20 + [2] * 12], np.int32),
-                                                spec["tokens"].shape[0], 0)  # fmt: skip
+        batch["tokens_segment_ids"] = np.repeat(
+            np.array([[1] * 20 + [2] * 12], np.int32), spec["tokens"].shape[0], 0
+        )
         batch = sharding.shard_batch(batch, mesh, exp.rules)
         state, stats = exp.train_step(exp.init(jax.random.key(0)), batch, jax.random.key(1))
         evals = exp.eval_step(state.params, batch)
@@ -210,15 +233,21 @@ def test_sharded_train_step_with_chunks_equals_full_logits():
     "spec, overrides, message",
     [
         ("lm.py:tiny", {"loss.chunks": 0}, "loss.chunks must be >= 1, got 0"),
-        ("lm.py:tiny", {"loss.chunks": 3},
-         r"loss.chunks=3 does not divide the sequence length 32 \(dataset.seq_len\); "
-         "allowed: 1, 2, 4, 8, 16, 32"),
+        (
+            "lm.py:tiny",
+            {"loss.chunks": 3},
+            r"loss.chunks=3 does not divide the sequence length 32 \(dataset.seq_len\); "
+            "allowed: 1, 2, 4, 8, 16, 32",
+        ),
         ("translate.py:tiny", {"loss.chunks": 64}, "loss.chunks=64 does not divide"),
-        ("mlm.py:tiny", {"loss.chunks": 2, "task": "classification"},
-         r"loss.chunks=2 applies to the tasks with a vocabulary head \('lm', 'mlm', "
-         r"'translation'\); task='classification' allows only 1"),
+        (
+            "mlm.py:tiny",
+            {"loss.chunks": 2, "task": "classification"},
+            r"loss.chunks=2 applies to the tasks with a vocabulary head \('lm', 'mlm', "
+            r"'translation'\); task='classification' allows only 1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_chunks_are_refused_naming_the_field(spec, overrides, message):
     config = _config(spec, **overrides)
     with pytest.raises(ValueError, match=message):
@@ -229,11 +258,14 @@ def test_set_up_checks_chunks_against_the_batches_it_is_given():
     config = _config("lm.py:tiny", **{"loss.chunks": 4})
     planned = experiment.planned_inputs(config)
     odd = jax.ShapeDtypeStruct((16, 30), np.int32)
-    inputs = experiment.Inputs(train={"tokens": odd}, eval={"tokens": odd},
-                               vocab_size=planned.vocab_size)  # fmt: skip
+    inputs = experiment.Inputs(
+        train={"tokens": odd}, eval={"tokens": odd}, vocab_size=planned.vocab_size
+    )
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-    message = (r"loss.chunks=4 does not divide the sequence length 30 \(the train batches' "
-               r"labels\); allowed: 1, 2, 3, 5, 6, 10, 15, 30")  # fmt: skip
+    message = (
+        r"loss.chunks=4 does not divide the sequence length 30 \(the train batches' "
+        r"labels\); allowed: 1, 2, 3, 5, 6, 10, 15, 30"
+    )
     with pytest.raises(ValueError, match=message):
         experiment.set_up(config, mesh, inputs=inputs)
 
@@ -250,11 +282,19 @@ def test_chunked_train_step_compiles_for_v5e_and_needs_less_memory(v5e):
     than with the full logits (which dominate it at this size)."""
     peaks = {}
     for chunks in (1, 8):
-        config = _config("lm.py:tiny", **{
-            "mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2, "dtype": "bfloat16",
-            "model.scan_layers": True, "model.vocab_size": 128256, "dataset.seq_len": 128,
-            "loss.chunks": chunks,
-        })  # fmt: skip
+        config = _config(
+            "lm.py:tiny",
+            **{
+                "mesh.data": 1,
+                "mesh.fsdp": 2,
+                "mesh.tensor": 2,
+                "dtype": "bfloat16",
+                "model.scan_layers": True,
+                "model.vocab_size": 128256,
+                "dataset.seq_len": 128,
+                "loss.chunks": chunks,
+            },
+        )
         report = aot.compile_experiment(config, v5e, steps=("train", "eval"))
         assert report.fits, report.steps
         peaks[chunks] = {s.name: s.peak_bytes for s in report.steps}

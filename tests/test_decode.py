@@ -185,8 +185,15 @@ def test_bad_options_name_themselves(gpt):
     with pytest.raises(ValueError, match=r"beam_rules='t5x' is unknown; allowed: \('gnmt', 'hf'\)"):
         decode.generate(model, params, PROMPTS[:1], method="beam", beam_rules="t5x", **kw)
     with pytest.raises(ValueError, match="early_stopping='always' is unknown; allowed: "):
-        decode.generate(model, params, PROMPTS[:1], method="beam", beam_rules="hf",
-                        early_stopping="always", **kw)  # fmt: skip
+        decode.generate(
+            model,
+            params,
+            PROMPTS[:1],
+            method="beam",
+            beam_rules="hf",
+            early_stopping="always",
+            **kw,
+        )
     with pytest.raises(ValueError, match="early_stopping=True applies to beam_rules='hf' only"):
         decode.generate(model, params, PROMPTS[:1], method="beam", early_stopping=True, **kw)
 

@@ -98,8 +98,10 @@ def test_workdir_keeps_the_sentencepiece_model_it_was_trained_with(tmp_path):
 def test_unchecked_generate_matches_checked(method):
     """check=False (global arrays in the runner) gives the tokens of the checked path."""
     rng = np.random.default_rng(0)
-    for model in (transformer.Model(variant="tiny", vocab_size=40),
-                  decoder.Model(variant="tiny", vocab_size=40, max_len=32)):  # fmt: skip
+    for model in (
+        transformer.Model(variant="tiny", vocab_size=40),
+        decoder.Model(variant="tiny", vocab_size=40, max_len=32),
+    ):
         inputs = rng.integers(5, 40, size=(3, 6)).astype(np.int32)
         if method == "greedy" and not hasattr(model, "encode"):
             inputs[1, 4:] = 0  # a shorter prompt: lengths found on the device
@@ -118,12 +120,17 @@ def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):
     _, averaged, _ = train.restore_model(config, workdir, average_last=2, devices=jax.devices()[:4])
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
     assert sorted(manager.all_steps()) == [2, 3, 4]
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                          newest)  # fmt: skip
-    step3 = manager.restore(3, args=checkpoint.ocp.args.Composite(
-        params=checkpoint.ocp.args.PyTreeRestore(
-            target, restore_args=checkpoint.ocp.checkpoint_utils.construct_restore_args(target))
-    ))["params"]  # fmt: skip
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), newest
+    )
+    step3 = manager.restore(
+        3,
+        args=checkpoint.ocp.args.Composite(
+            params=checkpoint.ocp.args.PyTreeRestore(
+                target, restore_args=checkpoint.ocp.checkpoint_utils.construct_restore_args(target)
+            )
+        ),
+    )["params"]
     manager.close()
     for a, b, c in zip(*map(jax.tree.leaves, (averaged, newest, step3)), strict=True):
         np.testing.assert_allclose(a, (np.asarray(b) + np.asarray(c)) / 2, rtol=1e-6, atol=1e-7)
@@ -133,11 +140,19 @@ def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):
 
 def decode_cli(workdir, data_dir, *args, stdin=None, config="configs/translate.py:tiny"):
     return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments/decode.py"),
-         "--config=" + os.path.join(ROOT, config),
-         f"--config.data_dir={data_dir}", f"--workdir={workdir}", *args],
-        capture_output=True, text=not isinstance(stdin, bytes), input=stdin, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments/decode.py"),
+            "--config=" + os.path.join(ROOT, config),
+            f"--config.data_dir={data_dir}",
+            f"--workdir={workdir}",
+            *args,
+        ],
+        capture_output=True,
+        text=not isinstance(stdin, bytes),
+        input=stdin,
+        timeout=300,
+    )
 
 
 def assert_short_error(out, message):
@@ -214,8 +229,11 @@ def test_decode_cli_negative_max_new_tokens_names_the_flag(data_dir, tmp_path):
     for config in ("configs/translate.py:tiny", "configs/lm.py:tiny"):
         # No run in the workdir: the flag is refused before anything is loaded.
         out = decode_cli(tmp_path, data_dir, "--input=17", "--max_new_tokens=-1", config=config)
-        assert_short_error(out, "--max_new_tokens=-1: give the number of tokens to generate per "
-                                "input (at least 1), or 0 for the default")  # fmt: skip
+        assert_short_error(
+            out,
+            "--max_new_tokens=-1: give the number of tokens to generate per "
+            "input (at least 1), or 0 for the default",
+        )
 
 
 def test_decode_cli_warns_of_sources_longer_than_trained(translate_run, data_dir, tmp_path):
@@ -226,8 +244,10 @@ def test_decode_cli_warns_of_sources_longer_than_trained(translate_run, data_dir
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.splitlines()) == 2
     trained = config.dataset.seq_len
-    assert (f"line 2 of {path} is 31 tokens long, but the model was trained on at most {trained} "
-            "(dataset.seq_len): its output for it is unreliable") in out.stderr  # fmt: skip
+    assert (
+        f"line 2 of {path} is 31 tokens long, but the model was trained on at most {trained} "
+        "(dataset.seq_len): its output for it is unreliable"
+    ) in out.stderr
     assert "line 1 of" not in out.stderr
 
 
@@ -268,8 +288,13 @@ def test_decoding_a_file_shows_progress_and_logs_its_rate(translate_run, data_di
     assert "tokens in" in line and "tokens/s) generated" in line
     assert "input/s" not in out.stderr  # no bar where stderr is not a terminal
     shown = _run_in_terminal(
-        [sys.executable, os.path.join(ROOT, "experiments/decode.py"),
-         "--config=" + os.path.join(ROOT, "configs/translate.py:tiny"),
-         f"--config.data_dir={data_dir}", f"--workdir={workdir}", *args]
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments/decode.py"),
+            "--config=" + os.path.join(ROOT, "configs/translate.py:tiny"),
+            f"--config.data_dir={data_dir}",
+            f"--workdir={workdir}",
+            *args,
+        ]
+    )
     assert "decoding: 100%" in shown and "40/40" in shown and "input/s]" in shown

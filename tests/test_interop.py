@@ -89,13 +89,25 @@ def llama(tmp_path_factory):
 # wavelengths 6, 30, 140 and 664 positions), each set so its scaling changes the numbers of the
 # tests' 10 to 17 positions: dynamic grows past max_position_embeddings=8.
 LLAMA_ROPES = {
-    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, 48, True),
-    "llama_yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 12},
-                   48, False),
+    "llama3": (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+        48,
+        True,
+    ),
+    "llama_yarn": (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 12},
+        48,
+        False,
+    ),
     "llama_dynamic": ({"rope_type": "dynamic", "factor": 2.0}, 8, False),
     "llama_linear": ({"rope_type": "linear", "factor": 2.0}, 48, False),
-}  # fmt: skip
+}
 
 
 def _llama_rope_fixture(name):
@@ -339,16 +351,31 @@ def test_decoder_beam_search_with_hf_rules_matches_generate(gpt2):
     for early_stopping, length_penalty in ((False, 1.0), (True, 0.6), ("never", 2.0)):
         with torch.no_grad():
             out = ref.generate(
-                torch.tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
-                max_new_tokens=max_new, do_sample=False, num_beams=3, eos_token_id=eos,
-                pad_token_id=0, length_penalty=length_penalty, early_stopping=early_stopping,
-                return_dict_in_generate=True, output_scores=True,
-            )  # fmt: skip
+                torch.tensor(prompts),
+                attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+                max_new_tokens=max_new,
+                do_sample=False,
+                num_beams=3,
+                eos_token_id=eos,
+                pad_token_id=0,
+                length_penalty=length_penalty,
+                early_stopping=early_stopping,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
         want = out.sequences[:, prompts.shape[1] :].numpy()
         got, scores = decode.generate(
-            model, params, prompts, max_new_tokens=max_new, eos_id=eos, method="beam",
-            beam_size=3, alpha=length_penalty, beam_rules="hf", early_stopping=early_stopping,
-        )  # fmt: skip
+            model,
+            params,
+            prompts,
+            max_new_tokens=max_new,
+            eos_id=eos,
+            method="beam",
+            beam_size=3,
+            alpha=length_penalty,
+            beam_rules="hf",
+            early_stopping=early_stopping,
+        )
         for row_got, row_want in zip(np.asarray(got), want, strict=True):
             assert _until_eos(row_got, eos) == _until_eos(row_want, eos), early_stopping
         np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-5)
@@ -390,8 +417,10 @@ def test_decoder_greedy_generation_of_padded_prompts(family, scan_layers, side, 
             prompts[row, :n] = tokens[row, :n]
         else:
             prompts[row, 5 - n :] = tokens[row, :n]
-    want = [_greedy_reference(ref, tokens[r : r + 1, :n], max_new, eos=V + 5)[0]
-            for r, n in enumerate(lengths)]  # fmt: skip
+    want = [
+        _greedy_reference(ref, tokens[r : r + 1, :n], max_new, eos=V + 5)[0]
+        for r, n in enumerate(lengths)
+    ]
     # An EOS no row emits: all 9 tokens of every row are compared.
     eos = min(set(range(3, V)) - set(np.concatenate(want).tolist()))
     got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
@@ -402,9 +431,13 @@ def test_decoder_greedy_generation_of_padded_prompts(family, scan_layers, side, 
     if side == "left" and family != "llama_dynamic":
         with torch.no_grad():
             batched = ref.generate(
-                torch.tensor(prompts), attention_mask=torch.tensor((prompts != 0).astype(np.int64)),
-                max_new_tokens=max_new, do_sample=False, eos_token_id=V + 5, pad_token_id=0,
-            )[:, 5:].numpy()  # fmt: skip
+                torch.tensor(prompts),
+                attention_mask=torch.tensor((prompts != 0).astype(np.int64)),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=V + 5,
+                pad_token_id=0,
+            )[:, 5:].numpy()
         np.testing.assert_array_equal(np.asarray(got), batched)
 
 

@@ -71,9 +71,13 @@ def gemma2(tmp_path_factory):
     """Three layers (local, global, local) with soft caps small enough to act."""
     torch.manual_seed(10)
     config = transformers.Gemma2Config(
-        **_sizes(num_hidden_layers=3, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
-                 rope_parameters={"rope_type": "default", "rope_theta": 500.0})
-    )  # fmt: skip
+        **_sizes(
+            num_hidden_layers=3,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        )
+    )
     ref = _randomise_norms(transformers.Gemma2ForCausalLM(config).eval())
     return ref, save_pretrained(ref, tmp_path_factory.mktemp("gemma2"))
 
@@ -86,15 +90,19 @@ def gemma3(tmp_path_factory):
     config = transformers.Gemma3TextConfig(
         **_sizes(
             num_hidden_layers=4,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                         "sliding_attention"],
+            layer_types=[
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+            ],
             rope_parameters={
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
             },
             final_logit_softcapping=3.0,
         )
-    )  # fmt: skip
+    )
     ref = _randomise_norms(transformers.Gemma3ForCausalLM(config).eval())
     return ref, save_pretrained(ref, tmp_path_factory.mktemp("gemma3"))
 
@@ -139,8 +147,11 @@ def test_soft_caps_and_window_act_in_the_compared_logits(gemma2):
     model, params = interop.load(path)
     tokens = _tokens((1, 12))
     want = _reference_logits(ref, tokens)
-    for change in ({"attention_softcap": None}, {"final_logit_softcap": None},
-                   {"attention_pattern": ("global",)}):  # fmt: skip
+    for change in (
+        {"attention_softcap": None},
+        {"final_logit_softcap": None},
+        {"attention_pattern": ("global",)},
+    ):
         got = _apply(model.clone(**change), params, jnp.asarray(tokens))
         assert np.abs(got - want).max() > 1e-2, change
 
@@ -186,8 +197,10 @@ def test_greedy_generation_of_padded_prompts_matches_each_row_alone(family, side
             prompts[row, :n] = tokens[row, :n]
         else:
             prompts[row, 5 - n :] = tokens[row, :n]
-    want = [_greedy_reference(ref, tokens[r : r + 1, :n], max_new, eos=V + 5)[0]
-            for r, n in enumerate(lengths)]  # fmt: skip
+    want = [
+        _greedy_reference(ref, tokens[r : r + 1, :n], max_new, eos=V + 5)[0]
+        for r, n in enumerate(lengths)
+    ]
     eos = min(set(range(3, V)) - set(np.concatenate(want).tolist()))  # all 9 compared
     got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
     for row, n in enumerate(lengths):
@@ -221,8 +234,12 @@ def test_older_gemma3_config_keys_mean_the_same_model(gemma3):
     config = interop.read_config(path)
     model, _ = interop.load(path)
     old = {k: v for k, v in config.items() if k not in ("rope_parameters", "layer_types")}
-    old.update(rope_theta=1000.0, rope_local_base_freq=50.0, sliding_window_pattern=3,
-               rope_scaling={"rope_type": "linear", "factor": 2.0})  # fmt: skip
+    old.update(
+        rope_theta=1000.0,
+        rope_local_base_freq=50.0,
+        sliding_window_pattern=3,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
     assert core.build(gemma.GEMMA3, old) == model
 
 
@@ -235,23 +252,54 @@ def _refused(family, path, match, **changes):
 def test_unsupported_options_are_refused_by_key(gemma2, gemma3):
     g2, g3 = gemma2[1], gemma3[1]
     _refused(gemma.GEMMA2, g2, r"attention_bias=True is not supported", attention_bias=True)
-    _refused(gemma.GEMMA2, g2, r"use_bidirectional_attention=True is not supported",
-             use_bidirectional_attention=True)  # fmt: skip
-    _refused(gemma.GEMMA2, g2, r"hidden_activation='relu' is not supported; allowed: "
-             r"\('gelu_pytorch_tanh'", hidden_activation="relu")  # fmt: skip
-    _refused(gemma.GEMMA2, g2, r"layer_types has \['chunked_attention'\].*allowed",
-             layer_types=["chunked_attention"] * 3)  # fmt: skip
+    _refused(
+        gemma.GEMMA2,
+        g2,
+        r"use_bidirectional_attention=True is not supported",
+        use_bidirectional_attention=True,
+    )
+    _refused(
+        gemma.GEMMA2,
+        g2,
+        r"hidden_activation='relu' is not supported; allowed: "
+        r"\('gelu_pytorch_tanh'",
+        hidden_activation="relu",
+    )
+    _refused(
+        gemma.GEMMA2,
+        g2,
+        r"layer_types has \['chunked_attention'\].*allowed",
+        layer_types=["chunked_attention"] * 3,
+    )
     _refused(gemma.GEMMA2, g2, r"sliding_window is null", sliding_window=None)
-    _refused(gemma.GEMMA3, g3, r"attn_logit_softcapping=50.0 is not supported \(needs None\)",
-             attn_logit_softcapping=50.0)  # fmt: skip
-    _refused(gemma.GEMMA3, g3, r"rope_type='longrope' is not supported",
-             rope_parameters={"full_attention": {"rope_type": "longrope", "rope_theta": 1.0},
-                              "sliding_attention": {"rope_type": "default"}})  # fmt: skip
+    _refused(
+        gemma.GEMMA3,
+        g3,
+        r"attn_logit_softcapping=50.0 is not supported \(needs None\)",
+        attn_logit_softcapping=50.0,
+    )
+    _refused(
+        gemma.GEMMA3,
+        g3,
+        r"rope_type='longrope' is not supported",
+        rope_parameters={
+            "full_attention": {"rope_type": "longrope", "rope_theta": 1.0},
+            "sliding_attention": {"rope_type": "default"},
+        },
+    )
 
 
 def test_export_refuses_a_model_gemma_cannot_express():
-    model = decoder.Model(variant="gemma-2-2b", vocab_size=V, width=32, num_layers=2,
-                          num_heads=4, head_dim=8, mlp_dim=48, qkv_bias=True)  # fmt: skip
+    model = decoder.Model(
+        variant="gemma-2-2b",
+        vocab_size=V,
+        width=32,
+        num_layers=2,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=48,
+        qkv_bias=True,
+    )
     with pytest.raises(ValueError, match="Gemma2ForCausalLM needs a model with .*qkv_bias=None"):
         core.hf_config(gemma.GEMMA2, model)
 
@@ -262,17 +310,28 @@ def test_export_refuses_a_model_gemma_cannot_express():
 # (billions, decimals the card gives), from each model card on huggingface.co: Gemma 2 2B's
 # "2.6B" (2,614,341,888), 9B's "9.24B", 27B's "27.2B" (27,227,128,320); Gemma 3 1B's "1B"
 # (999,885,952).
-CARDS = {"gemma-2-2b": (2.6, 1), "gemma-2-9b": (9.24, 2), "gemma-2-27b": (27.2, 1),
-         "gemma-3-1b": (1.0, 1)}  # fmt: skip
+CARDS = {
+    "gemma-2-2b": (2.6, 1),
+    "gemma-2-9b": (9.24, 2),
+    "gemma-2-27b": (27.2, 1),
+    "gemma-3-1b": (1.0, 1),
+}
 
 # Gemma 3 4B, 12B and 27B's cards ("4.3B", "12.2B", "27.4B") count the whole
 # Gemma3ForConditionalGeneration: the text part (the preset) plus a SigLIP so400m/14 vision
 # tower at 896 px without its pooling head and a projector to the text width, ~0.42B. The
 # tower's config is the checkpoints' vision_config; the 4B's total is 4,300,079,472.
 MULTIMODAL_CARDS = {"gemma-3-4b": (4.3, 1), "gemma-3-12b": (12.2, 1), "gemma-3-27b": (27.4, 1)}
-VISION_CONFIG = dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304,
-                     num_hidden_layers=27, num_attention_heads=16, patch_size=14, image_size=896,
-                     vision_use_head=False)  # fmt: skip
+VISION_CONFIG = dict(
+    model_type="siglip_vision_model",
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_hidden_layers=27,
+    num_attention_heads=16,
+    patch_size=14,
+    image_size=896,
+    vision_use_head=False,
+)
 
 
 def _count(model) -> int:

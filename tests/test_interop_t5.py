@@ -31,13 +31,25 @@ ATOL = 1e-5
 def _config(**changes):
     """Three layers; 8 buckets up to a distance of 12, so the tests' 17 positions reach the
     log-spaced buckets and the shared last one."""
-    return transformers.T5Config(**{
-        **dict(vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_heads=4,
-               feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-               relative_attention_num_buckets=8, relative_attention_max_distance=12,
-               dropout_rate=0.0, decoder_start_token_id=0),
-        **changes,
-    })  # fmt: skip
+    return transformers.T5Config(
+        **{
+            **dict(
+                vocab_size=V,
+                d_model=32,
+                d_kv=8,
+                d_ff=48,
+                num_layers=3,
+                num_heads=4,
+                feed_forward_proj="gated-gelu",
+                tie_word_embeddings=False,
+                relative_attention_num_buckets=8,
+                relative_attention_max_distance=12,
+                dropout_rate=0.0,
+                decoder_start_token_id=0,
+            ),
+            **changes,
+        }
+    )
 
 
 def _randomise(ref):
@@ -118,11 +130,16 @@ def test_the_fixture_is_what_it_tests(flan):
     model, _ = interop.load(flan[1])
     assert isinstance(model, transformer.Transformer)
     assert (model.position, model.relative_buckets, model.relative_max_distance) == (
-        "relative", 8, 12,
-    )  # fmt: skip
+        "relative",
+        8,
+        12,
+    )
     assert (model.norm, model.activation, model.use_bias, model.tied) == (
-        "rms", "geglu_tanh", False, False,
-    )  # fmt: skip
+        "rms",
+        "geglu_tanh",
+        False,
+        False,
+    )
     assert model.attention_scale == 1.0 and not model.scale_embeddings
 
 
@@ -156,8 +173,15 @@ def test_packed_rows_equal_the_pairs_apart(flan):
         return ids, segments, positions
 
     (si, ss, sp), (ti, ts, tp) = packed(src), packed(tgt)
-    got, _ = model.apply({"params": params}, si, ti, inputs_segment_ids=ss, targets_segment_ids=ts,
-                         inputs_positions=sp, targets_positions=tp)  # fmt: skip
+    got, _ = model.apply(
+        {"params": params},
+        si,
+        ti,
+        inputs_segment_ids=ss,
+        targets_segment_ids=ts,
+        inputs_positions=sp,
+        targets_positions=tp,
+    )
     apart = [_apply(model, params, s[None], t[None])[0] for s, t in zip(src, tgt, strict=True)]
     np.testing.assert_allclose(np.asarray(got)[0], np.concatenate(apart), atol=1e-5, rtol=0)
 
@@ -172,8 +196,10 @@ def test_dropout_is_where_transformers_has_it(flan, tmp_path):
     config = {**core.read_config(path), "dropout_rate": 0.3}
     model = t5.from_t5(core.read_state_dict(path), config)[0]
     assert (model.dropout_rate, model.attention_dropout_rate, model.mlp_dropout_rate) == (
-        0.3, 0.3, 0.3,
-    )  # fmt: skip
+        0.3,
+        0.3,
+        0.3,
+    )
     src, tgt = _sources(), _targets()
 
     def train(m):
@@ -181,8 +207,11 @@ def test_dropout_is_where_transformers_has_it(flan, tmp_path):
         return np.asarray(m.apply({"params": params}, src, tgt, train=True, rngs=rngs)[0])
 
     full = train(model)
-    for off in (dict(attention_dropout_rate=0.0), dict(mlp_dropout_rate=0.0),
-                dict(output_dropout=False)):  # fmt: skip
+    for off in (
+        dict(attention_dropout_rate=0.0),
+        dict(mlp_dropout_rate=0.0),
+        dict(output_dropout=False),
+    ):
         assert np.abs(train(model.clone(**off)) - full).max() > 1e-3, off
     # the export writes dropout_rate alone: a model whose rates differ still saves
     interop.save(model.clone(attention_dropout_rate=0.0), params, tmp_path)
@@ -205,9 +234,15 @@ def test_the_relative_bias_and_the_head_are_in_the_compared_logits(flan):
 
 def _hf_generate(ref, src, **kwargs):
     with torch.no_grad():
-        out = ref.generate(input_ids=torch.tensor(src), attention_mask=_mask(src),
-                           max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
-                           output_scores=True, **kwargs)  # fmt: skip
+        out = ref.generate(
+            input_ids=torch.tensor(src),
+            attention_mask=_mask(src),
+            max_new_tokens=12,
+            do_sample=False,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **kwargs,
+        )
     return out.sequences.numpy()[:, 1:], out  # without the start token
 
 
@@ -221,8 +256,9 @@ def test_greedy_generation_matches_reference(flan, scan_layers, padding):
     got, _ = decode.generate(model, params, src, max_new_tokens=12, eos_id=EOS)
     assert _until_eos(got) == _until_eos(want)
     _after_eos_is_padding(got)
-    uncached, _ = decode.generate(model, params, src, max_new_tokens=12, eos_id=EOS,
-                                  use_cache=False)  # fmt: skip
+    uncached, _ = decode.generate(
+        model, params, src, max_new_tokens=12, eos_id=EOS, use_cache=False
+    )
     np.testing.assert_array_equal(uncached, got)
 
 
@@ -241,17 +277,25 @@ BEAM_CASES = [(False, 1.0, 4), (False, -0.5, 2), (True, 0.6, 2), (True, 1.0, 4),
 
 
 @pytest.mark.parametrize("early_stopping,length_penalty,num_beams", BEAM_CASES)
-def test_beam_search_matches_transformers_generate(flan, early_stopping, length_penalty,
-                                                   num_beams):  # fmt: skip
+def test_beam_search_matches_transformers_generate(flan, early_stopping, length_penalty, num_beams):
     ref, path = flan
     model, params = interop.load(path, scan_layers=True)
     src = _sources("right")
-    want, out = _hf_generate(ref, src, num_beams=num_beams, length_penalty=length_penalty,
-                             early_stopping=early_stopping)  # fmt: skip
+    want, out = _hf_generate(
+        ref, src, num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping
+    )
     got, scores = decode.generate(
-        model, params, src, max_new_tokens=12, eos_id=EOS, method="beam", beam_size=num_beams,
-        alpha=length_penalty, beam_rules="hf", early_stopping=early_stopping,
-    )  # fmt: skip
+        model,
+        params,
+        src,
+        max_new_tokens=12,
+        eos_id=EOS,
+        method="beam",
+        beam_size=num_beams,
+        alpha=length_penalty,
+        beam_rules="hf",
+        early_stopping=early_stopping,
+    )
     assert _until_eos(got) == _until_eos(want)
     _after_eos_is_padding(got)
     np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-5)
@@ -264,12 +308,21 @@ def test_each_early_stopping_rule_matches_transformers_where_they_differ(flan):
     src = np.random.RandomState(1).randint(2, V, (4, 9))
     outputs = set()
     for early_stopping in (False, True, "never"):
-        want, out = _hf_generate(ref, src, num_beams=3, length_penalty=1.0,
-                                 early_stopping=early_stopping)  # fmt: skip
+        want, out = _hf_generate(
+            ref, src, num_beams=3, length_penalty=1.0, early_stopping=early_stopping
+        )
         got, scores = decode.generate(
-            model, params, src, max_new_tokens=12, eos_id=EOS, method="beam", beam_size=3,
-            alpha=1.0, beam_rules="hf", early_stopping=early_stopping,
-        )  # fmt: skip
+            model,
+            params,
+            src,
+            max_new_tokens=12,
+            eos_id=EOS,
+            method="beam",
+            beam_size=3,
+            alpha=1.0,
+            beam_rules="hf",
+            early_stopping=early_stopping,
+        )
         assert _until_eos(got) == _until_eos(want), early_stopping
         np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-5)
         outputs.add(tuple(_until_eos(want)))
@@ -284,8 +337,9 @@ def test_beam_search_cases_differ_from_greedy_and_from_each_other(flan):
     outputs = {tuple(_until_eos(_hf_generate(ref, src, num_beams=1)[0]))}
     lengths = set()
     for es, lp, k in BEAM_CASES:
-        rows = _until_eos(_hf_generate(ref, src, num_beams=k, length_penalty=lp,
-                                       early_stopping=es)[0])  # fmt: skip
+        rows = _until_eos(
+            _hf_generate(ref, src, num_beams=k, length_penalty=lp, early_stopping=es)[0]
+        )
         outputs.add(tuple(rows))
         lengths.update(len(r) for r in rows)
     assert len(outputs) >= 3, outputs
@@ -343,19 +397,28 @@ def _edited(path, tmp_path, **changes):
     "changes,message",
     [
         (dict(scale_decoder_outputs=True), "scale_decoder_outputs=True is not supported"),
-        (dict(scale_decoder_outputs=None, tie_word_embeddings=None),
-         "no tie_word_embeddings \\(meaning true\\) is not supported"),
-        (dict(scale_decoder_outputs=None, tie_word_embeddings=True),
-         "tie_word_embeddings=True is not supported .*original T5"),
+        (
+            dict(scale_decoder_outputs=None, tie_word_embeddings=None),
+            "no tie_word_embeddings \\(meaning true\\) is not supported",
+        ),
+        (
+            dict(scale_decoder_outputs=None, tie_word_embeddings=True),
+            "tie_word_embeddings=True is not supported .*original T5",
+        ),
         (dict(num_decoder_layers=2), "num_layers=3 differs from num_decoder_layers=2"),
-        (dict(feed_forward_proj="gated-relu"),
-         "feed_forward_proj='gated-relu' is not supported; allowed: .*'gated-gelu'"),
+        (
+            dict(feed_forward_proj="gated-relu"),
+            "feed_forward_proj='gated-relu' is not supported; allowed: .*'gated-gelu'",
+        ),
         (dict(pad_token_id=5), "pad_token_id=5 is not supported .*tfjax pads with id 0"),
         (dict(decoder_start_token_id=2), "decoder_start_token_id=2 is not supported"),
-        (dict(d_kv=4), "'encoder.block.0.layer.0.SelfAttention.q.weight' in .* has shape "
-                       r"\(32, 32\), but the model built from the config expects \(16, 32\)"),
+        (
+            dict(d_kv=4),
+            "'encoder.block.0.layer.0.SelfAttention.q.weight' in .* has shape "
+            r"\(32, 32\), but the model built from the config expects \(16, 32\)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_refusals_name_the_key_and_what_is_allowed(flan, tmp_path, changes, message):
     _, path = flan
     state, config = _edited(path, tmp_path, **changes)
@@ -364,8 +427,15 @@ def test_refusals_name_the_key_and_what_is_allowed(flan, tmp_path, changes, mess
 
 
 def test_export_refuses_a_model_t5_cannot_express():
-    model = transformer.Model(variant="flan-t5-small", vocab_size=V, width=32, num_layers=2,
-                              num_heads=4, mlp_dim=48, activation="geglu")  # fmt: skip
+    model = transformer.Model(
+        variant="flan-t5-small",
+        vocab_size=V,
+        width=32,
+        num_layers=2,
+        num_heads=4,
+        mlp_dim=48,
+        activation="geglu",
+    )
     with pytest.raises(ValueError, match="no feed_forward_proj for the model's activation='geglu'"):
         t5.to_t5(model, {})
     model = transformer.Model(variant="flan-t5-small", vocab_size=V, use_bias=True)

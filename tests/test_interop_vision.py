@@ -83,8 +83,12 @@ def siglip(tmp_path_factory):
 
 TOWERS = ["dinov2", "dinov2_swiglu", "dinov2_registers", "clip", "siglip"]
 # Interpolation at another image size: the DINOv2s always; CLIP and SigLIP when asked.
-RESIZED = {"dinov2": {}, "dinov2_registers": {}, "clip": {"interpolate_pos_encoding": True},
-           "siglip": {"interpolate_pos_encoding": True}}  # fmt: skip
+RESIZED = {
+    "dinov2": {},
+    "dinov2_registers": {},
+    "clip": {"interpolate_pos_encoding": True},
+    "siglip": {"interpolate_pos_encoding": True},
+}
 
 
 def _images(h, w, seed=0):
@@ -259,8 +263,9 @@ def test_tower_presets_match_transformers_count_built_from_their_export(variant,
 # CLIPVisionModelWithProjection, and the vision towers of whole CLIPModel and SiglipModel files.
 
 VISION = dict(SMALL, patch_size=7, intermediate_size=40)
-TEXT = dict(hidden_size=24, num_hidden_layers=1, num_attention_heads=4, intermediate_size=40,
-            vocab_size=99)  # fmt: skip
+TEXT = dict(
+    hidden_size=24, num_hidden_layers=1, num_attention_heads=4, intermediate_size=40, vocab_size=99
+)
 
 
 @pytest.fixture(scope="module")
@@ -285,8 +290,11 @@ def clip_projection(tmp_path_factory):
 
 WHOLE = ["clip_model", "siglip_model", "clip_projection"]
 # The vision-only architecture each exports as.
-EXPORTED = {"clip_model": "CLIPVisionModelWithProjection", "siglip_model": "SiglipVisionModel",
-            "clip_projection": "CLIPVisionModelWithProjection"}  # fmt: skip
+EXPORTED = {
+    "clip_model": "CLIPVisionModelWithProjection",
+    "siglip_model": "SiglipVisionModel",
+    "clip_projection": "CLIPVisionModelWithProjection",
+}
 
 
 def _vision_keys(state):
@@ -400,31 +408,67 @@ def _vision(config, changes):
 @pytest.mark.parametrize(
     "family, edit, changes, message",
     [
-        ("clip_model", _vision, {"hidden_act": "silu"},
-         r"^CLIPModel: vision_config\.hidden_act='silu' is not supported; allowed: \("),
-        ("siglip_model", _vision, {"vision_use_head": False},
-         r"^SiglipModel: vision_config\.vision_use_head=False is not supported \(needs True\)"),
-        ("siglip_model", _vision, {"hidden_act": "gelu_fast"},
-         r"^SiglipModel: vision_config\.hidden_act='gelu_fast' is not supported; allowed: \("),
-        ("clip_projection", dict.__or__, {"hidden_act": "silu"},
-         r"^CLIPVisionModelWithProjection: hidden_act='silu' is not supported; allowed: \("),
+        (
+            "clip_model",
+            _vision,
+            {"hidden_act": "silu"},
+            r"^CLIPModel: vision_config\.hidden_act='silu' is not supported; allowed: \(",
+        ),
+        (
+            "siglip_model",
+            _vision,
+            {"vision_use_head": False},
+            r"^SiglipModel: vision_config\.vision_use_head=False is not supported \(needs True\)",
+        ),
+        (
+            "siglip_model",
+            _vision,
+            {"hidden_act": "gelu_fast"},
+            r"^SiglipModel: vision_config\.hidden_act='gelu_fast' is not supported; allowed: \(",
+        ),
+        (
+            "clip_projection",
+            dict.__or__,
+            {"hidden_act": "silu"},
+            r"^CLIPVisionModelWithProjection: hidden_act='silu' is not supported; allowed: \(",
+        ),
         # A config that disagrees with the tensors: the key (or the size) and the tensor named.
-        ("clip_model", _vision, {"image_size": 56},
-         r"^CLIPModel: vision_config\.image_size=56 means 8x8 patches of 7 px \(65 position "
-         r"embeddings\), but 'vision_model\.embeddings\.position_embedding\.weight' in .*"
-         r"model\.safetensors holds 17"),
-        ("clip_projection", dict.__or__, {"image_size": 21},
-         r"^CLIPVisionModelWithProjection: image_size=21 means 3x3 patches .* holds 17"),
-        ("siglip_model", _vision, {"intermediate_size": 48},
-         r"^SiglipModel: 'vision_model\.encoder\.layers\.0\.mlp\.fc1\.weight' in .* has shape "
-         r"\(40, 32\), but the model built from the config expects \(48, 32\)"),
-        ("clip_model", dict.__or__, {"projection_dim": 16},
-         r"^CLIPModel: 'visual_projection\.weight' in .* has shape \(24, 32\), but the model "
-         r"built from the config expects \(16, 32\)"),
-        ("clip_model", _vision, {"num_hidden_layers": 3},
-         r"^CLIPModel: 16 key\(s\) missing .*'vision_model\.encoder\.layers\.2\."),
+        (
+            "clip_model",
+            _vision,
+            {"image_size": 56},
+            r"^CLIPModel: vision_config\.image_size=56 means 8x8 patches of 7 px \(65 position "
+            r"embeddings\), but 'vision_model\.embeddings\.position_embedding\.weight' in .*"
+            r"model\.safetensors holds 17",
+        ),
+        (
+            "clip_projection",
+            dict.__or__,
+            {"image_size": 21},
+            r"^CLIPVisionModelWithProjection: image_size=21 means 3x3 patches .* holds 17",
+        ),
+        (
+            "siglip_model",
+            _vision,
+            {"intermediate_size": 48},
+            r"^SiglipModel: 'vision_model\.encoder\.layers\.0\.mlp\.fc1\.weight' in .* has shape "
+            r"\(40, 32\), but the model built from the config expects \(48, 32\)",
+        ),
+        (
+            "clip_model",
+            dict.__or__,
+            {"projection_dim": 16},
+            r"^CLIPModel: 'visual_projection\.weight' in .* has shape \(24, 32\), but the model "
+            r"built from the config expects \(16, 32\)",
+        ),
+        (
+            "clip_model",
+            _vision,
+            {"num_hidden_layers": 3},
+            r"^CLIPModel: 16 key\(s\) missing .*'vision_model\.encoder\.layers\.2\.",
+        ),
     ],
-)  # fmt: skip
+)
 def test_whole_model_refuses_configs_it_cannot_read_naming_the_key(
     family, edit, changes, message, request
 ):

@@ -22,8 +22,11 @@ OVERRIDES = {
 
 def run_two_processes(workdir, data_dir, steps):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    command = [*run_command(workdir, data_dir, {"num_train_steps": steps, **OVERRIDES}),
-               f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2"]  # fmt: skip
+    command = [
+        *run_command(workdir, data_dir, {"num_train_steps": steps, **OVERRIDES}),
+        f"--coordinator_address=127.0.0.1:{free_port()}",
+        "--num_processes=2",
+    ]
     procs = [start_process(command, i, env) for i in range(2)]
     outputs = [p.communicate(timeout=400)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):

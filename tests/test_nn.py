@@ -85,11 +85,13 @@ def test_block_masks_tile_the_full_mask():
         (slice(2, 5), slice(0, 4)),
         (slice(4, 6), slice(3, 6)),
     ):
-        block = masks.block_mask(pos[q], pos[k], is_causal=True, segment_ids=segs[:, q],
-                                 kv_segment_ids=segs[:, k])  # fmt: skip
+        block = masks.block_mask(
+            pos[q], pos[k], is_causal=True, segment_ids=segs[:, q], kv_segment_ids=segs[:, k]
+        )
         np.testing.assert_array_equal(block, full[:, :, q, k])
-    np.testing.assert_array_equal(masks.block_mask(pos + 2, pos, is_causal=True),
-                                  masks.causal_mask(6, offset=2))  # fmt: skip
+    np.testing.assert_array_equal(
+        masks.block_mask(pos + 2, pos, is_causal=True), masks.causal_mask(6, offset=2)
+    )
     assert masks.block_mask(pos, pos) is None
     logits = jnp.ones((1, 1, 6, 6))
     masked = masks.masked_logits(logits, masks.causal_mask(6))

@@ -14,8 +14,9 @@ from tfjax.nn import attention, norms
 def test_rms_norm_plus_one_is_the_formula():
     x = jax.random.normal(jax.random.key(0), (2, 3, 8))
     w = 0.5 * jax.random.normal(jax.random.key(1), (8,))
-    module = norms.make_norm("rms_plus_one", eps=1e-6, dtype=None, param_dtype=jnp.float32,
-                             name="n")  # fmt: skip
+    module = norms.make_norm(
+        "rms_plus_one", eps=1e-6, dtype=None, param_dtype=jnp.float32, name="n"
+    )
     got = module.apply({"params": {"scale": w}}, x)
     want = x / jnp.sqrt(jnp.mean(x**2, -1, keepdims=True) + 1e-6) * (1 + w)
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -38,8 +39,16 @@ def test_soft_capped_attention_is_the_formula_with_its_gradients(implementation)
     q, k, v = (3.0 * jax.random.normal(jax.random.key(i), (2, 11, 2, 8)) for i in range(3))
 
     def ours(q, k, v):
-        return tnn.dot_product_attention(q, k, v, is_causal=True, window=4, softcap=2.0,
-                                         implementation=implementation, chunk_size=4)  # fmt: skip
+        return tnn.dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            window=4,
+            softcap=2.0,
+            implementation=implementation,
+            chunk_size=4,
+        )
 
     def plain(q, k, v):
         return _plain(q, k, v, 2.0, 4)
@@ -66,8 +75,17 @@ def test_kernels_refuse_a_soft_cap_by_name_and_the_automatic_choice_falls_back()
 def test_scanned_and_unrolled_layer_variants_agree():
     """Gemma 3's pattern over 7 layers (a period of 6 and one more): local and global layers
     with their own RoPE, scanned by index, give the unrolled numbers."""
-    kw = dict(variant="gemma-3-1b", vocab_size=50, width=32, num_layers=7, num_heads=4,
-              head_dim=8, mlp_dim=48, sliding_window=3, rope_base=1000.0)  # fmt: skip
+    kw = dict(
+        variant="gemma-3-1b",
+        vocab_size=50,
+        width=32,
+        num_layers=7,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=48,
+        sliding_window=3,
+        rope_base=1000.0,
+    )
     unrolled, scanned = decoder.Model(**kw), decoder.Model(**kw, scan_layers=True)
     assert unrolled.layer_variants()[1] == (0, 0, 0, 0, 0, 1, 0)
     tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 50)

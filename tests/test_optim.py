@@ -13,11 +13,21 @@ from tfjax.models import decoder, vit
 
 
 def config(**overrides):
-    c = ml_collections.ConfigDict(dict(
-        name="adamw", learning_rate=1.0, schedule="rsqrt", warmup_steps=4000,
-        end_learning_rate_fraction=0.1, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0,
-        grad_clip_norm=0.0, ema_decay=0.0,
-    ))  # fmt: skip
+    c = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=1.0,
+            schedule="rsqrt",
+            warmup_steps=4000,
+            end_learning_rate_fraction=0.1,
+            b1=0.9,
+            b2=0.98,
+            eps=1e-9,
+            weight_decay=0.0,
+            grad_clip_norm=0.0,
+            ema_decay=0.0,
+        )
+    )
     c.update(overrides)
     return c
 
@@ -37,8 +47,9 @@ def test_warmup_cosine_and_constant():
     np.testing.assert_allclose([float(s(0)), float(s(5)), float(s(10))], [0, 5e-4, 1e-3], rtol=1e-6)
     np.testing.assert_allclose(float(s(60)), 1e-4 + (1e-3 - 1e-4) * 0.5, rtol=1e-5)
     np.testing.assert_allclose(float(s(110)), 1e-4, rtol=1e-5)
-    s = optim.make_schedule(config(schedule="constant", learning_rate=0.5, warmup_steps=0),
-                            d_model=8, num_train_steps=5)  # fmt: skip
+    s = optim.make_schedule(
+        config(schedule="constant", learning_rate=0.5, warmup_steps=0), d_model=8, num_train_steps=5
+    )
     assert float(s(0)) == float(s(4)) == 0.5
     with pytest.raises(ValueError, match="num_train_steps \\(10\\) > optim.warmup_steps \\(10\\)"):
         optim.make_schedule(c, d_model=8, num_train_steps=10)
@@ -54,8 +65,10 @@ def _params(model, *inputs):
 def test_decay_mask_spares_biases_norms_and_tokens():
     params = _params(vit.Model("tiny/4", num_classes=3), jnp.zeros((1, 8, 8, 1)))
     mask = optim.decay_mask(nn.unbox(params))
-    flat = {"/".join(str(k.key) for k in path): m
-            for path, m in jax.tree_util.tree_flatten_with_path(mask)[0]}  # fmt: skip
+    flat = {
+        "/".join(str(k.key) for k in path): m
+        for path, m in jax.tree_util.tree_flatten_with_path(mask)[0]
+    }
     boxed = jax.tree.leaves(optim.decay_mask(params))  # boxed parameters give the same mask
     assert boxed == jax.tree.leaves(mask)
     assert flat["encoder/layers_0/mlp/wi/kernel"]
@@ -69,22 +82,35 @@ def test_decay_mask_spares_biases_norms_and_tokens():
 
 def test_adamw_decays_only_masked_parameters():
     params = nn.unbox(_params(decoder.Model("tiny", vocab_size=16), jnp.zeros((1, 4), jnp.int32)))
-    tx = optim.make_optimizer(config(schedule="constant", learning_rate=0.1, warmup_steps=0,
-                                     weight_decay=0.5), d_model=32, num_train_steps=1)  # fmt: skip
+    tx = optim.make_optimizer(
+        config(schedule="constant", learning_rate=0.1, warmup_steps=0, weight_decay=0.5),
+        d_model=32,
+        num_train_steps=1,
+    )
     zeros = jax.tree.map(jnp.zeros_like, params)
     new = jax.jit(lambda p: optax.apply_updates(p, tx.update(zeros, tx.init(p), p)[0]))(params)
     kernel = params["decoder"]["layers_0"]["mlp"]["wi"]["kernel"]
-    np.testing.assert_allclose(new["decoder"]["layers_0"]["mlp"]["wi"]["kernel"],
-                               kernel * (1 - 0.1 * 0.5), rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        new["decoder"]["layers_0"]["mlp"]["wi"]["kernel"], kernel * (1 - 0.1 * 0.5), rtol=1e-6
+    )
     scale = params["decoder"]["final_norm"]["scale"]
     np.testing.assert_array_equal(new["decoder"]["final_norm"]["scale"], scale)
 
 
 def test_clipping_bounds_the_gradient_norm():
     params = {"w": jnp.zeros(4)}
-    tx = optim.make_optimizer(config(name="sgd", schedule="constant", learning_rate=1.0,
-                                     warmup_steps=0, b1=0.0, grad_clip_norm=2.0),
-                              d_model=8, num_train_steps=1)  # fmt: skip
+    tx = optim.make_optimizer(
+        config(
+            name="sgd",
+            schedule="constant",
+            learning_rate=1.0,
+            warmup_steps=0,
+            b1=0.0,
+            grad_clip_norm=2.0,
+        ),
+        d_model=8,
+        num_train_steps=1,
+    )
     updates, _ = tx.update({"w": jnp.full(4, 10.0)}, tx.init(params), params)
     np.testing.assert_allclose(optax.tree.norm(updates), 2.0, rtol=1e-6)
 

@@ -32,8 +32,9 @@ def profiled(data_dir, tmp_path_factory):
     """A run whose window (steps 2-5) is clipped to its 3 steps, HLO dumped, XLA compilations
     logged: {"workdir", "logs": the messages it logged}."""
     workdir = str(tmp_path_factory.mktemp("profiled"))
-    config = lm_config(data_dir, **{"profile.start_step": 2, "profile.num_steps": 4,
-                                    "profile.dump_hlo": True})  # fmt: skip
+    config = lm_config(
+        data_dir, **{"profile.start_step": 2, "profile.num_steps": 4, "profile.dump_hlo": True}
+    )
     records = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append
@@ -72,8 +73,9 @@ def test_the_trace_is_in_tensorboards_layout_and_non_empty(profiled):
 
 
 def test_the_trace_holds_exactly_the_window_s_whole_steps(profiled):
-    [xplane] = [f for f in session_files(profiled["workdir"])["steps_2-3"]
-                if f.endswith(".xplane.pb")]  # fmt: skip
+    [xplane] = [
+        f for f in session_files(profiled["workdir"])["steps_2-3"] if f.endswith(".xplane.pb")
+    ]
     data = ProfileData.from_file(
         os.path.join(profiled["workdir"], "profile/plugins/profile/steps_2-3", xplane)
     )
@@ -94,8 +96,9 @@ def test_the_trace_holds_exactly_the_window_s_whole_steps(profiled):
 
 
 def test_a_window_past_the_end_is_clipped_and_logged(profiled):
-    assert messages_in(profiled["logs"], "profile window (steps 2-5) is clipped to steps 2-3: "
-                                         "num_train_steps=3")  # fmt: skip
+    assert messages_in(
+        profiled["logs"], "profile window (steps 2-5) is clipped to steps 2-3: num_train_steps=3"
+    )
 
 
 def test_dump_hlo_writes_the_optimized_train_step_compiled_once(profiled):
@@ -111,18 +114,21 @@ def test_dump_hlo_writes_the_optimized_train_step_compiled_once(profiled):
 
 def window_config(start_step, num_steps, *, eval_every=0, checkpoint_every=0):
     """The fields of a 10-step run's config that a Window reads."""
-    return ml_collections.ConfigDict(dict(
-        profile=dict(start_step=start_step, num_steps=num_steps, dump_hlo=False),
-        num_train_steps=10, eval_every=eval_every, checkpoint=dict(every=checkpoint_every),
-    ))  # fmt: skip
+    return ml_collections.ConfigDict(
+        dict(
+            profile=dict(start_step=start_step, num_steps=num_steps, dump_hlo=False),
+            num_train_steps=10,
+            eval_every=eval_every,
+            checkpoint=dict(every=checkpoint_every),
+        )
+    )
 
 
 def window_logs(caplog, tmp_path, config, *, first_step, last_step):
     """Runs a Window over steps first_step..last_step as the loop does (no arrays are needed
     when nothing is traced); (the messages it logged, the files it wrote)."""
     with caplog.at_level(logging.INFO):
-        window = profiling.Window(config, str(tmp_path), first_step=first_step,
-                                  last_step=last_step)  # fmt: skip
+        window = profiling.Window(config, str(tmp_path), first_step=first_step, last_step=last_step)
         for step in range(first_step, last_step + 1):
             window.begin(step, None)
             assert not window.end(step, None)
@@ -132,24 +138,31 @@ def window_logs(caplog, tmp_path, config, *, first_step, last_step):
 
 @pytest.mark.parametrize("first_step", [3, 6])  # within the window, after it
 def test_a_run_resumed_past_the_window_start_traces_nothing(caplog, tmp_path, first_step):
-    logs, files = window_logs(caplog, tmp_path, window_config(2, 4), first_step=first_step,
-                              last_step=10)  # fmt: skip
-    assert logs == [f"No profile window (steps 2-5): this run resumes at step {first_step}, "
-                    "past its start."]  # fmt: skip
+    logs, files = window_logs(
+        caplog, tmp_path, window_config(2, 4), first_step=first_step, last_step=10
+    )
+    assert logs == [
+        f"No profile window (steps 2-5): this run resumes at step {first_step}, past its start."
+    ]
     assert files == []
 
 
 def test_stop_after_step_before_the_window_traces_nothing_in_that_call(caplog, tmp_path):
     logs, files = window_logs(caplog, tmp_path, window_config(2, 4), first_step=1, last_step=1)
-    assert logs == ["No profile window (steps 2-5) in this call: it stops after step 1; "
-                    "continue to trace it."]  # fmt: skip
+    assert logs == [
+        "No profile window (steps 2-5) in this call: it stops after step 1; continue to trace it."
+    ]
     assert files == []
 
 
 def test_evaluations_and_checkpoints_inside_the_window_are_named(caplog):
     with caplog.at_level(logging.INFO):
-        profiling.Window(window_config(2, 4, eval_every=2, checkpoint_every=3), "unused",
-                         first_step=1, last_step=10)  # fmt: skip
+        profiling.Window(
+            window_config(2, 4, eval_every=2, checkpoint_every=3),
+            "unused",
+            first_step=1,
+            last_step=10,
+        )
     assert [r.getMessage() for r in caplog.records] == [
         "The profile window (steps 2-5) also traces the evaluation after step 2, checkpoint "
         "after step 3, evaluation after step 4."
@@ -172,8 +185,9 @@ def test_a_window_cut_short_keeps_its_steps_and_frees_the_profiler(caplog, tmp_p
                 x = double(x)
                 assert not window.end(1, x)
             # The first step was compiled before the trace began, not inside it.
-            assert not messages_in([r.getMessage() for r in caplog.records[compiled:]],
-                                   "Finished XLA compilation")  # fmt: skip
+            assert not messages_in(
+                [r.getMessage() for r in caplog.records[compiled:]], "Finished XLA compilation"
+            )
             window.close()  # stopped before step 2
     logs = [r.getMessage() for r in caplog.records]
     base = tmp_path / "profile" / "plugins" / "profile"
@@ -188,12 +202,16 @@ def test_a_window_cut_short_keeps_its_steps_and_frees_the_profiler(caplog, tmp_p
     "overrides, message",
     [
         ({"profile.num_steps": -1}, "profile.num_steps must be >= 0, got -1"),
-        ({"profile.start_step": 0, "profile.num_steps": 1},
-         "profile.start_step must be >= 1 (steps count from 1), got 0"),
-        ({"profile.start_step": 4, "profile.num_steps": 1},
-         "profile.start_step=4 is after num_train_steps=3: the window would trace nothing"),
+        (
+            {"profile.start_step": 0, "profile.num_steps": 1},
+            "profile.start_step must be >= 1 (steps count from 1), got 0",
+        ),
+        (
+            {"profile.start_step": 4, "profile.num_steps": 1},
+            "profile.start_step=4 is after num_train_steps=3: the window would trace nothing",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_values_are_refused_in_a_line_before_the_workdir_is_written(
     data_dir, tmp_path, overrides, message
 ):

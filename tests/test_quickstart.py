@@ -17,8 +17,11 @@ def _clean_copy(dest: str) -> None:
     if shutil.which("git") and os.path.isdir(os.path.join(ROOT, ".git")):
         files = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=ROOT, check=True, capture_output=True, text=True,
-        ).stdout.split("\0")  # fmt: skip
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\0")
     else:  # an exported tree: everything but the local environment and outputs
         files = []
         for dirpath, dirnames, filenames in os.walk(ROOT):
@@ -39,9 +42,13 @@ def test_make_train_from_a_clean_copy(tmp_path):
     data_dir = tmp_path / "data"
     env = dict(os.environ, TFJAX_DATA_DIR=str(data_dir), JAX_COMPILATION_CACHE_DIR="", XLA_FLAGS="")
     command = [
-        "make", "-o", "install", "train", "CONFIG=configs/vit.py:tiny",
+        "make",
+        "-o",
+        "install",
+        "train",
+        "CONFIG=configs/vit.py:tiny",
         f"BIN={os.path.dirname(sys.executable)}",
-    ]  # fmt: skip
+    ]
 
     first = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

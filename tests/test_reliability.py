@@ -60,8 +60,9 @@ def vit_config(data_dir, **overrides):
 
 
 def run(cmd, env, timeout=300, **extra_env):
-    proc = subprocess.run(cmd, env=dict(env, **extra_env), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    proc = subprocess.run(
+        cmd, env=dict(env, **extra_env), capture_output=True, text=True, timeout=timeout
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -83,9 +84,17 @@ def ckpt_config(async_save):
 
 # ------------------------------------------------------------------ 1. bit-exact resume
 # An epoch of digits is 1498 images: 11.7 steps of 128. Gradient accumulation in 2 parts.
-EXACT = {"batch_size": 128, "num_microbatches": 2, "num_train_steps": 16, "log_every": 1,
-         "eval_every": 8, "checkpoint.every": 4, "checkpoint.keep": 10,
-         "checkpoint.best_metric": "", "model.dropout_rate": 0.1}  # fmt: skip
+EXACT = {
+    "batch_size": 128,
+    "num_microbatches": 2,
+    "num_train_steps": 16,
+    "log_every": 1,
+    "eval_every": 8,
+    "checkpoint.every": 4,
+    "checkpoint.keep": 10,
+    "checkpoint.best_metric": "",
+    "model.dropout_rate": 0.1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +112,16 @@ def straight_run(data_dir, runner_env, tmp_path_factory):
     [(True, 8), (False, 12)],  # mid-epoch 1 (resume crosses the boundary); just after it
     ids=["async-mid-epoch", "sync-after-epoch-boundary"],
 )
-def test_resume_after_sigkill_is_bit_exact(straight_run, data_dir, runner_env, tmp_path,
-                                           async_save, kill_after):  # fmt: skip
+def test_resume_after_sigkill_is_bit_exact(
+    straight_run, data_dir, runner_env, tmp_path, async_save, kill_after
+):
     workdir = str(tmp_path / "run")
     cmd = run_command(workdir, data_dir, {**EXACT, "checkpoint.async_save": async_save})
-    rc, out = run([sys.executable, "-c", KILL_AFTER_SAVE, *cmd[1:]], runner_env,
-                  KILL_AFTER_SAVE=str(kill_after))  # fmt: skip
+    rc, out = run(
+        [sys.executable, "-c", KILL_AFTER_SAVE, *cmd[1:]],
+        runner_env,
+        KILL_AFTER_SAVE=str(kill_after),
+    )
     assert rc == -signal.SIGKILL, out[-3000:]
     assert max(listed_steps(workdir)) == kill_after
     rc, out = run(cmd, runner_env)  # the same command again
@@ -117,8 +130,9 @@ def test_resume_after_sigkill_is_bit_exact(straight_run, data_dir, runner_env, t
 
     for split in ("train", "eval"):  # every step's loss and accuracy, bit for bit
         got = [(r["step"], r["loss"], r["accuracy"]) for r in metrics.read_metrics(workdir, split)]
-        want = [(r["step"], r["loss"], r["accuracy"])
-                for r in metrics.read_metrics(straight_run, split)]  # fmt: skip
+        want = [
+            (r["step"], r["loss"], r["accuracy"]) for r in metrics.read_metrics(straight_run, split)
+        ]
         assert got == want and len(want) >= 2
     a, b = read_checkpoint(straight_run, 16), read_checkpoint(workdir, 16)
     assert_bitwise_equal(a["params"], b["params"])
@@ -160,10 +174,14 @@ def _check_checkpoints(directory):
             return jax.ShapeDtypeStruct(shape, dtype, sharding=device)
 
         restored = checkpoint.restore(
-            manager, step, abstract_state={"step": target((), jnp.int32)},
-            abstract_params={"w": target((512, 1024), jnp.float32),
-                             "b": target((step + 1,), jnp.float32)},
-        )  # fmt: skip
+            manager,
+            step,
+            abstract_state={"step": target((), jnp.int32)},
+            abstract_params={
+                "w": target((512, 1024), jnp.float32),
+                "b": target((step + 1,), jnp.float32),
+            },
+        )
         np.testing.assert_array_equal(restored["params"]["w"], np.full((512, 1024), step))
         assert restored["params"]["b"].shape == (step + 1,)
         assert int(restored["state"]["step"]) == step
@@ -178,9 +196,13 @@ def test_sigkill_during_saves_and_deletions_never_lists_a_partial_checkpoint(run
     for trial in range(8):
         directory = str(tmp_path / f"trial{trial}")
         async_save = trial % 2 == 0
-        with subprocess.Popen([sys.executable, "-c", SAVE_LOOP, directory, str(int(async_save))],
-                              env=runner_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True) as proc:  # fmt: skip
+        with subprocess.Popen(
+            [sys.executable, "-c", SAVE_LOOP, directory, str(int(async_save))],
+            env=runner_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        ) as proc:
             assert proc.stdout.readline().strip() == "ready"
             time.sleep(rng.uniform(0.05, 1.5))
             proc.send_signal(signal.SIGKILL)
@@ -195,8 +217,13 @@ def test_sigkill_during_saves_and_deletions_never_lists_a_partial_checkpoint(run
         manager = checkpoint.make_manager(directory, ckpt_config(async_save))
         step = manager.latest_step() + 1
         params = {"w": jnp.full((512, 1024), step, jnp.float32), "b": jnp.arange(step + 1.0)}
-        checkpoint.save(manager, step, params=params, state={"step": jnp.int32(step)},
-                        data_state={"position": step})  # fmt: skip
+        checkpoint.save(
+            manager,
+            step,
+            params=params,
+            state={"step": jnp.int32(step)},
+            data_state={"position": step},
+        )
         manager.wait_until_finished()
         manager.close()
         assert not [n for n in os.listdir(directory) if "tmp" in n]
@@ -206,12 +233,17 @@ def test_sigkill_during_saves_and_deletions_never_lists_a_partial_checkpoint(run
 
 
 # ------------------------------------------------------------ 3. a failed asynchronous save
-def test_failed_async_save_is_never_latest_and_the_rerun_resumes(data_dir, tmp_path, monkeypatch,
-                                                                  caplog):  # fmt: skip
+def test_failed_async_save_is_never_latest_and_the_rerun_resumes(
+    data_dir, tmp_path, monkeypatch, caplog
+):
     workdir = str(tmp_path / "run")
-    config = vit_config(data_dir, num_train_steps=12, log_every=3, eval_every=0,
-                        **{"checkpoint.every": 3, "checkpoint.async_save": True,
-                           "checkpoint.best_metric": ""})  # fmt: skip
+    config = vit_config(
+        data_dir,
+        num_train_steps=12,
+        log_every=3,
+        eval_every=0,
+        **{"checkpoint.every": 3, "checkpoint.async_save": True, "checkpoint.best_metric": ""},
+    )
     original = checkpoint._data_file
 
     def failing(directory):  # the background write of step 6's data position fails
@@ -235,16 +267,22 @@ def test_failed_async_save_is_never_latest_and_the_rerun_resumes(data_dir, tmp_p
 
 
 # ---------------------------------------------------------------- 4. SIGTERM and SIGINT
-LONG = {"num_train_steps": 100000, "log_every": 1, "eval_every": 0, "checkpoint.every": 0,
-        "checkpoint.best_metric": ""}  # fmt: skip
+LONG = {
+    "num_train_steps": 100000,
+    "log_every": 1,
+    "eval_every": 0,
+    "checkpoint.every": 0,
+    "checkpoint.best_metric": "",
+}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_finishes_the_step_saves_and_exits(data_dir, runner_env, tmp_path, sig):
     workdir = str(tmp_path / "run")
     cmd = run_command(workdir, data_dir, LONG)
-    with subprocess.Popen(cmd, env=runner_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:  # fmt: skip
+    with subprocess.Popen(
+        cmd, env=runner_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         wait_for_steps(workdir, 3, proc)
         proc.send_signal(sig)
         out = proc.communicate(timeout=120)[0]
@@ -261,13 +299,17 @@ def test_signal_finishes_the_step_saves_and_exits(data_dir, runner_env, tmp_path
     assert int(state["state"]["step"]) == step and state["data"]
 
 
-def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data_dir, runner_env,
-                                                                       tmp_path):  # fmt: skip
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(
+    data_dir, runner_env, tmp_path
+):
     """Two local processes (jax.distributed, gloo): JAX's preemption service, reached by every
     process each step, makes both save the same step and stop."""
     workdir = str(tmp_path / "run")
-    cmd = [*run_command(workdir, data_dir, LONG), f"--coordinator_address=127.0.0.1:{free_port()}",
-           "--num_processes=2"]  # fmt: skip
+    cmd = [
+        *run_command(workdir, data_dir, LONG),
+        f"--coordinator_address=127.0.0.1:{free_port()}",
+        "--num_processes=2",
+    ]
     env = dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     procs = [start_process(cmd, i, env) for i in range(2)]
     try:
@@ -296,8 +338,13 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data_dir, r
 
 def test_signal_during_eval_or_set_up_stops_with_a_checkpoint(data_dir, tmp_path, monkeypatch):
     previous = signal.getsignal(signal.SIGTERM)
-    config = vit_config(data_dir, num_train_steps=50, log_every=5, eval_every=3,
-                        **{"checkpoint.every": 0, "checkpoint.best_metric": ""})  # fmt: skip
+    config = vit_config(
+        data_dir,
+        num_train_steps=50,
+        log_every=5,
+        eval_every=3,
+        **{"checkpoint.every": 0, "checkpoint.best_metric": ""},
+    )
     evaluate = evaluation.evaluate_split
 
     def evaluate_and_signal(*args, **kwargs):
@@ -350,15 +397,23 @@ def _poison(monkeypatch, bad_steps, value):
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
-def test_nonfinite_loss_stops_naming_the_step_without_saving_it(data_dir, tmp_path, monkeypatch,
-                                                                value):  # fmt: skip
+def test_nonfinite_loss_stops_naming_the_step_without_saving_it(
+    data_dir, tmp_path, monkeypatch, value
+):
     _poison(monkeypatch, [5], value)
     workdir = str(tmp_path / "run")
-    config = vit_config(data_dir, num_train_steps=12, log_every=4, eval_every=0,
-                        **{"checkpoint.every": 2, "checkpoint.keep": 10,
-                           "checkpoint.best_metric": ""})  # fmt: skip
-    with pytest.raises(FloatingPointError, match=r"^step 5: non-finite loss or gradient .*"
-                                                 r"the newest checkpoint is step 4"):  # fmt: skip
+    config = vit_config(
+        data_dir,
+        num_train_steps=12,
+        log_every=4,
+        eval_every=0,
+        **{"checkpoint.every": 2, "checkpoint.keep": 10, "checkpoint.best_metric": ""},
+    )
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^step 5: non-finite loss or gradient .*"
+        r"the newest checkpoint is step 4",
+    ):
         train.train_and_evaluate(config, workdir)
     assert listed_steps(workdir) == [2, 4]  # the save at step 6 checked first, and stopped
 
@@ -366,10 +421,15 @@ def test_nonfinite_loss_stops_naming_the_step_without_saving_it(data_dir, tmp_pa
 def test_skip_mode_leaves_the_state_unchanged_and_counts(data_dir, tmp_path, monkeypatch):
     _poison(monkeypatch, [3], np.nan)
     workdir = str(tmp_path / "run")
-    config = vit_config(data_dir, num_train_steps=4, log_every=2, eval_every=0,
-                        nonfinite="skip", max_nonfinite_skips=2,
-                        **{"checkpoint.every": 1, "checkpoint.keep": 10,
-                           "checkpoint.best_metric": ""})  # fmt: skip
+    config = vit_config(
+        data_dir,
+        num_train_steps=4,
+        log_every=2,
+        eval_every=0,
+        nonfinite="skip",
+        max_nonfinite_skips=2,
+        **{"checkpoint.every": 1, "checkpoint.keep": 10, "checkpoint.best_metric": ""},
+    )
     result = train.train_and_evaluate(config, workdir)
     assert result["step"] == 4
     two, three, four = (read_checkpoint(workdir, s) for s in (2, 3, 4))
@@ -385,19 +445,30 @@ def test_skip_mode_leaves_the_state_unchanged_and_counts(data_dir, tmp_path, mon
 
 def test_skip_mode_stops_after_too_many_skips_in_a_row(data_dir, tmp_path, monkeypatch):
     _poison(monkeypatch, [2, 3, 4], np.nan)
-    config = vit_config(data_dir, num_train_steps=8, log_every=8, eval_every=0,
-                        nonfinite="skip", max_nonfinite_skips=2,
-                        **{"checkpoint.every": 0, "checkpoint.best_metric": ""})  # fmt: skip
-    with pytest.raises(FloatingPointError, match=r"^step 4: 3 updates in a row skipped .*"
-                                                 r"max_nonfinite_skips=2"):  # fmt: skip
+    config = vit_config(
+        data_dir,
+        num_train_steps=8,
+        log_every=8,
+        eval_every=0,
+        nonfinite="skip",
+        max_nonfinite_skips=2,
+        **{"checkpoint.every": 0, "checkpoint.best_metric": ""},
+    )
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^step 4: 3 updates in a row skipped .*"
+        r"max_nonfinite_skips=2",
+    ):
         train.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("nonfinite", "ignore", "nonfinite='ignore' is unknown; allowed: ('error', 'skip')"),
-     ("max_nonfinite_skips", 0, "max_nonfinite_skips must be >= 1, got 0")],
-)  # fmt: skip
+    [
+        ("nonfinite", "ignore", "nonfinite='ignore' is unknown; allowed: ('error', 'skip')"),
+        ("max_nonfinite_skips", 0, "max_nonfinite_skips must be >= 1, got 0"),
+    ],
+)
 def test_nonfinite_options_are_checked(field, value, message):
     config = train.load_config(VIT_TINY)
     config[field] = value
@@ -409,8 +480,9 @@ def test_nonfinite_options_are_checked(field, value, message):
 def _tiny_checkpoint(directory):
     manager = checkpoint.make_manager(directory, ckpt_config(False))
     params = {"w": jnp.arange(6.0).reshape(2, 3)}
-    checkpoint.save(manager, 1, params=params, state={"step": jnp.int32(1)},
-                    data_state={"position": 1})  # fmt: skip
+    checkpoint.save(
+        manager, 1, params=params, state={"step": jnp.int32(1)}, data_state={"position": 1}
+    )
     manager.close()
     return jax.eval_shape(lambda: params), {"step": jax.ShapeDtypeStruct((), jnp.int32)}
 
@@ -448,8 +520,9 @@ def test_checkpoints_and_tokenizers_load_without_unpickling(tmp_path, data_dir, 
     load = np.load
     monkeypatch.setattr(np, "load", lambda *a, **k: load(*a, **dict(k, allow_pickle=False)))
     manager = checkpoint.make_manager(directory, read_only=True)
-    restored = checkpoint.restore(manager, 1, abstract_params=abstract_params,
-                                  abstract_state=abstract_state)  # fmt: skip
+    restored = checkpoint.restore(
+        manager, 1, abstract_params=abstract_params, abstract_state=abstract_state
+    )
     manager.close()
     np.testing.assert_array_equal(restored["params"]["w"], np.arange(6.0).reshape(2, 3))
     assert restored["data"] == {"position": 1}

@@ -122,9 +122,11 @@ def tiny_lm(policy: str):
 
 @pytest.mark.parametrize(
     ("topology", "policy"),
-    [*(("v5e:2x2", p) for p in ("full", "dots_no_batch", *OFFLOAD)),
-     ("h100:4", "offload_layer_inputs")],
-)  # fmt: skip
+    [
+        *(("v5e:2x2", p) for p in ("full", "dots_no_batch", *OFFLOAD)),
+        ("h100:4", "offload_layer_inputs"),
+    ],
+)
 def test_train_step_compiles_with_host_offload(topology, policy):
     config = tiny_lm(policy)
     mesh = sharding.make_mesh(config.mesh, aot.topology_devices(topology))
@@ -149,6 +151,7 @@ def test_the_compile_report_counts_offloaded_bytes_apart_from_hbm():
     rows = config.batch_size // 2
     layer_input = rows * config.dataset.seq_len * config.model.width * 2  # [B, T, D] bf16
     assert train.host_bytes == config.model.num_layers * layer_input
-    assert train.peak_bytes == (train.argument_bytes + train.output_bytes - train.alias_bytes
-                                + train.temp_bytes)  # fmt: skip
+    assert train.peak_bytes == (
+        train.argument_bytes + train.output_bytes - train.alias_bytes + train.temp_bytes
+    )
     assert "offloaded to host memory" in aot.format_report(report)

@@ -63,8 +63,9 @@ def test_parameter_specs_follow_the_rules():
     assert layer["self_attention"]["out_kernel"].spec == P("tensor", None, "fsdp")
     assert layer["mlp_norm"]["scale"].spec == P(None)
     # Pure data parallelism is a rule change: nothing is sharded.
-    dp_rules = tuple((name, None if name != "batch" else ("data", "fsdp"))
-                     for name, _ in sharding.DEFAULT_RULES)  # fmt: skip
+    dp_rules = tuple(
+        (name, None if name != "batch" else ("data", "fsdp")) for name, _ in sharding.DEFAULT_RULES
+    )
     s = _param_shardings(mesh, dp_rules)
     assert all(x.is_fully_replicated for x in jax.tree.leaves(s))
 

@@ -108,8 +108,9 @@ def test_segment_ids_equal_the_dense_segment_mask(implementation):
     real = real_rows(ids)
 
     def loss(q, k, v, **kw):
-        out = dot_product_attention(q, k, v, is_causal=True, chunk_size=8,
-                                    implementation=implementation, **kw)  # fmt: skip
+        out = dot_product_attention(
+            q, k, v, is_causal=True, chunk_size=8, implementation=implementation, **kw
+        )
         return jnp.sum(jnp.where(real, out, 0.0) ** 2)
 
     a = jax.value_and_grad(loss, (0, 1, 2))(q, k, v, segment_ids=ids)
@@ -135,8 +136,9 @@ def test_chunked_segment_ids_build_no_full_mask():
 
     def compiled(**kw):
         def f(q, k, v):
-            out = dot_product_attention(q, k, v, is_causal=True, chunk_size=64,
-                                        implementation="chunked", **kw)  # fmt: skip
+            out = dot_product_attention(
+                q, k, v, is_causal=True, chunk_size=64, implementation="chunked", **kw
+            )
             return out.sum()
 
         return jax.jit(jax.grad(f, (0, 1, 2))).lower(q, k, v).compile().as_text()
@@ -153,8 +155,9 @@ def test_splash_refuses_what_it_cannot_compute():
     with pytest.raises(ValueError, match="splash.*bias"):
         dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 8, 8)), implementation="splash")
     with pytest.raises(ValueError, match="splash.*dropout"):
-        dot_product_attention(q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0),
-                              implementation="splash")  # fmt: skip
+        dot_product_attention(
+            q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0), implementation="splash"
+        )
     with pytest.raises(ValueError, match=r"segment_ids \[B, T\] must be integers"):
         dot_product_attention(q, k, v, segment_ids=jnp.ones((1, 8)))
     with pytest.raises(ValueError, match="need kv_segment_ids"):
@@ -196,13 +199,21 @@ def _compiled_attention(mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128, 
 
     def loss(q, k, v, ids, *bias):
         with sharding.logical_context(mesh, sharding.DEFAULT_RULES):
-            out = dot_product_attention(q, k, v, segment_ids=ids, is_causal=True,
-                                        bias=bias[0] if bias else None,
-                                        implementation=implementation)  # fmt: skip
+            out = dot_product_attention(
+                q,
+                k,
+                v,
+                segment_ids=ids,
+                is_causal=True,
+                bias=bias[0] if bias else None,
+                implementation=implementation,
+            )
             return jnp.sum(out.astype(jnp.float32))
 
-    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=batch)
-            for s in ((b, t, n, h), (b, t, kh, h), (b, t, kh, h))]  # fmt: skip
+    args = [
+        jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=batch)
+        for s in ((b, t, n, h), (b, t, kh, h), (b, t, kh, h))
+    ]
     args.append(jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=batch))
     if bias:
         args.append(jax.ShapeDtypeStruct((1, n, t, t), jnp.float32, sharding=replicated))

@@ -139,29 +139,43 @@ def test_gradient_accumulation_matches_one_batch():
     model = decoder.Model("tiny", vocab_size=64)
     # SGD: the update is linear in the gradient (Adam's first step is ~lr * sign(g), which
     # turns rounding-level differences of near-zero gradients into lr-sized ones).
-    oc = ml_collections.ConfigDict(dict(
-        name="sgd", learning_rate=0.5, schedule="constant", warmup_steps=0,
-        end_learning_rate_fraction=0.0, b1=0.0, b2=0.0, eps=0.0, weight_decay=0.0,
-        grad_clip_norm=0.0, ema_decay=0.0))  # fmt: skip
+    oc = ml_collections.ConfigDict(
+        dict(
+            name="sgd",
+            learning_rate=0.5,
+            schedule="constant",
+            warmup_steps=0,
+            end_learning_rate_fraction=0.0,
+            b1=0.0,
+            b2=0.0,
+            eps=0.0,
+            weight_decay=0.0,
+            grad_clip_norm=0.0,
+            ema_decay=0.0,
+        )
+    )
     tx = optim.make_optimizer(oc, d_model=32, num_train_steps=1)
     task = tasks.get("lm")
     spec = {"tokens": jax.ShapeDtypeStruct((16, 12), np.int32)}
-    init_fn, abstract, _ = experiment.abstract_train_state(model, tx, task, spec, mesh=mesh,
-                                                      rules=rules, ema=False)  # fmt: skip
+    init_fn, abstract, _ = experiment.abstract_train_state(
+        model, tx, task, spec, mesh=mesh, rules=rules, ema=False
+    )
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     tokens = np.random.default_rng(0).integers(1, 64, (16, 12)).astype(np.int32)
     tokens[3, 7:] = 0  # some padding: rows carry different weights
     batch = sharding.shard_batch({"tokens": tokens}, mesh, rules)
     out = {}
     for m in (1, 2):
-        step = jax.jit(steps.make_train_step(model, task, tx, mesh=mesh, rules=rules,
-                                             num_microbatches=m))  # fmt: skip
+        step = jax.jit(
+            steps.make_train_step(model, task, tx, mesh=mesh, rules=rules, num_microbatches=m)
+        )
         state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(0))
         out[m] = step(state, batch, jax.random.key(1))
     np.testing.assert_allclose(out[2][1]["loss"], out[1][1]["loss"], rtol=1e-6)
     assert float(out[2][1]["weight"]) == float(out[1][1]["weight"]) == 16 * 11 - 5
-    for a, b in zip(jax.tree.leaves(out[2][0].params), jax.tree.leaves(out[1][0].params),
-                    strict=True):  # fmt: skip
+    for a, b in zip(
+        jax.tree.leaves(out[2][0].params), jax.tree.leaves(out[1][0].params), strict=True
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -214,14 +228,17 @@ def test_init_from_takes_parameters_only(data_dir, finished_run, tmp_path):
     config.optim.update(schedule="constant", warmup_steps=0, learning_rate=0.0)
     result = train.train_and_evaluate(config, str(tmp_path / "new"))
     assert result["step"] == 1  # a new run: the step count starts over
-    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), source,
-                        result["state"].params)  # fmt: skip
+    same = jax.tree.map(
+        lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), source, result["state"].params
+    )
     assert all(jax.tree.leaves(same))
 
 
 def test_evaluation_logs_its_throughput(data_dir, tmp_path, caplog):
-    config = set_fields(train.load_config(os.path.join(ROOT, "configs/vit.py:tiny")),
-                        {"data_dir": data_dir, "num_train_steps": 2, "eval_steps": 2})  # fmt: skip
+    config = set_fields(
+        train.load_config(os.path.join(ROOT, "configs/vit.py:tiny")),
+        {"data_dir": data_dir, "num_train_steps": 2, "eval_steps": 2},
+    )
     with caplog.at_level(logging.INFO):
         train.train_and_evaluate(config, str(tmp_path / "run"))
     [line] = [r.getMessage() for r in caplog.records if "Evaluation at step 2" in r.getMessage()]

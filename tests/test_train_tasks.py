@@ -26,8 +26,13 @@ def test_cross_entropy_matches_the_formula(eps, z):
     logits = rng.normal(size=(3, 5, 7)).astype(np.float32) * 3
     labels = rng.integers(0, 7, size=(3, 5))
     weights = (rng.random((3, 5)) > 0.3).astype(np.float32)
-    got = losses.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(weights),
-                                    label_smoothing=eps, z_loss=z)  # fmt: skip
+    got = losses.cross_entropy_sums(
+        jnp.asarray(logits),
+        jnp.asarray(labels),
+        jnp.asarray(weights),
+        label_smoothing=eps,
+        z_loss=z,
+    )
     loss, nll = reference(logits, labels, weights, eps, z)
     np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(got["nll"], nll, rtol=1e-5)
@@ -76,14 +81,20 @@ def test_translation_and_mlm_and_classification_weights():
     np.testing.assert_allclose(float(stats["nll"]), 2 * np.log(8), rtol=1e-6)
 
     m = tasks.get("mlm")
-    batch = {"tokens": jnp.array([[1, 4, 9, 2]]), "targets": jnp.array([[1, 8, 9, 2]]),
-             "weights": jnp.array([[0.0, 1.0, 1.0, 0.0]])}  # fmt: skip
+    batch = {
+        "tokens": jnp.array([[1, 4, 9, 2]]),
+        "targets": jnp.array([[1, 8, 9, 2]]),
+        "weights": jnp.array([[0.0, 1.0, 1.0, 0.0]]),
+    }
     _, stats = m.loss_and_stats(jnp.zeros((1, 4, 12)), batch)
     assert float(stats["weight"]) == 2
 
     c = tasks.get("classification")
-    batch = {"image": jnp.zeros((3, 4, 4, 1)), "label": jnp.array([1, 0, 0]),
-             "weights": jnp.array([1.0, 1.0, 0.0])}  # fmt: skip
+    batch = {
+        "image": jnp.zeros((3, 4, 4, 1)),
+        "label": jnp.array([1, 0, 0]),
+        "weights": jnp.array([1.0, 1.0, 0.0]),
+    }
     logits = jnp.array([[0.0, 5.0], [0.0, 5.0], [5.0, 0.0]])
     _, stats = c.loss_and_stats(logits, batch)
     assert c.summarize(stats)["accuracy"] == 0.5  # the padding row does not count

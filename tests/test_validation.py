@@ -12,8 +12,9 @@ from tfjax import experiment
 
 
 def tiny(name="vit", **overrides):
-    return set_fields(experiment.load_config(os.path.join(ROOT, "configs", f"{name}.py:tiny")),
-                      overrides)  # fmt: skip
+    return set_fields(
+        experiment.load_config(os.path.join(ROOT, "configs", f"{name}.py:tiny")), overrides
+    )
 
 
 # ------------------------------------------------------------------------------- check_config
@@ -21,8 +22,12 @@ def tiny(name="vit", **overrides):
     "name, overrides, message",
     [
         ("vit", {"optim.learning_rate": -1e-3}, r"optim.learning_rate must be >= 0, got -0.001"),
-        ("vit", {"model.variant": "B/15"}, r"model.variant='B/15' is unknown for "
-                                           r"model.name='vit'; allowed: tiny/2, .*B/16"),
+        (
+            "vit",
+            {"model.variant": "B/15"},
+            r"model.variant='B/15' is unknown for "
+            r"model.name='vit'; allowed: tiny/2, .*B/16",
+        ),
         ("lm", {"model.variant": "gpt5"}, r"model.variant='gpt5' .* allowed: .*gpt2-small"),
         ("lm", {"model.name": "gpt"}, r"model.name='gpt': tfjax.models has no such model family"),
         ("lm", {"optim.schedule": "linear"}, r"optim.schedule='linear' is unknown"),
@@ -36,10 +41,13 @@ def tiny(name="vit", **overrides):
         ("vit", {"checkpoint.best_mode": "lowest"}, r"checkpoint.best_mode must be 'max' or"),
         ("vit", {"checkpoint.timeout_s": 0}, r"checkpoint.timeout_s must be a whole number"),
         ("lm", {"profile.num_steps": -1}, r"profile.num_steps must be >= 0, got -1"),
-        ("vit", {"profile.start_step": 0, "profile.num_steps": 1},
-         r"profile.start_step must be >= 1"),
+        (
+            "vit",
+            {"profile.start_step": 0, "profile.num_steps": 1},
+            r"profile.start_step must be >= 1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_check_config_refuses_invalid_values_naming_the_field(name, overrides, message):
     with pytest.raises(ValueError, match=message):
         experiment.check_config(tiny(name, **overrides))
@@ -63,14 +71,22 @@ def test_check_paths_accepts_a_new_workdir_and_creates_nothing(tmp_path):
     "workdir, data_dir, error, message",
     [
         ("file", "data", NotADirectoryError, r"--workdir='.*/file' is a file; a directory is"),
-        ("file/run", "data", NotADirectoryError,
-         r"--workdir='.*/file/run' cannot be created: .*/file is not a directory"),
+        (
+            "file/run",
+            "data",
+            NotADirectoryError,
+            r"--workdir='.*/file/run' cannot be created: .*/file is not a directory",
+        ),
         ("", "data", ValueError, r"--workdir is empty"),
         ("run", "file", NotADirectoryError, r"config.data_dir='.*/file' is a file"),
-        ("run", "file/x", NotADirectoryError,
-         r"config.data_dir='.*/file/x' cannot be created: .*/file is not a directory"),
+        (
+            "run",
+            "file/x",
+            NotADirectoryError,
+            r"config.data_dir='.*/file/x' cannot be created: .*/file is not a directory",
+        ),
     ],
-)  # fmt: skip
+)
 def test_check_paths_refuses_a_file_naming_the_option_and_path(
     tmp_path, workdir, data_dir, error, message
 ):
@@ -84,8 +100,11 @@ def test_check_paths_refuses_a_file_naming_the_option_and_path(
 def test_check_paths_checks_the_default_data_dir_naming_where_it_comes_from(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("TFJAX_DATA_DIR", str(tmp_path / "file"))
-    with pytest.raises(NotADirectoryError, match=r"data directory '.*/file' \(config.data_dir "
-                                                 r"is '': \$TFJAX_DATA_DIR"):  # fmt: skip
+    with pytest.raises(
+        NotADirectoryError,
+        match=r"data directory '.*/file' \(config.data_dir "
+        r"is '': \$TFJAX_DATA_DIR",
+    ):
         experiment.check_paths(tiny(data_dir=""), str(tmp_path / "run"))
 
 
@@ -96,17 +115,19 @@ def test_check_paths_init_from_must_hold_a_checkpoint_unless_resuming(tmp_path):
         ("missing", FileNotFoundError, r"config.init_from='.*/missing': no such directory"),
         ("file", NotADirectoryError, r"config.init_from='.*/file' is a file"),
         ("", None, None),  # a directory without checkpoints/<step>
-    ]:  # fmt: skip
+    ]:
         config = tiny(data_dir=data, init_from=str(tmp_path / init_from))
         with pytest.raises(error or FileNotFoundError, match=message or "holds no checkpoint"):
             experiment.check_paths(config, str(tmp_path / "run"))
     (tmp_path / "source" / "checkpoints" / "2").mkdir(parents=True)
-    experiment.check_paths(tiny(data_dir=data, init_from=str(tmp_path / "source")),
-                           str(tmp_path / "run"))  # fmt: skip
+    experiment.check_paths(
+        tiny(data_dir=data, init_from=str(tmp_path / "source")), str(tmp_path / "run")
+    )
     # Resuming never reads init_from, so its source may have gone.
     (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)
-    experiment.check_paths(tiny(data_dir=data, init_from=str(tmp_path / "missing")),
-                           str(tmp_path / "run"))  # fmt: skip
+    experiment.check_paths(
+        tiny(data_dir=data, init_from=str(tmp_path / "missing")), str(tmp_path / "run")
+    )
     assert sorted(os.listdir(tmp_path)) == ["file", "run", "source"]  # no data dir made
 
 
@@ -140,21 +161,27 @@ def run(tmp_path, *args, config="configs/vit.py:tiny"):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--config.optim.learnin_rate=1"],
-         "configs/vit.py:tiny has no field optim.learnin_rate; did you mean "
-         "optim.learning_rate?"),
-        (["--config.learning_rate=1"], "has no field learning_rate; did you mean "
-                                       "optim.learning_rate?"),
+        (
+            ["--config.optim.learnin_rate=1"],
+            "configs/vit.py:tiny has no field optim.learnin_rate; did you mean "
+            "optim.learning_rate?",
+        ),
+        (
+            ["--config.learning_rate=1"],
+            "has no field learning_rate; did you mean optim.learning_rate?",
+        ),
         (["--config.optim.lr=1"], "has no field optim.lr; the fields of config.optim: b1, b2,"),
-        (["--config.batch_size.rows=1"], "--config.batch_size.rows: batch_size is a value "
-                                         "(int), not a group of fields"),
+        (
+            ["--config.batch_size.rows=1"],
+            "--config.batch_size.rows: batch_size is a value (int), not a group of fields",
+        ),
         (["--config.batch_size=abc"], "--config.batch_size=abc: invalid literal for int()"),
         (["--config.optim.learning_rate=-1"], "optim.learning_rate must be >= 0, got -1.0"),
         (["--config.model.variant=B/15"], "model.variant='B/15' is unknown"),
         (["--config.optim.schedule=linear"], "optim.schedule='linear' is unknown"),
         (["--config.profile.num_steps=-1"], "profile.num_steps must be >= 0, got -1"),
     ],
-)  # fmt: skip
+)
 def test_run_refuses_a_bad_override_in_a_few_lines(tmp_path, args, message):
     status, lines = run(tmp_path, *args)
     assert status == 2
@@ -167,14 +194,22 @@ def test_run_refuses_a_bad_override_in_a_few_lines(tmp_path, args, message):
     [
         (["--workdir=file"], "configs/vit.py:tiny", "--workdir='file' is a file"),
         (["--config.data_dir=file"], "configs/vit.py:tiny", "config.data_dir='file' is a file"),
-        (["--config.init_from=nothing"], "configs/vit.py:tiny",
-         "config.init_from='nothing': no such directory"),
-        ([], "configs/vit.py:tinyy", "--config=" + os.path.join(ROOT, "configs/vit.py:tinyy")
-         + ": configs/vit.py: unknown preset 'tinyy'; presets: ['digits', 'tiny',"),
+        (
+            ["--config.init_from=nothing"],
+            "configs/vit.py:tiny",
+            "config.init_from='nothing': no such directory",
+        ),
+        (
+            [],
+            "configs/vit.py:tinyy",
+            "--config="
+            + os.path.join(ROOT, "configs/vit.py:tinyy")
+            + ": configs/vit.py: unknown preset 'tinyy'; presets: ['digits', 'tiny',",
+        ),
         ([], "configs/nope.py", f"--config={os.path.join(ROOT, 'configs/nope.py')}: no such file"),
         (["--config.batch_size=8"], "configs/nope.py", "configs/nope.py: no such file"),
     ],
-)  # fmt: skip
+)
 def test_run_refuses_bad_paths_and_config_files_in_a_few_lines(tmp_path, args, config, message):
     status, lines = run(tmp_path, *args, config=config)
     assert status == 2

@@ -26,8 +26,13 @@ from test_reliability import assert_bitwise_equal, ckpt_config, run, vit_config
 
 from tfjax import checkpoint, train, workdirs
 
-SAVES = {"num_train_steps": 4, "eval_every": 0, "checkpoint.every": 2, "checkpoint.keep": 3,
-         "checkpoint.best_metric": ""}  # fmt: skip
+SAVES = {
+    "num_train_steps": 4,
+    "eval_every": 0,
+    "checkpoint.every": 2,
+    "checkpoint.keep": 3,
+    "checkpoint.best_metric": "",
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +52,12 @@ def _copy(workdir, tmp_path):
 
 def _array_files(step_dir):
     """The files of a step's arrays (OCDBT data and b-tree files), largest first."""
-    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir) for f in fs
-             if os.sep + "d" + os.sep in os.path.join(d, f)]  # fmt: skip
+    files = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(step_dir)
+        for f in fs
+        if os.sep + "d" + os.sep in os.path.join(d, f)
+    ]
     return sorted(files, key=os.path.getsize, reverse=True)
 
 
@@ -75,8 +84,9 @@ def test_a_killed_owner_never_blocks_the_relaunch(data_dir, tmp_path, caplog):
         with workdirs.claim({workdir!r}):
             os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT)
+    )
     assert proc.wait(timeout=120) == -signal.SIGKILL
     with open(os.path.join(workdir, workdirs.LOCK_FILE)) as f:
         assert json.load(f)["pid"] == proc.pid  # the killed owner's name is still there
@@ -107,14 +117,21 @@ def test_values_changed_on_disk_are_refused_naming_the_array(tmp_path):
     manager = checkpoint.make_manager(directory, ckpt_config(False))
     for step in (1, 2):
         params = {"w": jnp.full((4, 3), float(step)), "b": jnp.arange(3.0) * step}
-        checkpoint.save(manager, step, params=params, state={"step": jnp.int32(step)},
-                        data_state={"position": step})  # fmt: skip
+        checkpoint.save(
+            manager,
+            step,
+            params=params,
+            state={"step": jnp.int32(step)},
+            data_state={"position": step},
+        )
     manager.close()
     # Step 1's valid array files in place of step 2's: readable, but other values.
     shutil.rmtree(os.path.join(directory, "2", "params"))
     shutil.copytree(os.path.join(directory, "1", "params"), os.path.join(directory, "2", "params"))
-    abstract = dict(abstract_params=jax.eval_shape(lambda: params),
-                    abstract_state={"step": jax.ShapeDtypeStruct((), jnp.int32)})  # fmt: skip
+    abstract = dict(
+        abstract_params=jax.eval_shape(lambda: params),
+        abstract_state={"step": jax.ShapeDtypeStruct((), jnp.int32)},
+    )
     manager = checkpoint.make_manager(directory, read_only=True)
     changed = r"/2: the values of params/b \(and 1 more arrays\) differ"
     with pytest.raises(checkpoint.UnusableCheckpointError, match=changed):
@@ -149,8 +166,9 @@ def test_random_bytes_never_restore_other_values(trained, tmp_path):
     back to the older one; never other values."""
     saved = read_checkpoint(trained, 4)["params"]
     _, params, _ = train.restore_model(vit_config(None, **SAVES), trained)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            params)  # fmt: skip
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params
+    )
     refused = 0
     for seed in range(8):
         workdir = _copy(trained, tmp_path / str(seed))
@@ -193,10 +211,12 @@ FAULTS = {
     "changed data position": lambda d: _change_data_position(d),
     "missing state/": lambda d: shutil.rmtree(os.path.join(d, "state")),
 }
-NAMED = {"bad _METADATA": "params/_METADATA: not valid JSON",
-         "bad data JSON": "process_0-of-1.json: not valid JSON",
-         "changed data position": "process_0-of-1.json: its content does not match its SHA-256",
-         "missing state/": "state: missing"}  # fmt: skip
+NAMED = {
+    "bad _METADATA": "params/_METADATA: not valid JSON",
+    "bad data JSON": "process_0-of-1.json: not valid JSON",
+    "changed data position": "process_0-of-1.json: its content does not match its SHA-256",
+    "missing state/": "state: missing",
+}
 
 
 def _change_data_position(step_dir):
@@ -219,13 +239,15 @@ def test_an_unreadable_newest_step_is_named_set_aside_and_the_run_resumes(
     workdir = _copy(trained, tmp_path)
     damaged = os.path.join(workdir, "checkpoints", "4")
     FAULTS[fault](damaged)
-    before = {os.path.relpath(os.path.join(d, f), damaged) for d, _, fs in os.walk(damaged)
-              for f in fs}  # fmt: skip
+    before = {
+        os.path.relpath(os.path.join(d, f), damaged) for d, _, fs in os.walk(damaged) for f in fs
+    }
     kept = str(tmp_path / "damaged_copy")
     shutil.copytree(damaged, kept)
     with caplog.at_level(logging.WARNING):
-        result = train.train_and_evaluate(vit_config(data_dir, **dict(SAVES, num_train_steps=6)),
-                                          workdir)  # fmt: skip
+        result = train.train_and_evaluate(
+            vit_config(data_dir, **dict(SAVES, num_train_steps=6)), workdir
+        )
     [error] = [r.getMessage() for r in caplog.records if "Checkpoint unusable" in r.getMessage()]
     assert f"{damaged}" in error and len(error) < 700
     assert NAMED.get(fault, "checkpoints/4") in error
@@ -286,8 +308,13 @@ def test_a_full_disk_is_one_short_error_and_the_run_resumes(data_dir, runner_env
         {cmd} > {tmp_path}/resume.out 2>&1; echo $? > {tmp_path}/resume.rc
     """)
     unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
-    proc = subprocess.run([*unshare, "bash", "-c", script], env=runner_env, timeout=600,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [*unshare, "bash", "-c", script],
+        env=runner_env,
+        timeout=600,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, f"cannot mount a tmpfs here: {proc.stderr[-1000:]}"
     out = (tmp_path / "full.out").read_text()
     assert (tmp_path / "full.rc").read_text().strip() == "1", out[-3000:]

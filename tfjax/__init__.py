@@ -14,10 +14,27 @@ __version__ = "0.1.0"
 
 # Loaded on first use by __getattr__: tfjax.data and tfjax.train bring in the input pipeline.
 _SUBMODULES = (
-    "aot", "checkpoint", "chips", "data", "decode", "evaluation", "experiment", "host_memory",
-    "interop", "metrics", "models", "nn", "optim", "plots", "preemption", "sharding", "steps",
-    "tasks", "train", "workdirs",
-)  # fmt: skip
+    "aot",
+    "checkpoint",
+    "chips",
+    "data",
+    "decode",
+    "evaluation",
+    "experiment",
+    "host_memory",
+    "interop",
+    "metrics",
+    "models",
+    "nn",
+    "optim",
+    "plots",
+    "preemption",
+    "sharding",
+    "steps",
+    "tasks",
+    "train",
+    "workdirs",
+)
 
 
 def __getattr__(name: str):

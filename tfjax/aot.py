@@ -132,9 +132,11 @@ def _gpu_devices(topology, name, sizes, num_slices) -> list:
     hosts, gpus = ([1] + sizes)[-2:]
     try:
         topo = topologies.get_topology_desc(
-            topology_name=topology, platform="cuda", topology=f"1x{hosts}x{gpus}",
+            topology_name=topology,
+            platform="cuda",
+            topology=f"1x{hosts}x{gpus}",
             target_config=gpu_target_config(chips.gpu_chip(name)),
-        )  # fmt: skip
+        )
     except (RuntimeError, NotImplementedError) as e:  # without the CUDA plugin
         if any(m in str(e) for m in ("not implemented for cuda", "not installed", "Unknown")):
             raise RuntimeError(_GPU_INSTALL) from None
@@ -203,8 +205,10 @@ def usable_memory(spec: chips.DeviceSpec | None) -> tuple[int, str]:
     if spec.chip.gpu is None:
         return spec.hbm_bytes, "HBM"
     fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEM_FRACTION_DEFAULT))
-    label = (f"GPU memory JAX allocates from ({fraction:.0%} of {_gib(spec.hbm_bytes)}, "
-             "XLA_PYTHON_CLIENT_MEM_FRACTION)")  # fmt: skip
+    label = (
+        f"GPU memory JAX allocates from ({fraction:.0%} of {_gib(spec.hbm_bytes)}, "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION)"
+    )
     return int(spec.hbm_bytes * fraction), label
 
 
@@ -267,8 +271,9 @@ def _shard_bytes(tree) -> int:
     return total
 
 
-def compile_experiment(config, devices, *, topology: str = "", name: str = "",
-                       steps=None) -> Report:  # fmt: skip
+def compile_experiment(
+    config, devices, *, topology: str = "", name: str = "", steps=None
+) -> Report:
     """Compiles every step of `config` for `devices` (compile-only or real) and reports.
 
     topology, name: how the report names the target and the config.
@@ -310,15 +315,23 @@ def compile_experiment(config, devices, *, topology: str = "", name: str = "",
             )
     dp = sharding.data_parallel_size(mesh, exp.rules)
     return Report(
-        config=name, topology=topology,
-        devices=chips.describe(devices), num_devices=len(devices), hbm_bytes=hbm,
+        config=name,
+        topology=topology,
+        devices=chips.describe(devices),
+        num_devices=len(devices),
+        hbm_bytes=hbm,
         memory_label=memory_label,
-        peak_flops=peak, mesh=dict(mesh.shape), per_device_batch=config.batch_size / dp,
-        num_params=exp.num_params, param_bytes=param_bytes,
-        opt_bytes=_shard_bytes(state) - param_bytes, flops_per_step=exp.flops_per_step,
-        ideal_step_s=exp.flops_per_step / (len(devices) * peak), steps=reports,
+        peak_flops=peak,
+        mesh=dict(mesh.shape),
+        per_device_batch=config.batch_size / dp,
+        num_params=exp.num_params,
+        param_bytes=param_bytes,
+        opt_bytes=_shard_bytes(state) - param_bytes,
+        flops_per_step=exp.flops_per_step,
+        ideal_step_s=exp.flops_per_step / (len(devices) * peak),
+        steps=reports,
         warnings=warnings,
-    )  # fmt: skip
+    )
 
 
 def _lower_decode(exp):
@@ -341,24 +354,46 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
         if not refused_for_memory(message):
             raise CompileError(f"{name} step: the compiler failed: {first_line(message)}") from e
         used = refused_bytes(message)
-        return StepReport(name, time.perf_counter() - start, 0, 0, 0, 0, used, {}, 0.0,
-                          fits=False, error=first_line(message))  # fmt: skip
+        return StepReport(
+            name,
+            time.perf_counter() - start,
+            0,
+            0,
+            0,
+            0,
+            used,
+            {},
+            0.0,
+            fits=False,
+            error=first_line(message),
+        )
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     # The larger of XLA's peak and everything allocated at once: TPU's peak can be below the
     # temporaries alone, and its compiler refuses a program by its temporaries.
-    total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-             + m.temp_size_in_bytes)  # fmt: skip
+    total = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
     host = getattr(m, "host_temp_size_in_bytes", 0) or 0
     # XLA's peak counts buffers offloaded to host memory with HBM's: with any, the total is
     # HBM's figure.
     peak = total if host else max(getattr(m, "peak_memory_in_bytes", 0), total)
     return StepReport(
-        name, seconds, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-        m.temp_size_in_bytes, peak, collective_bytes(compiled.as_text()),
-        f32_dot_fraction(lowered.as_text()) if bf16 else 0.0, fits=not hbm or peak <= hbm,
+        name,
+        seconds,
+        m.argument_size_in_bytes,
+        m.output_size_in_bytes,
+        m.alias_size_in_bytes,
+        m.temp_size_in_bytes,
+        peak,
+        collective_bytes(compiled.as_text()),
+        f32_dot_fraction(lowered.as_text()) if bf16 else 0.0,
+        fits=not hbm or peak <= hbm,
         host_bytes=host,
-    )  # fmt: skip
+    )
 
 
 def refused_for_memory(message: str) -> bool:
@@ -379,8 +414,10 @@ def refused_bytes(message: str) -> int:
     required for HLO temporaries (20.00G) exceeds available HBM (15.75G)", or "Used 17.25G of
     15.25G hbm"); 0 when it gives none."""
     scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    for pattern in (r"required for [^(]*\(([\d.]+)([KMGT])\) exceeds",
-                    r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm"):  # fmt: skip
+    for pattern in (
+        r"required for [^(]*\(([\d.]+)([KMGT])\) exceeds",
+        r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm",
+    ):
         m = re.search(pattern, message)
         if m:
             return int(float(m.group(1)) * scale[m.group(2)])
@@ -406,8 +443,22 @@ def _state_warnings(exp) -> list[str]:
 # ----------------------------------------------------------------------------- HLO reading
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|bf16|f16|f32|f64|c64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8}  # fmt: skip
+_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+}
 
 
 def _computations(text: str) -> tuple[dict[str, list[str]], str]:
@@ -461,8 +512,11 @@ def _callees(comps, name):
             if body:
                 yield body.group(1), trips
             continue
-        for callee in re.findall(r"(?:calls|branch_computations|called_computations)="
-                                 r"\{?([%\w.\-, ]+)\}?", line):  # fmt: skip
+        for callee in re.findall(
+            r"(?:calls|branch_computations|called_computations)="
+            r"\{?([%\w.\-, ]+)\}?",
+            line,
+        ):
             for c in callee.split(","):
                 yield c.strip().lstrip("%"), 1
 

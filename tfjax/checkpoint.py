@@ -139,21 +139,29 @@ def check_versions(manager, step: int) -> None:
     try:
         stored = _custom_metadata(manager, step).get("versions")
     except Exception as e:  # noqa: BLE001 - metadata is advisory, never a reason to fail
-        logging.warning("Checkpoint %s/%d: cannot read its metadata (%s)", manager.directory,
-                        step, e)  # fmt: skip
+        logging.warning(
+            "Checkpoint %s/%d: cannot read its metadata (%s)", manager.directory, step, e
+        )
         return
     current = versions()
     if stored is None:
         logging.warning(
             "Checkpoint %s/%d records no package versions (written before tfjax recorded "
-            "them); restoring under %s", manager.directory, step, current,
-        )  # fmt: skip
+            "them); restoring under %s",
+            manager.directory,
+            step,
+            current,
+        )
     elif stored != current:
         logging.warning(
             "Checkpoint %s/%d was written under other package versions: checkpoint %s, now %s. "
             "Restoring anyway; if values or shapes look wrong, use the versions it was written "
-            "with.", manager.directory, step, stored, current,
-        )  # fmt: skip
+            "with.",
+            manager.directory,
+            step,
+            stored,
+            current,
+        )
 
 
 def empty_trash(directory, *, background: bool = False) -> None:
@@ -318,8 +326,9 @@ def check_options(c) -> None:
     """Raises ValueError naming the first invalid field of config.checkpoint."""
     timeout_s = c.get("timeout_s", TIMEOUT_S)
     if not isinstance(timeout_s, int) or timeout_s < 1:
-        raise ValueError(f"checkpoint.timeout_s must be a whole number of seconds >= 1, "
-                         f"got {timeout_s!r}")  # fmt: skip
+        raise ValueError(
+            f"checkpoint.timeout_s must be a whole number of seconds >= 1, got {timeout_s!r}"
+        )
     if c.get("every", 0) < 0:
         raise ValueError(f"checkpoint.every must be >= 0, got {c.every}")
     if c.get("keep", 1) < 1:
@@ -327,8 +336,10 @@ def check_options(c) -> None:
     if c.get("best_mode", "max") not in ("max", "min"):
         raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {c.best_mode!r}")
     if c.get("restore_step") is not None and c.restore_step < 0:
-        raise ValueError(f"checkpoint.restore_step must be a step >= 0 (or None: the newest), "
-                         f"got {c.restore_step}")  # fmt: skip
+        raise ValueError(
+            f"checkpoint.restore_step must be a step >= 0 (or None: the newest), "
+            f"got {c.restore_step}"
+        )
 
 
 def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.CheckpointManager:
@@ -370,9 +381,10 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
     _drop_closed_loop_noise()  # before the first read or write that could fail
     replica_parallel = checkpoint_config is None or checkpoint_config.replica_parallel
     manager = ocp.CheckpointManager(
-        epath.Path(directory).absolute(), options=options,
+        epath.Path(directory).absolute(),
+        options=options,
         handler_registry=_registry(replica_parallel),
-    )  # fmt: skip
+    )
     if not read_only:
         empty_trash(manager.directory)
     return manager
@@ -395,8 +407,13 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
         sums.start({"params": params, "state": state})
     try:
         with _write_errors(manager, step):
-            manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True,
-                         custom_metadata={"versions": versions()})  # fmt: skip
+            manager.save(
+                step,
+                args=ocp.args.Composite(**items),
+                metrics=metrics,
+                force=True,
+                custom_metadata={"versions": versions()},
+            )
     finally:
         sums.start({"params": params, "state": state})
     manager.tfjax_writing = step  # named if its background write fails
@@ -438,11 +455,14 @@ def _write_errors(manager, step):
         error = CheckpointWriteError(
             f"checkpoint step {failed} could not be written to {directory}: no space left on "
             f"the device ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB). "
-            + (f"The newest complete checkpoint, step {latest}, is intact"
-               if latest is not None else "No complete checkpoint was written")
+            + (
+                f"The newest complete checkpoint, step {latest}, is intact"
+                if latest is not None
+                else "No complete checkpoint was written"
+            )
             + "; the partial step is removed at the next start. Free space (or move the "
             "workdir), then run the same command again to resume."
-        )  # fmt: skip
+        )
         error.errno = errno.ENOSPC
         raise error from None
 
@@ -501,8 +521,10 @@ def _chain(e: BaseException | None):
 
 def _disk_full(e: BaseException | None) -> bool:
     # tensorstore's errors carry only the text
-    return any((isinstance(x, OSError) and x.errno == errno.ENOSPC)
-               or "No space left on device" in str(x) for x in _chain(e))  # fmt: skip
+    return any(
+        (isinstance(x, OSError) and x.errno == errno.ENOSPC) or "No space left on device" in str(x)
+        for x in _chain(e)
+    )
 
 
 # ------------------------------------------------------------------------------ compatibility
@@ -566,8 +588,11 @@ def _start_checksums(tree) -> dict:
     out = {}
     for members in groups.values():
         first = members[0][1].sharding
-        replicated = (jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
-                      if isinstance(first, jax.sharding.NamedSharding) else None)  # fmt: skip
+        replicated = (
+            jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
+            if isinstance(first, jax.sharding.NamedSharding)
+            else None
+        )
         sums = _checksums_fn(replicated)([x for _, x in members])
         out.update({name: s for (name, _), s in zip(members, sums, strict=True)})
     return out
@@ -636,8 +661,12 @@ def _verify(manager, step: int, restored: dict) -> None:
     except (ValueError, UnicodeDecodeError) as e:
         raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
     if stored is None:
-        logging.warning("Checkpoint %s/%d records no checksums (written before tfjax recorded "
-                        "them): its values are not verified.", manager.directory, step)  # fmt: skip
+        logging.warning(
+            "Checkpoint %s/%d records no checksums (written before tfjax recorded "
+            "them): its values are not verified.",
+            manager.directory,
+            step,
+        )
         return
     now = checksums(restored)
     bad = sorted(k for k in now if k in stored and stored[k] != now[k])
@@ -667,8 +696,9 @@ def _stored_shapes(manager, step: int, item: str) -> dict[str, tuple]:
 
 def check_params_fit(stored: dict[str, tuple], abstract_params, where: str) -> None:
     """Raises CheckpointMismatchError naming the first parameter whose path or shape differs."""
-    _check_fit(stored, abstract_params, where, "parameter", "the config the checkpoint was "
-               "written with")  # fmt: skip
+    _check_fit(
+        stored, abstract_params, where, "parameter", "the config the checkpoint was written with"
+    )
 
 
 def _check_fit(stored: dict[str, tuple], abstract, where: str, what: str, hint: str) -> None:
@@ -702,8 +732,12 @@ def _drop_closed_loop_noise() -> None:
 
     def noise(e) -> bool:
         text = str(e)
-        return (text == "Event loop is closed" or "TensorStore" in text or "OCDBT" in text
-                or "'_read_array_index_and_device_put' was never awaited" in text)  # fmt: skip
+        return (
+            text == "Event loop is closed"
+            or "TensorStore" in text
+            or "OCDBT" in text
+            or "'_read_array_index_and_device_put' was never awaited" in text
+        )
 
     def hook(unraisable):
         if not noise(unraisable.exc_value):
@@ -743,8 +777,15 @@ def _check_files(manager, step: int, items) -> None:
             raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
-def restore(manager, step: int, *, abstract_params, abstract_state: dict, optional_state=(),
-            data: bool = True):  # fmt: skip
+def restore(
+    manager,
+    step: int,
+    *,
+    abstract_params,
+    abstract_state: dict,
+    optional_state=(),
+    data: bool = True,
+):
     """{"params", "state", "data"} of `step`, verified, on the shardings of the abstract targets.
 
     Keys of abstract_state named in `optional_state` are restored only where the step has them
@@ -760,10 +801,16 @@ def restore(manager, step: int, *, abstract_params, abstract_state: dict, option
     has_data = data and (_step_dir(manager, step) / "data").is_dir()
     check_params_fit(stored_params, abstract_params, where)
     stored_keys = {name.split("/")[0] for name in stored_state}
-    abstract_state = {k: v for k, v in abstract_state.items()
-                      if k in stored_keys or k not in optional_state}  # fmt: skip
-    _check_fit(stored_state, abstract_state, where, "state array", "the optimizer and EMA "
-               "settings it was written with")  # fmt: skip
+    abstract_state = {
+        k: v for k, v in abstract_state.items() if k in stored_keys or k not in optional_state
+    }
+    _check_fit(
+        stored_state,
+        abstract_state,
+        where,
+        "state array",
+        "the optimizer and EMA settings it was written with",
+    )
     check_versions(manager, step)
     items = dict(params=_restore_args(abstract_params), state=_restore_args(abstract_state))
     if has_data:
@@ -801,8 +848,10 @@ def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs
     steps = sorted(manager.all_steps(), reverse=True)
     if restore_step is not None:
         if restore_step not in steps:
-            raise ValueError(f"checkpoint.restore_step={restore_step}: {manager.directory} has "
-                             f"no such step (it has {sorted(steps) or 'none'})")  # fmt: skip
+            raise ValueError(
+                f"checkpoint.restore_step={restore_step}: {manager.directory} has "
+                f"no such step (it has {sorted(steps) or 'none'})"
+            )
         steps = [restore_step]
     failures = []
     for step in steps:
@@ -815,14 +864,18 @@ def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs
             error = e  # the same on every process (see restore)
         if error is None:
             if failures:
-                logging.warning("Resuming from checkpoint %s/%d, the newest that verifies.",
-                                manager.directory, step)  # fmt: skip
+                logging.warning(
+                    "Resuming from checkpoint %s/%d, the newest that verifies.",
+                    manager.directory,
+                    step,
+                )
             return step, restored
         failures.append(str(error))
         if restore_step is not None:
             raise error
-        logging.error("Checkpoint unusable: %s. Its files are left as they are; trying an "
-                      "older step.", error)  # fmt: skip
+        logging.error(
+            "Checkpoint unusable: %s. Its files are left as they are; trying an older step.", error
+        )
     if failures:
         raise UnusableCheckpointError(
             f"no checkpoint in {manager.directory} can be restored, and nothing was deleted:\n  "
@@ -839,8 +892,9 @@ def _agree(error, where: str):
     ok = multihost_utils.process_allgather(np.int32(error is None))
     if error is None and not ok.all():
         failed = [i for i, flag in enumerate(ok) if not flag]
-        error = UnusableCheckpointError(f"{where}: process(es) {failed} could not restore it "
-                                        "(their logs name the file)")  # fmt: skip
+        error = UnusableCheckpointError(
+            f"{where}: process(es) {failed} could not restore it (their logs name the file)"
+        )
     return error
 
 

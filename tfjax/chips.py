@@ -66,16 +66,25 @@ CHIPS: dict[str, Chip] = {
     "TPU v5": Chip("v5p", 459e12, 95 * GiB),
     "TPU v6 lite": Chip("v6e", 918e12, 32 * GiB),
     "TPU v6e": Chip("v6e", 918e12, 32 * GiB),
-    "NVIDIA A100": Chip("A100", 312e12, 81_920 * MiB,
-                        gpu=Gpu("NVIDIA A100-SXM4-80GB", (8, 0), 108, 1.41, 40 * MiB, 2.039e12,
-                                64, 164 * 1024)),
-    "NVIDIA H100": Chip("H100", 989e12, 81_559 * MiB,
-                        gpu=Gpu("NVIDIA H100 80GB HBM3", (9, 0), 132, 1.98, 50 * MiB, 3.35e12,
-                                128, 228 * 1024)),
-    "NVIDIA H200": Chip("H200", 989e12, 143_771 * MiB,
-                        gpu=Gpu("NVIDIA H200", (9, 0), 132, 1.98, 50 * MiB, 4.8e12, 128,
-                                228 * 1024)),
-}  # fmt: skip
+    "NVIDIA A100": Chip(
+        "A100",
+        312e12,
+        81_920 * MiB,
+        gpu=Gpu("NVIDIA A100-SXM4-80GB", (8, 0), 108, 1.41, 40 * MiB, 2.039e12, 64, 164 * 1024),
+    ),
+    "NVIDIA H100": Chip(
+        "H100",
+        989e12,
+        81_559 * MiB,
+        gpu=Gpu("NVIDIA H100 80GB HBM3", (9, 0), 132, 1.98, 50 * MiB, 3.35e12, 128, 228 * 1024),
+    ),
+    "NVIDIA H200": Chip(
+        "H200",
+        989e12,
+        143_771 * MiB,
+        gpu=Gpu("NVIDIA H200", (9, 0), 132, 1.98, 50 * MiB, 4.8e12, 128, 228 * 1024),
+    ),
+}
 
 
 def gpu_chip(name: str) -> Chip | None:
@@ -131,5 +140,7 @@ def describe(devices) -> str:
     spec = of(d, devices)
     if spec is None:
         return f"{len(devices)} x {d.device_kind}"
-    return (f"{len(devices)} x {d.device_kind} ({spec.chip.name}: {spec.hbm_bytes / GiB:.1f} GiB, "
-            f"{spec.peak_flops / 1e12:.0f} TFLOP/s bf16 each)")  # fmt: skip
+    return (
+        f"{len(devices)} x {d.device_kind} ({spec.chip.name}: {spec.hbm_bytes / GiB:.1f} GiB, "
+        f"{spec.peak_flops / 1e12:.0f} TFLOP/s bf16 each)"
+    )

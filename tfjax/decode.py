@@ -47,8 +47,20 @@ def _is_encoder_decoder(model) -> bool:
     return hasattr(model, "encode")
 
 
-def _check(model, inputs, *, method, max_new_tokens, eos_id, beam_size, beam_rules,
-           early_stopping, temperature, top_k, top_p):  # fmt: skip
+def _check(
+    model,
+    inputs,
+    *,
+    method,
+    max_new_tokens,
+    eos_id,
+    beam_size,
+    beam_rules,
+    early_stopping,
+    temperature,
+    top_k,
+    top_p,
+):
     """Host-side validation: every message names the option and what is allowed."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is unknown; allowed: {METHODS}")
@@ -270,8 +282,9 @@ def _gather_beams(tree, index, batch, beams, scanned):
         if x.ndim <= axis or x.shape[axis] != batch * beams:
             return x  # cache indices: not per example
         rows = x.reshape(x.shape[:axis] + (batch, beams) + x.shape[axis + 1 :])
-        picked = jax.vmap(lambda r, i: jnp.take(r, i, axis=axis), in_axes=(axis, 0),
-                          out_axes=axis)(rows, index)  # fmt: skip
+        picked = jax.vmap(lambda r, i: jnp.take(r, i, axis=axis), in_axes=(axis, 0), out_axes=axis)(
+            rows, index
+        )
         return picked.reshape(x.shape)
 
     return jax.tree_util.tree_map_with_path(gather, tree)
@@ -319,13 +332,17 @@ def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, 
     return seqs, live_logp, fin_seqs, fin_scores, state
 
 
-def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rules,
-               early_stopping):  # fmt: skip
+def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rules, early_stopping):
     if rules == "hf":
         return _hf_beam_loop(
-            stepper, prompt, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
-            max_new_tokens=max_new_tokens, early_stopping=early_stopping,
-        )  # fmt: skip
+            stepper,
+            prompt,
+            eos_id=eos_id,
+            beam_size=beam_size,
+            alpha=alpha,
+            max_new_tokens=max_new_tokens,
+            early_stopping=early_stopping,
+        )
     p, total = prompt.shape[1], prompt.shape[1] + max_new_tokens
     scanned = getattr(stepper.model, "scan_layers", False)
     stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
@@ -570,10 +587,22 @@ def generate(
     )
 
 
-def lower(model, params, inputs, *, max_new_tokens: int, eos_id: int, method: str = "greedy",
-          beam_size: int = 4, alpha: float | None = None, beam_rules: str = "gnmt",
-          early_stopping: bool | str = False, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0):  # fmt: skip
+def lower(
+    model,
+    params,
+    inputs,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    method: str = "greedy",
+    beam_size: int = 4,
+    alpha: float | None = None,
+    beam_rules: str = "gnmt",
+    early_stopping: bool | str = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+):
     """`generate`'s jitted program lowered for abstract `params` and `inputs` (ShapeDtypeStructs
     with shardings): compile it ahead of time for a target (`tfjax.aot`) without any data.
     Prompts are taken as fed token by token from the start, as in the runner's eval."""
@@ -585,11 +614,21 @@ def lower(model, params, inputs, *, max_new_tokens: int, eos_id: int, method: st
     lengths = NamedSharding(mesh, PartitionSpec(*inputs.sharding.spec[:1]))  # as the rows
     key = jax.eval_shape(lambda: jax.random.key(0))
     return _generate.lower(
-        model, params, inputs, jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
+        model,
+        params,
+        inputs,
+        jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
         jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
-        max_new_tokens=max_new_tokens, eos_id=eos_id, method=method, beam_size=beam_size,
-        alpha=DEFAULT_ALPHA[beam_rules] if alpha is None else alpha, beam_rules=beam_rules,
-        early_stopping=early_stopping, temperature=temperature,
-        top_k=top_k, top_p=top_p, use_cache=True,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        method=method,
+        beam_size=beam_size,
+        alpha=DEFAULT_ALPHA[beam_rules] if alpha is None else alpha,
+        beam_rules=beam_rules,
+        early_stopping=early_stopping,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        use_cache=True,
         min_length=1,
-    )  # fmt: skip
+    )

@@ -24,8 +24,9 @@ from jax.experimental import multihost_utils
 from tfjax import metrics, sharding, tasks
 
 
-def evaluate_split(eval_step, params, loader, mesh, rules, max_batches, on_batch=None, *,
-                   progress=None):  # fmt: skip
+def evaluate_split(
+    eval_step, params, loader, mesh, rules, max_batches, on_batch=None, *, progress=None
+):
     """Sums of eval stats over the eval split (or its first max_batches batches);
     on_batch(params, global batch), when given, sees every batch too (decoding).
     progress(batch) is called after each batch (a progress bar's update)."""
@@ -86,8 +87,12 @@ def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
         batches = config.eval_steps or eval_loader.num_batches
         units = 0
         per_batch = task.units_per_batch(exp.inputs.eval)
-        bar = metrics.progress(total=batches and batches * per_batch, unit=task.UNIT,
-                               desc=f"eval step {step}", unit_scale=True)  # fmt: skip
+        bar = metrics.progress(
+            total=batches and batches * per_batch,
+            unit=task.UNIT,
+            desc=f"eval step {step}",
+            unit_scale=True,
+        )
 
         def count(batch):
             nonlocal units
@@ -95,13 +100,23 @@ def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
             bar.update(per_batch)
 
         try:
-            stats = evaluate_split(exp.eval_step, params, eval_loader, mesh, rules,
-                                   config.eval_steps, decode if decoder else None,
-                                   progress=count)  # fmt: skip
+            stats = evaluate_split(
+                exp.eval_step,
+                params,
+                eval_loader,
+                mesh,
+                rules,
+                config.eval_steps,
+                decode if decoder else None,
+                progress=count,
+            )
         finally:
             bar.close()
-        logging.info("Evaluation at step %d: %s", step,
-                     metrics.throughput(units, task.UNIT, time.perf_counter() - start))  # fmt: skip
+        logging.info(
+            "Evaluation at step %d: %s",
+            step,
+            metrics.throughput(units, task.UNIT, time.perf_counter() - start),
+        )
         result = task.summarize(stats)
         samples = []
         if decoder is not None:

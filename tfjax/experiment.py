@@ -62,8 +62,13 @@ def check_config(config) -> None:
         raise ValueError(f"task={config.task!r} is unknown; allowed: {tasks.TASKS}")
     if config.dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype={config.dtype!r} is unknown; allowed: {tuple(COMPUTE_DTYPES)}")
-    for field in ("batch_size", "eval_batch_size", "num_train_steps", "num_microbatches",
-                  "log_every"):  # fmt: skip
+    for field in (
+        "batch_size",
+        "eval_batch_size",
+        "num_train_steps",
+        "num_microbatches",
+        "log_every",
+    ):
         if config[field] < 1:
             raise ValueError(f"{field} must be >= 1, got {config[field]}")
     for field in ("eval_every", "eval_steps"):
@@ -169,8 +174,11 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
         from tfjax.data import catalog  # here, as in planned_inputs: only runs need tfjax.data
 
         data_dir = catalog.default_data_dir()
-        _check_dir(f"the data directory {data_dir!r} (config.data_dir is '': $TFJAX_DATA_DIR, "
-                   "$TFDS_DATA_DIR or ~/tensorflow_datasets)", data_dir)  # fmt: skip
+        _check_dir(
+            f"the data directory {data_dir!r} (config.data_dir is '': $TFJAX_DATA_DIR, "
+            "$TFDS_DATA_DIR or ~/tensorflow_datasets)",
+            data_dir,
+        )
     # init_from is read only when the run starts, not when it resumes (its source may be gone).
     if config.get("init_from") and not restore and not _has_checkpoint(workdir):
         _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)
@@ -358,8 +366,14 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
         params = nn.unbox(init_variables(rng)["params"])
         ema_params = params if ema else None
         zero = jnp.zeros((), jnp.int32)
-        return TrainState(step=zero, params=params, opt_state=tx.init(params),
-                          ema_params=ema_params, skipped=zero, skipped_in_a_row=zero)  # fmt: skip
+        return TrainState(
+            step=zero,
+            params=params,
+            opt_state=tx.init(params),
+            ema_params=ema_params,
+            skipped=zero,
+            skipped_in_a_row=zero,
+        )
 
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     treedef = jax.tree.structure(abstract_params_)
@@ -438,15 +452,20 @@ def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
     check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
     chunks = loss_chunks(config)
     if chunks > 1:  # the lengths of the batches the steps will get (`inputs` may not be planned)
-        lengths = {f"the {split} batches' labels":
-                   jax.eval_shape(task.labels_and_weights, spec)[0].shape[1]
-                   for split, spec in (("train", inputs.train), ("eval", inputs.eval))}  # fmt: skip
+        lengths = {
+            f"the {split} batches' labels": jax.eval_shape(task.labels_and_weights, spec)[0].shape[
+                1
+            ]
+            for split, spec in (("train", inputs.train), ("eval", inputs.eval))
+        }
         _check_loss_chunks(config, lengths)
     model = build_model(config, vocab_size=inputs.vocab_size, num_classes=inputs.num_classes)
-    schedule = optim.make_schedule(config.optim, d_model=model.width,
-                                   num_train_steps=config.num_train_steps)  # fmt: skip
-    tx = optim.make_optimizer(config.optim, d_model=model.width,
-                              num_train_steps=config.num_train_steps)  # fmt: skip
+    schedule = optim.make_schedule(
+        config.optim, d_model=model.width, num_train_steps=config.num_train_steps
+    )
+    tx = optim.make_optimizer(
+        config.optim, d_model=model.width, num_train_steps=config.num_train_steps
+    )
     ema = config.optim.ema_decay > 0
     init_fn, abstract_state, param_shardings = abstract_train_state(
         model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema
@@ -456,22 +475,30 @@ def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
 
     def batch_of(spec):
         return {
-            k: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                    sharding=sharding.batch_sharding(mesh, rules, len(s.shape)))
+            k: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=sharding.batch_sharding(mesh, rules, len(s.shape))
+            )
             for k, s in spec.items()
-        }  # fmt: skip
+        }
 
     train_batch, eval_batch = batch_of(inputs.train), batch_of(inputs.eval)
     train_step = jax.jit(
         make_train_step(
-            model, task, tx, mesh=mesh, rules=rules, num_microbatches=config.num_microbatches,
-            label_smoothing=config.loss.label_smoothing, z_loss=config.loss.z_loss,
-            ema_decay=config.optim.ema_decay, loss_chunks=chunks,
+            model,
+            task,
+            tx,
+            mesh=mesh,
+            rules=rules,
+            num_microbatches=config.num_microbatches,
+            label_smoothing=config.loss.label_smoothing,
+            z_loss=config.loss.z_loss,
+            ema_decay=config.optim.ema_decay,
+            loss_chunks=chunks,
         ),
         in_shardings=(state_shardings, {k: s.sharding for k, s in train_batch.items()}, repl),
         out_shardings=(state_shardings, repl),
         donate_argnums=0,
-    )  # fmt: skip
+    )
     eval_step = jax.jit(
         make_eval_step(model, task, mesh=mesh, rules=rules, loss_chunks=chunks),
         in_shardings=(param_shardings, {k: s.sharding for k, s in eval_batch.items()}),
@@ -482,9 +509,20 @@ def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
         model, abstract_state.params, example
     )
     return Experiment(
-        config=config, mesh=mesh, rules=rules, task=task, model=model, tx=tx,
-        schedule=schedule, inputs=inputs, abstract_state=abstract_state,
-        param_shardings=param_shardings, train_batch=train_batch, eval_batch=eval_batch,
-        init=jax.jit(init_fn, out_shardings=state_shardings), train_step=train_step,
-        eval_step=eval_step, flops_per_step=flops,
-    )  # fmt: skip
+        config=config,
+        mesh=mesh,
+        rules=rules,
+        task=task,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        inputs=inputs,
+        abstract_state=abstract_state,
+        param_shardings=param_shardings,
+        train_batch=train_batch,
+        eval_batch=eval_batch,
+        init=jax.jit(init_fn, out_shardings=state_shardings),
+        train_step=train_step,
+        eval_step=eval_step,
+        flops_per_step=flops,
+    )

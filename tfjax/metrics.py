@@ -84,8 +84,13 @@ def _read(path: str) -> tuple[list[dict], bool]:
             except ValueError:
                 row = None
             if not isinstance(row, dict) or "step" not in row:
-                logging.warning("%s line %d is not a complete entry (a run killed while writing "
-                                "it?); skipped: %.80r", path, number, line)  # fmt: skip
+                logging.warning(
+                    "%s line %d is not a complete entry (a run killed while writing "
+                    "it?); skipped: %.80r",
+                    path,
+                    number,
+                    line,
+                )
                 damaged = True
                 continue
             rows.append(row)
@@ -121,8 +126,16 @@ def progress(*, total=None, unit="it", desc=None, initial=0, unit_scale=False):
     import tqdm
 
     shown = jax.process_index() == 0 and sys.stderr.isatty()
-    return tqdm.tqdm(total=total, initial=initial, unit=unit, desc=desc, unit_scale=unit_scale,
-                     dynamic_ncols=True, leave=False, disable=not shown)  # fmt: skip
+    return tqdm.tqdm(
+        total=total,
+        initial=initial,
+        unit=unit,
+        desc=desc,
+        unit_scale=unit_scale,
+        dynamic_ncols=True,
+        leave=False,
+        disable=not shown,
+    )
 
 
 def throughput(count: float, unit: str, seconds: float) -> str:

@@ -60,8 +60,9 @@ class StopSignals:
         self.signal = self.signal or name
         logging.warning(
             "%s received: finishing the current step, then saving a checkpoint and stopping%s",
-            name, " (Ctrl-C again to abort at once)" if signum == signal.SIGINT else "",
-        )  # fmt: skip
+            name,
+            " (Ctrl-C again to abort at once)" if signum == signal.SIGINT else "",
+        )
         if signum != signal.SIGTERM and _preemption_service():
             os.kill(os.getpid(), signal.SIGTERM)  # join the path every process agrees on
 

@@ -48,8 +48,9 @@ def check_profile(config) -> None:
     if p.num_steps < 0:
         raise ValueError(f"profile.num_steps must be >= 0, got {p.num_steps}")
     if p.start_step < 1:
-        raise ValueError(f"profile.start_step must be >= 1 (steps count from 1), got "
-                         f"{p.start_step}")  # fmt: skip
+        raise ValueError(
+            f"profile.start_step must be >= 1 (steps count from 1), got {p.start_step}"
+        )
     if p.num_steps and p.start_step > config.num_train_steps:
         raise ValueError(
             f"profile.start_step={p.start_step} is after num_train_steps="
@@ -82,25 +83,33 @@ class Window:
         start, stop = profile.start_step, profile.start_step + profile.num_steps - 1
         window = f"profile window (steps {start}-{stop})"
         if start < first_step:
-            logging.info("No %s: this run resumes at step %d, past its start.", window,
-                         first_step)  # fmt: skip
+            logging.info("No %s: this run resumes at step %d, past its start.", window, first_step)
             return
         if start > last_step:  # only with stop_after_step (check_profile refuses the rest)
-            logging.info("No %s in this call: it stops after step %d; continue to trace it.",
-                         window, last_step)  # fmt: skip
+            logging.info(
+                "No %s in this call: it stops after step %d; continue to trace it.",
+                window,
+                last_step,
+            )
             return
         if stop > last_step:
-            why = (f"num_train_steps={config.num_train_steps}"
-                   if last_step == config.num_train_steps
-                   else f"this call stops after step {last_step}")  # fmt: skip
-            logging.warning("The %s is clipped to steps %d-%d: %s.", window, start, last_step,
-                            why)  # fmt: skip
+            why = (
+                f"num_train_steps={config.num_train_steps}"
+                if last_step == config.num_train_steps
+                else f"this call stops after step {last_step}"
+            )
+            logging.warning("The %s is clipped to steps %d-%d: %s.", window, start, last_step, why)
             stop = last_step
         # What the loop does after a traced step, before the next one, is in the trace too.
-        also = [f"{what} after step {k}" for k in range(start, stop)
-                for what, every in (("evaluation", config.eval_every),
-                                    ("checkpoint", config.checkpoint.every))
-                if every and k % every == 0]  # fmt: skip
+        also = [
+            f"{what} after step {k}"
+            for k in range(start, stop)
+            for what, every in (
+                ("evaluation", config.eval_every),
+                ("checkpoint", config.checkpoint.every),
+            )
+            if every and k % every == 0
+        ]
         if also:
             logging.info("The %s also traces the %s.", window, ", ".join(also))
         if jax.process_index() == 0:
@@ -119,8 +128,12 @@ class Window:
             with open(path + ".tmp", "w") as f:
                 f.write(text)
             os.replace(path + ".tmp", path)  # never a half-written file
-            logging.info("Compiled HLO of the train step: %s (%.1f KB; the executable the loop "
-                         "runs, compiled once)", path, len(text) / 1e3)  # fmt: skip
+            logging.info(
+                "Compiled HLO of the train step: %s (%.1f KB; the executable the loop "
+                "runs, compiled once)",
+                path,
+                len(text) / 1e3,
+            )
 
     def begin(self, step: int, state) -> None:
         """Starts the trace before step `step` is dispatched, once `state` is ready (so no
@@ -168,8 +181,9 @@ class Window:
         session, self.session = self.session, None
         jax.profiler.stop_trace()
         files = sorted(os.listdir(session)) if os.path.isdir(session) else []
-        sizes = ", ".join(f"{f} {os.path.getsize(os.path.join(session, f)) / 1e6:.2f} MB"
-                          for f in files)  # fmt: skip
+        sizes = ", ".join(
+            f"{f} {os.path.getsize(os.path.join(session, f)) / 1e6:.2f} MB" for f in files
+        )
         if step == self.stop:
             steps = f"steps {self.start}-{step}"
         elif step is None:
@@ -177,7 +191,13 @@ class Window:
         else:
             steps = f"steps {self.start}-{step} (the run stopped before step {self.stop})"
         workdir = os.path.dirname(self.directory)
-        logging.info("Profile of %s: %s (%s). Open it with `tensorboard --logdir %s` (pip "
-                     "install tensorboard-plugin-profile), Profile tab, run %s/%s.", steps,
-                     session, sizes or "no files", workdir, DIR,
-                     os.path.basename(session))  # fmt: skip
+        logging.info(
+            "Profile of %s: %s (%s). Open it with `tensorboard --logdir %s` (pip "
+            "install tensorboard-plugin-profile), Profile tab, run %s/%s.",
+            steps,
+            session,
+            sizes or "no files",
+            workdir,
+            DIR,
+            os.path.basename(session),
+        )

@@ -44,12 +44,34 @@ from tfjax.nn.axes import (
 )
 
 __all__ = [
-    "ACT_EMBED", "ACT_HEADS", "ACT_MLP", "ACT_VOCAB", "BATCH", "DEFAULT_RULES", "EMBED",
-    "HEAD_DIM", "HEADS", "KV_HEADS", "LAYERS", "LENGTH", "MESH_AXES", "MESH_CONFIG_KEYS", "MLP",
-    "NORM", "VOCAB",
-    "batch_sharding", "check_divisible", "check_rules", "data_parallel_size", "data_shard",
-    "logical_context", "logical_shardings", "make_mesh", "replicated", "shard_batch",
-]  # fmt: skip
+    "ACT_EMBED",
+    "ACT_HEADS",
+    "ACT_MLP",
+    "ACT_VOCAB",
+    "BATCH",
+    "DEFAULT_RULES",
+    "EMBED",
+    "HEAD_DIM",
+    "HEADS",
+    "KV_HEADS",
+    "LAYERS",
+    "LENGTH",
+    "MESH_AXES",
+    "MESH_CONFIG_KEYS",
+    "MLP",
+    "NORM",
+    "VOCAB",
+    "batch_sharding",
+    "check_divisible",
+    "check_rules",
+    "data_parallel_size",
+    "data_shard",
+    "logical_context",
+    "logical_shardings",
+    "make_mesh",
+    "replicated",
+    "shard_batch",
+]
 
 # Outermost to innermost: neighbouring devices (the fastest links) form the tensor axis.
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -150,8 +172,12 @@ def _device_grid(shape, devices) -> np.ndarray:
     except (AssertionError, ValueError, NotImplementedError):
         # The two cores of a chip next to each other, chips in coordinate order.
         def key(d):
-            return (d.process_index, tuple(getattr(d, "coords", ()))[::-1],
-                    getattr(d, "core_on_chip", 0), d.id)  # fmt: skip
+            return (
+                d.process_index,
+                tuple(getattr(d, "coords", ()))[::-1],
+                getattr(d, "core_on_chip", 0),
+                d.id,
+            )
 
         return np.array(sorted(devices, key=key), dtype=object).reshape(shape)
 

@@ -40,8 +40,9 @@ class TrainState:
     skipped_in_a_row: Any = None  # int32 []: of those, how many just before this step
 
 
-def loss_and_stats(model, task, params, batch, *, train, rngs=None, loss_chunks=1,
-                   label_smoothing=0.0, z_loss=0.0):  # fmt: skip
+def loss_and_stats(
+    model, task, params, batch, *, train, rngs=None, loss_chunks=1, label_smoothing=0.0, z_loss=0.0
+):
     """(summed loss, stats) of the model on a batch: the task's loss of the full logits, or with
     loss_chunks > 1 the same sums made from the final hidden states in slices of T."""
     args, kwargs = task.model_inputs(batch)
@@ -51,15 +52,29 @@ def loss_and_stats(model, task, params, batch, *, train, rngs=None, loss_chunks=
         return task.loss_and_stats(logits, batch, label_smoothing=label_smoothing, z_loss=z_loss)
     hidden, _ = model.apply(variables, *args, **kwargs, train=train, rngs=rngs, apply_head=False)
     stats = losses.chunked_cross_entropy_sums(
-        functools.partial(model.apply, variables, method="logits"), hidden,
-        *task.labels_and_weights(batch), chunks=loss_chunks, label_smoothing=label_smoothing,
+        functools.partial(model.apply, variables, method="logits"),
+        hidden,
+        *task.labels_and_weights(batch),
+        chunks=loss_chunks,
+        label_smoothing=label_smoothing,
         z_loss=z_loss,
-    )  # fmt: skip
+    )
     return stats["loss"], stats
 
 
-def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_smoothing=0.0,
-                    z_loss=0.0, ema_decay=0.0, loss_chunks=1):  # fmt: skip
+def make_train_step(
+    model,
+    task,
+    tx,
+    *,
+    mesh,
+    rules,
+    num_microbatches=1,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    ema_decay=0.0,
+    loss_chunks=1,
+):
     """train_step(state, batch, rng) -> (state, stats): one optimizer update on a global batch.
 
     `rng` is the run's dropout key; the step's key is fold_in(rng, state.step), so the
@@ -77,9 +92,16 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
 
     def loss_fn(params, batch, rng):
         loss, stats = loss_and_stats(
-            model, task, params, batch, train=True, rngs={"dropout": rng},
-            loss_chunks=loss_chunks, label_smoothing=label_smoothing, z_loss=z_loss,
-        )  # fmt: skip
+            model,
+            task,
+            params,
+            batch,
+            train=True,
+            rngs={"dropout": rng},
+            loss_chunks=loss_chunks,
+            label_smoothing=label_smoothing,
+            z_loss=z_loss,
+        )
         if num_microbatches == 1:
             # The mean's division at the root of the backward pass: the gradients come out
             # normalised, with no pass over them (which would also be materialised for the
@@ -142,18 +164,27 @@ def make_train_step(model, task, tx, *, mesh, rules, num_microbatches=1, label_s
             # step, XLA's cost analysis).
             params, opt_state, ema = jax.lax.cond(ok, update, keep, grads, state)
             skipped = (0 if state.skipped is None else state.skipped) + (~ok).astype(jnp.int32)
-            in_a_row = jnp.where(ok, 0, 1 + (0 if state.skipped_in_a_row is None
-                                             else state.skipped_in_a_row))  # fmt: skip
-            bad = dict(nonfinite=(~ok).astype(jnp.float32),
-                       bad_loss=jnp.where(ok, 0.0, stats["loss"]),
-                       bad_grad_norm=jnp.where(ok, 0.0, grad_norm),
-                       skipped=skipped, skipped_in_a_row=in_a_row)  # fmt: skip
+            in_a_row = jnp.where(
+                ok, 0, 1 + (0 if state.skipped_in_a_row is None else state.skipped_in_a_row)
+            )
+            bad = dict(
+                nonfinite=(~ok).astype(jnp.float32),
+                bad_loss=jnp.where(ok, 0.0, stats["loss"]),
+                bad_grad_norm=jnp.where(ok, 0.0, grad_norm),
+                skipped=skipped,
+                skipped_in_a_row=in_a_row,
+            )
             # A dropped step counts nowhere: its zeros leave the logged means of the others.
             stats = dict(stats, grad_norm=grad_norm, steps=jnp.float32(1))
             stats = {k: jnp.where(ok, v, jnp.zeros_like(v)) for k, v in stats.items()} | bad
-            return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                              ema_params=ema, skipped=skipped.astype(jnp.int32),
-                              skipped_in_a_row=in_a_row.astype(jnp.int32)), stats  # fmt: skip
+            return TrainState(
+                step=state.step + 1,
+                params=params,
+                opt_state=opt_state,
+                ema_params=ema,
+                skipped=skipped.astype(jnp.int32),
+                skipped_in_a_row=in_a_row.astype(jnp.int32),
+            ), stats
 
     return train_step
 
@@ -165,7 +196,8 @@ def make_eval_step(model, task, *, mesh, rules, loss_chunks=1):
 
     def eval_step(params, batch):
         with sharding.logical_context(mesh, rules):
-            return loss_and_stats(model, task, params, batch, train=False,
-                                  loss_chunks=loss_chunks)[1]  # fmt: skip
+            return loss_and_stats(model, task, params, batch, train=False, loss_chunks=loss_chunks)[
+                1
+            ]
 
     return eval_step

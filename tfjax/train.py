@@ -110,8 +110,13 @@ def _sum(stats_list):
     return {k: float(np.sum([s[k] for s in host], dtype=np.float64)) for k in host[0]}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       stop_after_step: int | None = None, devices=None) -> dict:  # fmt: skip
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    stop_after_step: int | None = None,
+    devices=None,
+) -> dict:
     """Trains and evaluates as configured; resumes from the workdir's newest checkpoint.
 
     Args:
@@ -131,8 +136,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     """
     # From the start: a signal during set-up stops after step 1.
     with preemption.StopSignals() as stop:
-        return _train_and_evaluate(config, workdir, stop_after_step=stop_after_step,
-                                   devices=devices, stop=stop)  # fmt: skip
+        return _train_and_evaluate(
+            config, workdir, stop_after_step=stop_after_step, devices=devices, stop=stop
+        )
 
 
 def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
@@ -157,14 +163,23 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
             tfjax.data.prepare(data.name, data_dir)
         common = dict(process_index=shard, process_count=shards, data_dir=data_dir)
         train_loader = tfjax.data.make_loader(
-            data, split=data.train_split, batch_size=config.batch_size // shards,
-            seed=config.seed, shuffle=True, num_epochs=None, **common,
-        )  # fmt: skip
+            data,
+            split=data.train_split,
+            batch_size=config.batch_size // shards,
+            seed=config.seed,
+            shuffle=True,
+            num_epochs=None,
+            **common,
+        )
         eval_loader = tfjax.data.make_loader(
-            evaluation.eval_dataset(config, data), split=data.eval_split,
-            batch_size=config.eval_batch_size // shards, seed=config.seed, shuffle=False,
-            num_epochs=1, **common,
-        )  # fmt: skip
+            evaluation.eval_dataset(config, data),
+            split=data.eval_split,
+            batch_size=config.eval_batch_size // shards,
+            seed=config.seed,
+            shuffle=False,
+            num_epochs=1,
+            **common,
+        )
         return train_loader, eval_loader
 
     with contextlib.ExitStack() as cleanup:  # closes loaders and checkpoint writers on errors too
@@ -175,8 +190,15 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
         cleanup.callback(train_loader.close)
         inputs = experiment.Inputs.from_loaders(config, data, train_loader, eval_loader)
         exp = experiment.set_up(config, mesh, inputs=inputs)
-        return _run(exp, workdir, train_loader=train_loader, eval_loader=eval_loader,
-                    stop_after_step=stop_after_step, cleanup=cleanup, stop=stop)  # fmt: skip
+        return _run(
+            exp,
+            workdir,
+            train_loader=train_loader,
+            eval_loader=eval_loader,
+            stop_after_step=stop_after_step,
+            cleanup=cleanup,
+            stop=stop,
+        )
 
 
 def _check_workdir_tokenizer(workdir: str, tokenizer) -> None:
@@ -216,27 +238,36 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
     key_data = jax.jit(jax.random.key_data, out_shardings=repl)
 
     def ckpt_state(state, key):
-        d = dict(step=state.step, opt_state=state.opt_state, rng=key_data(key),
-                 skipped=state.skipped, skipped_in_a_row=state.skipped_in_a_row)  # fmt: skip
+        d = dict(
+            step=state.step,
+            opt_state=state.opt_state,
+            rng=key_data(key),
+            skipped=state.skipped,
+            skipped_in_a_row=state.skipped_in_a_row,
+        )
         if ema:
             d["ema_params"] = state.ema_params
         return d
 
     rng_shape = jax.eval_shape(jax.random.key_data, dropout_key)
     abstract_ckpt_state = dict(
-        step=abstract_state.step, opt_state=abstract_state.opt_state,
+        step=abstract_state.step,
+        opt_state=abstract_state.opt_state,
         rng=jax.ShapeDtypeStruct(rng_shape.shape, rng_shape.dtype, sharding=repl),
-        skipped=abstract_state.skipped, skipped_in_a_row=abstract_state.skipped_in_a_row,
-    )  # fmt: skip
+        skipped=abstract_state.skipped,
+        skipped_in_a_row=abstract_state.skipped_in_a_row,
+    )
     if ema:
         abstract_ckpt_state["ema_params"] = abstract_state.ema_params
     # The newest step that reads and verifies (or checkpoint.restore_step); checkpoints written
     # before the skip counters existed have none: they start at 0.
     latest, restored = checkpoint.restore_newest(
-        manager, restore_step=config.checkpoint.get("restore_step"),
-        abstract_params=abstract_state.params, abstract_state=abstract_ckpt_state,
+        manager,
+        restore_step=config.checkpoint.get("restore_step"),
+        abstract_params=abstract_state.params,
+        abstract_state=abstract_ckpt_state,
         optional_state=("skipped", "skipped_in_a_row"),
-    )  # fmt: skip
+    )
     if latest is not None:
         # Newer steps (unusable, or passed over by restore_step) would collide with this
         # run's next saves: moved aside, files unchanged.
@@ -244,10 +275,13 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         s = restored["state"]
         zero = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=repl)
         state = steps.TrainState(
-            step=s["step"], params=restored["params"], opt_state=s["opt_state"],
-            ema_params=s.get("ema_params"), skipped=s["skipped"] if "skipped" in s else zero(),
+            step=s["step"],
+            params=restored["params"],
+            opt_state=s["opt_state"],
+            ema_params=s.get("ema_params"),
+            skipped=s["skipped"] if "skipped" in s else zero(),
             skipped_in_a_row=s["skipped_in_a_row"] if "skipped_in_a_row" in s else zero(),
-        )  # fmt: skip
+        )
         dropout_key = jax.jit(jax.random.wrap_key_data, out_shardings=repl)(s["rng"])
         if restored["data"] is not None:
             train_loader.set_state(restored["data"])
@@ -282,9 +316,13 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
     peak_flops = chips.peak_flops(mesh, experiment.COMPUTE_DTYPES[config.dtype])
     logging.info(
         "Model %s: %s parameters; mesh %s; %.3g model FLOPs per step; peak %.3g FLOP/s (%s)",
-        config.model.name, f"{exp.num_params:,}", dict(mesh.shape), flops_per_step,
-        peak_flops.flops, peak_flops.source,
-    )  # fmt: skip
+        config.model.name,
+        f"{exp.num_params:,}",
+        dict(mesh.shape),
+        flops_per_step,
+        peak_flops.flops,
+        peak_flops.source,
+    )
 
     # ---- the loop
     total = config.num_train_steps
@@ -310,8 +348,11 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
             if not s["nonfinite"]:
                 continue
             what = f"loss {float(s['bad_loss'])}, gradient norm {float(s['bad_grad_norm'])}"
-            where = (f"the newest checkpoint is step {saved_step}" if saved_step is not None
-                     else "no checkpoint was written")  # fmt: skip
+            where = (
+                f"the newest checkpoint is step {saved_step}"
+                if saved_step is not None
+                else "no checkpoint was written"
+            )
             if nonfinite == "error":
                 raise FloatingPointError(
                     f"step {k}: non-finite loss or gradient ({what}). The update was not "
@@ -319,8 +360,14 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
                     "the learning rate or set nonfinite='skip' to drop such updates."
                 )
             in_a_row, skipped = int(s["skipped_in_a_row"]), int(s["skipped"])
-            logging.warning("Step %d: non-finite loss or gradient (%s); update skipped (%d in a "
-                            "row, %d in total)", k, what, in_a_row, skipped)  # fmt: skip
+            logging.warning(
+                "Step %d: non-finite loss or gradient (%s); update skipped (%d in a "
+                "row, %d in total)",
+                k,
+                what,
+                in_a_row,
+                skipped,
+            )
             if in_a_row > max_skips:
                 raise FloatingPointError(
                     f"step {k}: {in_a_row} updates in a row skipped for non-finite loss or "
@@ -332,10 +379,13 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         check_finite()
         start = time.perf_counter()
         checkpoint.save(
-            manager, step, params=state.params, state=ckpt_state(state, dropout_key),
+            manager,
+            step,
+            params=state.params,
+            state=ckpt_state(state, dropout_key),
             data_state=train_loader.get_state(),
             metrics={k: v for k, v in (eval_result or {}).items() if math.isfinite(v)} or None,
-        )  # fmt: skip
+        )
         saved_step = step
         logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
 
@@ -418,8 +468,11 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
             save(step, eval_result)
         if preempted:
             stopped_by = stop.signal or "preemption"
-            logging.warning("Stopped by %s at step %d: checkpoint saved; run the same command "
-                            "again to resume.", stopped_by, step)  # fmt: skip
+            logging.warning(
+                "Stopped by %s at step %d: checkpoint saved; run the same command again to resume.",
+                stopped_by,
+                step,
+            )
             break
         if eval_now or step == saved_step:  # do not count evaluation and saving as training
             timer_step, timer = step, time.perf_counter()
@@ -433,7 +486,15 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
         from tfjax import plots
 
         curves, _ = plots.plot_metrics(workdir)
-    return {"state": state, "model": model, "tokenizer": tokenizer, "step": step,
-            "train": train_metrics, "eval": eval_metrics, "workdir": workdir,
-            "checkpoints": os.path.join(workdir, "checkpoints"), "curves": curves,
-            "stopped_by": stopped_by}  # fmt: skip
+    return {
+        "state": state,
+        "model": model,
+        "tokenizer": tokenizer,
+        "step": step,
+        "train": train_metrics,
+        "eval": eval_metrics,
+        "workdir": workdir,
+        "checkpoints": os.path.join(workdir, "checkpoints"),
+        "curves": curves,
+        "stopped_by": stopped_by,
+    }

@@ -42,11 +42,14 @@ class WorkdirBusyError(RuntimeError):
 
 
 def _owner_text() -> str:
-    return json.dumps({
-        "host": socket.gethostname(), "pid": os.getpid(),
-        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
+        }
+    )
 
 
 def _describe(text: str) -> str:
@@ -75,13 +78,21 @@ def _lock(workdir: str):
     except OSError as e:
         if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
             raise
-        logging.warning("The file system of %s cannot lock files (%s): nothing stops a second "
-                        "run on this workdir.", workdir, e.strerror)  # fmt: skip
+        logging.warning(
+            "The file system of %s cannot lock files (%s): nothing stops a second "
+            "run on this workdir.",
+            workdir,
+            e.strerror,
+        )
     f.seek(0)
     previous = f.read()
     if previous:  # a run that ends, however it fails, empties the file
-        logging.warning("Workdir %s: the run that owned it before did not end cleanly (killed?): "
-                        "%s. Taking it over.", workdir, _describe(previous))  # fmt: skip
+        logging.warning(
+            "Workdir %s: the run that owned it before did not end cleanly (killed?): "
+            "%s. Taking it over.",
+            workdir,
+            _describe(previous),
+        )
     f.seek(0)
     f.truncate()
     f.write(_owner_text() + "\n")
@@ -106,8 +117,9 @@ def claim(workdir: str):
     if jax.process_count() > 1:  # every process learns whether process 0 holds the lock
         got = multihost_utils.process_allgather(np.int32(error is None))
         if error is None and not got[0]:
-            raise WorkdirBusyError(f"process 0 could not take the lock of workdir {workdir}; "
-                                   "its error says why")  # fmt: skip
+            raise WorkdirBusyError(
+                f"process 0 could not take the lock of workdir {workdir}; its error says why"
+            )
     if error is not None:
         raise error
     ok = False
@@ -172,8 +184,12 @@ def record_config(workdir: str, config, step: int | None) -> None:
                 f.write(stored_text)
             logging.warning(
                 "Resuming %s at step %d with a changed config (the earlier one is kept as "
-                "%s):\n  %s", workdir, step, kept, "\n  ".join(changes),
-            )  # fmt: skip
+                "%s):\n  %s",
+                workdir,
+                step,
+                kept,
+                "\n  ".join(changes),
+            )
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)

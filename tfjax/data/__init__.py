@@ -40,18 +40,35 @@ import importlib
 # name -> the module of tfjax.data that defines it, imported when the name is first used.
 _EXPORTS = {
     **dict.fromkeys(
-        ("CATALOG", "DatasetSpec", "dataset_spec", "default_data_dir", "default_dataset_config",
-         "element_spec", "is_embedded", "resolve_config", "tokenizer_path", "with_placeholders"),
+        (
+            "CATALOG",
+            "DatasetSpec",
+            "dataset_spec",
+            "default_data_dir",
+            "default_dataset_config",
+            "element_spec",
+            "is_embedded",
+            "resolve_config",
+            "tokenizer_path",
+            "with_placeholders",
+        ),
         "catalog",
     ),
     **dict.fromkeys(("get_tokenizer", "open_source", "prepare"), "sources"),
     **dict.fromkeys(("Loader", "make_loader"), "loader"),
     **dict.fromkeys(
-        ("BOS_ID", "EOS_ID", "MASK_ID", "PAD_ID", "UNK_ID", "ByteTokenizer",
-         "SentencePieceTokenizer"),
+        (
+            "BOS_ID",
+            "EOS_ID",
+            "MASK_ID",
+            "PAD_ID",
+            "UNK_ID",
+            "ByteTokenizer",
+            "SentencePieceTokenizer",
+        ),
         "tokenizers",
     ),
-}  # fmt: skip
+}
 _SUBMODULES = ("catalog", "embedded", "loader", "preprocess", "sources", "tokenizers")
 
 __all__ = sorted(_EXPORTS)

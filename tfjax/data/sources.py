@@ -63,8 +63,12 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
         # tfds writes dataset_info.json before it renames a finished build into place, so this
         # folder is damaged; tfds itself would "reuse" it and build nothing.
         aside = _move_aside(os.fspath(builder.data_path))
-        logging.warning("%s has no dataset_info.json (damaged): moved it to %s; preparing %r "
-                        "again", builder.data_path, aside, name)  # fmt: skip
+        logging.warning(
+            "%s has no dataset_info.json (damaged): moved it to %s; preparing %r again",
+            builder.data_path,
+            aside,
+            name,
+        )
     start = time.perf_counter()  # tfds shows its own progress bars in a terminal
     try:
         builder.download_and_prepare(file_format="array_record")
@@ -236,8 +240,9 @@ def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
             bar.update(len(batch))
         bar.close()
         elapsed = time.perf_counter() - start
-        logging.info("SentencePiece: read %s; training", metrics.throughput(len(keys), "records",
-                                                                             elapsed))  # fmt: skip
+        logging.info(
+            "SentencePiece: read %s; training", metrics.throughput(len(keys), "records", elapsed)
+        )
 
     train_sentencepiece(texts(), path, vocab_size=cfg.vocab_size)
     logging.info("SentencePiece for %s trained in %.1f s", cfg.name, time.perf_counter() - start)

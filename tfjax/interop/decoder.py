@@ -219,9 +219,17 @@ ROPE_KEYS = {
     "linear": ("factor",),
     "dynamic": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-             "attention_factor", "mscale", "mscale_all_dim", "truncate"),
-}  # fmt: skip
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "attention_factor",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    ),
+}
 ROPE_FIELDS = {  # config key -> RopeScaling field
     "factor": "factor",
     "original_max_position_embeddings": "original_length",
@@ -323,7 +331,7 @@ def _llama_like(architecture, model_type, *config, requires=None) -> core.Family
             Field("tie_word_embeddings", "tie_embeddings", False),
             Field("initializer_range", "init_stddev", 0.02),
             *config,
-        ),  # fmt: skip
+        ),
         rules=llama_rules,
         prefix="model.",
         bare="layers.",

@@ -64,8 +64,9 @@ def _layer_types(fields) -> list[str]:
 
 def _every(every: int, num_layers: int) -> list[str]:
     """transformers' default layer_types: every `every`-th layer global, the others local."""
-    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
-            for i in range(num_layers)]  # fmt: skip
+    return [
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)
+    ]
 
 
 def _default_pattern(every: int):
@@ -143,48 +144,68 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> co
 GEMMA2 = _gemma(
     "Gemma2ForCausalLM",
     "gemma2",
-    Field("layer_types", "attention_pattern", _default_pattern(2), to_model=_pattern,
-          write=False),
+    Field("layer_types", "attention_pattern", _default_pattern(2), to_model=_pattern, write=False),
     Fixed("layer_types", _layer_types, read=False),
     # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta)
-    Field("rope_parameters", "rope_scaling", None, to_model=llama_like.rope_scaling_of,
-          to_config=llama_like.rope_parameters_of),
+    Field(
+        "rope_parameters",
+        "rope_scaling",
+        None,
+        to_model=llama_like.rope_scaling_of,
+        to_config=llama_like.rope_parameters_of,
+    ),
     Field("rope_parameters.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
     Field("attn_logit_softcapping", "attention_softcap", None),
     requires={"qk_norm": False, "local_rope_base": None, "local_rope_scaling": None},
     defaults={"rope_base": 10_000.0},
     max_len=8192,
-)  # fmt: skip
+)
 
 _FULL, _SLIDING = "rope_parameters.full_attention", "rope_parameters.sliding_attention"
 GEMMA3 = _gemma(
     "Gemma3ForCausalLM",
     "gemma3_text",
-    Field("sliding_window_pattern", "attention_pattern", None, to_model=_from_window_pattern,
-          write=False),
-    Field("layer_types", "attention_pattern", _default_pattern(6), to_model=_pattern,
-          write=False),
+    Field(
+        "sliding_window_pattern",
+        "attention_pattern",
+        None,
+        to_model=_from_window_pattern,
+        write=False,
+    ),
+    Field("layer_types", "attention_pattern", _default_pattern(6), to_model=_pattern, write=False),
     Fixed("layer_types", _layer_types, read=False),
     # rope_parameters by layer type (transformers 5); older configs: rope_theta, rope_scaling
     # (the global layers') and rope_local_base_freq.
-    Field(_FULL, "rope_scaling", None, to_model=llama_like.rope_scaling_of,
-          to_config=llama_like.rope_parameters_of),
+    Field(
+        _FULL,
+        "rope_scaling",
+        None,
+        to_model=llama_like.rope_scaling_of,
+        to_config=llama_like.rope_parameters_of,
+    ),
     Field(f"{_FULL}.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
     Field("rope_scaling", "rope_scaling", None, to_model=llama_like.rope_scaling_of, write=False),
-    Field(_SLIDING, "local_rope_scaling", None, to_model=llama_like.rope_scaling_of,
-          to_config=llama_like.rope_parameters_of),
+    Field(
+        _SLIDING,
+        "local_rope_scaling",
+        None,
+        to_model=llama_like.rope_scaling_of,
+        to_config=llama_like.rope_parameters_of,
+    ),
     Field(f"{_SLIDING}.rope_theta", "local_rope_base", None, write=False),
     Field("rope_local_base_freq", "local_rope_base", None, write=False),
-    Fixed(f"{_SLIDING}.rope_theta", lambda f: f["local_rope_base"] or f["rope_base"],
-          read=False),
-    Fixed("attn_logit_softcapping", None,
-          why="transformers' Gemma 3 does not apply it, so which model is meant is unclear"),
+    Fixed(f"{_SLIDING}.rope_theta", lambda f: f["local_rope_base"] or f["rope_base"], read=False),
+    Fixed(
+        "attn_logit_softcapping",
+        None,
+        why="transformers' Gemma 3 does not apply it, so which model is meant is unclear",
+    ),
     requires={"qk_norm": True, "attention_softcap": None},
     defaults={"rope_base": 1_000_000.0, "local_rope_base": 10_000.0},
     max_len=131_072,
-)  # fmt: skip
+)
 
 
 def from_gemma2(source, config=None, **overrides):

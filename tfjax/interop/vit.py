@@ -215,7 +215,7 @@ HF_VIT = core.Family(
         "num_registers": 0,
         "patch_bias": True,
         "mask_token": False,
-    },  # fmt: skip
+    },
     defaults={"num_classes": 2, "head_zero_init": False},
 )
 

@@ -40,8 +40,9 @@ _MODERN = dict(
     tie_embeddings=False,
     dropout_rate=0.0,
 )
-_LLAMA3 = dict(_MODERN, num_kv_heads=8, vocab_size=128256, max_len=131072, rope_base=500_000.0,
-               norm_eps=1e-5)  # fmt: skip
+_LLAMA3 = dict(
+    _MODERN, num_kv_heads=8, vocab_size=128256, max_len=131072, rope_base=500_000.0, norm_eps=1e-5
+)
 
 
 def _llama3_rope(factor):
@@ -49,17 +50,46 @@ def _llama3_rope(factor):
     return tnn.RopeScaling("llama3", factor, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
 
 
-_GEMMA = dict(position="rope", norm="rms_plus_one", norm_position="sandwich",
-              activation="geglu_tanh", use_bias=False, tie_embeddings=True, dropout_rate=0.0,
-              scale_embeddings=True, norm_eps=1e-6, head_dim=256, attention_scalar=256)  # fmt: skip
-_GEMMA2 = dict(_GEMMA, vocab_size=256000, max_len=8192, attention_softcap=50.0,
-               final_logit_softcap=30.0, sliding_window=4096,
-               attention_pattern=("local", "global"))  # fmt: skip
-_GEMMA3 = dict(_GEMMA, qk_norm=True, rope_base=1_000_000.0, local_rope_base=10_000.0,
-               attention_pattern=("local",) * 5 + ("global",))  # fmt: skip
+_GEMMA = dict(
+    position="rope",
+    norm="rms_plus_one",
+    norm_position="sandwich",
+    activation="geglu_tanh",
+    use_bias=False,
+    tie_embeddings=True,
+    dropout_rate=0.0,
+    scale_embeddings=True,
+    norm_eps=1e-6,
+    head_dim=256,
+    attention_scalar=256,
+)
+_GEMMA2 = dict(
+    _GEMMA,
+    vocab_size=256000,
+    max_len=8192,
+    attention_softcap=50.0,
+    final_logit_softcap=30.0,
+    sliding_window=4096,
+    attention_pattern=("local", "global"),
+)
+_GEMMA3 = dict(
+    _GEMMA,
+    qk_norm=True,
+    rope_base=1_000_000.0,
+    local_rope_base=10_000.0,
+    attention_pattern=("local",) * 5 + ("global",),
+)
 _QWEN2 = dict(_MODERN, rope_base=1_000_000.0, norm_eps=1e-6, qkv_bias=True)
-_QWEN3 = dict(_MODERN, num_kv_heads=8, head_dim=128, vocab_size=151936, max_len=40960,
-              rope_base=1_000_000.0, norm_eps=1e-6, qk_norm=True)  # fmt: skip
+_QWEN3 = dict(
+    _MODERN,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_len=40960,
+    rope_base=1_000_000.0,
+    norm_eps=1e-6,
+    qk_norm=True,
+)
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
     # configs/lm.py's CPU experiment (pydoc): trains in minutes on two cores
@@ -81,47 +111,147 @@ VARIANTS = {
         **_MODERN,
     ),
     # Published checkpoints (interop.load reads their weights); sizes from each config.json.
-    "llama-3.2-1b": dict(_LLAMA3, width=2048, num_layers=16, num_heads=32, mlp_dim=8192,
-                         tie_embeddings=True, rope_scaling=_llama3_rope(32.0)),
-    "llama-3.2-3b": dict(_LLAMA3, width=3072, num_layers=28, num_heads=24, mlp_dim=8192,
-                         tie_embeddings=True, rope_scaling=_llama3_rope(32.0)),
-    "llama-3.1-8b": dict(_LLAMA3, width=4096, num_layers=32, num_heads=32, mlp_dim=14336,
-                         rope_scaling=_llama3_rope(8.0)),
-    "llama-3.1-70b": dict(_LLAMA3, width=8192, num_layers=80, num_heads=64, mlp_dim=28672,
-                          rope_scaling=_llama3_rope(8.0)),
-    "mistral-7b": dict(_MODERN, width=4096, num_layers=32, num_heads=32, num_kv_heads=8,
-                       mlp_dim=14336, vocab_size=32000, max_len=32768, norm_eps=1e-5,
-                       sliding_window=4096),  # v0.1
-    "qwen2.5-0.5b": dict(_QWEN2, width=896, num_layers=24, num_heads=14, num_kv_heads=2,
-                         mlp_dim=4864, vocab_size=151936, max_len=32768, tie_embeddings=True),
-    "qwen2.5-7b": dict(_QWEN2, width=3584, num_layers=28, num_heads=28, num_kv_heads=4,
-                       mlp_dim=18944, vocab_size=152064, max_len=131072),
-    "qwen3-0.6b": dict(_QWEN3, width=1024, num_layers=28, num_heads=16, mlp_dim=3072,
-                       tie_embeddings=True),
+    "llama-3.2-1b": dict(
+        _LLAMA3,
+        width=2048,
+        num_layers=16,
+        num_heads=32,
+        mlp_dim=8192,
+        tie_embeddings=True,
+        rope_scaling=_llama3_rope(32.0),
+    ),
+    "llama-3.2-3b": dict(
+        _LLAMA3,
+        width=3072,
+        num_layers=28,
+        num_heads=24,
+        mlp_dim=8192,
+        tie_embeddings=True,
+        rope_scaling=_llama3_rope(32.0),
+    ),
+    "llama-3.1-8b": dict(
+        _LLAMA3,
+        width=4096,
+        num_layers=32,
+        num_heads=32,
+        mlp_dim=14336,
+        rope_scaling=_llama3_rope(8.0),
+    ),
+    "llama-3.1-70b": dict(
+        _LLAMA3,
+        width=8192,
+        num_layers=80,
+        num_heads=64,
+        mlp_dim=28672,
+        rope_scaling=_llama3_rope(8.0),
+    ),
+    "mistral-7b": dict(
+        _MODERN,
+        width=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        mlp_dim=14336,
+        vocab_size=32000,
+        max_len=32768,
+        norm_eps=1e-5,
+        sliding_window=4096,
+    ),  # v0.1
+    "qwen2.5-0.5b": dict(
+        _QWEN2,
+        width=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        mlp_dim=4864,
+        vocab_size=151936,
+        max_len=32768,
+        tie_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        _QWEN2,
+        width=3584,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        mlp_dim=18944,
+        vocab_size=152064,
+        max_len=131072,
+    ),
+    "qwen3-0.6b": dict(
+        _QWEN3, width=1024, num_layers=28, num_heads=16, mlp_dim=3072, tie_embeddings=True
+    ),
     "qwen3-8b": dict(_QWEN3, width=4096, num_layers=36, num_heads=32, mlp_dim=12288),
-    "gemma-2-2b": dict(_GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4,
-                       mlp_dim=9216),
-    "gemma-2-9b": dict(_GEMMA2, width=3584, num_layers=42, num_heads=16, num_kv_heads=8,
-                       mlp_dim=14336),
+    "gemma-2-2b": dict(
+        _GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4, mlp_dim=9216
+    ),
+    "gemma-2-9b": dict(
+        _GEMMA2, width=3584, num_layers=42, num_heads=16, num_kv_heads=8, mlp_dim=14336
+    ),
     # the 27B scales queries by (width / num_heads)^-1/2, not head_dim^-1/2
-    "gemma-2-27b": dict(_GEMMA2, width=4608, num_layers=46, num_heads=32, num_kv_heads=16,
-                        head_dim=128, mlp_dim=36864, attention_scalar=144),
-    "gemma-3-1b": dict(_GEMMA3, width=1152, num_layers=26, num_heads=4, num_kv_heads=1,
-                       mlp_dim=6912, vocab_size=262144, max_len=32768, sliding_window=512),
+    "gemma-2-27b": dict(
+        _GEMMA2,
+        width=4608,
+        num_layers=46,
+        num_heads=32,
+        num_kv_heads=16,
+        head_dim=128,
+        mlp_dim=36864,
+        attention_scalar=144,
+    ),
+    "gemma-3-1b": dict(
+        _GEMMA3,
+        width=1152,
+        num_layers=26,
+        num_heads=4,
+        num_kv_heads=1,
+        mlp_dim=6912,
+        vocab_size=262144,
+        max_len=32768,
+        sliding_window=512,
+    ),
     # the text part of gemma-3-4b-pt (Gemma3ForConditionalGeneration's text_config)
-    "gemma-3-4b": dict(_GEMMA3, width=2560, num_layers=34, num_heads=8, num_kv_heads=4,
-                       mlp_dim=10240, vocab_size=262208, max_len=131072, sliding_window=1024,
-                       rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
+    "gemma-3-4b": dict(
+        _GEMMA3,
+        width=2560,
+        num_layers=34,
+        num_heads=8,
+        num_kv_heads=4,
+        mlp_dim=10240,
+        vocab_size=262208,
+        max_len=131072,
+        sliding_window=1024,
+        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072),
+    ),
     # the text parts of gemma-3-12b-pt and gemma-3-27b-pt (the 27B: attention_scalar is
     # width / num_heads, as in Gemma 2 27B)
-    "gemma-3-12b": dict(_GEMMA3, width=3840, num_layers=48, num_heads=16, num_kv_heads=8,
-                        mlp_dim=15360, vocab_size=262208, max_len=131072, sliding_window=1024,
-                        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
-    "gemma-3-27b": dict(_GEMMA3, width=5376, num_layers=62, num_heads=32, num_kv_heads=16,
-                        head_dim=128, mlp_dim=21504, attention_scalar=168, vocab_size=262208,
-                        max_len=131072, sliding_window=1024,
-                        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072)),
-}  # fmt: skip
+    "gemma-3-12b": dict(
+        _GEMMA3,
+        width=3840,
+        num_layers=48,
+        num_heads=16,
+        num_kv_heads=8,
+        mlp_dim=15360,
+        vocab_size=262208,
+        max_len=131072,
+        sliding_window=1024,
+        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072),
+    ),
+    "gemma-3-27b": dict(
+        _GEMMA3,
+        width=5376,
+        num_layers=62,
+        num_heads=32,
+        num_kv_heads=16,
+        head_dim=128,
+        mlp_dim=21504,
+        attention_scalar=168,
+        vocab_size=262208,
+        max_len=131072,
+        sliding_window=1024,
+        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072),
+    ),
+}
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 NORM_POSITIONS = ("pre", "sandwich")
 LAYER_KINDS = ("local", "global")  # attention_pattern's entries, in Stack variant order
@@ -252,8 +382,16 @@ class Decoder(nn.Module):
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
 
     @nn.compact
-    def __call__(self, tokens, *, segment_ids=None, positions=None, train=False, decode=False,
-                 apply_head=True):  # fmt: skip
+    def __call__(
+        self,
+        tokens,
+        *,
+        segment_ids=None,
+        positions=None,
+        train=False,
+        decode=False,
+        apply_head=True,
+    ):
         """Args:
           tokens: [B, T] ids.
           segment_ids, positions: [B, T] for packed rows (attention stays within a segment).

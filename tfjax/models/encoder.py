@@ -118,8 +118,16 @@ class Encoder(nn.Module):
         )
 
     @nn.compact
-    def __call__(self, tokens, *, token_types=None, segment_ids=None, positions=None, train=False,
-                 apply_head=True):  # fmt: skip
+    def __call__(
+        self,
+        tokens,
+        *,
+        token_types=None,
+        segment_ids=None,
+        positions=None,
+        train=False,
+        apply_head=True,
+    ):
         """Args:
           tokens: [B, T] ids, 0 = padding.
           token_types: [B, T] sentence ids (0 or 1); zeros when None.

@@ -48,11 +48,23 @@ VARIANTS = {
 # checkpoints' config.json, everywhere transformers' T5 applies it (attention weights, the FFN's
 # hidden activations and each stack's output too).
 T5 = dict(
-    norm="rms", norm_position="pre", use_bias=False, position="relative",
-    scale_embeddings=False, attention_scale=1.0, activation="geglu_tanh", head_dim=64,
-    share_embeddings=True, tie_embeddings=False, norm_eps=1e-6, dropout_rate=0.1,
-    attention_dropout_rate=0.1, mlp_dropout_rate=0.1, output_dropout=True, vocab_size=32128,
-)  # fmt: skip
+    norm="rms",
+    norm_position="pre",
+    use_bias=False,
+    position="relative",
+    scale_embeddings=False,
+    attention_scale=1.0,
+    activation="geglu_tanh",
+    head_dim=64,
+    share_embeddings=True,
+    tie_embeddings=False,
+    norm_eps=1e-6,
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+    mlp_dropout_rate=0.1,
+    output_dropout=True,
+    vocab_size=32128,
+)
 # The published sizes of T5 v1.1 and Flan-T5 (Chung et al., 2022), which share them.
 VARIANTS |= {
     "flan-t5-small": dict(T5, width=512, num_layers=8, num_heads=6, mlp_dim=1024),
@@ -275,9 +287,14 @@ class Transformer(nn.Module):
             targets_segment_ids = masks.padding_ids(targets)
         bias = self._relative_bias("decoder", t, positions if decode else None)
         y = self.decoder(
-            y, encoded, bias=bias, segment_ids=targets_segment_ids,
-            context_segment_ids=inputs_segment_ids, train=train, decode=decode,
-        )  # fmt: skip
+            y,
+            encoded,
+            bias=bias,
+            segment_ids=targets_segment_ids,
+            context_segment_ids=inputs_segment_ids,
+            train=train,
+            decode=decode,
+        )
         y = self._stack_output(y, train)
         return (self.logits(y) if apply_head else y), y
 

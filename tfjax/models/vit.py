@@ -63,9 +63,14 @@ _DINOV2 = dict(  # facebook/dinov2-*: layerscale_value 1.0 in config.json (the w
 )
 _CLIP = dict(  # openai/clip-vit-*: quick_gelu, no patch bias, LayerNorm before the blocks and
     # on the pooled class token only (post_layernorm)
-    num_classes=None, activation="quick_gelu", patch_bias=False, pre_norm=True,
-    final_norm="pooled", norm_eps=1e-5, drop_remainder=True,
-)  # fmt: skip
+    num_classes=None,
+    activation="quick_gelu",
+    patch_bias=False,
+    pre_norm=True,
+    final_norm="pooled",
+    norm_eps=1e-5,
+    drop_remainder=True,
+)
 _SIGLIP = dict(  # google/siglip-*: no class token, attention pooling head, gelu_tanh
     num_classes=None, pool="map", activation="gelu_tanh", norm_eps=1e-6, drop_remainder=True
 )

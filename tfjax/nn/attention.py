@@ -123,8 +123,9 @@ def _grouped_like_heads(x, groups):
     return x.reshape(b, *(groups if n > 1 else (1,) * len(groups)), t, s)
 
 
-def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale,
-            softcap=None):  # fmt: skip
+def _logits(
+    q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale, softcap=None
+):
     """Capped, biased, masked float32 logits [B, *groups, T, S] (see _head_groups) and the head
     letters."""
     b, t, n, h = q.shape
@@ -147,33 +148,79 @@ def _logits(q, k, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
     # [B|1, N|1, T, S]
     allowed = masks.combine_masks(
         mask,
-        masks.block_mask(jnp.arange(t), jnp.arange(s), is_causal=is_causal, window=window,
-                         segment_ids=segment_ids, kv_segment_ids=kv_segment_ids),
-    )  # fmt: skip
+        masks.block_mask(
+            jnp.arange(t),
+            jnp.arange(s),
+            is_causal=is_causal,
+            window=window,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
+        ),
+    )
     return masks.masked_logits(logits, _grouped_like_heads(allowed, groups)), q_heads, kv_heads
 
 
-def attention_weights(q, k, *, mask=None, bias=None, segment_ids=None, kv_segment_ids=None,
-                      is_causal=False, window=None, scale=None, softcap=None):  # fmt: skip
+def attention_weights(
+    q,
+    k,
+    *,
+    mask=None,
+    bias=None,
+    segment_ids=None,
+    kv_segment_ids=None,
+    is_causal=False,
+    window=None,
+    scale=None,
+    softcap=None,
+):
     """[B, N, T, S] softmax weights in float32 (for inspection; the "xla" path uses the same
     logits but normalises its output instead). Arguments as in dot_product_attention."""
     b, t, n, _ = q.shape
     logits, _, _ = _logits(
-        q, k, mask=mask, bias=bias, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        is_causal=is_causal, window=window, scale=scale, softcap=softcap,
-    )  # fmt: skip
+        q,
+        k,
+        mask=mask,
+        bias=bias,
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        is_causal=is_causal,
+        window=window,
+        scale=scale,
+        softcap=softcap,
+    )
     # [B, *groups, T, S] -> [B, N, T, S]
     return jax.nn.softmax(logits, axis=-1).reshape(b, n, t, k.shape[1])
 
 
-def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale,
-                   softcap, dropout_rate, dropout_rng):  # fmt: skip
+def _xla_attention(
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    segment_ids,
+    kv_segment_ids,
+    is_causal,
+    window,
+    scale,
+    softcap,
+    dropout_rate,
+    dropout_rng,
+):
     b, t, n, _ = q.shape
     # [B, *groups, T, S]
     logits, q_heads, kv_heads = _logits(
-        q, k, mask=mask, bias=bias, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        is_causal=is_causal, window=window, scale=scale, softcap=softcap,
-    )  # fmt: skip
+        q,
+        k,
+        mask=mask,
+        bias=bias,
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        is_causal=is_causal,
+        window=window,
+        scale=scale,
+        softcap=softcap,
+    )
     # The softmax's division is applied to the [.., T, H] output rather than to the [.., T, S]
     # weights, as flash attention does: one pass fewer over the largest tensor, and no
     # [.., T, S] broadcast of the row sums.
@@ -191,20 +238,43 @@ def _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, 
     return _heads_last(out / row_sums).astype(v.dtype)
 
 
-def _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
-                       scale, softcap, dropout_rate, dropout_rng, chunk_size):  # fmt: skip
+def _chunked_attention(
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    segment_ids,
+    kv_segment_ids,
+    is_causal,
+    window,
+    scale,
+    softcap,
+    dropout_rate,
+    dropout_rng,
+    chunk_size,
+):
     """The chunked kernel (tfjax.nn.chunked) on [B, T, N, H] queries; its einsums take them
     grouped by kv head, [B, K, G, T, H], G = 1 included."""
     n, kh = q.shape[2], k.shape[2]
     groups = (kh, n // kh)
     # [B, K, G, T, H]
     out = chunked.chunked_attention(
-        _heads_first(q, groups), k, v, mask=_grouped_like_heads(mask, groups),
-        bias=_grouped_like_heads(bias, groups), segment_ids=segment_ids,
-        kv_segment_ids=kv_segment_ids, is_causal=is_causal, window=window, scale=scale,
-        dropout_rate=dropout_rate, dropout_rng=dropout_rng, chunk_size=chunk_size,
+        _heads_first(q, groups),
+        k,
+        v,
+        mask=_grouped_like_heads(mask, groups),
+        bias=_grouped_like_heads(bias, groups),
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        is_causal=is_causal,
+        window=window,
+        scale=scale,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+        chunk_size=chunk_size,
         softcap=softcap,
-    )  # fmt: skip
+    )
     # [B, T, N, H]
     return _heads_last(out)
 
@@ -222,8 +292,20 @@ def check_implementation(implementation) -> None:
         )
 
 
-def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, softcap,
-                  implementation, dropout_rate, dropout_rng):  # fmt: skip
+def _check_inputs(
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    segment_ids,
+    kv_segment_ids,
+    window,
+    softcap,
+    implementation,
+    dropout_rate,
+    dropout_rng,
+):
     check_implementation(implementation)
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive int (keys per query) or None, got {window!r}")
@@ -249,8 +331,10 @@ def _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, soft
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and x.ndim > 4:
             raise ValueError(f"{name} must broadcast to [B, N, T, S], got shape {x.shape}")
-    for name, x, shape in (("segment_ids [B, T]", segment_ids, q.shape[:2]),
-                           ("kv_segment_ids [B, S]", kv_segment_ids, k.shape[:2])):  # fmt: skip
+    for name, x, shape in (
+        ("segment_ids [B, T]", segment_ids, q.shape[:2]),
+        ("kv_segment_ids [B, S]", kv_segment_ids, k.shape[:2]),
+    ):
         if x is not None and (x.shape != shape or not jnp.issubdtype(x.dtype, jnp.integer)):
             raise ValueError(f"{name} must be integers of shape {shape}, got {x.dtype} {x.shape}")
     if kv_segment_ids is None and segment_ids is not None and k.shape[1] != q.shape[1]:
@@ -274,8 +358,9 @@ def target_platform() -> str:
     return "gpu" if platform in ("cuda", "rocm") else platform
 
 
-def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None,
-                             window=None, softcap=None) -> str | None:  # fmt: skip
+def cudnn_unsupported_reason(
+    q, k, dropout_rate=0.0, platform: str | None = None, window=None, softcap=None
+) -> str | None:
     """Why cuDNN cannot run this call on `platform` (the target's when None), or None when it
     can."""
     platform = platform or target_platform()
@@ -297,8 +382,9 @@ def cudnn_unsupported_reason(q, k, dropout_rate=0.0, platform: str | None = None
     return None
 
 
-def _unavailable_reason(implementation, q, k, mask, bias, window, dropout_rate,
-                        platform, softcap=None) -> str | None:  # fmt: skip
+def _unavailable_reason(
+    implementation, q, k, mask, bias, window, dropout_rate, platform, softcap=None
+) -> str | None:
     """Why `implementation` cannot run this call on `platform`, or None when it can."""
     if implementation == "cudnn":
         return cudnn_unsupported_reason(q, k, dropout_rate, platform, window, softcap)
@@ -317,8 +403,17 @@ def _unfused(key_length: int) -> str:
     return "chunked" if key_length >= CHUNKED_MIN_LENGTH else "xla"
 
 
-def choose_implementation(q, k, *, mask=None, bias=None, window=None, dropout_rate=0.0,
-                          platform: str | None = None, softcap=None) -> str:  # fmt: skip
+def choose_implementation(
+    q,
+    k,
+    *,
+    mask=None,
+    bias=None,
+    window=None,
+    dropout_rate=0.0,
+    platform: str | None = None,
+    softcap=None,
+) -> str:
     """The implementation `implementation=None` runs, for the target platform (the one place
     where that is decided): cuDNN on GPUs where it applies; from SPLASH_MIN_LENGTH keys the
     splash kernel on TPUs where it applies; from CHUNKED_MIN_LENGTH keys "chunked"; else "xla".
@@ -351,8 +446,9 @@ def _warn_once(message: str) -> None:
     logging.getLogger(__name__).warning(message)
 
 
-def _cudnn_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale,
-                     requested: bool):  # fmt: skip
+def _cudnn_attention(
+    q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale, requested: bool
+):
     """cuDNN's fused attention; None when it fails and was not `requested` by name (then a
     slower path runs)."""
     if segment_ids is not None:  # it takes a dense [B, 1, T, S] mask
@@ -360,14 +456,22 @@ def _cudnn_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal
     try:
         q, k, v = _sharded_alike(q, k, v)
         return jax.nn.dot_product_attention(
-            q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+            q,
+            k,
+            v,
+            bias=bias,
+            mask=mask,
+            scale=scale,
+            is_causal=is_causal,
             implementation="cudnn",
-        )  # fmt: skip
+        )
     except Exception as e:  # an unsupported shape or cuDNN version: a slower path works
         if requested:
             raise
-        _warn_once(f"cuDNN attention is not available ({str(e).splitlines()[0]}); "
-                   "attention runs without it, with more memory")  # fmt: skip
+        _warn_once(
+            f"cuDNN attention is not available ({str(e).splitlines()[0]}); "
+            "attention runs without it, with more memory"
+        )
         return None
 
 
@@ -411,8 +515,20 @@ def dot_product_attention(
     Returns:
       [B, T, N, H] in q's dtype.
     """
-    _check_inputs(q, k, v, mask, bias, segment_ids, kv_segment_ids, window, softcap,
-                  implementation, dropout_rate, dropout_rng)  # fmt: skip
+    _check_inputs(
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        segment_ids,
+        kv_segment_ids,
+        window,
+        softcap,
+        implementation,
+        dropout_rate,
+        dropout_rng,
+    )
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     platform = target_platform()
     if kv_segment_ids is None:
@@ -420,9 +536,15 @@ def dot_product_attention(
     requested = implementation is not None
     if implementation is None:
         implementation = choose_implementation(
-            q, k, mask=mask, bias=bias, window=window, dropout_rate=dropout_rate,
-            platform=platform, softcap=softcap,
-        )  # fmt: skip
+            q,
+            k,
+            mask=mask,
+            bias=bias,
+            window=window,
+            dropout_rate=dropout_rate,
+            platform=platform,
+            softcap=softcap,
+        )
     else:
         reason = _unavailable_reason(
             implementation, q, k, mask, bias, window, dropout_rate, platform, softcap
@@ -431,21 +553,54 @@ def dot_product_attention(
             raise ValueError(f'implementation="{implementation}" is not available: {reason}')
     if implementation == "splash":
         return splash.splash_attention(
-            q, k, v, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-            is_causal=is_causal, scale=scale, interpret=platform != "tpu",
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            is_causal=is_causal,
+            scale=scale,
+            interpret=platform != "tpu",
+        )
     if implementation == "cudnn":
-        out = _cudnn_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal,
-                               scale, requested)  # fmt: skip
+        out = _cudnn_attention(
+            q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, scale, requested
+        )
         if out is not None:
             return out
         implementation = _unfused(k.shape[1])
     if implementation == "chunked":
-        return _chunked_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal,
-                                  window, scale, softcap, dropout_rate, dropout_rng,
-                                  chunk_size)  # fmt: skip
-    return _xla_attention(q, k, v, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
-                          scale, softcap, dropout_rate, dropout_rng)  # fmt: skip
+        return _chunked_attention(
+            q,
+            k,
+            v,
+            mask,
+            bias,
+            segment_ids,
+            kv_segment_ids,
+            is_causal,
+            window,
+            scale,
+            softcap,
+            dropout_rate,
+            dropout_rng,
+            chunk_size,
+        )
+    return _xla_attention(
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        segment_ids,
+        kv_segment_ids,
+        is_causal,
+        window,
+        scale,
+        softcap,
+        dropout_rate,
+        dropout_rng,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -598,21 +753,36 @@ class MultiHeadAttention(nn.Module):
 
         def attend(choice):
             window = choice.sliding_window if self_attention else None
-            patterns = dict(mask=mask, bias=bias, segment_ids=segment_ids,
-                            kv_segment_ids=kv_segment_ids, is_causal=is_causal, window=window,
-                            scale=self.scale, softcap=self.softcap)  # fmt: skip
+            patterns = dict(
+                mask=mask,
+                bias=bias,
+                segment_ids=segment_ids,
+                kv_segment_ids=kv_segment_ids,
+                is_causal=is_causal,
+                window=window,
+                scale=self.scale,
+                softcap=self.softcap,
+            )
             if decoding:  # the queries at offset.., the whole cache's keys at 0..
                 causal = masks.block_mask(
-                    offset + jnp.arange(q.shape[1]), jnp.arange(k.shape[1]), is_causal=True,
+                    offset + jnp.arange(q.shape[1]),
+                    jnp.arange(k.shape[1]),
+                    is_causal=True,
                     window=window,
-                )  # fmt: skip
-                patterns.update(mask=masks.combine_masks(mask, causal), is_causal=False,
-                                window=None)  # fmt: skip
+                )
+                patterns.update(
+                    mask=masks.combine_masks(mask, causal), is_causal=False, window=None
+                )
             weights = attention_weights(q, k, **patterns) if sow else None
             out = dot_product_attention(
-                q, k, v, **patterns, dropout_rate=rate, dropout_rng=dropout_rng,
+                q,
+                k,
+                v,
+                **patterns,
+                dropout_rate=rate,
+                dropout_rng=dropout_rng,
                 implementation=self.implementation,
-            )  # fmt: skip
+            )
             return out, weights
 
         out, weights = _by_variant(variant, choices, attend)
@@ -646,9 +816,14 @@ class MultiHeadAttention(nn.Module):
 
     def _head_norm(self, name):
         """RMSNorm over H with one scale [H] shared by all heads."""
-        return make_norm(self.qk_norm_kind, eps=self.norm_eps, dtype=self.dtype,
-                         param_dtype=self.param_dtype, name=name,
-                         axis_name=axes.HEAD_DIM)  # fmt: skip
+        return make_norm(
+            self.qk_norm_kind,
+            eps=self.norm_eps,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name=name,
+            axis_name=axes.HEAD_DIM,
+        )
 
     def _project(self, name, x, heads, head_dim, head_axis):
         """[B, T, D] -> [B, T, heads, head_dim] by the `{name}_kernel` [D, heads, head_dim]."""

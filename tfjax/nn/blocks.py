@@ -207,7 +207,7 @@ class Block(nn.Module):
                 train=train,
                 decode=decode,
                 variant=variant,
-            ),  # fmt: skip
+            ),
             "self_attention",
             train,
         )

@@ -35,8 +35,23 @@ class _Statics(NamedTuple):
     softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) when set
 
 
-def chunked_attention(qg, k, v, *, mask, bias, segment_ids, kv_segment_ids, is_causal, window,
-                      scale, dropout_rate, dropout_rng, chunk_size, softcap=None):  # fmt: skip
+def chunked_attention(
+    qg,
+    k,
+    v,
+    *,
+    mask,
+    bias,
+    segment_ids,
+    kv_segment_ids,
+    is_causal,
+    window,
+    scale,
+    dropout_rate,
+    dropout_rng,
+    chunk_size,
+    softcap=None,
+):
     """softmax(cap(Q K^T * scale) + bias, masked) V over key chunks of chunk_size.
 
     Args:
@@ -121,9 +136,13 @@ def _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics):
     key_positions = j * chunk + jnp.arange(chunk)
     # [B|1, 1, T, C]: this chunk's causal and segment pattern; no [T, S] mask ever exists.
     pattern = masks.block_mask(
-        jnp.arange(qg.shape[3]), key_positions, is_causal=is_causal, window=window,
-        segment_ids=None if ids is None else ids[0], kv_segment_ids=kv_ids_j,
-    )  # fmt: skip
+        jnp.arange(qg.shape[3]),
+        key_positions,
+        is_causal=is_causal,
+        window=window,
+        segment_ids=None if ids is None else ids[0],
+        kv_segment_ids=kv_ids_j,
+    )
     # [B|1, 1, 1, T, C]: one pattern for all heads
     allowed = masks.combine_masks(mask_j, None if pattern is None else pattern[:, :, None])
     logits = masks.masked_logits(logits, allowed)
@@ -143,8 +162,14 @@ def _attend(qg, kc, vc, mask, bias, ids, rng, statics):
 
 def _scan_inputs(kc, vc, mask, bias, ids):
     """What the scans over chunks slice: chunk index, keys, values, mask, bias, key ids."""
-    return (jnp.arange(kc.shape[0]), kc, vc, _per_chunk(mask)[0], _per_chunk(bias)[0],
-            None if ids is None else ids[1])  # fmt: skip
+    return (
+        jnp.arange(kc.shape[0]),
+        kc,
+        vc,
+        _per_chunk(mask)[0],
+        _per_chunk(bias)[0],
+        None if ids is None else ids[1],
+    )
 
 
 def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics):

@@ -19,8 +19,15 @@ def masked_logits(logits, mask):
     return logits if mask is None else jnp.where(mask, logits, MASKED_LOGIT)
 
 
-def block_mask(query_positions, key_positions, *, is_causal=False, window=None,
-               segment_ids=None, kv_segment_ids=None):  # fmt: skip
+def block_mask(
+    query_positions,
+    key_positions,
+    *,
+    is_causal=False,
+    window=None,
+    segment_ids=None,
+    kv_segment_ids=None,
+):
     """[B|1, 1, T, S] mask of queries at `query_positions` [T] against keys at `key_positions`
     [S]: a block of a longer sequence, or all of it. None when nothing is masked.
 

@@ -83,10 +83,15 @@ def _make_kernel(num_heads, t, s, block_q, block_kv, is_causal, interpret):
     """The kernel for local shapes (cached: building it computes the block masks in NumPy)."""
     head_mask = kernel.CausalMask((t, s)) if is_causal else kernel.FullMask((t, s))
     blocks = kernel.BlockSizes(
-        block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
-        block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
-        block_q_dq=block_q, block_kv_dq=block_kv,
-    )  # fmt: skip
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=block_kv,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=block_kv,
+        block_q_dq=block_q,
+        block_kv_dq=block_kv,
+    )
     return kernel.make_splash_mha(
         kernel.MultiHeadMask([head_mask] * num_heads),
         block_sizes=blocks,
@@ -96,8 +101,17 @@ def _make_kernel(num_heads, t, s, block_q, block_kv, is_causal, interpret):
     )
 
 
-def splash_attention(q, k, v, *, segment_ids=None, kv_segment_ids=None, is_causal=False,
-                     scale: float, interpret: bool = False):  # fmt: skip
+def splash_attention(
+    q,
+    k,
+    v,
+    *,
+    segment_ids=None,
+    kv_segment_ids=None,
+    is_causal=False,
+    scale: float,
+    interpret: bool = False,
+):
     """softmax(Q K^T * scale) V by the splash kernel.
 
     Args:

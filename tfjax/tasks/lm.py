@@ -99,9 +99,13 @@ class SamplesEval(DecodeEval):
             rows = rows[(rows != 0).all(1)]  # a prompt must not end in padding
         return rows, dict(
             max_new_tokens=min(d.max_new_tokens or 32, exp.model.max_len - rows.shape[1]),
-            method=d.method, beam_size=d.beam_size, alpha=d.alpha, temperature=d.temperature,
-            top_k=d.top_k, top_p=d.top_p,
-        )  # fmt: skip
+            method=d.method,
+            beam_size=d.beam_size,
+            alpha=d.alpha,
+            temperature=d.temperature,
+            top_k=d.top_k,
+            top_p=d.top_p,
+        )
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):
         """{"prompt", "output"} per prompt of the first batch (index 0); [] for the others."""

@@ -54,8 +54,9 @@ def cross_entropy_sums(logits, labels, weights, *, label_smoothing=0.0, z_loss=0
     }
 
 
-def chunked_cross_entropy_sums(logits_fn, hidden, labels, weights, *, chunks, label_smoothing=0.0,
-                               z_loss=0.0):  # fmt: skip
+def chunked_cross_entropy_sums(
+    logits_fn, hidden, labels, weights, *, chunks, label_smoothing=0.0, z_loss=0.0
+):
     """cross_entropy_sums(logits_fn(hidden), labels, weights, ...) made over `chunks` slices of
     T, so that the [B, T, V] logits are never all in memory, in the forward or the backward pass.
 
