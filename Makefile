@@ -43,7 +43,7 @@ train: install
 	$(BIN)/python experiments/run.py --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
 
 plot: install
-	$(BIN)/python -m tfjax.plots $(WORKDIR)
+	$(BIN)/python -m tfjax.runner.plots $(WORKDIR)
 
 test: install-dev
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -9,9 +9,9 @@ The train step of configs/lm.py:modern-small (12 layers, width 768, 12 query / 4
 step of the preset (128 x 2048) kept, compiled by libtpu's compiler on this CPU host for each
 attention implementation. The loss runs in `--loss_chunks` slices (config.loss.chunks): the
 [B, T, V] logits would otherwise put a floor of about 16 GiB under every row (1 keeps them).
-"peak" is what tfjax.aot reports (what must fit in HBM per chip); a program over the chip's HBM
-is refused by the compiler, and the row gives what it asked for. Nothing runs on a TPU: speed
-is not measured here. Results: benchmarks/results/attention_kernels.json (or --out) and a
+"peak" is what tfjax.runner.aot reports (what must fit in HBM per chip); a program over the
+chip's HBM is refused by the compiler, and the row gives what it asked for. Nothing runs on a
+TPU: speed is not measured here. Results: benchmarks/results/attention_kernels.json (or --out) and a
 Markdown table on stdout (the README's), with each implementation's peak as a ratio of
 "chunked"'s at the same T, compiled in the same run.
 """
@@ -21,14 +21,14 @@ import time
 
 import harness
 
-from tfjax import aot, experiment
+from tfjax.runner import aot, setup
 
 TOKENS_PER_STEP = 128 * 2048  # the modern-small preset's batch
 GiB = 2**30
 
 
 def config_for(length: int, implementation: str, num_devices: int, loss_chunks: int):
-    config = experiment.load_config(f"{harness.ROOT}/configs/lm.py:modern-small")
+    config = setup.load_config(f"{harness.ROOT}/configs/lm.py:modern-small")
     batch = max(TOKENS_PER_STEP // length, num_devices)
     config.dataset.seq_len = length
     config.model.max_len = length

@@ -9,12 +9,12 @@ By default: the modern-small decoder (Llama-like, untied head) with Llama 3's vo
 128,256 tokens at T=4096, 64 rows (16 per chip: the 65,536 tokens per chip of the preset) on a
 v5p:2x2x1 slice with FSDP, bf16. Every --chunks value (the first is the baseline, normally 1:
 the full logits) is compiled in this one process by libtpu's compiler through
-`tfjax.aot.compile_experiment`, the path of experiments/compile.py; nothing runs on a TPU.
-Memory is XLA's memory analysis of each compiled program per device (peak as tfjax.aot defines
-it: what must fit). The table gives each peak and its ratio to the baseline's, and the FLOPs
+`tfjax.runner.aot.compile_experiment`, the path of experiments/compile.py; nothing runs on a TPU.
+Memory is XLA's memory analysis of each compiled program per device (peak as tfjax.runner.aot
+defines it: what must fit). The table gives each peak and its ratio to the baseline's, and the FLOPs
 the chunked loss adds: the backward pass makes each slice's logits again, one more
 [B, T, D] x [D, V] matmul (2 B T D V FLOPs), shown as a share of the step's model FLOPs
-(tfjax.metrics' count). No time is measured.
+(tfjax.runner.chips' count). No time is measured.
 
 Results go to benchmarks/results/chunked_loss_memory.json (or --out). --tiny compiles the
 tiny LM preset with the same vocabulary at T=128 on v5e:2x2, for a smoke run.
@@ -31,15 +31,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import harness  # noqa: E402
 from harness import ROOT, log  # noqa: E402
 
-from tfjax import aot, experiment  # noqa: E402
+from tfjax.runner import aot, setup  # noqa: E402
 
 GiB = 2**30
 
 
 def make_config(args, chunks):
-    config = experiment.load_config(os.path.join(ROOT, args.config))
+    config = setup.load_config(os.path.join(ROOT, args.config))
     # The model's context length (the preset's unless the config sets one), widened to T.
-    max_len = experiment.build_model(config, vocab_size=args.vocab_size).max_len
+    max_len = setup.build_model(config, vocab_size=args.vocab_size).max_len
     with config.unlocked():
         config.model.vocab_size = args.vocab_size
         config.model.max_len = max(args.seq_len, max_len or 0)
@@ -62,7 +62,7 @@ def measure(args, chunks, log):
         config, devices, topology=args.topology, steps=tuple(args.steps)
     )
     seconds = time.perf_counter() - start
-    model = experiment.build_model(config, vocab_size=args.vocab_size)
+    model = setup.build_model(config, vocab_size=args.vocab_size)
     head_flops = 2 * args.batch_size * args.seq_len * model.width * model.vocab_size
     row = {
         "chunks": chunks,

@@ -6,7 +6,7 @@ cold vs warm start with JAX's persistent compilation cache.
 
 depth: the GPT-like decoder of contenders.py (d=512, 8 heads, F=2048,
 V=8192, T=256, batch 4, float32, its config and AdamW) at each depth, `scan_layers` False and
-True; the whole train step (`train_step` of tfjax.experiment.set_up, with its shardings and
+True; the whole train step (`train_step` of tfjax.runner.setup.set_up, with its shardings and
 donation) is traced and lowered (`.lower` on the abstract state and batch), then compiled by
 XLA (`.compile()`), nothing executed. In-process and persistent caches are off; each
 measurement builds a new model and a new jitted function (a new, untimed `set_up`). The

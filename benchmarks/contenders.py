@@ -11,8 +11,8 @@ clipping, no dropout), float32, on one fixed batch already in memory, for:
 
 Contenders, the same shapes and init scale (normal 0.02 for the language models):
   tfjax          tfjax.models.{decoder,vit} from a config (configs/{lm,vit}.py with these
-                 sizes), its train step, tfjax.optim's AdamW and donation from
-                 tfjax.experiment.set_up, as the runner builds them
+                 sizes), its train step, tfjax.runner.optim's AdamW and donation from
+                 tfjax.runner.setup.set_up, as the runner builds them
   stock_flax     the same network from flax.linen's nn.Embed / nn.Dense / nn.LayerNorm /
                  nn.MultiHeadDotProductAttention / nn.Conv, optax.adamw, jitted with donation
   torch_eager    Hugging Face GPT2LMHeadModel / ViTForImageClassification from a config (random
@@ -102,10 +102,10 @@ def tfjax_config(spec, **model_overrides):
     """The config of a tfjax run of `spec`: configs/lm.py:tiny (decoder) or configs/vit.py:tiny
     (ViT) with the spec's sizes, batch and AdamW (lr LR, weight decay WEIGHT_DECAY, constant,
     no clipping), no dropout, no label smoothing or z-loss, float32, a data-parallel mesh."""
-    from tfjax import experiment
+    from tfjax.runner import setup
 
     if spec["kind"] == "lm":
-        config = experiment.load_config(os.path.join(harness.ROOT, "configs/lm.py") + ":tiny")
+        config = setup.load_config(os.path.join(harness.ROOT, "configs/lm.py") + ":tiny")
         model = dict(
             variant="gpt2-small",
             vocab_size=spec["vocab"],
@@ -117,7 +117,7 @@ def tfjax_config(spec, **model_overrides):
             dropout_rate=0.0,
         )
     else:
-        config = experiment.load_config(os.path.join(harness.ROOT, "configs/vit.py") + ":tiny")
+        config = setup.load_config(os.path.join(harness.ROOT, "configs/vit.py") + ":tiny")
         model = dict(
             variant=f"S/{spec['patch']}",
             num_classes=spec["classes"],
@@ -157,32 +157,33 @@ def tfjax_config(spec, **model_overrides):
 
 
 def tfjax_inputs(spec):
-    """experiment.Inputs of make_batch(spec)'s batches (their shapes and dtypes)."""
+    """setup.Inputs of make_batch(spec)'s batches (their shapes and dtypes)."""
     import jax
     import numpy as np
 
-    from tfjax import experiment
+    from tfjax.runner import setup
 
     def sds(*shape, dtype):
         return jax.ShapeDtypeStruct((spec["batch"], *shape), dtype)
 
     if spec["kind"] == "lm":
         batch = {"tokens": sds(spec["length"], dtype=np.int32)}
-        return experiment.Inputs(train=batch, eval=batch, vocab_size=spec["vocab"])
+        return setup.Inputs(train=batch, eval=batch, vocab_size=spec["vocab"])
     s = spec["image"]
     batch = {"image": sds(s, s, 3, dtype=np.float32), "label": sds(dtype=np.int32)}
-    return experiment.Inputs(train=batch, eval=batch, num_classes=spec["classes"])
+    return setup.Inputs(train=batch, eval=batch, num_classes=spec["classes"])
 
 
 def set_up_tfjax(spec, **model_overrides):
-    """tfjax.experiment.set_up of tfjax_config(spec) on one device."""
+    """tfjax.runner.setup.set_up of tfjax_config(spec) on one device."""
     import jax
 
-    from tfjax import experiment, sharding
+    from tfjax import sharding
+    from tfjax.runner import setup
 
     config = tfjax_config(spec, **model_overrides)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-    return experiment.set_up(config, mesh, inputs=tfjax_inputs(spec))
+    return setup.set_up(config, mesh, inputs=tfjax_inputs(spec))
 
 
 def build_tfjax(spec, batch_np):
@@ -463,7 +464,7 @@ def main():
         return
     threads = harness.use_cores(args.threads)
     if args.malloc == "keep":  # every contender alike, before its library starts threads
-        from tfjax import host_memory
+        from tfjax.runner import host_memory
 
         host_memory.keep_freed_memory()
     if args.contender.startswith("torch"):

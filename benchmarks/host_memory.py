@@ -1,4 +1,4 @@
-r"""tfjax's train step with glibc's malloc defaults vs tfjax.host_memory.keep_freed_memory().
+r"""tfjax's train step with glibc's malloc defaults vs tfjax.runner.host_memory.keep_freed_memory().
 
     .venv/bin/python benchmarks/host_memory.py [--models=gpt2,decoder,vit] [--rounds=N] [--tiny]
 

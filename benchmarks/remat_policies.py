@@ -35,8 +35,9 @@ import harness
 import jax
 from harness import ROOT
 
-from tfjax import aot, chips, experiment, sharding
+from tfjax import sharding
 from tfjax.nn.blocks import REMAT_POLICIES
+from tfjax.runner import aot, chips, setup
 
 DEFAULT_CONFIG = "configs/lm.py:gpt2-xl"
 DEFAULT_TOPOLOGY = "v5p:4x4x4"
@@ -48,7 +49,7 @@ def size(n: float) -> str:
 
 
 def load(spec: str, **model_fields):
-    config = experiment.load_config(spec)
+    config = setup.load_config(spec)
     with config.unlocked():
         config.model.update(model_fields)
     return config
@@ -57,7 +58,7 @@ def load(spec: str, **model_fields):
 def compile_train(config, devices):
     """The compiled train step of `config` on a mesh of `devices`, and its compile seconds."""
     mesh = sharding.make_mesh(config.mesh, devices)
-    exp = experiment.set_up(config, mesh, inputs=experiment.planned_inputs(config))
+    exp = setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
     lowered = exp.train_step.lower(exp.abstract_state, exp.train_batch, exp.abstract_rng)
     start = time.perf_counter()
     compiled = lowered.compile()
@@ -117,8 +118,8 @@ def main():
     if unknown or "none" not in policies:
         parser.error(f"--policies must name 'none' and only {tuple(REMAT_POLICIES)}; got {unknown}")
     devices = aot.topology_devices(args.topology)
-    config = experiment.load_config(args.config)
-    num_layers = experiment.build_model(config, vocab_size=1).num_layers
+    config = setup.load_config(args.config)
+    num_layers = setup.build_model(config, vocab_size=1).num_layers
     hbm = aot.usable_memory(chips.of(devices[0], devices))[0]
     start = time.perf_counter()
     rows = []

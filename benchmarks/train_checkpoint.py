@@ -4,8 +4,8 @@ r"""How long the training loop blocks on a checkpoint save: asynchronous vs sync
                                           [--layouts=scanned,unrolled] [--tiny] [--out FILE]
 
 A GPT-2-small-sized decoder's full training state (float32 parameters and both Adam moments,
-~1.3 GB by default), as tfjax.experiment.set_up creates it from configs/lm.py with these sizes,
-is saved with tfjax.checkpoint as the loop saves it. "blocks" is the time
+~1.3 GB by default), as tfjax.runner.setup.set_up creates it from configs/lm.py with these sizes,
+is saved with tfjax.runner.checkpoint as the loop saves it. "blocks" is the time
 `save` takes to return (what the loop waits for); "durable" is the time until the checkpoint
 is complete on disk. A first save of each kind runs untimed (it creates thread pools and, with
 replica-parallel writing, compiles slicing programs).
@@ -106,9 +106,9 @@ def main():
 def _config(args, scan_layers: bool, batch_size: int):
     """configs/lm.py:tiny made a GPT-2-small-like decoder of the given sizes (the variant's MLP,
     context and dropout), AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, float32."""
-    from tfjax import experiment
+    from tfjax.runner import setup
 
-    config = experiment.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
+    config = setup.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
     config.model.update(
         variant="gpt2-small",
         vocab_size=args.vocab,
@@ -146,14 +146,14 @@ def _train_state(args, scan_layers: bool, mesh):
     import jax
     import jax.numpy as jnp
 
-    from tfjax import experiment
+    from tfjax.runner import setup
 
     # Rows of 128 tokens, as many as shard evenly: the batch sets the (unused) steps' shapes,
     # not the state's.
     config = _config(args, scan_layers, batch_size=math.lcm(8, mesh.size))
     batch = {"tokens": jax.ShapeDtypeStruct((config.batch_size, 128), jnp.int32)}
-    inputs = experiment.Inputs(train=batch, eval=batch, vocab_size=args.vocab)
-    state = experiment.set_up(config, mesh, inputs=inputs).init(jax.random.key(0))
+    inputs = setup.Inputs(train=batch, eval=batch, vocab_size=args.vocab)
+    state = setup.set_up(config, mesh, inputs=inputs).init(jax.random.key(0))
     # Adam's moments start at zero; fill them so that nothing compresses unusually well.
     state = state.replace(
         opt_state=jax.tree.map(lambda x: x + 0.001 if x.ndim else x, state.opt_state)
@@ -165,7 +165,7 @@ def _time_saves(args, state, directory: str, mode: str) -> tuple[float, float]:
     """Median seconds (save returned, checkpoint durable) over `args.repeats` saves."""
     import ml_collections
 
-    from tfjax import checkpoint
+    from tfjax.runner import checkpoint
 
     shutil.rmtree(directory, ignore_errors=True)
     config = ml_collections.ConfigDict(

@@ -2,10 +2,10 @@ r"""Train-step time, throughput and MFU of each model family's shipped config, o
 
     python benchmarks/train_step.py [--families=vit,lm,mlm,translate] [--steps=20] [--devices=1]
 
-For each family: the config's model, batch and jitted steps from tfjax.experiment.set_up (as
+For each family: the config's model, batch and jitted steps from tfjax.runner.setup.set_up (as
 the runner builds them), `train_step` timed on real batches already on the devices, so the
 figures are the step alone (the input pipeline runs ahead of it in training). MFU is the model
-FLOPs (6 N T + attention, see tfjax.metrics) per second over tfjax.chips.peak_flops: the
+FLOPs (6 N T + attention, see tfjax.runner.chips) per second over its peak_flops: the
 vendor's peak on a known accelerator, else the matmul throughput measured in this same run.
 The run also counts compilations: train_step once for all steps, eval_step once for a whole
 evaluation epoch, its zero-padded last batch included. Writes benchmarks/results/train_step.json
@@ -47,9 +47,10 @@ def bench(family, spec, *, steps, devices, data_dir):
     import jax
 
     import tfjax.data
-    from tfjax import chips, experiment, sharding
+    from tfjax import sharding
+    from tfjax.runner import checks, chips, setup
 
-    config = experiment.load_config(os.path.join(ROOT, spec))
+    config = setup.load_config(os.path.join(ROOT, spec))
     config.data_dir = data_dir or ""
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
     data_config = tfjax.data.dataset_spec(config)
@@ -73,8 +74,8 @@ def bench(family, spec, *, steps, devices, data_dir):
         num_epochs=1,
         data_dir=data_dir or None,
     )
-    inputs = experiment.Inputs.from_loaders(config, data_config, loader, eval_loader)
-    exp = experiment.set_up(config, mesh, inputs=inputs)
+    inputs = setup.Inputs.from_loaders(config, data_config, loader, eval_loader)
+    exp = setup.set_up(config, mesh, inputs=inputs)
     rules = exp.rules
     state = exp.init(jax.random.key(0))
     step_fn, eval_fn = exp.train_step, exp.eval_step
@@ -102,7 +103,7 @@ def bench(family, spec, *, steps, devices, data_dir):
 
     step_s = statistics.median(times)
     flops = exp.flops_per_step
-    peak = chips.peak_flops(mesh, experiment.COMPUTE_DTYPES[config.dtype])
+    peak = chips.peak_flops(mesh, checks.COMPUTE_DTYPES[config.dtype])
     units = exp.task.units_per_batch(loader.element_spec)
     return dict(
         family=family,

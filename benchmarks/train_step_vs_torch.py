@@ -15,10 +15,10 @@ load drifts hit all alike) while the others wait idle, and the tables show media
 Threads: torch.set_num_threads(threads) and XLA's own thread pool, which takes every core of
 the process's CPU affinity; --threads below the core count pins each process to that many
 cores first, so both libraries see the same. Host memory: every contender's process alike
-keeps freed memory for reuse (tfjax.host_memory, as experiments/run.py does; --malloc=glibc
+keeps freed memory for reuse (tfjax.runner.host_memory, as experiments/run.py does; --malloc=glibc
 leaves glibc's defaults, which page-fault each step's temporaries in anew).
 
-MFU = model FLOPs per step / step time / roofline. Model FLOPs follow tfjax.metrics
+MFU = model FLOPs per step / step time / roofline. Model FLOPs follow tfjax.runner.chips
 (Kaplan et al. / PaLM): 6 * N * T for the weight matmuls (N = non-embedding parameters plus
 the output projection; embedding lookups count nothing) plus 12 * L * T * S * D for attention
 scores and values (causal masking not discounted). The roofline is the fastest float32
@@ -121,7 +121,7 @@ def main():
         default="keep",
         choices=("keep", "glibc"),
         help="keep: every contender's process keeps freed memory for reuse "
-        "(tfjax.host_memory, as experiments/run.py does); glibc: its defaults",
+        "(tfjax.runner.host_memory, as experiments/run.py does); glibc: its defaults",
     )
     args = parser.parse_args()
     threads = harness.use_cores(args.threads)
@@ -261,7 +261,7 @@ def main():
             roofline_source=peak_src,
             roofline_before=peak_before,
             roofline_after=peak_after,
-            flops_convention="6*N*T + 12*L*T*S*D (tfjax.metrics), causal not discounted",
+            flops_convention="6*N*T + 12*L*T*S*D (tfjax.runner.chips), causal not discounted",
             results=results,
             summary=summary,
         ),

@@ -70,7 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1))
     config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
 
-    config.optim = ml_collections.ConfigDict()  # fields: tfjax.optim
+    config.optim = ml_collections.ConfigDict()  # fields: tfjax.runner.optim
     config.optim.name = "adamw"  # "adamw" or "sgd"
     config.optim.learning_rate = 1e-3  # peak
     config.optim.schedule = "warmup_cosine"  # "rsqrt", "warmup_cosine" or "constant"
@@ -88,7 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.z_loss = 0.0  # coefficient of log(Z)^2 (0: off)
     config.loss.chunks = 1  # >1: logits and loss in this many slices of T, never all [B, T, V]
 
-    config.checkpoint = ml_collections.ConfigDict()  # fields: tfjax.checkpoint
+    config.checkpoint = ml_collections.ConfigDict()  # fields: tfjax.runner.checkpoint
     config.checkpoint.every = 200  # steps between checkpoints (0: only at the end)
     config.checkpoint.keep = 2  # newest checkpoints kept
     config.checkpoint.best_metric = "accuracy"  # also keep the best by this eval metric

@@ -73,7 +73,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1))
     config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
 
-    config.optim = ml_collections.ConfigDict()  # fields: tfjax.optim
+    config.optim = ml_collections.ConfigDict()  # fields: tfjax.runner.optim
     config.optim.name = "adamw"  # "adamw" or "sgd"
     config.optim.learning_rate = 0.5  # factor on the paper's rate (rsqrt), else the peak
     config.optim.schedule = "rsqrt"  # the paper's warmup then inverse square root decay
@@ -103,7 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.decode.prompt_length = 0  # unused (LM only)
     config.decode.average_last = 1  # decode.py: average the newest N checkpoints (paper: 5)
 
-    config.checkpoint = ml_collections.ConfigDict()  # fields: tfjax.checkpoint
+    config.checkpoint = ml_collections.ConfigDict()  # fields: tfjax.runner.checkpoint
     config.checkpoint.every = 400  # steps between checkpoints (0: only at the end)
     config.checkpoint.keep = 2  # newest checkpoints kept
     config.checkpoint.best_metric = "accuracy"  # also keep the best by this eval metric

@@ -11,7 +11,7 @@ digits: a small ViT on the embedded sklearn 8x8 digits (1498 train / 299 test im
   machine shared with other jobs), `--config.seed=0,1,2` at commit ef6f091: test accuracy
   0.9799 / 0.9799 / 0.9766, loss 0.1651 / 0.1572 / 0.1608, 59-69 s wall clock including
   start-up and compilation (compilation cache warm); an earlier host gave 0.9833 for seed 0.
-  Throughput is bounded by the input pipeline's augmentation; tests/test_configs.py checks
+  Throughput is bounded by the input pipeline's augmentation; tests/runner/test_configs.py checks
   the >= 0.97.
 
 tiny: a 2-step smoke run on digits for tests (a few seconds).
@@ -72,7 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1))
     config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
 
-    config.optim = ml_collections.ConfigDict()  # fields: tfjax.optim
+    config.optim = ml_collections.ConfigDict()  # fields: tfjax.runner.optim
     config.optim.name = "adamw"  # "adamw" or "sgd"
     config.optim.learning_rate = 2e-3  # peak
     config.optim.schedule = "warmup_cosine"  # "rsqrt", "warmup_cosine" or "constant"
@@ -89,7 +89,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.label_smoothing = 0.1  # eps of the smoothed targets
     config.loss.z_loss = 0.0  # coefficient of log(Z)^2 (0: off)
 
-    config.checkpoint = ml_collections.ConfigDict()  # fields: tfjax.checkpoint
+    config.checkpoint = ml_collections.ConfigDict()  # fields: tfjax.runner.checkpoint
     config.checkpoint.every = 500  # steps between checkpoints (0: only at the end)
     config.checkpoint.keep = 2  # newest checkpoints kept
     config.checkpoint.best_metric = "accuracy"  # also keep the best by this eval metric ("": no)

@@ -12,7 +12,7 @@ bytes per device, compile time, memory (arguments, temporaries, peak) against th
 (on a GPU, the 75% of it JAX allocates from), model FLOPs per step and the ideal step time at
 the chip's peak bf16 rate (a lower bound), and collective bytes per step by kind; it warns on
 a large replicated array, float32 matmuls under a bf16 config, and a peak above 90% of HBM
-(see tfjax.aot for how each is measured).
+(see tfjax.runner.aot for how each is measured).
 
 Exit status: 0 when every step fits, 1 when one does not ("DOES NOT FIT: needs X GiB, the chip
 has Y", with what to change), 2 for bad input (an unknown topology, a mesh that does not match
@@ -52,7 +52,7 @@ flags.mark_flags_as_required(["config", "topology"])
 
 def main(argv):
     del argv
-    from tfjax import aot
+    from tfjax.runner import aot
 
     unknown = sorted(set(_STEPS.value) - {"train", "eval", "decode"})
     if unknown:

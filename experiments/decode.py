@@ -83,7 +83,7 @@ def _option(flag, config_value):
 
 
 def main(argv):
-    from tfjax import checkpoint
+    from tfjax.runner import checkpoint
 
     try:
         _decode(argv)
@@ -124,7 +124,8 @@ def _decode(argv):
     import jax
     import numpy as np
 
-    from tfjax import decode, metrics, train
+    from tfjax import decode, progress
+    from tfjax.runner import train
 
     model, params, tokenizer = train.restore_model(
         config, _WORKDIR.value, average_last=average_last
@@ -165,7 +166,7 @@ def _decode(argv):
     for i, x in enumerate(ids):
         groups.setdefault(len(x) if method == "beam" and not encoder_decoder else 0, []).append(i)
     outputs = [None] * len(ids)
-    bar = metrics.progress(total=len(ids), unit="input", desc="decoding")
+    bar = progress.bar(total=len(ids), unit="input", desc="decoding")
     start, generated = time.perf_counter(), 0
     for members in groups.values():
         width = max(len(ids[i]) for i in members)
@@ -191,7 +192,7 @@ def _decode(argv):
     logging.info(
         "Decoded %d inputs: %s generated",
         len(ids),
-        metrics.throughput(generated, "tokens", time.perf_counter() - start),
+        progress.throughput(generated, "tokens", time.perf_counter() - start),
     )
     for text, out in zip(texts, outputs, strict=True):
         print(f"{text}\t{out}", flush=True)

@@ -12,7 +12,7 @@ SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoin
 with status 143 or 130 (128 + the signal) and a line saying where to resume. A non-finite loss,
 a workdir another run owns, a checkpoint that does not fit or cannot be restored, and a save
 that cannot be written (a full disk) exit with status 1 and their message alone (see
-tfjax.train, tfjax.workdirs, tfjax.checkpoint).
+tfjax.runner.train, tfjax.runner.workdirs, tfjax.runner.checkpoint).
 
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
@@ -34,7 +34,6 @@ import logging as std_logging
 import os
 import signal
 import sys
-import threading
 
 import ml_collections
 from absl import app, flags, logging
@@ -82,7 +81,8 @@ _KEEP_FREED_MEMORY = flags.DEFINE_bool(
     "keep_freed_memory",
     True,
     "CPU runs: glibc's malloc keeps freed memory for reuse, so XLA's per-step temporaries are "
-    "not page-faulted in anew every step (see tfjax.host_memory; GPT-2 small: a 0.90x step).",
+    "not page-faulted in anew every step (see tfjax.runner.host_memory; GPT-2 small: a 0.90x "
+    "step).",
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -152,9 +152,9 @@ def _bad_override(argv) -> str | None:
         return None
     if not os.path.isfile(spec.partition(":")[0]):
         return f"--config={spec}: no such file"
-    from tfjax import experiment
+    from tfjax.runner import setup
 
-    config = experiment.load_config(spec)
+    config = setup.load_config(spec)
     fields = _field_paths(config)
     for key in keys:
         node, path = config, []
@@ -190,16 +190,17 @@ def _field_paths(config, prefix="") -> list[str]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from tfjax import experiment  # starts no JAX backend
 
-    try:  # tfjax.train checks again; here the error is a line, not a traceback
-        experiment.check_config(_CONFIG.value)
-        experiment.check_paths(_CONFIG.value, _WORKDIR.value)
+    from tfjax.runner import checks  # starts no JAX backend
+
+    try:  # tfjax.runner.train checks again; here the error is a line, not a traceback
+        checks.check_config(_CONFIG.value)
+        checks.check_paths(_CONFIG.value, _WORKDIR.value)
     except (ValueError, OSError) as e:
         _usage_error(str(e))
     if logging.get_verbosity() <= logging.INFO:  # --verbosity=1 shows everything
         logging.get_absl_handler().addFilter(_OwnInfoOnly())
-    from tfjax import host_memory
+    from tfjax.runner import host_memory
 
     if not host_memory.accelerator_attached():
         # An installed libtpu or CUDA plugin without its device (a CPU host that compiles for
@@ -215,9 +216,18 @@ def main(argv):
         # Every program, even fast-compiling ones: small CPU runs start in seconds this way.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if _want_distributed():
-        # CPU processes exchange data through gloo (accelerators use their own collectives).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        _initialize_distributed()
+        from tfjax.runner import distributed
+
+        for flag in (_DISTRIBUTED_TIMEOUT, _HEARTBEAT_TIMEOUT):
+            if flag.value < 1:
+                _usage_error(f"--{flag.name} must be at least 1 (seconds), got {flag.value}")
+        distributed.initialize(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+            timeout_s=_DISTRIBUTED_TIMEOUT.value,
+            heartbeat_timeout_s=_HEARTBEAT_TIMEOUT.value,
+        )
     logging.info(
         "Process %d of %d; %d local devices of %d (%s)",
         jax.process_index(),
@@ -226,7 +236,7 @@ def main(argv):
         jax.device_count(),
         jax.default_backend(),
     )
-    from tfjax import checkpoint, train, workdirs
+    from tfjax.runner import checkpoint, train, workdirs
 
     try:
         result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
@@ -253,77 +263,6 @@ def main(argv):
         sys.exit(128 + signum)
     if jax.process_index() == 0:
         print(_summary(result), flush=True)
-
-
-# JAX's own deadlines run this much past --distributed_timeout, so that ours speaks first.
-_COORDINATOR_GRACE_S = 5  # the coordinator's registration deadline: its error names the missing
-_CLIENT_GRACE_S = 30  # a process's own deadline to reach the coordinator (process 0 missing)
-
-
-def _initialize_distributed():
-    """jax.distributed.initialize() within --distributed_timeout, or an exit naming who is missing.
-
-    JAX ends a process that cannot connect in time from C++ (abort, status 134): Python cannot
-    catch it. So a watchdog prints our message at the deadline, and the coordinator's
-    registration deadline (a few seconds later) makes JAX's error that follows name the missing
-    processes ("Some timed out task names: 1"); without it JAX only says "Deadline Exceeded".
-    """
-    import jax
-    from jax._src import distributed
-
-    for flag in (_DISTRIBUTED_TIMEOUT, _HEARTBEAT_TIMEOUT):
-        if flag.value < 1:
-            raise app.UsageError(f"--{flag.name} must be at least 1 (seconds), got {flag.value}")
-    timeout = _DISTRIBUTED_TIMEOUT.value
-    address = _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS") or "(detected)"
-    count = _NUM_PROCESSES.value or "all"
-    me = _PROCESS_ID.value
-
-    def not_connected():
-        who = (
-            "process(es) not connected are named in JAX's error that follows ('Some timed out "
-            "task names')"
-            if me == 0
-            else f"process {me} could not reach process 0 (the coordinator) at {address}, or "
-            "another process did not connect (JAX's error that follows says which)"
-        )
-        print(
-            f"jax.distributed.initialize: not all {count} processes connected to {address} "
-            f"within {timeout} s (--distributed_timeout); {who}. Check that every process was "
-            "started, with the same --coordinator_address and --num_processes.",
-            file=sys.stderr,
-            flush=True,
-        )
-        watchdog.finished.wait(_CLIENT_GRACE_S + 30)  # JAX aborts first; if it does not:
-        if not watchdog.finished.is_set():
-            os._exit(1)
-
-    make_service = distributed._jax.get_distributed_runtime_service
-    patched = "cluster_register_timeout" in (make_service.__doc__ or "")
-
-    def service(*args, **kwargs):
-        return make_service(
-            *args, cluster_register_timeout=timeout + _COORDINATOR_GRACE_S, **kwargs
-        )
-
-    watchdog = threading.Timer(timeout, not_connected)
-    watchdog.daemon = True
-    watchdog.start()
-    if patched:
-        distributed._jax.get_distributed_runtime_service = service
-    try:
-        jax.distributed.initialize(
-            coordinator_address=_COORDINATOR.value,
-            num_processes=_NUM_PROCESSES.value,
-            process_id=_PROCESS_ID.value,
-            initialization_timeout=timeout + _CLIENT_GRACE_S,
-            heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
-            shutdown_timeout_seconds=timeout,
-        )
-    finally:
-        watchdog.cancel()
-        if patched:
-            distributed._jax.get_distributed_runtime_service = make_service
 
 
 def _summary(result: dict) -> str:

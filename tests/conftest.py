@@ -16,7 +16,7 @@ if "xla_force_host_platform_device_count" not in _flags:
 
 # libtpu is installed for the ahead-of-time compile tests; without a TPU attached, JAX must not
 # try to start a TPU backend (slow, noisy): the suite computes on the CPU.
-from tfjax import host_memory  # noqa: E402
+from tfjax.runner import host_memory  # noqa: E402
 
 if not host_memory.accelerator_attached():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -73,7 +73,7 @@ def runner_env(tmp_path_factory):
 @pytest.fixture(scope="session")
 def v5e():
     """Compile-only devices of a v5e:2x2 slice (libtpu's compiler on this host)."""
-    from tfjax import aot
+    from tfjax.runner import aot
 
     return aot.topology_devices("v5e:2x2")
 
@@ -139,8 +139,8 @@ def wait_for_steps(workdir, n, proc, timeout=240):
 
 # --------------------------------------------------------------------------- a run's checkpoints
 def listed_steps(workdir):
-    """The steps tfjax.checkpoint lists in a workdir (complete checkpoints only)."""
-    from tfjax import checkpoint
+    """The steps tfjax.runner.checkpoint lists in a workdir (complete checkpoints only)."""
+    from tfjax.runner import checkpoint
 
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
     try:

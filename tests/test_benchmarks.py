@@ -40,7 +40,7 @@ def test_train_step_vs_torch_tiny(tmp_path):
     assert out.count("ratio tfjax/torch_eager = ") == 1
     assert out.count("ratio tfjax/stock_flax = ") == 1
     assert result["roofline_flops"] > 0 and result["machine"]["jax"]
-    # The matmuls-alone ceiling counts the FLOPs of tfjax.metrics (which adds biases, norms).
+    # The matmuls-alone ceiling counts the FLOPs of tfjax.runner.chips (which adds biases, norms).
     summary = result["summary"]["decoder"]
     flops = result["results"]["decoder"]["flops"]
     assert summary["matmul_flops"] == pytest.approx(flops, rel=0.05)  # biases, norms aside

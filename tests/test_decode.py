@@ -160,7 +160,7 @@ def test_bad_options_name_themselves(gpt):
     model, params = gpt
     kw = dict(max_new_tokens=4, eos_id=EOS)
     # A learned position table ends at max_len (RoPE models, like `gpt`, go past it, as
-    # dynamic RoPE scaling needs; tests/test_interop.py).
+    # dynamic RoPE scaling needs; tests/interop/test_interop.py).
     learned = decoder.Model(variant="tiny", vocab_size=V)
     learned_params = learned.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
     with pytest.raises(ValueError, match="exceeds the model's max_len=256"):

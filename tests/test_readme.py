@@ -76,7 +76,7 @@ def _tiny_gpt2_checkpoint(cwd: str) -> None:
 def _tiny_translate_run(cwd: str) -> None:
     """workdirs/translate_demo as `make train CONFIG=configs/translate.py:demo` leaves it, but
     trained with configs/translate.py:tiny (2 steps, byte tokenizer) in a few seconds."""
-    from tfjax import train
+    from tfjax.runner import train
 
     config = train.load_config(os.path.join(ROOT, "configs", "translate.py:tiny"))
     config.data_dir = os.environ["TFJAX_DATA_DIR"]
@@ -159,7 +159,7 @@ def test_readme_block_runs_as_written(block, tmp_path, data_dir, monkeypatch):
 
 
 def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
-    """`import tfjax` then `tfjax.train.restore_model`, as the README writes it, without
+    """`import tfjax` then `tfjax.runner.train.restore_model`, as the README writes it, without
     importing the data pipeline (or TensorFlow) until a submodule is asked for."""
     code = (
         "import sys, tfjax\n"
@@ -167,8 +167,13 @@ def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
         "'tensorflow_datasets', 'grain', 'jax')]\n"
         "assert not heavy, heavy\n"
         "assert 'tfjax.data' not in sys.modules\n"
-        "assert callable(tfjax.train.restore_model) and callable(tfjax.decode.generate)\n"
-        "assert 'train' in dir(tfjax)\n"
+        "assert callable(tfjax.runner.train.restore_model) and callable(tfjax.decode.generate)\n"
+        "assert {'runner', 'nn', 'models', 'decode'} <= set(dir(tfjax)), dir(tfjax)\n"
+        "assert {'train', 'setup', 'profiling', 'aot'} <= set(dir(tfjax.runner)), dir(tfjax.runner)\n"
+        "for package in (tfjax, tfjax.runner):  # every listed name is a module that imports\n"
+        "    for name in dir(package):\n"
+        "        if not name.startswith('_'):\n"
+        "            getattr(package, name)\n"
         "try:\n"
         "    tfjax.no_such_module\n"
         "except AttributeError as e:\n"

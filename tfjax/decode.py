@@ -604,7 +604,7 @@ def lower(
     top_p: float = 1.0,
 ):
     """`generate`'s jitted program lowered for abstract `params` and `inputs` (ShapeDtypeStructs
-    with shardings): compile it ahead of time for a target (`tfjax.aot`) without any data.
+    with shardings): compile it ahead of time for a target (`tfjax.runner.aot`) without any data.
     Prompts are taken as fed token by token from the start, as in the runner's eval."""
     from jax.sharding import NamedSharding, PartitionSpec
 

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from tfjax import metrics
+from tfjax import progress
 from tfjax.data import catalog, embedded
 from tfjax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, train_sentencepiece
 
@@ -228,7 +228,7 @@ def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
     )
 
     # SentencePiece reads every record first (the bar), then trains (no progress to show).
-    bar = metrics.progress(total=len(keys), unit="record", desc="SentencePiece: reading")
+    bar = progress.bar(total=len(keys), unit="record", desc="SentencePiece: reading")
     start = time.perf_counter()
 
     def texts():
@@ -241,7 +241,7 @@ def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
         bar.close()
         elapsed = time.perf_counter() - start
         logging.info(
-            "SentencePiece: read %s; training", metrics.throughput(len(keys), "records", elapsed)
+            "SentencePiece: read %s; training", progress.throughput(len(keys), "records", elapsed)
         )
 
     train_sentencepiece(texts(), path, vocab_size=cfg.vocab_size)

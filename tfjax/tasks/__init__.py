@@ -27,7 +27,7 @@ The task names are also the dataset's (`tfjax.data`): a dataset lists the tasks 
 makes the batches of the task it is resolved for. Token id 0 is padding everywhere; padding
 rows and tokens get weight 0.
 
-With config.loss.chunks > 1 (TOKEN_TASKS only) the train and eval steps (`tfjax.steps`) take
+With config.loss.chunks > 1 (TOKEN_TASKS only) the train and eval steps (`tfjax.runner.steps`) take
 the model's final hidden states (`apply_head=False`) and its output head (the `logits` method)
 and make the same sums with `losses.chunked_cross_entropy_sums` against
 labels_and_weights(batch): labels and weights are defined once, for both paths.

@@ -5,11 +5,11 @@ A task whose evaluation also generates text names its hook class
     DECODE_EVAL = <a DecodeEval subclass>; DECODE_EVAL.from_config(config) -> instance | None
                                                     (None: this config decodes nothing)
 
-and the runner's evaluation (`tfjax.evaluation`) asks `tfjax.tasks.decode_eval(config)`, never
-naming a task: for every eval batch it calls `decode(exp, tokenizer, params, batch, step=,
+and the runner's evaluation (`tfjax.runner.evaluation`) asks `tfjax.tasks.decode_eval(config)`,
+never naming a task: for every eval batch it calls `decode(exp, tokenizer, params, batch, step=,
 index=)` and collects the outputs, then `finish(outputs)` once, which gives the metrics to add
 and the samples to write to WORKDIR/samples.jsonl. `generate_args(exp, batch)` says what
-decode() generates from a batch; `tfjax.aot` lowers the same from an abstract eval batch.
+decode() generates from a batch; `tfjax.runner.aot` lowers the same from an abstract eval batch.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class DecodeEval(abc.ABC):
     def generate_args(self, exp, batch) -> tuple[object, dict]:
         """(prompts, keyword arguments of `tfjax.decode.generate` other than eos_id, rng and
         check) with which decode() generates from eval batch `batch` (global arrays). For an
-        abstract batch (jax.ShapeDtypeStructs with shardings, as `tfjax.aot` lowers the
+        abstract batch (jax.ShapeDtypeStructs with shardings, as `tfjax.runner.aot` lowers the
         decode) the prompts are a ShapeDtypeStruct of the largest prompts decode() feeds."""
 
     @abc.abstractmethod

@@ -1,0 +1,74 @@
+"""Presets of published checkpoints: their parameter counts are the model cards'.
+
+Counted from shapes alone (jax.eval_shape): nothing is allocated, so the 70B preset is cheap.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tfjax.models import decoder
+
+# (billions, decimals the card gives, non-embedding billions or None), from each model card on
+# huggingface.co (Llama 3.2 1B: the page's 1.24B; Meta's card table rounds it to 1.23B).
+CARDS = {
+    "llama-3.2-1b": (1.24, 2, None),
+    "llama-3.2-3b": (3.21, 2, None),
+    "llama-3.1-8b": (8.03, 2, None),
+    "llama-3.1-70b": (70.6, 1, None),
+    "mistral-7b": (7.24, 2, None),
+    "qwen2.5-0.5b": (0.49, 2, 0.36),
+    "qwen2.5-7b": (7.61, 2, 6.53),
+    "qwen3-0.6b": (0.6, 1, 0.44),
+    "qwen3-8b": (8.2, 1, 6.95),
+}
+
+
+def _count(model) -> int:
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
+
+
+@pytest.mark.parametrize("variant", sorted(CARDS))
+def test_published_presets_have_the_model_cards_parameter_counts(variant):
+    billions, decimals, non_embedding = CARDS[variant]
+    model = decoder.Model(variant=variant)
+    n = _count(model)
+    # The cards round or truncate to their last decimal: within one unit of it.
+    assert abs(n / 1e9 - billions) < 10**-decimals, n
+    if non_embedding is not None:  # the token embedding, and the head when untied
+        embeddings = model.vocab_size * model.width * (1 if model.tie_embeddings else 2)
+        assert abs((n - embeddings) / 1e9 - non_embedding) < 0.01, n - embeddings
+
+
+def test_every_published_preset_is_counted():
+    assert {v for v in PUBLISHED if not v.startswith("gemma-")} == set(CARDS)
+
+
+# Every published decoder preset (the Gemma cards are checked in
+# tests/interop/test_interop_gemma.py).
+PUBLISHED = sorted(
+    v for v in decoder.VARIANTS if v.startswith(("llama-", "mistral-", "qwen", "gemma-"))
+)
+
+
+@pytest.mark.parametrize("variant", PUBLISHED)
+def test_published_presets_export_a_config_transformers_builds_with_the_same_count(variant):
+    """The preset's exported config.json, built by transformers on the meta device (no memory),
+    has as many parameters as the preset, and loads back as the same model."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tfjax.interop import core
+    from tfjax.interop import decoder as convert
+
+    model = convert.spelled_out(decoder.Model(variant=variant))
+    family = convert.export_family(model)
+    config = core.hf_config(family, model)
+    assert decoder.Model(**core.model_fields(family, config)) == model
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(hf_config)
+    assert type(reference).__name__ == config["architectures"][0]
+    assert sum(p.numel() for p in reference.parameters()) == _count(model)

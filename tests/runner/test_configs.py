@@ -1,0 +1,132 @@
+"""The shipped configs: every preset loads, every tiny preset trains, the command line rejects
+bad overrides, and the embedded ViT experiment reaches its documented accuracy."""
+
+import glob
+import importlib.util
+import logging
+import os
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, run_command
+
+import tfjax.data
+from tfjax.runner import checks, metrics, train
+
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+NAMES = [os.path.splitext(os.path.basename(p))[0] for p in CONFIGS]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """One data directory for the session: embedded datasets are prepared on first use."""
+    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
+
+
+def load(name, preset):
+    return train.load_config(os.path.join(ROOT, "configs", f"{name}.py:{preset}"))
+
+
+def config_module(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_families():
+    assert NAMES == ["lm", "mlm", "translate", "vit"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_preset_loads_locked_and_documented(name):
+    module = config_module(name)
+    assert f"python experiments/run.py --config=configs/{name}.py:" in module.__doc__
+    assert "tiny" in module._PRESETS
+    for preset in module._PRESETS:
+        config = module.get_config(preset)
+        assert config.is_locked
+        with pytest.raises(AttributeError, match="batchsize"):
+            config.batchsize = 3  # a misspelt field is an error naming it
+        checks.check_config(config)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        module.get_config("huge")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_preset_names_a_model_variant_and_sets_only_what_differs(name):
+    """Sizes have one source of truth, the model file's VARIANTS: a config field that repeats
+    its variant's value would hide whether the preset applies."""
+    module = config_module(name)
+    for preset in module._PRESETS:
+        config = module.get_config(preset)
+        variant = checks.model_module(config.model.name).VARIANTS[config.model.variant]
+        repeated = {k: v for k, v in config.model.items() if k in variant and v == variant[k]}
+        assert not repeated, (preset, config.model.variant, repeated)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tiny_preset_trains_compiling_each_step_once(name, data_dir, tmp_path, caplog):
+    config = load(name, "tiny")
+    config.data_dir = data_dir
+    if name == "vit":  # evaluate on the whole test split: 299 images, the last batch partial
+        config.eval_steps = 0
+    with caplog.at_level(logging.WARNING), jax.log_compiles():
+        result = train.train_and_evaluate(config, str(tmp_path))
+    assert result["step"] == config.num_train_steps == 2
+    rows = metrics.read_metrics(str(tmp_path))
+    assert [(r["step"], r["split"]) for r in rows] == [(1, "train"), (2, "train"), (2, "eval")]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert os.path.exists(tmp_path / "config.json")
+    assert os.listdir(tmp_path / "checkpoints") == ["2"]
+    assert any(f.startswith("events") for f in os.listdir(tmp_path / "tensorboard"))
+    # No recompilation after the first step, the last (zero-padded) batch included.
+    compiled = [r.getMessage() for r in caplog.records if "Compiling jit(" in r.getMessage()]
+    assert sum("jit(train_step)" in m for m in compiled) == 1
+    assert sum("jit(eval_step)" in m for m in compiled) == 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_dataset_field_can_be_set_and_unset_ones_take_the_catalog_default(name):
+    module = config_module(name)
+    for preset in module._PRESETS:
+        config = module.get_config(preset)
+        given = {k: v for k, v in config.dataset.items() if v is not None}
+        defaults = tfjax.data.default_dataset_config(config.dataset.name)
+        assert set(config.dataset) == set(defaults) | set(given)  # every field is settable
+        resolved = tfjax.data.dataset_spec(config)
+        assert dict(resolved) == dict(defaults) | given | {"task": config.task}
+    config = load(name, "tiny")
+    field, value = {"vit": ("image_size", 40), "translate": ("vocab_size", 500)}.get(
+        name, ("tokenizer", "sentencepiece")
+    )
+    assert config.dataset[field] is None  # a field the preset leaves to the catalog
+    config.dataset[field] = value  # settable although the config is locked
+    assert tfjax.data.dataset_spec(config)[field] == value
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"batchsize": 3}, "has no field batchsize; did you mean batch_size?"),
+        ({"batch_size": "abc"}, "--config.batch_size=abc: invalid literal for int"),
+        ({"mesh.data": 2.5}, "--config.mesh.data=2.5"),
+    ],
+)
+def test_command_line_rejects_bad_overrides(override, message, tmp_path):
+    workdir = tmp_path / "run"
+    cmd = run_command(workdir, tmp_path / "data", override)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not workdir.exists()
+
+
+def test_vit_digits_reaches_97_percent(data_dir, tmp_path):
+    """The embedded experiment of configs/vit.py, as documented there, on one device."""
+    config = load("vit", "digits")
+    config.data_dir = data_dir
+    result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+    assert result["eval"]["accuracy"] >= 0.97

@@ -1,0 +1,301 @@
+"""Decoding in the runner: BLEU and samples in eval, experiments/decode.py, checkpoint averaging."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT
+
+import tfjax.data
+from tfjax import decode
+from tfjax.models import decoder, transformer
+from tfjax.runner import checkpoint, metrics, train
+from tfjax.tasks import translation
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
+
+
+def tiny(spec, data_dir, **fields):
+    config = train.load_config(os.path.join(ROOT, spec))
+    config.data_dir = data_dir
+    config.update(fields)
+    return config
+
+
+@pytest.fixture(scope="module")
+def translate_run(data_dir, tmp_path_factory):
+    """The tiny translation config on a data=4 mesh, checkpoints at steps 2, 3 and 4."""
+    workdir = str(tmp_path_factory.mktemp("translate"))
+    config = tiny("configs/translate.py:tiny", data_dir, num_train_steps=4, eval_every=2)
+    config.mesh.data = 4
+    config.checkpoint.update(every=1, keep=3, best_metric="")
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:4])
+    return config, workdir
+
+
+def test_translation_eval_logs_bleu_and_samples(translate_run):
+    config, workdir = translate_run
+    evals = metrics.read_metrics(workdir, "eval")
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(0.0 <= r["bleu"] <= 100.0 for r in evals)
+    with open(os.path.join(workdir, "samples.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == 2 * config.decode.num_samples
+    assert {"step", "output", "reference"} <= set(samples[0])
+    assert all(s["reference"] for s in samples)  # detokenised real rows, not padding
+
+
+def test_corpus_bleu_bounds():
+    refs = ["four thousand two hundred twenty-one", "seventeen", "one hundred two thousand five"]
+    assert translation.corpus_bleu(refs, refs) == pytest.approx(100.0)
+    assert translation.corpus_bleu(["x y z"] * 3, refs) == 0.0
+
+
+def test_lm_eval_writes_samples(data_dir, tmp_path):
+    config = tiny("configs/lm.py:tiny", data_dir)
+    train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+    with open(tmp_path / "samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == config.decode.num_samples
+    assert all(s["step"] == 2 and s["prompt"] for s in samples)
+
+
+def test_workdir_keeps_the_sentencepiece_model_it_was_trained_with(tmp_path):
+    data_dir, workdir = str(tmp_path / "data"), str(tmp_path / "run")
+    config = tiny("configs/lm.py:tiny", data_dir)
+    config.dataset.update(tokenizer="sentencepiece", vocab_size=600)
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+    data_model = tfjax.data.tokenizer_path(tfjax.data.dataset_spec(config), data_dir)
+    stored = os.path.join(workdir, train.TOKENIZER_FILE)
+    with open(stored, "rb") as f, open(data_model, "rb") as g:
+        assert f.read() == g.read()
+
+    # Decoding needs only the workdir: the dataset's tokenizer may be gone (another machine).
+    os.remove(data_model)
+    _, _, tokenizer = train.restore_model(config, workdir, devices=jax.devices()[:1])
+    assert tokenizer.path == stored
+    assert tokenizer.decode(tokenizer.encode("def f(x):")) == "def f(x):"
+
+    # Resuming with another SentencePiece model is refused before anything is written.
+    texts = ["a completely different corpus of words, numbers 12345 and symbols %$#"] * 50
+    tfjax.data.tokenizers.train_sentencepiece(texts, data_model, vocab_size=400)
+    before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+    config.num_train_steps = 4
+    with pytest.raises(ValueError, match=f"trained with the SentencePiece model {stored}"):
+        train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+    with open(stored, "rb") as f, open(data_model, "rb") as g:
+        assert f.read() != g.read()  # the workdir's copy is untouched
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_unchecked_generate_matches_checked(method):
+    """check=False (global arrays in the runner) gives the tokens of the checked path."""
+    rng = np.random.default_rng(0)
+    for model in (
+        transformer.Model(variant="tiny", vocab_size=40),
+        decoder.Model(variant="tiny", vocab_size=40, max_len=32),
+    ):
+        inputs = rng.integers(5, 40, size=(3, 6)).astype(np.int32)
+        if method == "greedy" and not hasattr(model, "encode"):
+            inputs[1, 4:] = 0  # a shorter prompt: lengths found on the device
+        args = (inputs, inputs) if hasattr(model, "encode") else (inputs,)
+        params = model.init(jax.random.key(1), *args)["params"]
+        kw = dict(max_new_tokens=5, eos_id=2, method=method, beam_size=2)
+        want = decode.generate(model, params, inputs, **kw)
+        got = decode.generate(model, params, jax.numpy.asarray(inputs), check=False, **kw)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+
+
+def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):
+    config, workdir = translate_run
+    model, newest, _ = train.restore_model(config, workdir, devices=jax.devices()[:4])
+    _, averaged, _ = train.restore_model(config, workdir, average_last=2, devices=jax.devices()[:4])
+    manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
+    assert sorted(manager.all_steps()) == [2, 3, 4]
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), newest
+    )
+    step3 = manager.restore(
+        3,
+        args=checkpoint.ocp.args.Composite(
+            params=checkpoint.ocp.args.PyTreeRestore(
+                target, restore_args=checkpoint.ocp.checkpoint_utils.construct_restore_args(target)
+            )
+        ),
+    )["params"]
+    manager.close()
+    for a, b, c in zip(*map(jax.tree.leaves, (averaged, newest, step3)), strict=True):
+        np.testing.assert_allclose(a, (np.asarray(b) + np.asarray(c)) / 2, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="average_last=4 but .* keeps only 3"):
+        train.restore_model(config, workdir, average_last=4, devices=jax.devices()[:4])
+
+
+def decode_cli(workdir, data_dir, *args, stdin=None, config="configs/translate.py:tiny"):
+    return subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments/decode.py"),
+            "--config=" + os.path.join(ROOT, config),
+            f"--config.data_dir={data_dir}",
+            f"--workdir={workdir}",
+            *args,
+        ],
+        capture_output=True,
+        text=not isinstance(stdin, bytes),
+        input=stdin,
+        timeout=300,
+    )
+
+
+def assert_short_error(out, message):
+    """Exit status 2 and the message, without a traceback or absl's help on every flag."""
+    stderr = out.stderr if isinstance(out.stderr, str) else out.stderr.decode()
+    assert out.returncode == 2, stderr
+    assert message in stderr and "Traceback" not in stderr and "--top_p" not in stderr, stderr
+
+
+def test_decode_cli_translates_each_input(translate_run, data_dir, tmp_path):
+    _, workdir = translate_run
+    out = decode_cli(workdir, data_dir, "--input=4021", "--input=17", "--max_new_tokens=6")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["4021", "17"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("5\n\n12\n")
+    out = decode_cli(workdir, data_dir, f"--input_file={prompts}", "--method=sample")
+    assert out.returncode == 0, out.stderr
+    assert [line.split("\t")[0] for line in out.stdout.splitlines()] == ["5", "12"]
+    out = decode_cli(workdir, data_dir, stdin="99\n")
+    assert out.returncode == 0 and out.stdout.startswith("99\t"), out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input=1", "--method=sample", "--top_p=1.5"], "top_p must be in"),
+        (["--input=1", "--method=beam", "--beam_size=0"], "beam_size must be at least 1"),
+        (["--input_file=/nonexistent.txt"], "--input_file='/nonexistent.txt' does not exist"),
+        (["--input=1", "--average_last=9"], "average_last=9"),
+    ],
+)
+def test_decode_cli_bad_input_names_the_option(translate_run, data_dir, args, message):
+    out = decode_cli(translate_run[1], data_dir, *args)
+    assert out.returncode != 0
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_decode_cli_without_checkpoint_names_the_workdir(data_dir, tmp_path):
+    out = decode_cli(str(tmp_path), data_dir, "--input=1")
+    assert out.returncode != 0 and f"{str(tmp_path)!r} holds no checkpoint" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "source, where, byte",
+    [
+        ("file", "--input_file='{path}'", "byte 5 (line 2)"),
+        ("stdin", "stdin", "byte 5 (line 2)"),
+        ("flag", "--input #2", "byte 2 (line 1)"),
+    ],
+)
+def test_decode_cli_input_that_is_not_utf8_names_it(
+    translate_run, data_dir, tmp_path, source, where, byte
+):
+    text = b"17\n40\xff21\n"  # a Latin-1 byte at offset 5, on line 2
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(text)
+    args = {
+        "file": [f"--input_file={path}"],
+        "stdin": [],
+        "flag": ["--input=17", b"--input=40\xff21"],
+    }
+    stdin = text if source == "stdin" else None
+    out = decode_cli(translate_run[1], data_dir, *args[source], stdin=stdin)
+    message = (
+        f"{where.format(path=path)} is not UTF-8 text: {byte} is 0xff. Give the inputs as UTF-8"
+    )
+    assert_short_error(out, message)
+
+
+def test_decode_cli_negative_max_new_tokens_names_the_flag(data_dir, tmp_path):
+    for config in ("configs/translate.py:tiny", "configs/lm.py:tiny"):
+        # No run in the workdir: the flag is refused before anything is loaded.
+        out = decode_cli(tmp_path, data_dir, "--input=17", "--max_new_tokens=-1", config=config)
+        assert_short_error(
+            out,
+            "--max_new_tokens=-1: give the number of tokens to generate per "
+            "input (at least 1), or 0 for the default",
+        )
+
+
+def test_decode_cli_warns_of_sources_longer_than_trained(translate_run, data_dir, tmp_path):
+    config, workdir = translate_run
+    path = tmp_path / "sources.txt"
+    path.write_text("17\n" + "1234567890" * 3 + "\n")  # bytes: 30 tokens + eos
+    out = decode_cli(workdir, data_dir, f"--input_file={path}", "--max_new_tokens=4")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 2
+    trained = config.dataset.seq_len
+    assert (
+        f"line 2 of {path} is 31 tokens long, but the model was trained on at most {trained} "
+        "(dataset.seq_len): its output for it is unreliable"
+    ) in out.stderr
+    assert "line 1 of" not in out.stderr
+
+
+def _run_in_terminal(cmd, timeout=300) -> str:
+    """Runs cmd with stdout and stderr on a pseudo-terminal of 120 columns (a user's terminal);
+    returns everything it printed."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(timeout=timeout) == 0, out.decode(errors="replace")[-3000:]
+    return out.decode(errors="replace")
+
+
+def test_decoding_a_file_shows_progress_and_logs_its_rate(translate_run, data_dir, tmp_path):
+    _, workdir = translate_run
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{n}\n" for n in range(1, 41)))
+    args = (f"--input_file={prompts}", "--max_new_tokens=6")
+    out = decode_cli(workdir, data_dir, *args)
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stderr.splitlines() if "Decoded 40 inputs: " in x]
+    assert "tokens in" in line and "tokens/s) generated" in line
+    assert "input/s" not in out.stderr  # no bar where stderr is not a terminal
+    shown = _run_in_terminal(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments/decode.py"),
+            "--config=" + os.path.join(ROOT, "configs/translate.py:tiny"),
+            f"--config.data_dir={data_dir}",
+            f"--workdir={workdir}",
+            *args,
+        ]
+    )
+    assert "decoding: 100%" in shown and "40/40" in shown and "input/s]" in shown

@@ -1,0 +1,247 @@
+"""End-to-end runs of tfjax.runner.train on 8 simulated CPU devices: meshes, resume, bad input."""
+
+import hashlib
+import json
+import logging
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, set_fields
+from jax.sharding import PartitionSpec as P
+
+from tfjax.runner import metrics, train
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """One data directory for the session: embedded datasets are prepared on first use."""
+    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
+
+
+def lm_config(data_dir, **overrides):
+    """The tiny causal-LM config (tensor parallelism has heads, MLP and vocab to split) with
+    dropout on, so that the test also covers per-step randomness across meshes."""
+    config = train.load_config(os.path.join(ROOT, "configs/lm.py:tiny"))
+    config.data_dir = data_dir
+    config.model.dropout_rate = 0.1
+    config.update(num_train_steps=10, log_every=1, eval_every=0, eval_steps=1)
+    config.checkpoint.every = 0
+    return set_fields(config, overrides)
+
+
+def losses(workdir, split="train"):
+    return [(r["step"], r["loss"]) for r in metrics.read_metrics(workdir, split)]
+
+
+def snapshot(directory):
+    """{relative path: sha256} of every file below directory."""
+    out = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+MESHES = {
+    "1 device": (dict(data=1, fsdp=1, tensor=1), 1),
+    "data=8": (dict(data=8, fsdp=1, tensor=1), 8),
+    "fsdp=8": (dict(data=1, fsdp=8, tensor=1), 8),
+    "2x2x2": (dict(data=2, fsdp=2, tensor=2), 8),
+}
+
+
+@pytest.fixture(scope="module")
+def mesh_runs(data_dir, tmp_path_factory):
+    runs = {}
+    for name, (mesh, n) in MESHES.items():
+        workdir = str(tmp_path_factory.mktemp("mesh"))
+        result = train.train_and_evaluate(
+            lm_config(data_dir, **{f"mesh.{k}": v for k, v in mesh.items()}),
+            workdir,
+            devices=jax.devices()[:n],
+        )
+        runs[name] = (workdir, result)
+    return runs
+
+
+def test_meshes_give_the_same_losses(mesh_runs):
+    reference = losses(mesh_runs["1 device"][0])
+    assert [s for s, _ in reference] == list(range(1, 11))
+    assert reference[-1][1] < reference[0][1]  # it learns
+    for name, (workdir, _) in mesh_runs.items():
+        got = losses(workdir)
+        assert [s for s, _ in got] == [s for s, _ in reference], name
+        np.testing.assert_allclose(
+            [v for _, v in got], [v for _, v in reference], rtol=1e-5, err_msg=name
+        )
+
+
+@pytest.mark.parametrize(
+    "name, spec, shard_shape",
+    [
+        ("1 device", P("fsdp", "tensor"), (32, 64)),
+        ("data=8", P("fsdp", "tensor"), (32, 64)),  # replicated: parameters are not split
+        ("fsdp=8", P("fsdp", "tensor"), (4, 64)),  # embed over fsdp
+        ("2x2x2", P("fsdp", "tensor"), (16, 32)),  # embed over fsdp, mlp over tensor
+    ],
+)
+def test_parameters_are_sharded_by_the_rules(mesh_runs, name, spec, shard_shape):
+    params = mesh_runs[name][1]["state"].params
+    kernel = params["decoder"]["layers_0"]["mlp"]["wi"]["kernel"]  # [embed, mlp] = [32, 64]
+    assert kernel.shape == (32, 64)
+    assert kernel.sharding.spec == spec
+    assert {s.data.shape for s in kernel.addressable_shards} == {shard_shape}
+    # Adam's moments are laid out like the parameters they belong to.
+    adam = mesh_runs[name][1]["state"].opt_state
+    mu = [x for x in jax.tree.leaves(adam) if x.shape == (32, 64)]
+    assert mu and all(m.sharding.spec == spec for m in mu)
+
+
+def test_resume_continues_exactly(data_dir, tmp_path):
+    config = lm_config(data_dir, num_train_steps=20)
+    config.checkpoint.every = 10
+    config.optim.ema_decay = 0.9  # the average is part of the state that must resume
+    straight = str(tmp_path / "straight")
+    expected = train.train_and_evaluate(config, straight)
+
+    resumed = str(tmp_path / "resumed")
+    first = train.train_and_evaluate(config, resumed, stop_after_step=10)
+    assert first["step"] == 10 and [s for s, _ in losses(resumed)] == list(range(1, 11))
+    second = train.train_and_evaluate(config, resumed)  # the same command again
+    assert second["step"] == 20
+
+    assert losses(resumed) == losses(straight)  # steps 1-10 from the first run, 11-20 resumed
+    for name in ("params", "ema_params"):
+        same = jax.tree.map(
+            lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+            getattr(expected["state"], name),
+            getattr(second["state"], name),
+        )
+        assert all(jax.tree.leaves(same)), name
+    with open(os.path.join(resumed, "config.json")) as f:
+        assert json.load(f)["num_train_steps"] == 20
+
+
+def test_gradient_accumulation_matches_one_batch():
+    """num_microbatches=2 makes the same update as one batch (losses are summed, then divided
+    once by the weight of the whole batch)."""
+    import ml_collections
+
+    from tfjax import sharding, tasks
+    from tfjax.models import decoder
+    from tfjax.runner import optim, setup, steps
+
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    rules = sharding.DEFAULT_RULES
+    model = decoder.Model("tiny", vocab_size=64)
+    # SGD: the update is linear in the gradient (Adam's first step is ~lr * sign(g), which
+    # turns rounding-level differences of near-zero gradients into lr-sized ones).
+    oc = ml_collections.ConfigDict(
+        dict(
+            name="sgd",
+            learning_rate=0.5,
+            schedule="constant",
+            warmup_steps=0,
+            end_learning_rate_fraction=0.0,
+            b1=0.0,
+            b2=0.0,
+            eps=0.0,
+            weight_decay=0.0,
+            grad_clip_norm=0.0,
+            ema_decay=0.0,
+        )
+    )
+    tx = optim.make_optimizer(oc, d_model=32, num_train_steps=1)
+    task = tasks.get("lm")
+    spec = {"tokens": jax.ShapeDtypeStruct((16, 12), np.int32)}
+    init_fn, abstract, _ = setup.abstract_train_state(
+        model, tx, task, spec, mesh=mesh, rules=rules, ema=False
+    )
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    tokens = np.random.default_rng(0).integers(1, 64, (16, 12)).astype(np.int32)
+    tokens[3, 7:] = 0  # some padding: rows carry different weights
+    batch = sharding.shard_batch({"tokens": tokens}, mesh, rules)
+    out = {}
+    for m in (1, 2):
+        step = jax.jit(
+            steps.make_train_step(model, task, tx, mesh=mesh, rules=rules, num_microbatches=m)
+        )
+        state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(0))
+        out[m] = step(state, batch, jax.random.key(1))
+    np.testing.assert_allclose(out[2][1]["loss"], out[1][1]["loss"], rtol=1e-6)
+    assert float(out[2][1]["weight"]) == float(out[1][1]["weight"]) == 16 * 11 - 5
+    for a, b in zip(
+        jax.tree.leaves(out[2][0].params), jax.tree.leaves(out[1][0].params), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def finished_run(mesh_runs):
+    """A finished run (10 steps, data=8) whose workdir the bad-input tests try to reuse."""
+    return mesh_runs["data=8"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"mesh.fsdp": 3}, "does not divide the 8 devices"),
+        ({"mesh.data": 2, "mesh.fsdp": 2}, "has 4 devices but there are 8"),
+        ({"batch_size": 12}, "batch_size=12 is not divisible by 8"),
+        ({"num_microbatches": 4}, "num_microbatches=4"),
+        ({"model.width": 48}, r"parameter 'decoder/final_norm/bias' has shape \(32,\) there"),
+        ({"optim.name": "adam"}, "optim.name='adam'"),
+        ({"logical_axis_rules": (("embed", "model"),)}, "mesh axis 'model'"),
+    ],
+)
+def test_bad_input_stops_before_training_and_changes_nothing(
+    data_dir, finished_run, overrides, message
+):
+    finished_run, _ = finished_run
+    before = snapshot(finished_run)
+    config = lm_config(data_dir, num_train_steps=4, **{"mesh.data": -1, **overrides})
+    with pytest.raises(ValueError, match=message):
+        train.train_and_evaluate(config, finished_run)
+    assert snapshot(finished_run) == before
+
+
+def test_incompatible_checkpoint_names_the_parameter(data_dir, finished_run):
+    finished_run, _ = finished_run
+    before = snapshot(finished_run)
+    config = lm_config(data_dir, num_train_steps=4, **{"model.mlp_dim": 128})
+    with pytest.raises(ValueError, match=r"'decoder/layers_0/mlp/wi/(bias|kernel)'.*\(128"):
+        train.train_and_evaluate(config, finished_run)
+    config = lm_config(data_dir, num_train_steps=4, **{"model.num_layers": 3})
+    with pytest.raises(ValueError, match="'decoder/layers_2/.*' .* is not in it"):
+        train.train_and_evaluate(config, finished_run)
+    assert snapshot(finished_run) == before
+
+
+def test_init_from_takes_parameters_only(data_dir, finished_run, tmp_path):
+    finished_run, source = finished_run
+    source = source["state"].params
+    config = lm_config(data_dir, num_train_steps=1, init_from=finished_run)
+    # A zero learning rate: the one step leaves the parameters as loaded.
+    config.optim.update(schedule="constant", warmup_steps=0, learning_rate=0.0)
+    result = train.train_and_evaluate(config, str(tmp_path / "new"))
+    assert result["step"] == 1  # a new run: the step count starts over
+    same = jax.tree.map(
+        lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), source, result["state"].params
+    )
+    assert all(jax.tree.leaves(same))
+
+
+def test_evaluation_logs_its_throughput(data_dir, tmp_path, caplog):
+    config = set_fields(
+        train.load_config(os.path.join(ROOT, "configs/vit.py:tiny")),
+        {"data_dir": data_dir, "num_train_steps": 2, "eval_steps": 2},
+    )
+    with caplog.at_level(logging.INFO):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    [line] = [r.getMessage() for r in caplog.records if "Evaluation at step 2" in r.getMessage()]
+    batch = config.eval_batch_size
+    assert f": {2 * batch} examples in " in line and " examples/s)" in line

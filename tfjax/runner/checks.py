@@ -1,0 +1,195 @@
+"""The checks of a run's config and paths, made before any data, model or workdir work starts.
+
+ml_collections' locking already rejects unknown keys and wrong types; these are the value
+checks it cannot make. Each error names the field (or flag) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import jax.numpy as jnp
+
+from tfjax import decode, sharding, tasks
+from tfjax.runner import checkpoint, optim, profiling
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
+
+
+def check_config(config) -> None:
+    """Value checks ml_collections cannot do (its locking already rejects unknown keys and
+    wrong types); each error names the field."""
+    if config.task not in tasks.TASKS:
+        raise ValueError(f"task={config.task!r} is unknown; allowed: {tasks.TASKS}")
+    if config.dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype={config.dtype!r} is unknown; allowed: {tuple(COMPUTE_DTYPES)}")
+    for field in (
+        "batch_size",
+        "eval_batch_size",
+        "num_train_steps",
+        "num_microbatches",
+        "log_every",
+    ):
+        if config[field] < 1:
+            raise ValueError(f"{field} must be >= 1, got {config[field]}")
+    for field in ("eval_every", "eval_steps"):
+        if config[field] < 0:
+            raise ValueError(f"{field} must be >= 0, got {config[field]}")
+    if config.get("nonfinite", "error") not in NONFINITE:
+        raise ValueError(f"nonfinite={config.nonfinite!r} is unknown; allowed: {NONFINITE}")
+    if config.get("max_nonfinite_skips", 1) < 1:
+        raise ValueError(f"max_nonfinite_skips must be >= 1, got {config.max_nonfinite_skips}")
+    if not 0.0 <= config.optim.ema_decay < 1.0:
+        raise ValueError(f"optim.ema_decay must be in [0, 1), got {config.optim.ema_decay}")
+    _check_decode(config)
+    if not 0.0 <= config.loss.label_smoothing < 1.0:
+        raise ValueError(
+            f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}"
+        )
+    check_loss_chunks(config)
+    checkpoint.check_options(config.checkpoint)
+    profiling.check_profile(config)
+    module = model_module(config.model.name)
+    variant = config.model.get("variant")
+    if variant is not None and variant not in module.VARIANTS:
+        raise ValueError(
+            f"model.variant={variant!r} is unknown for model.name={config.model.name!r}; "
+            f"allowed: {', '.join(module.VARIANTS)}"
+        )
+    # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
+    # only scales the values of the "rsqrt" schedule.
+    optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
+
+
+def loss_chunks(config) -> int:
+    """config.loss.chunks: slices of T for the logits and the loss (1 where the config has none,
+    as classification configs)."""
+    return config.loss.get("chunks", 1)
+
+
+def check_loss_chunks(config, lengths=None) -> None:
+    """loss.chunks is >= 1, used by a task with a vocabulary head only, and divides the
+    sequence lengths: `lengths` {what: T}, by default dataset.seq_len (resolved)."""
+    chunks = loss_chunks(config)
+    if chunks < 1:
+        raise ValueError(f"loss.chunks must be >= 1, got {chunks}")
+    if chunks == 1:
+        return
+    if config.task not in tasks.TOKEN_TASKS:
+        raise ValueError(
+            f"loss.chunks={chunks} applies to the tasks with a vocabulary head "
+            f"{tasks.TOKEN_TASKS}; task={config.task!r} allows only 1"
+        )
+    if lengths is None:
+        from tfjax.data import catalog  # here, as in check_paths: only runs need tfjax.data
+
+        lengths = {"dataset.seq_len": catalog.dataset_spec(config).seq_len}
+    for what, length in lengths.items():
+        if length % chunks:
+            divisors = [str(d) for d in range(1, length + 1) if length % d == 0]
+            raise ValueError(
+                f"loss.chunks={chunks} does not divide the sequence length {length} ({what}); "
+                f"allowed: {', '.join(divisors)}"
+            )
+
+
+def _check_decode(config) -> None:
+    d = config.get("decode")
+    if d is None:
+        return
+    if d.method not in decode.METHODS:
+        raise ValueError(f"decode.method={d.method!r} is unknown; allowed: greedy, sample, beam")
+    for field in ("beam_size", "max_new_tokens"):
+        if d[field] < 0:
+            raise ValueError(f"decode.{field} must be >= 0, got {d[field]}")
+    if d.method == "beam" and d.beam_size < 1:
+        raise ValueError(f"decode.beam_size must be at least 1 for beam search, got {d.beam_size}")
+
+
+def check_batch(name, size, mesh, rules, num_microbatches=1) -> None:
+    """`size` rows must split evenly over the data-parallel devices (and microbatches)."""
+    dp = sharding.data_parallel_size(mesh, rules)
+    if size % (dp * num_microbatches):
+        what = f"{dp} (the data-parallel size: mesh {dict(mesh.shape)} under the 'batch' rule)"
+        if num_microbatches > 1:
+            what += f" x num_microbatches={num_microbatches}"
+        raise ValueError(f"{name}={size} is not divisible by {what}")
+
+
+def check_paths(config, workdir: str, *, restore: bool = False) -> None:
+    """--workdir, config.data_dir and config.init_from must be usable directories: checked
+    before any data work, and nothing is created.
+
+    workdir may be missing (training creates it) but then must be creatable; with restore=True
+    (decoding) it must hold a checkpoint and init_from is not used.
+    """
+    if not workdir:
+        raise ValueError("--workdir is empty; give the directory of the run")
+    _check_dir(f"--workdir={workdir!r}", workdir, must_exist=restore, writable=not restore)
+    if restore and not _has_checkpoint(workdir):
+        raise FileNotFoundError(f"--workdir={workdir!r} holds no checkpoint to restore")
+    # Missing is fine: embedded datasets are prepared there and others say how to prepare.
+    if config.data_dir:
+        _check_dir(f"config.data_dir={config.data_dir!r}", config.data_dir)
+    else:
+        from tfjax.data import catalog  # here, as in planned_inputs: only runs need tfjax.data
+
+        data_dir = catalog.default_data_dir()
+        _check_dir(
+            f"the data directory {data_dir!r} (config.data_dir is '': $TFJAX_DATA_DIR, "
+            "$TFDS_DATA_DIR or ~/tensorflow_datasets)",
+            data_dir,
+        )
+    # init_from is read only when the run starts, not when it resumes (its source may be gone).
+    if config.get("init_from") and not restore and not _has_checkpoint(workdir):
+        _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)
+        if not _has_checkpoint(config.init_from):
+            raise FileNotFoundError(
+                f"config.init_from={config.init_from!r} holds no checkpoint (neither it nor its "
+                "checkpoints/ has a step directory); give another run's workdir"
+            )
+
+
+def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool = False):
+    """`path` is a directory, or can be made one (below a directory, writable if asked)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            kind = "a file" if os.path.isfile(path) else "not a directory"
+            raise NotADirectoryError(f"{what} is {kind}; a directory is needed")
+        nearest = path
+    elif must_exist:
+        raise FileNotFoundError(f"{what}: no such directory")
+    else:  # it will be created below its nearest existing ancestor
+        nearest = os.path.dirname(path)
+        while not os.path.lexists(nearest):
+            nearest = os.path.dirname(nearest)
+        if not os.path.isdir(nearest):
+            raise NotADirectoryError(f"{what} cannot be created: {nearest} is not a directory")
+    if writable and not os.access(nearest, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what}: {nearest} is not writable")
+
+
+def _has_checkpoint(path: str) -> bool:
+    """A run's workdir, or its checkpoints directory, holds a step directory (Orbax's names)."""
+    directory = checkpoint.checkpoints_dir(path)
+    return os.path.isdir(directory) and any(
+        name.isdigit() and os.path.isdir(os.path.join(directory, name))
+        for name in os.listdir(directory)
+    )
+
+
+def model_module(name: str):
+    """The module tfjax.models.<name> (its Model factory and VARIANTS)."""
+    try:
+        module = importlib.import_module(f"tfjax.models.{name}")
+    except ModuleNotFoundError:
+        module = None
+    if not hasattr(module, "Model"):
+        raise ValueError(
+            f"model.name={name!r}: tfjax.models has no such model family; allowed: "
+            "transformer, encoder, decoder, vit"
+        )
+    return module

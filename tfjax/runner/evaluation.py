@@ -1,0 +1,133 @@
+"""Evaluation of a run: eval-split metrics, and what the task's evaluation decodes.
+
+`make_evaluator(exp, eval_loader, tokenizer, workdir)` gives evaluate(params, step) -> metrics,
+which the loop calls at eval steps: the task's summarised eval stats over the eval split (or
+its first config.eval_steps batches), plus the metrics of the task's optional decode-eval hook
+(`tfjax.tasks.decode_eval`: translation adds corpus BLEU of decoded outputs, language models
+continue eval prompts); the decoded samples go to WORKDIR/samples.jsonl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+from tfjax import progress, sharding, tasks
+
+
+def evaluate_split(
+    eval_step, params, loader, mesh, rules, max_batches, on_batch=None, *, progress=None
+):
+    """Sums of eval stats over the eval split (or its first max_batches batches);
+    on_batch(params, global batch), when given, sees every batch too (decoding).
+    progress(batch) is called after each batch (a progress bar's update)."""
+    loader.reset()
+    total, n = None, 0
+    agree = jax.process_count() > 1 and loader.num_batches is None
+    iterator = iter(loader)
+    while not max_batches or n < max_batches:
+        batch = next(iterator, None)
+        if agree:  # shards of unknown length: go on while any process has data
+            more = multihost_utils.process_allgather(np.int32(batch is not None))
+            if not more.any():
+                break
+            if batch is None:
+                batch = {k: np.zeros(s.shape, s.dtype) for k, s in loader.element_spec.items()}
+        elif batch is None:
+            break
+        batch = sharding.shard_batch(batch, mesh, rules)
+        stats = eval_step(params, batch)
+        if on_batch is not None:
+            on_batch(params, batch)
+        total = stats if total is None else jax.tree.map(jnp.add, total, stats)
+        n += 1
+        if progress is not None:
+            progress(batch)
+    if total is None:
+        raise ValueError("the eval split gave no batches")
+    return jax.tree.map(float, jax.device_get(total))
+
+
+def eval_dataset(config, data):
+    """The DatasetSpec the eval loader reads: `data` (the run's), unpacked when the task's
+    decode-eval hook decodes each eval row on its own (translation: one sentence pair per row).
+    A property of the task, whether or not this config decodes: the eval metrics of a run are
+    then made on the same rows with and without a decode section."""
+    hook = tasks.decode_eval_hook(config.task)
+    if hook is not None and hook.unpacked_eval_rows and data.packing:
+        return dataclasses.replace(data, packing=False)
+    return data
+
+
+def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
+    """evaluate(params, step) -> eval metrics of `exp` (a tfjax.runner.setup.Experiment), with
+    those of the task's decode-eval hook (see the module docstring)."""
+    config, mesh, rules = exp.config, exp.mesh, exp.rules
+    decoder = tasks.decode_eval(config)
+    samples_path = os.path.join(workdir, "samples.jsonl")
+
+    def evaluate(params, step):
+        outputs, index = [], itertools.count()
+
+        def decode(params, batch):
+            outputs.extend(
+                decoder.decode(exp, tokenizer, params, batch, step=step, index=next(index))
+            )
+
+        task, start = exp.task, time.perf_counter()
+        batches = config.eval_steps or eval_loader.num_batches
+        units = 0
+        per_batch = task.units_per_batch(exp.inputs.eval)
+        bar = progress.bar(
+            total=batches and batches * per_batch,
+            unit=task.UNIT,
+            desc=f"eval step {step}",
+            unit_scale=True,
+        )
+
+        def count(batch):
+            nonlocal units
+            units += per_batch
+            bar.update(per_batch)
+
+        try:
+            stats = evaluate_split(
+                exp.eval_step,
+                params,
+                eval_loader,
+                mesh,
+                rules,
+                config.eval_steps,
+                decode if decoder else None,
+                progress=count,
+            )
+        finally:
+            bar.close()
+        logging.info(
+            "Evaluation at step %d: %s",
+            step,
+            progress.throughput(units, task.UNIT, time.perf_counter() - start),
+        )
+        result = task.summarize(stats)
+        samples = []
+        if decoder is not None:
+            decoded_metrics, samples = decoder.finish(outputs)
+            result.update(decoded_metrics)
+        if samples and jax.process_index() == 0:
+            with open(samples_path, "a") as f:
+                for s in samples:
+                    f.write(json.dumps({"step": step, **s}) + "\n")
+            for s in samples:
+                logging.info("Step %d sample: %s", step, s)
+        return result
+
+    return evaluate

@@ -1,0 +1,113 @@
+"""The optimizer and its learning-rate schedule, from `config.optim`.
+
+    tx = optim.make_optimizer(config.optim, d_model=512)
+    lr = optim.make_schedule(config.optim, d_model=512)(step)
+
+Fields of `config.optim` (every config file sets them all):
+
+  name             "adamw" (Loshchilov & Hutter) or "sgd" (with momentum b1)
+  learning_rate    peak rate; for schedule="rsqrt" a factor on the paper's formula (1.0: as is)
+  schedule         "rsqrt": d_model^-0.5 * min(s^-0.5, s * warmup^-1.5), s = step + 1 (Vaswani
+                   et al. 2017, eq. 3); "warmup_cosine": linear warmup then cosine decay to
+                   end_learning_rate_fraction * learning_rate at num_train_steps; "constant":
+                   linear warmup then constant
+  warmup_steps     steps of the warmup
+  end_learning_rate_fraction   where the cosine ends, relative to the peak
+  b1, b2, eps      Adam moments (paper: 0.9, 0.98, 1e-9); b1 is the SGD momentum
+  weight_decay     decoupled weight decay (AdamW), applied to kernels and embeddings only:
+                   biases, norm scales, class tokens and ViT position tables are not decayed
+  grad_clip_norm   clip the global gradient norm to this (0: no clipping)
+  ema_decay        exponential moving average of the parameters, used for evaluation (0: off);
+                   kept by `tfjax.runner.train`, not by the optimizer
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("rsqrt", "warmup_cosine", "constant")
+
+
+def make_schedule(optim_config, *, d_model: int, num_train_steps: int) -> optax.Schedule:
+    """step (0-based count of updates done) -> learning rate."""
+    c = optim_config
+    if c.schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule={c.schedule!r} is unknown; allowed: {SCHEDULES}")
+    peak, warmup = float(c.learning_rate), int(c.warmup_steps)
+    # A negative rate or end fraction ascends the loss; zero is allowed (a run that only evals).
+    for field in ("learning_rate", "warmup_steps", "end_learning_rate_fraction"):
+        if c[field] < 0:
+            raise ValueError(f"optim.{field} must be >= 0, got {c[field]}")
+    if c.schedule == "rsqrt":
+        if warmup < 1:
+            raise ValueError("optim.schedule='rsqrt' needs optim.warmup_steps >= 1")
+
+        def rsqrt(step):
+            s = jnp.asarray(step, jnp.float32) + 1.0  # the paper counts steps from 1
+            return peak * d_model**-0.5 * jnp.minimum(s**-0.5, s * warmup**-1.5)
+
+        return rsqrt
+    if c.schedule == "warmup_cosine":
+        if num_train_steps <= warmup:
+            raise ValueError(
+                f"optim.schedule='warmup_cosine' needs num_train_steps ({num_train_steps}) > "
+                f"optim.warmup_steps ({warmup})"
+            )
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0,
+            peak_value=peak,
+            warmup_steps=warmup,
+            decay_steps=num_train_steps,
+            end_value=peak * float(c.end_learning_rate_fraction),
+        )
+    if warmup == 0:
+        return optax.constant_schedule(peak)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup]
+    )
+
+
+def decay_mask(params):
+    """True for the parameters weight decay applies to: kernels and embedding tables.
+
+    Names, not ranks, decide: attention biases are 2-D and scanned layers add an axis.
+    """
+
+    def decays(path, _):
+        # The last dict key; boxed (nn.LogicallyPartitioned) leaves add a ".value" after it.
+        name = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+        return name.endswith("kernel") or name == "embedding"
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(
+    optim_config, *, d_model: int, num_train_steps: int
+) -> optax.GradientTransformation:
+    """Gradient clipping (optional) followed by AdamW or SGD with the configured schedule."""
+    c = optim_config
+    if c.name not in OPTIMIZERS:
+        raise ValueError(f"optim.name={c.name!r} is unknown; allowed: {OPTIMIZERS}")
+    for field in ("weight_decay", "grad_clip_norm") + (("eps",) if c.name == "adamw" else ()):
+        if c[field] < 0:  # 0 is "off"; a negative one grows the weights or flips the gradients
+            raise ValueError(f"optim.{field} must be >= 0, got {c[field]}")
+    # Adam divides by 1 - b^t (zero at b = 1); momentum 1 never forgets, beyond 1 it diverges.
+    for field in ("b1", "b2") if c.name == "adamw" else ("b1",):
+        if not 0.0 <= c[field] < 1.0:
+            raise ValueError(f"optim.{field} must be in [0, 1), got {c[field]}")
+    schedule = make_schedule(c, d_model=d_model, num_train_steps=num_train_steps)
+    if c.name == "adamw":
+        tx = optax.adamw(
+            schedule, b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay, mask=decay_mask
+        )
+    else:
+        tx = optax.chain(
+            optax.add_decayed_weights(c.weight_decay, mask=decay_mask),
+            optax.sgd(schedule, momentum=c.b1 or None),
+        )
+    if c.grad_clip_norm:
+        tx = optax.chain(optax.clip_by_global_norm(c.grad_clip_norm), tx)
+    return tx

@@ -1,0 +1,351 @@
+"""From a config and a mesh to the model, the abstract sharded state and the jitted steps.
+
+    from tfjax.runner import setup
+    config = setup.load_config("configs/lm.py:tiny")              # as --config= does
+    mesh = sharding.make_mesh(config.mesh)                        # or a topology's devices
+    exp = setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
+    state = exp.init(jax.random.key(0))                           # created in its shards
+    state, stats = exp.train_step(state, batch, rng)
+
+This is the one place the recipe of a run lives: the loop (`tfjax.runner.train`), the
+ahead-of-time compiler (`tfjax.runner.aot`, `experiments/compile.py`), the benchmarks and the
+tests all call `set_up`. It needs no data, workdir or accelerator: the batch shapes and the
+vocabulary come as `Inputs`, from the real loaders (`Inputs.from_loaders`) or planned from the
+config alone (`planned_inputs`), and `mesh` may hold the compile-only devices of a TPU or GPU
+topology.
+
+The state is created shape-first: `jax.eval_shape` of the initialiser gives the shapes and
+logical names, the rules turn those into shardings, and `exp.init` (jitted with those
+out_shardings) creates every parameter directly in its shards, so no device ever holds a full
+copy of a sharded model. `exp.train_step` donates the state it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from tfjax import sharding, tasks
+from tfjax.runner import checkpoint, checks, chips, optim
+from tfjax.runner.steps import TrainState, make_eval_step, make_train_step
+
+VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
+
+
+# ----------------------------------------------------------------------------------- configs
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """Loads "configs/vit.py:digits,tiny" as --config= does: get_config("digits,tiny")."""
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"_tfjax_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+# ------------------------------------------------------------------------------------ inputs
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What the model and the steps need to know of the data: global batch shapes and sizes.
+
+    train, eval: {key: jax.ShapeDtypeStruct} of one global batch (config.batch_size and
+      config.eval_batch_size rows).
+    vocab_size: the tokenizer's ids (None for images); the model pads it to VOCAB_MULTIPLE.
+    num_classes: the dataset's labels (None for text without labels).
+    """
+
+    train: dict[str, jax.ShapeDtypeStruct]
+    eval: dict[str, jax.ShapeDtypeStruct]
+    vocab_size: int | None = None
+    num_classes: int | None = None
+
+    @classmethod
+    def from_loaders(cls, config, data, train_loader, eval_loader) -> Inputs:
+        """The inputs of real loaders (per-process batches scaled to the global batch) of the
+        dataset `data` (a tfjax.data.DatasetSpec)."""
+
+        def global_spec(loader, rows):
+            return {
+                k: jax.ShapeDtypeStruct((rows, *s.shape[1:]), s.dtype)
+                for k, s in loader.element_spec.items()
+            }
+
+        tokenizer = train_loader.tokenizer
+        return cls(
+            train=global_spec(train_loader, config.batch_size),
+            eval=global_spec(eval_loader, config.eval_batch_size),
+            vocab_size=tokenizer.vocab_size if tokenizer is not None else None,
+            num_classes=data.num_classes,
+        )
+
+
+def planned_inputs(config, data=None) -> Inputs:
+    """The inputs a run of `config` will have, from the config alone: no data is read and no
+    tokenizer trained (for compiling ahead of time and for restoring a model).
+
+    The vocabulary is config.model.vocab_size when set; else 261 for bytes and the dataset's
+    SentencePiece vocab_size (an upper bound of what training the tokenizer gives) otherwise.
+    `data` is the run's tfjax.data.DatasetSpec, resolved from the config when None.
+    """
+    import tfjax.data
+
+    data = data or tfjax.data.dataset_spec(config)
+    vocab_size = None
+    if not data.images:
+        vocab_size = config.model.get("vocab_size") or (
+            tfjax.data.ByteTokenizer.vocab_size if data.tokenizer == "bytes" else data.vocab_size
+        )
+    return Inputs(
+        train=tfjax.data.element_spec(data, config.batch_size),
+        eval=tfjax.data.element_spec(data, config.eval_batch_size),
+        vocab_size=vocab_size,
+        num_classes=data.num_classes,
+    )
+
+
+# ------------------------------------------------------------------------------------- model
+def build_model(config, *, vocab_size: int | None = None, num_classes: int | None = None):
+    """tfjax.models.<config.model.name>.Model(**config.model without name), compute dtype from
+    config.dtype. Fields that are None take the model's default, except vocab_size (the
+    tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's)."""
+    fields = dict(config.model)
+    module = checks.model_module(fields.pop("name"))
+    if fields.get("vocab_size") is None and vocab_size is not None:
+        # Rounded up so that the vocab axis shards evenly over any tensor-parallel size up to
+        # 128 (and matmuls tile well); the extra ids never occur, their logits learn to be low.
+        fields["vocab_size"] = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    elif vocab_size is not None and fields["vocab_size"] < vocab_size:
+        raise ValueError(
+            f"model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's "
+            f"{vocab_size} ids"
+        )
+    if "num_classes" in fields and fields["num_classes"] is None:
+        fields["num_classes"] = num_classes
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if config.dtype != "float32":
+        fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
+    return module.Model(**fields)
+
+
+def _dummy_batch(element_spec: dict, rows: int) -> dict:
+    """Zeros shaped like a batch of `rows` rows (for shapes and names at initialisation)."""
+    return {k: jnp.zeros((rows, *s.shape[1:]), s.dtype) for k, s in element_spec.items()}
+
+
+def _like_params(tree, params_treedef, param_leaves, other):
+    """Maps every subtree of `tree` shaped like the parameters (Adam's moments, the EMA) to
+    `param_leaves` and every other leaf (counters, scalars) to `other`."""
+
+    def is_params(x):
+        return jax.tree.structure(x) == params_treedef
+
+    return jax.tree.map(lambda x: param_leaves if is_params(x) else other, tree, is_leaf=is_params)
+
+
+def _init_variables_fn(model, task, element_spec, *, mesh, rules):
+    rows = sharding.data_parallel_size(mesh, rules)  # smallest batch that shards evenly
+
+    def init_variables(rng):
+        with sharding.logical_context(mesh, rules):
+            args, kwargs = task.model_inputs(_dummy_batch(element_spec, rows))
+            return model.init({"params": rng}, *args, **kwargs, train=False)
+
+    return init_variables
+
+
+def abstract_params(model, task, element_spec, *, mesh, rules):
+    """(abstract parameters with their shardings, the shardings), without allocating."""
+    init_variables = _init_variables_fn(model, task, element_spec, mesh=mesh, rules=rules)
+    boxed = jax.eval_shape(init_variables, jax.random.key(0))["params"]
+    param_shardings = sharding.logical_shardings(boxed, mesh, rules)
+    params = nn.unbox(boxed)
+    sharding.check_divisible(params, param_shardings)
+    return checkpoint.abstract_like(params, param_shardings), param_shardings
+
+
+def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: bool):
+    """(init_fn, abstract TrainState with shardings, param shardings), without allocating.
+
+    init_fn(rng) creates the state; jit it with out_shardings=the abstract state's shardings.
+    """
+    init_variables = _init_variables_fn(model, task, element_spec, mesh=mesh, rules=rules)
+    abstract_params_, param_shardings = abstract_params(
+        model, task, element_spec, mesh=mesh, rules=rules
+    )
+
+    def init_fn(rng):
+        params = nn.unbox(init_variables(rng)["params"])
+        ema_params = params if ema else None
+        zero = jnp.zeros((), jnp.int32)
+        return TrainState(
+            step=zero,
+            params=params,
+            opt_state=tx.init(params),
+            ema_params=ema_params,
+            skipped=zero,
+            skipped_in_a_row=zero,
+        )
+
+    abstract = jax.eval_shape(init_fn, jax.random.key(0))
+    treedef = jax.tree.structure(abstract_params_)
+    repl = sharding.replicated(mesh)
+    shardings = TrainState(
+        step=repl,
+        params=param_shardings,
+        opt_state=_like_params(abstract.opt_state, treedef, param_shardings, repl),
+        ema_params=param_shardings if ema else None,
+        skipped=repl,
+        skipped_in_a_row=repl,
+    )
+    return init_fn, checkpoint.abstract_like(abstract, shardings), param_shardings
+
+
+# ------------------------------------------------------------------------------------ set-up
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """Everything `set_up` builds; no array is allocated until `init` is called.
+
+    The jitted steps (one signature each, so each compiles once):
+      init(rng) -> TrainState                      created directly in its shards
+      train_step(state, batch, rng) -> (state, stats)   donates `state`
+      eval_step(params, batch) -> stats
+    `train_batch` / `eval_batch` are the global batches' ShapeDtypeStructs with their
+    shardings, `abstract_state` the TrainState's: together they lower every step without data
+    (`exp.train_step.lower(exp.abstract_state, exp.train_batch, exp.abstract_rng)`).
+    """
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    task: Any  # the tfjax.tasks module
+    model: nn.Module
+    tx: optax.GradientTransformation
+    schedule: Callable[[int], Any]
+    inputs: Inputs
+    abstract_state: TrainState  # ShapeDtypeStructs with shardings
+    param_shardings: Any
+    train_batch: dict[str, jax.ShapeDtypeStruct]
+    eval_batch: dict[str, jax.ShapeDtypeStruct]
+    init: Callable
+    train_step: Callable
+    eval_step: Callable
+    flops_per_step: float  # model FLOPs of one train step (tfjax.runner.chips' count)
+
+    @property
+    def state_shardings(self):
+        return jax.tree.map(lambda a: a.sharding, self.abstract_state)
+
+    @property
+    def replicated(self) -> jax.sharding.NamedSharding:
+        return sharding.replicated(self.mesh)
+
+    @property
+    def abstract_rng(self) -> jax.ShapeDtypeStruct:
+        """The dropout key argument of train_step, replicated."""
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=self.replicated)
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params))
+
+
+def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
+    """The model, optimizer, abstract sharded state and jitted steps of `config` on `mesh`.
+
+    Checks the config, the rules and the batch sizes against the mesh first (errors name the
+    field). `mesh` may hold real devices or a topology's compile-only devices.
+    """
+    checks.check_config(config)
+    task = tasks.get(config.task)
+    rules = sharding.check_rules(config.logical_axis_rules)
+    checks.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
+    checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+    chunks = checks.loss_chunks(config)
+    if chunks > 1:  # the lengths of the batches the steps will get (`inputs` may not be planned)
+        lengths = {
+            f"the {split} batches' labels": jax.eval_shape(task.labels_and_weights, spec)[0].shape[
+                1
+            ]
+            for split, spec in (("train", inputs.train), ("eval", inputs.eval))
+        }
+        checks.check_loss_chunks(config, lengths)
+    model = build_model(config, vocab_size=inputs.vocab_size, num_classes=inputs.num_classes)
+    schedule = optim.make_schedule(
+        config.optim, d_model=model.width, num_train_steps=config.num_train_steps
+    )
+    tx = optim.make_optimizer(
+        config.optim, d_model=model.width, num_train_steps=config.num_train_steps
+    )
+    ema = config.optim.ema_decay > 0
+    init_fn, abstract_state, param_shardings = abstract_train_state(
+        model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema
+    )
+    state_shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
+    repl = sharding.replicated(mesh)
+
+    def batch_of(spec):
+        return {
+            k: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=sharding.batch_sharding(mesh, rules, len(s.shape))
+            )
+            for k, s in spec.items()
+        }
+
+    train_batch, eval_batch = batch_of(inputs.train), batch_of(inputs.eval)
+    train_step = jax.jit(
+        make_train_step(
+            model,
+            task,
+            tx,
+            mesh=mesh,
+            rules=rules,
+            num_microbatches=config.num_microbatches,
+            label_smoothing=config.loss.label_smoothing,
+            z_loss=config.loss.z_loss,
+            ema_decay=config.optim.ema_decay,
+            loss_chunks=chunks,
+        ),
+        in_shardings=(state_shardings, {k: s.sharding for k, s in train_batch.items()}, repl),
+        out_shardings=(state_shardings, repl),
+        donate_argnums=0,
+    )
+    eval_step = jax.jit(
+        make_eval_step(model, task, mesh=mesh, rules=rules, loss_chunks=chunks),
+        in_shardings=(param_shardings, {k: s.sharding for k, s in eval_batch.items()}),
+        out_shardings=repl,
+    )
+    example = {k: s.shape for k, s in inputs.train.items()}
+    flops = config.batch_size * chips.training_flops_per_example(
+        model, abstract_state.params, example
+    )
+    return Experiment(
+        config=config,
+        mesh=mesh,
+        rules=rules,
+        task=task,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        inputs=inputs,
+        abstract_state=abstract_state,
+        param_shardings=param_shardings,
+        train_batch=train_batch,
+        eval_batch=eval_batch,
+        init=jax.jit(init_fn, out_shardings=state_shardings),
+        train_step=train_step,
+        eval_step=eval_step,
+        flops_per_step=flops,
+    )
