@@ -144,16 +144,6 @@ def _dummy_batch(element_spec: dict, rows: int) -> dict:
     return {k: jnp.zeros((rows, *s.shape[1:]), s.dtype) for k, s in element_spec.items()}
 
 
-def _like_params(tree, params_treedef, param_leaves, other):
-    """Maps every subtree of `tree` shaped like the parameters (Adam's moments, the EMA) to
-    `param_leaves` and every other leaf (counters, scalars) to `other`."""
-
-    def is_params(x):
-        return jax.tree.structure(x) == params_treedef
-
-    return jax.tree.map(lambda x: param_leaves if is_params(x) else other, tree, is_leaf=is_params)
-
-
 def _init_variables_fn(model, task, element_spec, *, mesh, rules):
     rows = sharding.data_parallel_size(mesh, rules)  # smallest batch that shards evenly
 
@@ -179,37 +169,33 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
     """(init_fn, abstract TrainState with shardings, param shardings), without allocating.
 
     init_fn(rng) creates the state; jit it with out_shardings=the abstract state's shardings.
+    The optimizer state is made from the boxed parameters, so Adam's moments (and the EMA)
+    carry the parameters' logical names through `tx.init` and shard as they do; what has no
+    name (step counts) is replicated.
     """
     init_variables = _init_variables_fn(model, task, element_spec, mesh=mesh, rules=rules)
-    abstract_params_, param_shardings = abstract_params(
-        model, task, element_spec, mesh=mesh, rules=rules
-    )
 
-    def init_fn(rng):
-        params = nn.unbox(init_variables(rng)["params"])
-        ema_params = params if ema else None
+    def boxed_state(rng):
+        params = init_variables(rng)["params"]  # nn.LogicallyPartitioned leaves
         zero = jnp.zeros((), jnp.int32)
         return TrainState(
             step=zero,
             params=params,
             opt_state=tx.init(params),
-            ema_params=ema_params,
+            ema_params=params if ema else None,
             skipped=zero,
             skipped_in_a_row=zero,
         )
 
-    abstract = jax.eval_shape(init_fn, jax.random.key(0))
-    treedef = jax.tree.structure(abstract_params_)
-    repl = sharding.replicated(mesh)
-    shardings = TrainState(
-        step=repl,
-        params=param_shardings,
-        opt_state=_like_params(abstract.opt_state, treedef, param_shardings, repl),
-        ema_params=param_shardings if ema else None,
-        skipped=repl,
-        skipped_in_a_row=repl,
-    )
-    return init_fn, checkpoint.abstract_like(abstract, shardings), param_shardings
+    boxed = jax.eval_shape(boxed_state, jax.random.key(0))
+    shardings = sharding.logical_shardings(boxed, mesh, rules)
+    abstract = nn.unbox(boxed)
+    sharding.check_divisible(abstract.params, shardings.params)
+
+    def init_fn(rng):
+        return nn.unbox(boxed_state(rng))
+
+    return init_fn, checkpoint.abstract_like(abstract, shardings), shardings.params
 
 
 # ------------------------------------------------------------------------------------ set-up
@@ -262,17 +248,48 @@ class Experiment:
         return sum(math.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params))
 
 
-def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
-    """The model, optimizer, abstract sharded state and jitted steps of `config` on `mesh`.
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A config checked once, on the mesh it runs on: what set-up, restore and the loop need
+    before any data, model or workdir work starts."""
 
-    Checks the config, the rules and the batch sizes against the mesh first (errors name the
-    field). `mesh` may hold real devices or a topology's compile-only devices.
-    """
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    task: Any  # the tfjax.tasks module of config.task
+    workdir: str | None  # absolute; None where a run has none (compiling, benchmarks)
+
+
+def prepare(config, workdir=None, devices=None, *, mesh=None, restore=False) -> Prepared:
+    """Every check of a run, once, before any work: the config's values, the paths (with a
+    workdir; restore=True: it must hold a checkpoint, and init_from is not read), the sharding
+    rules, and the batch sizes against the mesh (a new one over `devices`, all of them by
+    default, unless `mesh` is given; not with restore=True, which builds no steps). Each error
+    names the field or flag and what is allowed."""
     checks.check_config(config)
-    task = tasks.get(config.task)
+    if workdir is not None:
+        checks.check_paths(config, workdir, restore=restore)
+        workdir = os.path.abspath(os.path.expanduser(workdir))
     rules = sharding.check_rules(config.logical_axis_rules)
-    checks.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
-    checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+    mesh = sharding.make_mesh(config.mesh, devices) if mesh is None else mesh
+    if not restore:
+        checks.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
+        checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+    return Prepared(config, mesh, rules, tasks.get(config.task), workdir)
+
+
+def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
+    """The model, optimizer, abstract sharded state and jitted steps of `config` on `mesh`:
+    `build(prepare(config, mesh=mesh), inputs)`. `mesh` may hold real devices or a topology's
+    compile-only devices."""
+    return build(prepare(config, mesh=mesh), inputs)
+
+
+def build(prepared: Prepared, inputs: Inputs) -> Experiment:
+    """The model, optimizer, abstract sharded state and jitted steps of a prepared config, for
+    batches shaped as `inputs` (checked against config.loss.chunks here: they may be the real
+    loaders')."""
+    config, mesh, rules, task = prepared.config, prepared.mesh, prepared.rules, prepared.task
     chunks = checks.loss_chunks(config)
     if chunks > 1:  # the lengths of the batches the steps will get (`inputs` may not be planned)
         lengths = {

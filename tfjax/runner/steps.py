@@ -117,74 +117,10 @@ def make_train_step(
             if num_microbatches == 1:
                 grads, stats = grad_fn(state.params, batch, step_rng)
             else:
-                m = num_microbatches
-
-                def split(x):
-                    # [B, ...] -> [M, B/M, ...], micro-batch i = rows i, i + M, ...: each
-                    # device's contiguous rows divide evenly, so splitting moves no data.
-                    x = x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
-                    names = (None, sharding.BATCH) + (None,) * (x.ndim - 2)
-                    return nn.with_logical_constraint(x, names)
-
-                micro = jax.tree.map(split, batch)
-
-                def body(carry, xs):
-                    i, mb = xs
-                    g, s = grad_fn(state.params, mb, jax.random.fold_in(step_rng, i))
-                    return jax.tree.map(jnp.add, carry, (g, s)), None
-
-                first = jax.tree.map(lambda x: x[0], micro)
-                zeros = jax.tree.map(
-                    lambda s: jnp.zeros(s.shape, s.dtype),
-                    jax.eval_shape(grad_fn, state.params, first, step_rng),
+                grads, stats = _accumulated(
+                    grad_fn, state.params, batch, step_rng, num_microbatches
                 )
-                (grads, stats), _ = jax.lax.scan(body, zeros, (jnp.arange(m), micro))
-                # Losses are sums: one division by the weight of the whole batch makes the mean.
-                grads = jax.tree.map(lambda g: g / jnp.maximum(stats["weight"], 1.0), grads)
-            grad_norm = optax.tree.norm(grads)
-            # An Inf or NaN anywhere in the gradient makes its norm non-finite.
-            ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(grad_norm)
-
-            def update(grads, state):
-                updates, opt_state = tx.update(grads, state.opt_state, state.params)
-                params = optax.apply_updates(state.params, updates)
-                ema = state.ema_params
-                if ema_decay:
-                    # Warm-up of the average (TF's ExponentialMovingAverage with num_updates):
-                    # early parameters, far from the final ones, are forgotten quickly.
-                    decay = jnp.minimum(ema_decay, (1.0 + state.step) / (10.0 + state.step))
-                    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
-                return params, opt_state, ema
-
-            def keep(grads, state):
-                return state.params, state.opt_state, state.ema_params
-
-            # A cond, not where(ok, new, old) over the trees: that would be one more pass over
-            # the parameters and both Adam moments (1.8 of 17.7 GB accessed by a GPT-2-small
-            # step, XLA's cost analysis).
-            params, opt_state, ema = jax.lax.cond(ok, update, keep, grads, state)
-            skipped = (0 if state.skipped is None else state.skipped) + (~ok).astype(jnp.int32)
-            in_a_row = jnp.where(
-                ok, 0, 1 + (0 if state.skipped_in_a_row is None else state.skipped_in_a_row)
-            )
-            bad = dict(
-                nonfinite=(~ok).astype(jnp.float32),
-                bad_loss=jnp.where(ok, 0.0, stats["loss"]),
-                bad_grad_norm=jnp.where(ok, 0.0, grad_norm),
-                skipped=skipped,
-                skipped_in_a_row=in_a_row,
-            )
-            # A dropped step counts nowhere: its zeros leave the logged means of the others.
-            stats = dict(stats, grad_norm=grad_norm, steps=jnp.float32(1))
-            stats = {k: jnp.where(ok, v, jnp.zeros_like(v)) for k, v in stats.items()} | bad
-            return TrainState(
-                step=state.step + 1,
-                params=params,
-                opt_state=opt_state,
-                ema_params=ema,
-                skipped=skipped.astype(jnp.int32),
-                skipped_in_a_row=in_a_row.astype(jnp.int32),
-            ), stats
+            return _guarded_update(tx, state, grads, stats, ema_decay)
 
     return train_step
 
@@ -201,3 +137,82 @@ def make_eval_step(model, task, *, mesh, rules, loss_chunks=1):
             ]
 
     return eval_step
+
+
+def _accumulated(grad_fn, params, batch, step_rng, m):
+    """(gradients, stats) of `batch` processed in `m` micro-batches whose gradients and stats
+    are summed, the gradients then divided by the whole batch's weight (a sum-then-normalise
+    loss makes this equal one big batch)."""
+
+    def split(x):
+        # [B, ...] -> [M, B/M, ...], micro-batch i = rows i, i + M, ...: each device's
+        # contiguous rows divide evenly, so splitting moves no data.
+        x = x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+        names = (None, sharding.BATCH) + (None,) * (x.ndim - 2)
+        return nn.with_logical_constraint(x, names)
+
+    micro = jax.tree.map(split, batch)
+
+    def body(carry, xs):
+        i, mb = xs
+        g, s = grad_fn(params, mb, jax.random.fold_in(step_rng, i))
+        return jax.tree.map(jnp.add, carry, (g, s)), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grad_fn, params, first, step_rng)
+    )
+    (grads, stats), _ = jax.lax.scan(body, zeros, (jnp.arange(m), micro))
+    # Losses are sums: one division by the weight of the whole batch makes the mean.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(stats["weight"], 1.0), grads)
+    return grads, stats
+
+
+def _guarded_update(tx, state, grads, stats, ema_decay):
+    """(the next TrainState, stats): the optimizer update, or, when the loss or the gradient
+    has a NaN or Inf, the state unchanged but for the step and skip counters (see
+    make_train_step)."""
+    grad_norm = optax.tree.norm(grads)
+    # An Inf or NaN anywhere in the gradient makes its norm non-finite.
+    ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(grad_norm)
+
+    def update(grads, state):
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        ema = state.ema_params
+        if ema_decay:
+            # Warm-up of the average (TF's ExponentialMovingAverage with num_updates):
+            # early parameters, far from the final ones, are forgotten quickly.
+            decay = jnp.minimum(ema_decay, (1.0 + state.step) / (10.0 + state.step))
+            ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
+        return params, opt_state, ema
+
+    def keep(grads, state):
+        return state.params, state.opt_state, state.ema_params
+
+    # A cond, not where(ok, new, old) over the trees: that would be one more pass over the
+    # parameters and both Adam moments (1.8 of 17.7 GB accessed by a GPT-2-small step, XLA's
+    # cost analysis).
+    params, opt_state, ema = jax.lax.cond(ok, update, keep, grads, state)
+    skipped = (0 if state.skipped is None else state.skipped) + (~ok).astype(jnp.int32)
+    previous = 0 if state.skipped_in_a_row is None else state.skipped_in_a_row
+    in_a_row = jnp.where(ok, 0, 1 + previous)
+    bad = dict(
+        nonfinite=(~ok).astype(jnp.float32),
+        bad_loss=jnp.where(ok, 0.0, stats["loss"]),
+        bad_grad_norm=jnp.where(ok, 0.0, grad_norm),
+        skipped=skipped,
+        skipped_in_a_row=in_a_row,
+    )
+    # A dropped step counts nowhere: its zeros leave the logged means of the others.
+    stats = dict(stats, grad_norm=grad_norm, steps=jnp.float32(1))
+    stats = {k: jnp.where(ok, v, jnp.zeros_like(v)) for k, v in stats.items()} | bad
+    new_state = TrainState(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        ema_params=ema,
+        skipped=skipped.astype(jnp.int32),
+        skipped_in_a_row=in_a_row.astype(jnp.int32),
+    )
+    return new_state, stats

@@ -4,10 +4,10 @@
     config = train.load_config("configs/vit.py:digits")      # as --config= on the command line
     result = train.train_and_evaluate(config, "/tmp/vit_digits")
 
-Data flows one way: the config gives the mesh (`tfjax.sharding`), the input (`tfjax.data`),
-the model (`tfjax.models.<config.model.name>`, by importlib), the loss (`tfjax.tasks`), the
-optimizer (`tfjax.runner.optim`); `tfjax.runner.checkpoint` restores; then the loop runs
-`train_step`, and `tfjax.runner.metrics` reports. Everything of a run lives in the workdir:
+Data flows one way: `tfjax.runner.setup.prepare` checks the config and paths once and makes the
+mesh (`tfjax.sharding`); then the input (`tfjax.data`), the model, optimizer, sharded state and
+jitted steps (`setup.build`); `tfjax.runner.checkpoint` restores; the loop runs `train_step`,
+and `tfjax.runner.metrics` reports. Everything of a run lives in the workdir:
 
   run.lock          held by the run that owns the workdir (see `tfjax.runner.workdirs`)
   config.json       the run's config, file and overrides applied, as it is: fields left None
@@ -23,8 +23,9 @@ optimizer (`tfjax.runner.optim`); `tfjax.runner.checkpoint` restores; then the l
                     step's compiled HLO (profile.dump_hlo); see `tfjax.runner.profiling`
 
 Running again with the same workdir resumes from the newest checkpoint that verifies, data
-position included, and continues exactly as if never stopped (see `tfjax.runner.checkpoint` for what
-happens to a damaged step). A second run on a workdir that a live run owns refuses to start.
+position included, and continues exactly as if never stopped (see `tfjax.runner.checkpoint`
+for what happens to a damaged step). A second run on a workdir that a live run owns refuses to
+start.
 
 Stopping and failing safely:
   * SIGTERM or SIGINT (preemption, Ctrl-C) finishes the current step, saves a checkpoint and
@@ -35,9 +36,9 @@ Stopping and failing safely:
     and stopping after config.max_nonfinite_skips skips in a row. The host learns of it at the
     next log step, evaluation or save (no extra host sync).
 
-The model, the sharded state and the jitted steps come from `tfjax.runner.setup.set_up`
-(shared with `experiments/compile.py`, the benchmarks and the tests); evaluation is
-`tfjax.runner.evaluation`; this module only restores, loops, logs and saves.
+The model, the sharded state and the jitted steps come from `tfjax.runner.setup` (shared with
+`experiments/compile.py`, the benchmarks and the tests); evaluation is `tfjax.runner.evaluation`;
+this module only restores, loops, logs and saves.
 """
 
 from __future__ import annotations
@@ -48,12 +49,11 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
 
-from tfjax import progress, sharding, tasks
+from tfjax import progress, sharding
 from tfjax.runner import (
     checkpoint,
     checks,
@@ -63,7 +63,6 @@ from tfjax.runner import (
     preemption,
     profiling,
     setup,
-    steps,
     workdirs,
 )
 from tfjax.runner.setup import load_config  # noqa: F401 (tfjax.runner.train.load_config, documented)
@@ -81,15 +80,10 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     """
     import tfjax.data
 
-    checks.check_config(config)
-    checks.check_paths(config, workdir, restore=True)
-    task = tasks.get(config.task)
-    rules = sharding.check_rules(config.logical_axis_rules)
-    mesh = sharding.make_mesh(config.mesh, devices)
+    run = setup.prepare(config, workdir, devices, restore=True)
     data = tfjax.data.dataset_spec(config)
-    workdir = os.path.expanduser(workdir)
     tokenizer = None
-    stored = os.path.join(workdir, TOKENIZER_FILE)
+    stored = os.path.join(run.workdir, TOKENIZER_FILE)
     if os.path.exists(stored):
         tokenizer = tfjax.data.SentencePieceTokenizer.load(stored)
     elif not data.images:  # bytes, or a workdir from before the copy
@@ -100,14 +94,9 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
         num_classes=data.num_classes,
     )
     spec = tfjax.data.element_spec(data, 1)
-    target, _ = setup.abstract_params(model, task, spec, mesh=mesh, rules=rules)
+    target, _ = setup.abstract_params(model, run.task, spec, mesh=run.mesh, rules=run.rules)
     params = checkpoint.restore_params(workdir, target, average_last=average_last, what="workdir")
     return model, params, tokenizer
-
-
-def _sum(stats_list):
-    host = jax.device_get(stats_list)
-    return {k: float(np.sum([s[k] for s in host], dtype=np.float64)) for k in host[0]}
 
 
 def train_and_evaluate(
@@ -136,29 +125,37 @@ def train_and_evaluate(
     """
     # From the start: a signal during set-up stops after step 1.
     with preemption.StopSignals() as stop:
-        return _train_and_evaluate(
-            config, workdir, stop_after_step=stop_after_step, devices=devices, stop=stop
-        )
+        run = setup.prepare(config, workdir, devices)  # every check, before the workdir exists
+        with contextlib.ExitStack() as cleanup:  # closes loaders and writers on errors too
+            # One run per workdir, from before anything is written (released last).
+            cleanup.enter_context(workdirs.claim(run.workdir))
+            data, train_loader, eval_loader = _loaders(run, cleanup)
+            inputs = setup.Inputs.from_loaders(config, data, train_loader, eval_loader)
+            exp = setup.build(run, inputs)
+            return _run(
+                exp,
+                run.workdir,
+                train_loader=train_loader,
+                eval_loader=eval_loader,
+                last_step=config.num_train_steps
+                if stop_after_step is None
+                else min(config.num_train_steps, stop_after_step),
+                cleanup=cleanup,
+                stop=stop,
+            )
 
 
-def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
+def _loaders(run: setup.Prepared, cleanup: contextlib.ExitStack):
+    """(the dataset's DatasetSpec, the train and eval loaders of this process's part of the
+    global batches), process 0 preparing the data first; the loaders close with `cleanup`."""
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
-    checks.check_config(config)
-    checks.check_paths(config, workdir)  # before the lock (which creates the workdir)
-    workdir = os.path.abspath(os.path.expanduser(workdir))
-    rules = sharding.check_rules(config.logical_axis_rules)
-    mesh = sharding.make_mesh(config.mesh, devices)
-    # set_up checks these again; here they fail before any dataset or tokenizer is built.
-    checks.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
-    checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
-
-    # ---- data: each process loads its distinct part of the global batch
-    data = tfjax.data.dataset_spec(config)  # the loaders, their element specs and eval rows
-    shard, shards = sharding.data_shard(mesh, rules)
+    config = run.config
+    data = tfjax.data.dataset_spec(config)
+    shard, shards = sharding.data_shard(run.mesh, run.rules)
     data_dir = config.data_dir or None
 
-    def loaders():
+    def make():
         if tfjax.data.is_embedded(data.name):  # offline, seconds: build on demand
             tfjax.data.prepare(data.name, data_dir)
         common = dict(process_index=shard, process_count=shards, data_dir=data_dir)
@@ -182,23 +179,10 @@ def _train_and_evaluate(config, workdir, *, stop_after_step, devices, stop):
         )
         return train_loader, eval_loader
 
-    with contextlib.ExitStack() as cleanup:  # closes loaders and checkpoint writers on errors too
-        # One run per workdir, from before anything is written (released last).
-        cleanup.enter_context(workdirs.claim(workdir))
-        train_loader, eval_loader = preemption.primary_first(loaders)
-        cleanup.callback(eval_loader.close)
-        cleanup.callback(train_loader.close)
-        inputs = setup.Inputs.from_loaders(config, data, train_loader, eval_loader)
-        exp = setup.set_up(config, mesh, inputs=inputs)
-        return _run(
-            exp,
-            workdir,
-            train_loader=train_loader,
-            eval_loader=eval_loader,
-            stop_after_step=stop_after_step,
-            cleanup=cleanup,
-            stop=stop,
-        )
+    train_loader, eval_loader = preemption.primary_first(make)
+    cleanup.callback(eval_loader.close)
+    cleanup.callback(train_loader.close)
+    return data, train_loader, eval_loader
 
 
 def _check_workdir_tokenizer(workdir: str, tokenizer) -> None:
@@ -218,177 +202,199 @@ def _check_workdir_tokenizer(workdir: str, tokenizer) -> None:
         )
 
 
-def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, stop):
-    """train_and_evaluate from the point where the data loaders and the set-up exist."""
-    config, mesh, model, task = exp.config, exp.mesh, exp.model, exp.task
-    tokenizer = train_loader.tokenizer
-    rules, abstract_state = exp.rules, exp.abstract_state
-    train_step, schedule, repl = exp.train_step, exp.schedule, exp.replicated
-    ema = config.optim.ema_decay > 0
+class NonFiniteGuard:
+    """What a NaN or Inf loss or gradient does (config.nonfinite): the step's update is already
+    dropped inside train_step; here the host learns of it, at the loop's existing host syncs
+    (log steps, evaluations, saves), and raises for "error" or too many skips in a row."""
 
-    # ---- restore (every check before anything in the workdir is written)
+    def __init__(self, config):
+        self.mode = config.get("nonfinite", "error")
+        self.max_skips = config.get("max_nonfinite_skips", 1)
+        self._unchecked = []  # (step, the NONFINITE_STATS of its stats), on the devices
+
+    def record(self, step: int, stats: dict) -> None:
+        self._unchecked.append((step, {k: stats[k] for k in NONFINITE_STATS}))
+
+    def check(self, saved_step: int | None) -> None:
+        """Raises FloatingPointError for a recorded non-finite step that must stop the run; the
+        message says which checkpoint is the newest (`saved_step`). A host sync."""
+        if not self._unchecked:
+            return
+        recorded, self._unchecked = self._unchecked, []
+        host = jax.device_get([s for _, s in recorded])
+        for (step, _), s in zip(recorded, host, strict=True):
+            if s["nonfinite"]:
+                self._refuse(step, s, saved_step)
+
+    def _refuse(self, step, s, saved_step) -> None:
+        what = f"loss {float(s['bad_loss'])}, gradient norm {float(s['bad_grad_norm'])}"
+        where = (
+            f"the newest checkpoint is step {saved_step}"
+            if saved_step is not None
+            else "no checkpoint was written"
+        )
+        if self.mode == "error":
+            raise FloatingPointError(
+                f"step {step}: non-finite loss or gradient ({what}). The update was not "
+                f"applied and no checkpoint of later state was written ({where}). Lower "
+                "the learning rate or set nonfinite='skip' to drop such updates."
+            )
+        in_a_row, skipped = int(s["skipped_in_a_row"]), int(s["skipped"])
+        logging.warning(
+            "Step %d: non-finite loss or gradient (%s); update skipped (%d in a row, %d in total)",
+            step,
+            what,
+            in_a_row,
+            skipped,
+        )
+        if in_a_row > self.max_skips:
+            raise FloatingPointError(
+                f"step {step}: {in_a_row} updates in a row skipped for non-finite loss or "
+                f"gradient, more than max_nonfinite_skips={self.max_skips} ({what}; {where})."
+            )
+
+
+class TrainMeter:
+    """The step stats since the last log line, and what the log line says of them: the task's
+    metrics, gradient norm, learning rate, skipped updates, and the throughput since the clock
+    was last restarted (compilation, evaluation and saving are not training time)."""
+
+    def __init__(self, exp, *, start_step: int):
+        self.exp = exp
+        config = exp.config
+        peak = chips.peak_flops(exp.mesh, checks.COMPUTE_DTYPES[config.dtype])
+        self.peak_flops = peak.flops
+        logging.info(
+            "Model %s: %s parameters; mesh %s; %.3g model FLOPs per step; peak %.3g FLOP/s (%s)",
+            config.model.name,
+            f"{exp.num_params:,}",
+            dict(exp.mesh.shape),
+            exp.flops_per_step,
+            peak.flops,
+            peak.source,
+        )
+        self.units_per_step = exp.task.units_per_batch(exp.inputs.train)
+        self.report_skips = exp.config.get("nonfinite", "error") == "skip"
+        self.pending = []
+        self.restart_clock(start_step)
+
+    def add(self, stats: dict) -> None:
+        self.pending.append(stats)
+
+    def restart_clock(self, step: int) -> None:
+        self.clock_step, self.clock = step, time.perf_counter()
+
+    def summarize(self, step: int) -> tuple[dict, float | None]:
+        """(train metrics of the pending steps, seconds to the end); a host sync."""
+        task, total = self.exp.task, self.exp.config.num_train_steps
+        host = jax.device_get(self.pending)  # the only host sync of the loop
+        self.pending = []
+        summed = {k: float(np.sum([s[k] for s in host], dtype=np.float64)) for k in host[0]}
+        result = task.summarize(summed)
+        result.update(
+            grad_norm=summed["grad_norm"] / max(summed["steps"], 1.0),
+            learning_rate=float(self.exp.schedule(step - 1)),
+        )
+        if self.report_skips:
+            result["skipped_updates"] = float(host[-1]["skipped"])
+        if step <= self.clock_step:  # only the (compiling) first step ran since the restart
+            return result, None
+        steps_per_s = (step - self.clock_step) / (time.perf_counter() - self.clock)
+        result.update(
+            steps_per_sec=steps_per_s,
+            mfu=self.exp.flops_per_step * steps_per_s / self.peak_flops,
+            **{f"{task.UNIT}_per_sec": self.units_per_step * steps_per_s},
+        )
+        return result, (total - step) / steps_per_s
+
+
+class Saver:
+    """The loop's checkpoints: never one after a step that must stop the run (the non-finite
+    guard is checked first). `saved_step` is the newest step saved (or resumed from)."""
+
+    def __init__(self, manager, train_loader, guard: NonFiniteGuard, saved_step: int | None):
+        self.manager, self.train_loader, self.guard = manager, train_loader, guard
+        self.saved_step = saved_step
+
+    def save(self, step: int, state, rng, eval_result: dict | None = None) -> None:
+        self.guard.check(self.saved_step)
+        start = time.perf_counter()
+        finite = {k: v for k, v in (eval_result or {}).items() if math.isfinite(v)}
+        checkpoint.save_train_state(
+            self.manager,
+            step,
+            state,
+            rng,
+            data_state=self.train_loader.get_state(),
+            metrics=finite or None,
+        )
+        self.saved_step = step
+        logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
+
+
+def _restore(exp, workdir: str, train_loader, cleanup):
+    """(checkpoint manager, state, dropout key, the resumed step or None): the newest usable
+    checkpoint, else a new state (with config.init_from's parameters when set). Every check
+    comes before anything in the workdir is written."""
+    config, tokenizer = exp.config, train_loader.tokenizer
     _check_workdir_tokenizer(workdir, tokenizer)
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
     cleanup.callback(checkpoint.close, manager)  # pending writes end, TRASH is emptied
-    # Keys are made and converted inside jit: in a multi-process run every array the loop
-    # touches must be a global array, replicated over the mesh.
+    # Keys are made inside jit: in a multi-process run every array the loop touches must be a
+    # global array, replicated over the mesh.
     init_key, dropout_key = jax.jit(
-        lambda: tuple(jax.random.split(jax.random.key(config.seed))), out_shardings=(repl, repl)
+        lambda: tuple(jax.random.split(jax.random.key(config.seed))),
+        out_shardings=(exp.replicated, exp.replicated),
     )()
-    key_data = jax.jit(jax.random.key_data, out_shardings=repl)
-
-    def ckpt_state(state, key):
-        d = dict(
-            step=state.step,
-            opt_state=state.opt_state,
-            rng=key_data(key),
-            skipped=state.skipped,
-            skipped_in_a_row=state.skipped_in_a_row,
-        )
-        if ema:
-            d["ema_params"] = state.ema_params
-        return d
-
-    rng_shape = jax.eval_shape(jax.random.key_data, dropout_key)
-    abstract_ckpt_state = dict(
-        step=abstract_state.step,
-        opt_state=abstract_state.opt_state,
-        rng=jax.ShapeDtypeStruct(rng_shape.shape, rng_shape.dtype, sharding=repl),
-        skipped=abstract_state.skipped,
-        skipped_in_a_row=abstract_state.skipped_in_a_row,
-    )
-    if ema:
-        abstract_ckpt_state["ema_params"] = abstract_state.ema_params
-    # The newest step that reads and verifies (or checkpoint.restore_step); checkpoints written
-    # before the skip counters existed have none: they start at 0.
-    latest, restored = checkpoint.restore_newest(
+    resumed = checkpoint.restore_train_state(
         manager,
+        exp.abstract_state,
+        exp.abstract_rng,
         restore_step=config.checkpoint.get("restore_step"),
-        abstract_params=abstract_state.params,
-        abstract_state=abstract_ckpt_state,
-        optional_state=("skipped", "skipped_in_a_row"),
     )
-    if latest is not None:
-        # Newer steps (unusable, or passed over by restore_step) would collide with this
-        # run's next saves: moved aside, files unchanged.
-        checkpoint.set_aside(manager, [k for k in manager.all_steps() if k > latest])
-        s = restored["state"]
-        zero = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=repl)
-        state = steps.TrainState(
-            step=s["step"],
-            params=restored["params"],
-            opt_state=s["opt_state"],
-            ema_params=s.get("ema_params"),
-            skipped=s["skipped"] if "skipped" in s else zero(),
-            skipped_in_a_row=s["skipped_in_a_row"] if "skipped_in_a_row" in s else zero(),
-        )
-        dropout_key = jax.jit(jax.random.wrap_key_data, out_shardings=repl)(s["rng"])
-        if restored["data"] is not None:
-            train_loader.set_state(restored["data"])
+    if resumed is None:
+        state, step = exp.init(init_key), None
+        if config.init_from:
+            params = checkpoint.restore_params(config.init_from, exp.abstract_state.params)
+            ema_params = None if state.ema_params is None else params
+            state = state.replace(params=params, ema_params=ema_params)
+    else:
+        state, dropout_key, step = resumed.state, resumed.rng, resumed.step
+        # Newer steps (unusable, or passed over by restore_step) would collide with this run's
+        # next saves: moved aside, files unchanged.
+        checkpoint.set_aside(manager, [k for k in manager.all_steps() if k > step])
+        if resumed.data_state is not None:
+            train_loader.set_state(resumed.data_state)
         else:
             logging.warning(
                 "Checkpoint %d has no data position for %d processes; the data starts over.",
-                latest,
+                step,
                 jax.process_count(),
             )
-        logging.info("Resumed from %s/checkpoints/%d", workdir, latest)
-    else:
-        state = exp.init(init_key)
-        if config.init_from:
-            params = checkpoint.restore_params(config.init_from, abstract_state.params)
-            state = state.replace(params=params, ema_params=params if ema else None)
+        logging.info("Resumed from %s/checkpoints/%d", workdir, step)
+    workdirs.record_config(workdir, config, step)
+    stored = os.path.join(workdir, TOKENIZER_FILE)
+    # SentencePiece only (bytes need no file); a stored one was checked equal above.
+    if jax.process_index() == 0 and hasattr(tokenizer, "save") and not os.path.exists(stored):
+        tokenizer.save(stored)
+    return manager, state, dropout_key, step
 
+
+def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
+    """train_and_evaluate from the point where the data loaders and the set-up exist."""
+    config, total = exp.config, exp.config.num_train_steps
+    tokenizer = train_loader.tokenizer
+    primary = jax.process_index() == 0
+
+    # ----------------------------------------------------------------------------- restore
+    manager, state, dropout_key, resumed_step = _restore(exp, workdir, train_loader, cleanup)
     start_step = int(state.step)
-    workdirs.record_config(workdir, config, start_step if latest is not None else None)
-    if jax.process_index() == 0:
-        stored = os.path.join(workdir, TOKENIZER_FILE)
-        # SentencePiece only (bytes need no file); a stored one was checked equal above.
-        if hasattr(tokenizer, "save") and not os.path.exists(stored):
-            tokenizer.save(stored)
     writer = metrics.MetricWriter(workdir, resume_step=start_step)
     cleanup.callback(writer.close)
-
     evaluate = evaluation.make_evaluator(exp, eval_loader, tokenizer, workdir)
-
-    # ---- throughput accounting
-    units = task.units_per_batch(exp.inputs.train)
-    flops_per_step = exp.flops_per_step
-    peak_flops = chips.peak_flops(mesh, checks.COMPUTE_DTYPES[config.dtype])
-    logging.info(
-        "Model %s: %s parameters; mesh %s; %.3g model FLOPs per step; peak %.3g FLOP/s (%s)",
-        config.model.name,
-        f"{exp.num_params:,}",
-        dict(mesh.shape),
-        flops_per_step,
-        peak_flops.flops,
-        peak_flops.source,
-    )
-
-    # ---- the loop
-    total = config.num_train_steps
-    last_step = total if stop_after_step is None else min(total, stop_after_step)
-    pending, train_metrics, eval_metrics = [], {}, {}
-    step, timer_step, timer = start_step, start_step, time.perf_counter()
-    saved_step = start_step if latest is not None else None
-    unchecked = []  # (step, stats) not yet checked for non-finite values
-    nonfinite = config.get("nonfinite", "error")
-    max_skips = config.get("max_nonfinite_skips", 1)
-
-    def check_finite():
-        """Raises for a non-finite step ("error") or too many skips in a row ("skip").
-
-        Called before every save, so no checkpoint is written after a step that must stop the
-        run; the host sync it costs happens only at log steps, evaluations and saves."""
-        if not unchecked:
-            return
-        host = jax.device_get([s for _, s in unchecked])
-        steps = [k for k, _ in unchecked]
-        unchecked.clear()
-        for k, s in zip(steps, host, strict=True):
-            if not s["nonfinite"]:
-                continue
-            what = f"loss {float(s['bad_loss'])}, gradient norm {float(s['bad_grad_norm'])}"
-            where = (
-                f"the newest checkpoint is step {saved_step}"
-                if saved_step is not None
-                else "no checkpoint was written"
-            )
-            if nonfinite == "error":
-                raise FloatingPointError(
-                    f"step {k}: non-finite loss or gradient ({what}). The update was not "
-                    f"applied and no checkpoint of later state was written ({where}). Lower "
-                    "the learning rate or set nonfinite='skip' to drop such updates."
-                )
-            in_a_row, skipped = int(s["skipped_in_a_row"]), int(s["skipped"])
-            logging.warning(
-                "Step %d: non-finite loss or gradient (%s); update skipped (%d in a "
-                "row, %d in total)",
-                k,
-                what,
-                in_a_row,
-                skipped,
-            )
-            if in_a_row > max_skips:
-                raise FloatingPointError(
-                    f"step {k}: {in_a_row} updates in a row skipped for non-finite loss or "
-                    f"gradient, more than max_nonfinite_skips={max_skips} ({what}; {where})."
-                )
-
-    def save(step, eval_result=None):
-        nonlocal saved_step
-        check_finite()
-        start = time.perf_counter()
-        checkpoint.save(
-            manager,
-            step,
-            params=state.params,
-            state=ckpt_state(state, dropout_key),
-            data_state=train_loader.get_state(),
-            metrics={k: v for k, v in (eval_result or {}).items() if math.isfinite(v)} or None,
-        )
-        saved_step = step
-        logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
-
+    guard = NonFiniteGuard(config)
+    saver = Saver(manager, train_loader, guard, saved_step=resumed_step)
+    meter = TrainMeter(exp, start_step=start_step)
     # The profiler window (config.profile): a trace of whole steps and the step's HLO.
     window = profiling.Window(config, workdir, first_step=start_step + 1, last_step=last_step)
     cleanup.callback(window.close)  # a trace still running when the run stops early ends
@@ -397,75 +403,58 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
     cleanup.callback(bar.close)
 
     def log_train(step):
-        """Sums the pending step stats (a host sync), writes and prints the train metrics."""
-        nonlocal pending, train_metrics
-        skipped = pending[-1]["skipped"]
-        summed = _sum(pending)  # the only host sync of the loop
-        pending = []
-        check_finite()
-        train_metrics = task.summarize(summed)
-        train_metrics.update(
-            grad_norm=summed["grad_norm"] / max(summed["steps"], 1.0),
-            learning_rate=float(schedule(step - 1)),
-        )
-        if nonfinite == "skip":
-            train_metrics["skipped_updates"] = float(skipped)
-        eta = None
-        if step > timer_step:  # else only the (compiling) first step ran since reset
-            steps_per_s = (step - timer_step) / (time.perf_counter() - timer)
-            eta = (total - step) / steps_per_s
-            train_metrics.update(
-                steps_per_sec=steps_per_s,
-                mfu=flops_per_step * steps_per_s / peak_flops.flops,
-                **{f"{task.UNIT}_per_sec": units * steps_per_s},
-            )
-        writer.write(step, "train", train_metrics)
-        if jax.process_index() == 0:
-            line = metrics.format_line(step, total, "train", train_metrics, eta_s=eta)
-            bar.write(line)
+        guard.check(saver.saved_step)
+        result, eta = meter.summarize(step)
+        writer.write(step, "train", result)
+        if primary:
+            bar.write(metrics.format_line(step, total, "train", result, eta_s=eta))
+        return result
 
-    stopped_by = None
+    # -------------------------------------------------------------------------------- loop
+    train_metrics, eval_metrics, stopped_by, step = {}, {}, None, start_step
     while step < last_step:
-        batch = sharding.shard_batch(next(train_loader), mesh, rules)
+        batch = sharding.shard_batch(next(train_loader), exp.mesh, exp.rules)
         if step == start_step:
-            window.maybe_compile(train_step, (state, batch, dropout_key))
+            window.maybe_compile(exp.train_step, (state, batch, dropout_key))
         window.begin(step + 1, state)
-        state, stats = train_step(state, batch, dropout_key)
-        pending.append(stats)
+        state, stats = exp.train_step(state, batch, dropout_key)
         step += 1
-        unchecked.append((step, {k: stats[k] for k in NONFINITE_STATS}))
+        meter.add(stats)
+        guard.record(step, stats)
         bar.update()
         if step == start_step + 1:  # keep compilation out of the throughput
             jax.block_until_ready(stats)
-            logging.info("First step (compilation included): %.1fs", time.perf_counter() - timer)
-            timer_step, timer = step, time.perf_counter()
+            logging.info(
+                "First step (compilation included): %.1fs", time.perf_counter() - meter.clock
+            )
+            meter.restart_clock(step)
         if window.end(step, (state, stats)):  # the trace's export is not training time
-            timer_step, timer = step, time.perf_counter()
+            meter.restart_clock(step)
         log_step = step % config.log_every == 0 or step == last_step
         if log_step:
-            log_train(step)
+            train_metrics = log_train(step)
         eval_now = (config.eval_every and step % config.eval_every == 0) or step == total
         eval_result = None
         if eval_now:
-            check_finite()
-            eval_result = evaluate(state.ema_params if ema else state.params, step)
-            eval_metrics = eval_result
+            guard.check(saver.saved_step)
+            params = state.params if state.ema_params is None else state.ema_params
+            eval_result = eval_metrics = evaluate(params, step)
             writer.write(step, "eval", eval_result)
-            if jax.process_index() == 0:
+            if primary:
                 bar.write(metrics.format_line(step, total, "eval", eval_result))
-        every = config.checkpoint.every
-        # Preemption and Ctrl-C: every process learns it at the same step (see StopSignals);
-        # a signal during evaluation or set-up is seen here too, after the step it interrupted.
+        # Preemption and Ctrl-C: every process learns it at the same step (see StopSignals); a
+        # signal during evaluation or set-up is seen here too, after the step it interrupted.
         preempted = stop.reached(manager, step, log_step)
-        if preempted and pending:  # the steps since the last log line are not lost
-            log_train(step)
+        if preempted and meter.pending:  # the steps since the last log line are not lost
+            train_metrics = log_train(step)
+        every = config.checkpoint.every
         if (
             (every and step % every == 0)
             or step == last_step
             or (eval_now and config.checkpoint.best_metric)
             or preempted
         ):
-            save(step, eval_result)
+            saver.save(step, state, dropout_key, eval_result)
         if preempted:
             stopped_by = stop.signal or "preemption"
             logging.warning(
@@ -474,21 +463,23 @@ def _run(exp, workdir, *, train_loader, eval_loader, stop_after_step, cleanup, s
                 step,
             )
             break
-        if eval_now or step == saved_step:  # do not count evaluation and saving as training
-            timer_step, timer = step, time.perf_counter()
+        if eval_now or step == saver.saved_step:  # evaluation and saving are not training time
+            meter.restart_clock(step)
+
+    # ------------------------------------------------------------------------------ finish
     bar.close()
     window.close()  # a window cut short by a stop signal
-    if saved_step != step:
-        save(step)
-    check_finite()  # a step after the newest save (none: already checked by save)
+    if saver.saved_step != step:
+        saver.save(step, state, dropout_key)
+    guard.check(saver.saved_step)  # a step after the newest save (none: already checked by save)
     curves = None
-    if jax.process_index() == 0 and os.path.exists(writer.path):
+    if primary and os.path.exists(writer.path):
         from tfjax.runner import plots
 
         curves, _ = plots.plot_metrics(workdir)
     return {
         "state": state,
-        "model": model,
+        "model": exp.model,
         "tokenizer": tokenizer,
         "step": step,
         "train": train_metrics,
