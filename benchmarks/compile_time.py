@@ -50,17 +50,7 @@ FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
 
 def compile_once(spec, depth, scan):
     """(trace + lower seconds, XLA compile seconds) of one fresh train step."""
-    decoder = dict(
-        kind="lm",
-        width=spec["width"],
-        layers=depth,
-        heads=spec["heads"],
-        mlp=spec["mlp"],
-        vocab=spec["vocab"],
-        length=spec["length"],
-        max_len=spec["length"],
-        batch=spec["batch"],
-    )
+    decoder = dict(spec, kind="lm", layers=depth, max_len=spec["length"])
     exp = contenders.set_up_tfjax(decoder, scan_layers=scan)
     start = time.perf_counter()
     lowered = exp.train_step.lower(exp.abstract_state, exp.train_batch, exp.abstract_rng)

@@ -102,7 +102,7 @@ def tfjax_config(spec, **model_overrides):
     """The config of a tfjax run of `spec`: configs/lm.py:tiny (decoder) or configs/vit.py:tiny
     (ViT) with the spec's sizes, batch and AdamW (lr LR, weight decay WEIGHT_DECAY, constant,
     no clipping), no dropout, no label smoothing or z-loss, float32, a data-parallel mesh."""
-    from tfjax.runner import setup
+    from tfjax.runner import defaults, setup
 
     if spec["kind"] == "lm":
         config = setup.load_config(os.path.join(harness.ROOT, "configs/lm.py") + ":tiny")
@@ -139,18 +139,13 @@ def tfjax_config(spec, **model_overrides):
             dtype="float32",
         )
         config.loss.update(label_smoothing=0.0, z_loss=0.0)
-        config.optim.update(
-            name="adamw",
+        config.optim = defaults.optim(
             learning_rate=LR,
             schedule="constant",
             warmup_steps=0,
             end_learning_rate_fraction=1.0,
-            b1=0.9,
-            b2=0.999,
-            eps=1e-8,
             weight_decay=WEIGHT_DECAY,
             grad_clip_norm=0.0,
-            ema_decay=0.0,
         )
         config.mesh.update(data=-1, fsdp=1, tensor=1)
     return config

@@ -106,7 +106,7 @@ def main():
 def _config(args, scan_layers: bool, batch_size: int):
     """configs/lm.py:tiny made a GPT-2-small-like decoder of the given sizes (the variant's MLP,
     context and dropout), AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, float32."""
-    from tfjax.runner import setup
+    from tfjax.runner import defaults, setup
 
     config = setup.load_config(os.path.join(ROOT, "configs/lm.py") + ":tiny")
     config.model.update(
@@ -123,18 +123,13 @@ def _config(args, scan_layers: bool, batch_size: int):
     config.update(
         batch_size=batch_size, eval_batch_size=batch_size, num_train_steps=1, dtype="float32"
     )
-    config.optim.update(
-        name="adamw",
+    config.optim = defaults.optim(
         learning_rate=1e-3,
         schedule="constant",
         warmup_steps=0,
         end_learning_rate_fraction=0.0,
-        b1=0.9,
         b2=0.95,
-        eps=1e-8,
         weight_decay=0.1,
-        grad_clip_norm=1.0,
-        ema_decay=0.0,
     )
     return config
 

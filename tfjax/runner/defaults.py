@@ -1,0 +1,221 @@
+"""The config sections every experiment shares, each field documented once, here.
+
+A config file (configs/*.py) calls these with the values that differ and reads top to bottom:
+
+    config = defaults.run(task="lm", batch_size=32, eval_batch_size=32, num_train_steps=600,
+                          eval_every=200)
+    config.model = ...                          # the family's own section
+    config.dataset = ...
+    config.optim = defaults.optim(learning_rate=2e-3, warmup_steps=60, b2=0.95, ...)
+    config.loss = defaults.loss(z_loss=1e-4)
+    config.checkpoint = defaults.checkpoint(every=200)
+    return defaults.apply_presets(config, arg, PRESETS, default="pydoc", file="configs/lm.py")
+
+These are plain functions returning plain ConfigDicts: no inheritance, nothing hidden. What each
+section means at run time is documented with the code that reads it: `tfjax.runner.optim`
+(optim), `tfjax.runner.checkpoint` (checkpoint), `tfjax.runner.profiling` (profile), the tasks
+(loss, decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import ml_collections
+from ml_collections import config_dict
+
+from tfjax import sharding
+
+
+def run(
+    *,
+    task: str,
+    batch_size: int,
+    eval_batch_size: int,
+    num_train_steps: int,
+    eval_every: int,
+    log_every: int = 100,
+) -> ml_collections.ConfigDict:
+    """A config with the fields of the run itself; the caller adds model and dataset."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # parameters, dropout, masking and data order all follow from it
+    config.task = task  # tfjax.tasks module: loss and metrics
+    config.data_dir = ""  # prepared datasets; "": $TFJAX_DATA_DIR or ~/tensorflow_datasets
+    config.init_from = ""  # another run's workdir: start from its parameters ("": no)
+
+    config.batch_size = batch_size  # global rows: split over the data and fsdp mesh axes
+    config.eval_batch_size = eval_batch_size  # global
+    config.num_microbatches = 1  # gradient accumulation: the batch in this many parts
+    config.num_train_steps = num_train_steps  # optimizer updates
+    config.log_every = log_every  # steps between train metric logs (the only host syncs)
+    config.eval_every = eval_every  # steps between evaluations (0: only at the end)
+    config.eval_steps = 0  # eval batches per evaluation (0: the whole eval split)
+    config.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (params stay float32)
+    config.nonfinite = "error"  # NaN/Inf loss or gradient: "error" stops, "skip" drops the update
+    config.max_nonfinite_skips = 10  # with "skip": updates skipped in a row before stopping
+
+    # Sizes within a slice (-1: the rest); dcn_data: slices the data axis spans (-1: all).
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1))
+    config.logical_axis_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
+    config.profile = profile()
+    return config
+
+
+def model(name: str, variant: str) -> ml_collections.ConfigDict:
+    """The model fields every family has; the caller adds the family's own. Sizes are None
+    placeholders: the preset's, unless set (--config.model.num_layers=8)."""
+    m = ml_collections.ConfigDict()
+    m.name = name  # tfjax.models.<name>
+    m.variant = variant  # preset of sizes in tfjax.models.<name>.VARIANTS
+    m.width = config_dict.placeholder(int)  # D
+    m.num_layers = config_dict.placeholder(int)  # L
+    m.num_heads = config_dict.placeholder(int)  # N
+    m.mlp_dim = config_dict.placeholder(int)  # F
+    m.scan_layers = False  # nn.scan over layers (compile time flat in depth)
+    m.remat_policy = "none"  # recompute activations in the backward pass
+    # Attention backend: "xla", "cudnn", "chunked", "splash"; None: the best for the target.
+    m.implementation = config_dict.placeholder(str)
+    return m
+
+
+def optim(
+    *,
+    learning_rate: float,
+    warmup_steps: int,
+    schedule: str = "warmup_cosine",
+    end_learning_rate_fraction: float = 0.1,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    grad_clip_norm: float = 1.0,
+) -> ml_collections.ConfigDict:
+    """config.optim (fields: tfjax.runner.optim)."""
+    o = ml_collections.ConfigDict()
+    o.name = "adamw"  # "adamw" or "sgd"
+    o.learning_rate = learning_rate  # peak; with schedule "rsqrt" a factor on the paper's rate
+    o.schedule = schedule  # "rsqrt", "warmup_cosine" or "constant"
+    o.warmup_steps = warmup_steps  # linear warmup
+    o.end_learning_rate_fraction = end_learning_rate_fraction  # cosine ends at this x the peak
+    o.b1 = b1  # Adam beta1 (SGD momentum)
+    o.b2 = b2  # Adam beta2
+    o.eps = eps  # Adam epsilon
+    o.weight_decay = weight_decay  # decoupled, kernels and embeddings only
+    o.grad_clip_norm = grad_clip_norm  # global norm clipping (0: off)
+    o.ema_decay = 0.0  # EMA of the parameters for eval (0: off)
+    return o
+
+
+def loss(
+    *, label_smoothing: float = 0.0, z_loss: float = 0.0, vocabulary: bool = True
+) -> ml_collections.ConfigDict:
+    """config.loss; `vocabulary`: the task has a vocabulary head (then loss.chunks exists)."""
+    c = ml_collections.ConfigDict()
+    c.label_smoothing = label_smoothing  # eps of the smoothed targets
+    c.z_loss = z_loss  # coefficient of log(Z)^2, as in PaLM (0: off)
+    if vocabulary:
+        c.chunks = 1  # >1: logits and loss in this many slices of T, never all [B, T, V]
+    return c
+
+
+def decode(
+    *,
+    method: str,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    prompt_length: int = 0,
+) -> ml_collections.ConfigDict:
+    """config.decode: what evaluation decodes (translation's BLEU, a language model's samples)
+    and experiments/decode.py's defaults."""
+    d = ml_collections.ConfigDict()
+    d.method = method  # "greedy", "sample" or "beam"
+    d.beam_size = 4
+    d.alpha = 0.6  # beam length penalty ((5 + len) / 6)^alpha
+    d.max_new_tokens = max_new_tokens  # tokens generated per input (0: the default length)
+    d.temperature = temperature  # sampling only
+    d.top_k = 0  # sampling only (0: off)
+    d.top_p = top_p  # nucleus sampling (1: off)
+    d.num_samples = 3  # decoded outputs written to samples.jsonl per evaluation
+    d.prompt_length = prompt_length  # tokens of each eval row used as its prompt (LM only)
+    d.average_last = 1  # decode.py: average the newest N checkpoints
+    return d
+
+
+def checkpoint(
+    *, every: int, best_metric: str = "", best_mode: str = "min"
+) -> ml_collections.ConfigDict:
+    """config.checkpoint (fields: tfjax.runner.checkpoint)."""
+    c = ml_collections.ConfigDict()
+    c.every = every  # steps between checkpoints (0: only at the end)
+    c.keep = 2  # newest checkpoints kept
+    c.best_metric = best_metric  # also keep the best by this eval metric ("": no)
+    c.best_mode = best_mode  # "max" or "min"
+    c.async_save = True  # write in the background while training goes on
+    c.replica_parallel = True  # replicas share writing (faster on many devices)
+    c.timeout_s = 1200  # most seconds a save waits for the other processes
+    c.restore_step = config_dict.placeholder(int)  # None: newest that verifies
+    return c
+
+
+def profile() -> ml_collections.ConfigDict:
+    """config.profile: a jax.profiler trace in WORKDIR/profile (tfjax.runner.profiling)."""
+    p = ml_collections.ConfigDict()
+    p.start_step = 10  # first step traced (after compilation and warm-up)
+    p.num_steps = 0  # steps traced (0: off)
+    p.dump_hlo = False  # also write the compiled train step's HLO there
+    return p
+
+
+def tiny(config) -> None:
+    """The 2-step smoke run of every config's "tiny" preset (tests run it)."""
+    config.update(
+        batch_size=16,
+        eval_batch_size=16,
+        num_train_steps=2,
+        log_every=1,
+        eval_every=2,
+        eval_steps=1,
+    )
+    config.optim.warmup_steps = 1
+    config.checkpoint.update(every=2, replica_parallel=False)  # no slicing programs to compile
+
+
+def at_scale(
+    config, *, batch_size: int, num_train_steps: int, eval_every: int, eval_steps: int | None = None
+):
+    """The run fields of a paper-scale preset (for accelerators): bfloat16 compute, `batch_size`
+    rows in training and evaluation, a log line every 100 steps, a checkpoint at every
+    evaluation; eval_steps None keeps the config's."""
+    config.update(
+        batch_size=batch_size,
+        eval_batch_size=batch_size,
+        num_train_steps=num_train_steps,
+        log_every=100,
+        eval_every=eval_every,
+        dtype="bfloat16",
+    )
+    if eval_steps is not None:
+        config.eval_steps = eval_steps
+    config.checkpoint.every = eval_every
+
+
+def apply_presets(
+    config,
+    arg: str | None,
+    presets: Mapping[str, Callable],
+    *,
+    default: str,
+    file: str,
+) -> ml_collections.ConfigDict:
+    """Applies the comma-separated presets of `arg` (`default` when None) in order, makes every
+    dataset field settable from the command line, and locks the config (a misspelt override
+    is then an error naming the key)."""
+    from tfjax.data import catalog
+
+    for preset in (arg or default).split(","):
+        if preset not in presets:
+            raise ValueError(f"{file}: unknown preset {preset!r}; presets: {list(presets)}")
+        presets[preset](config)
+    catalog.with_placeholders(config.dataset)  # any dataset field settable from the CLI
+    return config.lock()
