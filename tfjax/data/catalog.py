@@ -59,100 +59,79 @@ _COMMON = dict(num_workers=0, read_threads=0, prefetch_batches=0, cache=False)
 _TEXT = dict(long_examples="truncate", packing=False)
 CROPS = ("pad", "inception", "none")  # crop= of image datasets (`preprocess.fit_image`)
 
+
+def _images(
+    size,
+    channels,
+    classes,
+    *,
+    crop="pad",
+    crop_padding,
+    random_flip,
+    eval_split="test",
+    embedded=None,
+):
+    """A catalog entry of labelled square images (train / eval splits, crops, flips)."""
+    entry = dict(
+        features=dict(image="image", label="label"),
+        tasks=("classification",),
+        config=dict(
+            train_split="train",
+            eval_split=eval_split,
+            image_size=size,
+            num_channels=channels,
+            num_classes=classes,
+            crop=crop,
+            crop_padding=crop_padding,
+            random_flip=random_flip,
+        ),
+    )
+    return _embedded(entry, embedded)
+
+
+def _embedded(entry, builder):
+    """`entry` built offline by the tfjax.data.embedded `builder` class (small: kept in memory),
+    or as it is (a TFDS dataset) when `builder` is None."""
+    if builder:
+        entry.update(embedded=builder)
+        entry["config"]["cache"] = True
+    return entry
+
+
+def _documents(tokenizer, vocab_size, *, embedded=None):
+    """A catalog entry of text documents for language modelling (causal and masked): packed
+    rows of 128 tokens, longer documents split over rows."""
+    entry = dict(
+        features=dict(text="text"),
+        tasks=("lm", "mlm"),
+        config=dict(
+            train_split="train",
+            eval_split="test",
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            seq_len=128,
+            packing=True,
+            long_examples="split",
+            mlm_probability=0.15,
+        ),
+    )
+    return _embedded(entry, embedded)
+
+
 # name -> how to read it and its default config:
 #   features  which record fields hold what ("image" marks an image dataset)
 #   tasks     the `tfjax.tasks` tasks it serves (the first is the default)
 #   embedded  the `tfjax.data.embedded` builder class (offline); else a TFDS dataset
 #   module    TFDS module to import so that its builder is registered
 CATALOG: dict[str, dict] = {
-    "digits": dict(
-        embedded="Digits",
-        features=dict(image="image", label="label"),
-        tasks=("classification",),
-        config=dict(
-            cache=True,
-            train_split="train",
-            eval_split="test",
-            image_size=8,
-            num_channels=1,
-            num_classes=10,
-            crop="pad",
-            crop_padding=1,
-            random_flip=False,
-        ),
+    "digits": _images(8, 1, 10, crop_padding=1, random_flip=False, embedded="Digits"),
+    "mnist": _images(28, 1, 10, crop_padding=2, random_flip=False),
+    "cifar10": _images(32, 3, 10, crop_padding=4, random_flip=True),
+    "imagenet2012": _images(
+        224, 3, 1000, crop="inception", crop_padding=0, random_flip=True, eval_split="validation"
     ),
-    "mnist": dict(
-        features=dict(image="image", label="label"),
-        tasks=("classification",),
-        config=dict(
-            train_split="train",
-            eval_split="test",
-            image_size=28,
-            num_channels=1,
-            num_classes=10,
-            crop="pad",
-            crop_padding=2,
-            random_flip=False,
-        ),
-    ),
-    "cifar10": dict(
-        features=dict(image="image", label="label"),
-        tasks=("classification",),
-        config=dict(
-            train_split="train",
-            eval_split="test",
-            image_size=32,
-            num_channels=3,
-            num_classes=10,
-            crop="pad",
-            crop_padding=4,
-            random_flip=True,
-        ),
-    ),
-    "imagenet2012": dict(
-        features=dict(image="image", label="label"),
-        tasks=("classification",),
-        config=dict(
-            train_split="train",
-            eval_split="validation",
-            image_size=224,
-            num_channels=3,
-            num_classes=1000,
-            crop="inception",
-            crop_padding=0,
-            random_flip=True,
-        ),
-    ),
-    "pydoc": dict(
-        embedded="Pydoc",
-        features=dict(text="text"),
-        tasks=("lm", "mlm"),
-        config=dict(
-            cache=True,
-            train_split="train",
-            eval_split="test",
-            tokenizer="bytes",
-            vocab_size=8000,
-            seq_len=128,
-            packing=True,
-            long_examples="split",
-            mlm_probability=0.15,
-        ),
-    ),
-    "lm1b": dict(
-        features=dict(text="text"),
-        tasks=("lm", "mlm"),
-        config=dict(
-            train_split="train",
-            eval_split="test",
-            tokenizer="sentencepiece",
-            vocab_size=32000,
-            seq_len=128,
-            packing=True,
-            long_examples="split",
-            mlm_probability=0.15,
-        ),
-    ),
+    "pydoc": _documents("bytes", 8000, embedded="Pydoc"),
+    "lm1b": _documents("sentencepiece", 32000),
     "numbers_translate": dict(
         embedded="NumbersTranslate",
         features=dict(),

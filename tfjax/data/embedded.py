@@ -20,6 +20,7 @@ trains on real data without any download.
 
 from __future__ import annotations
 
+import abc
 import gzip
 import importlib.util
 import io
@@ -94,6 +95,11 @@ class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Base of the offline builders: kept out of the global TFDS registry (names like "digits"
     must not clash with other code), read by instantiating the class."""
 
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    HOMEPAGE = None  # where the data comes from
+    SUPERVISED_KEYS = None  # (input, target) feature names, for as_supervised
+
     # tfds 4.9.10 finds a packaged builder's source through `importlib_resources`, a backport it
     # declares only for Python < 3.9; the file path is all it needs.
     @tfds.core.utils.classproperty
@@ -101,25 +107,32 @@ class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def code_path(cls) -> epath.Path:
         return epath.Path(__file__)
 
+    @abc.abstractmethod
+    def _features(self) -> tfds.features.FeatureConnector:
+        """What each record holds."""
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            description=self.__doc__,
+            features=self._features(),
+            supervised_keys=self.SUPERVISED_KEYS,
+            homepage=self.HOMEPAGE,
+        )
+
 
 class Digits(_Builder, skip_registration=True):
     """8x8 handwritten digits (scikit-learn's copy of UCI optdigits), fixed train/test split."""
 
     name = "digits"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    HOMEPAGE = "https://archive.ics.uci.edu/dataset/80"
+    SUPERVISED_KEYS = ("image", "label")
 
-    def _info(self):
-        return self.dataset_info_from_configs(
-            description=self.__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=(8, 8, 1)),
-                    "label": tfds.features.ClassLabel(num_classes=10),
-                }
-            ),
-            supervised_keys=("image", "label"),
-            homepage="https://archive.ics.uci.edu/dataset/80",
+    def _features(self):
+        return tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(8, 8, 1)),
+                "label": tfds.features.ClassLabel(num_classes=10),
+            }
         )
 
     def _split_generators(self, dl_manager):
@@ -145,16 +158,11 @@ class Pydoc(_Builder, skip_registration=True):
     """CPython's reference topics (pydoc_data.topics), one example per paragraph."""
 
     name = "pydoc"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    HOMEPAGE = "https://docs.python.org/3/reference/"
 
-    def _info(self):
-        return self.dataset_info_from_configs(
-            description=self.__doc__,
-            features=tfds.features.FeaturesDict(
-                {"text": tfds.features.Text(), "topic": tfds.features.Text()}
-            ),
-            homepage="https://docs.python.org/3/reference/",
+    def _features(self):
+        return tfds.features.FeaturesDict(
+            {"text": tfds.features.Text(), "topic": tfds.features.Text()}
         )
 
     def _split_generators(self, dl_manager):
@@ -187,12 +195,10 @@ class NumbersTranslate(_Builder, skip_registration=True):
         "1.1.0": "Train numbers below 100 100x, below 1,000 10x (short forms were rare).",
     }
 
-    def _info(self):
-        return self.dataset_info_from_configs(
-            description=self.__doc__,
-            features=tfds.features.Translation(languages=("digits", "en")),
-            supervised_keys=("digits", "en"),
-        )
+    SUPERVISED_KEYS = ("digits", "en")
+
+    def _features(self):
+        return tfds.features.Translation(languages=("digits", "en"))
 
     def _split_generators(self, dl_manager):
         del dl_manager

@@ -287,6 +287,31 @@ def _seed(seed: int, purpose: int) -> int:
     return int(np.random.SeedSequence([seed, purpose]).generate_state(1)[0])
 
 
+def _text_batches(it, cfg, spec, batch_size):
+    """Batches of tokenized records: long examples split over rows or truncated, rows packed
+    (with segment ids) when cfg.packing, padded to seq_len and to batch_size rows."""
+    if cfg.long_examples == "split":
+        it = grain.experimental.FlatMapIterDataset(it, _SplitLong(cfg.seq_len))
+    elif cfg.task in ("lm", "mlm"):  # the others are truncated per record
+        it = it.map(functools.partial(preprocess.truncate_example, length=cfg.seq_len))
+    if cfg.packing:
+        lengths = {k: cfg.seq_len for k in ("tokens", "targets", "weights", "inputs") if k in spec}
+        it = grain.experimental.FirstFitPackIterDataset(
+            it, length_struct=lengths, num_packing_bins=batch_size, shuffle_bins=False
+        )
+        # MLM packs targets and weights alongside tokens; keep one set of segment ids.
+        it = it.map(functools.partial(_keep, keys=tuple(spec)))
+    # Fixed shapes: rows padded to seq_len, the last partial batch padded to batch_size.
+    collate = functools.partial(preprocess.collate, batch_size=batch_size, length=cfg.seq_len)
+    return it.batch(batch_size, drop_remainder=False, batch_fn=collate)
+
+
+def _batches_of(examples: int, workers: int, batch_size: int) -> int:
+    """Batches that `examples` one-per-row examples make when each of `workers` batches its own
+    every k-th example (the last batch of each partial)."""
+    return sum(math.ceil(len(range(w, examples, workers)) / batch_size) for w in range(workers))
+
+
 def make_loader(
     dataset_config,
     *,
@@ -363,27 +388,10 @@ def make_loader(
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
         tokenizer = sources.get_tokenizer(cfg, data_dir)
-        it = order(
-            grain.MapDataset.source(source).random_map(
-                _text_transform(cfg, fields, tokenizer), seed=_seed(seed, 1)
-            )
-        ).to_iter_dataset(read_options)
-        if cfg.long_examples == "split":
-            it = grain.experimental.FlatMapIterDataset(it, _SplitLong(cfg.seq_len))
-        elif cfg.task in ("lm", "mlm"):  # the others are truncated per record
-            it = it.map(functools.partial(preprocess.truncate_example, length=cfg.seq_len))
-        if cfg.packing:
-            lengths = {
-                k: cfg.seq_len for k in ("tokens", "targets", "weights", "inputs") if k in spec
-            }
-            it = grain.experimental.FirstFitPackIterDataset(
-                it, length_struct=lengths, num_packing_bins=batch_size, shuffle_bins=False
-            )
-            # MLM packs targets and weights alongside tokens; keep one set of segment ids.
-            it = it.map(functools.partial(_keep, keys=tuple(spec)))
-        # Fixed shapes: rows padded to seq_len, the last partial batch padded to batch_size.
-        collate = functools.partial(preprocess.collate, batch_size=batch_size, length=cfg.seq_len)
-        it = it.batch(batch_size, drop_remainder=False, batch_fn=collate)
+        records = grain.MapDataset.source(source).random_map(
+            _text_transform(cfg, fields, tokenizer), seed=_seed(seed, 1)
+        )
+        it = _text_batches(order(records).to_iter_dataset(read_options), cfg, spec, batch_size)
     if cfg.num_workers:
         _allow_grain_flags_defaults()
         # Workers build whole batches (shipping single examples costs more than making them).
@@ -400,9 +408,7 @@ def make_loader(
         # The longest shard sets the count; each worker batches its own every k-th example.
         examples = num_epochs * math.ceil(len(source) / process_count)
         workers = 1 if cfg.images else max(cfg.num_workers, 1)
-        num_batches = sum(
-            math.ceil(len(range(w, examples, workers)) / batch_size) for w in range(workers)
-        )
+        num_batches = _batches_of(examples, workers, batch_size)
     # Everything that changes which batches come out (speed-only fields may change on resume).
     speed_only = ("read_threads", "prefetch_batches", "cache", "train_split", "eval_split")
     identity = dict(

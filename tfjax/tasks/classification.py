@@ -23,12 +23,7 @@ def labels_and_weights(batch):
     return batch["label"], jnp.ones(batch["label"].shape, jnp.float32)
 
 
-def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
-    """logits [B, C] against batch["label"] [B]."""
-    stats = losses.cross_entropy_sums(
-        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
-    )
-    return stats["loss"], stats
+loss_and_stats = losses.cross_entropy_loss(labels_and_weights)  # logits [B, C] vs labels [B]
 
 
 def summarize(stats):

@@ -127,3 +127,25 @@ def ratio(stats, key, denominator="weight") -> float:
 def perplexity(stats) -> float:
     """exp of the mean negative log-likelihood (no label smoothing, no z-loss)."""
     return float(np.exp(min(ratio(stats, "nll"), 700.0)))
+
+
+def cross_entropy_loss(labels_and_weights):
+    """The `loss_and_stats(logits, batch, *, label_smoothing, z_loss)` of a task whose loss is
+    the cross-entropy of the logits against its `labels_and_weights(batch)` (every task here)."""
+
+    def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
+        stats = cross_entropy_sums(
+            logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
+        )
+        return stats["loss"], stats
+
+    return loss_and_stats
+
+
+def token_metrics(stats) -> dict:
+    """The metrics of a task that predicts tokens: mean loss, accuracy and perplexity."""
+    return {
+        "loss": ratio(stats, "loss"),
+        "accuracy": ratio(stats, "correct"),
+        "perplexity": perplexity(stats),
+    }

@@ -7,7 +7,9 @@ accuracy), perplexity.
 """
 
 from tfjax.tasks import losses
-from tfjax.tasks.lm import model_inputs  # noqa: F401 (the same inputs: tokens, packing ids)
+
+# The same inputs (tokens, packing ids) and units (tokens) as causal language modelling.
+from tfjax.tasks.lm import model_inputs, units_per_batch  # noqa: F401
 
 UNIT = "tokens"
 
@@ -17,20 +19,5 @@ def labels_and_weights(batch):
     return batch["targets"], batch["weights"]
 
 
-def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
-    stats = losses.cross_entropy_sums(
-        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
-    )
-    return stats["loss"], stats
-
-
-def summarize(stats):
-    return {
-        "loss": losses.ratio(stats, "loss"),
-        "accuracy": losses.ratio(stats, "correct"),
-        "perplexity": losses.perplexity(stats),
-    }
-
-
-def units_per_batch(batch):
-    return batch["tokens"].shape[0] * batch["tokens"].shape[1]
+loss_and_stats = losses.cross_entropy_loss(labels_and_weights)
+summarize = losses.token_metrics

@@ -32,19 +32,8 @@ def labels_and_weights(batch):
     return targets, targets != 0
 
 
-def loss_and_stats(logits, batch, *, label_smoothing=0.0, z_loss=0.0):
-    stats = losses.cross_entropy_sums(
-        logits, *labels_and_weights(batch), label_smoothing=label_smoothing, z_loss=z_loss
-    )
-    return stats["loss"], stats
-
-
-def summarize(stats):
-    return {
-        "loss": losses.ratio(stats, "loss"),
-        "accuracy": losses.ratio(stats, "correct"),
-        "perplexity": losses.perplexity(stats),
-    }
+loss_and_stats = losses.cross_entropy_loss(labels_and_weights)
+summarize = losses.token_metrics
 
 
 def units_per_batch(batch):
