@@ -21,7 +21,7 @@ pytest.importorskip("safetensors")
 
 from tfjax import decode, interop  # noqa: E402
 from tfjax.interop import core  # noqa: E402
-from tfjax.interop import vit as ivit  # noqa: E402
+from tfjax.interop.core import posemb  # noqa: E402
 
 V = 61
 ATOL = 1e-5
@@ -542,7 +542,7 @@ def test_bicubic_matrix_matches_torch_interpolate(size_in, size_out):
     want = torch.nn.functional.interpolate(
         torch.tensor(x), size=(size_out, size_out), mode="bicubic", align_corners=False
     ).numpy()[0]
-    m = ivit.bicubic_matrix(size_in, size_out)
+    m = posemb.bicubic_matrix(size_in, size_out)
     got = np.einsum("Hh,chw,Ww->cHW", m, x[0].astype(np.float64), m)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 

@@ -19,8 +19,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from tfjax import decode, interop  # noqa: E402
-from tfjax.interop import core, gemma  # noqa: E402
-from tfjax.interop import decoder as convert  # noqa: E402
+from tfjax.interop import core  # noqa: E402
+from tfjax.interop.core.decoders import spelled_out  # noqa: E402
+from tfjax.interop.families import gemma  # noqa: E402
 from tfjax.models import decoder  # noqa: E402
 
 V = 61
@@ -357,7 +358,7 @@ def test_presets_have_the_model_cards_parameter_counts(variant):
 def test_gemma3_text_presets_with_the_vision_tower_have_the_model_cards_counts(variant):
     billions, decimals = MULTIMODAL_CARDS[variant]
     model = decoder.Model(variant=variant)
-    text = core.hf_config(gemma.GEMMA3, convert.spelled_out(model))
+    text = core.hf_config(gemma.GEMMA3, spelled_out(model))
     del text["architectures"]  # Gemma3ForCausalLM's; here the text part of the whole model
     config = transformers.Gemma3Config(text_config=text, vision_config=VISION_CONFIG)
     with torch.device("meta"):

@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from tfjax import decode, interop  # noqa: E402
-from tfjax.interop import core, t5  # noqa: E402
+from tfjax.interop import core  # noqa: E402
+from tfjax.interop.families import t5  # noqa: E402
 from tfjax.models import transformer  # noqa: E402
 
 V = 61

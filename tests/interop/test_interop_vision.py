@@ -20,7 +20,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from tfjax import interop  # noqa: E402
-from tfjax.interop import core, vision  # noqa: E402
+from tfjax.interop import core  # noqa: E402
+from tfjax.interop.families import clip as clip_family  # noqa: E402
+from tfjax.interop.families import dinov2 as dinov2_family  # noqa: E402
 from tfjax.models import vit  # noqa: E402
 
 ATOL = 1e-5
@@ -200,9 +202,9 @@ def test_tower_export_refuses_what_the_architecture_cannot_hold(dinov2):
     _, path = dinov2
     model, params = interop.load(path)
     with pytest.raises(ValueError, match="no mlp_ratio for the model's mlp_dim=100"):
-        vision.to_dinov2(model.clone(mlp_dim=100), params)
+        dinov2_family.to_dinov2(model.clone(mlp_dim=100), params)
     with pytest.raises(ValueError, match="CLIPVisionModel needs a model with"):
-        vision.to_clip_vision(model, params)
+        clip_family.to_clip_vision(model, params)
     plain = vit.Model("tiny/4", num_classes=None)
     with pytest.raises(ValueError, match="exports as a vision tower"):
         interop.export(plain, {})
@@ -248,10 +250,10 @@ def test_tower_presets_match_transformers_count_built_from_their_export(variant,
     """The preset's exported config.json, built by transformers on the meta device, has exactly
     the preset's parameter count and loads back as the same model."""
     model = vit.Model(variant, num_registers=registers)
-    family = vision.export_family(model)
+    family = interop.REGISTRY.exporter(model).family(model)
     size = vit.TRAINED_IMAGE_SIZES[variant]
-    config = vision.hf_config(family, model) | {"image_size": size, "num_channels": 3}
-    assert vit.Model(**vision.model_fields(family, config)) == model
+    config = core.hf_config(family, model) | {"image_size": size, "num_channels": 3}
+    assert vit.Model(**core.model_fields(family, config)) == model
     hf_config = transformers.AutoConfig.for_model(**config)
     with torch.device("meta"):
         reference = getattr(transformers, config["architectures"][0])(hf_config)
@@ -505,7 +507,7 @@ def test_whole_model_export_refusals(clip_model):
     model, params = interop.load(path)
     message = r"CLIPVisionModelWithProjection needs a model with .*head_bias=False"
     with pytest.raises(ValueError, match=message):
-        vision.to_clip_vision_projection(model.clone(head_bias=True), params)
+        clip_family.to_clip_vision_projection(model.clone(head_bias=True), params)
     # A bias-free head on a tower that is not CLIP's has no architecture.
     with pytest.raises(ValueError, match="bias-free head"):
         interop.export(vit.Model("tiny/4", num_classes=3, head_bias=False), {})
