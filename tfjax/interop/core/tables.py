@@ -226,3 +226,16 @@ LABELS = (
     Field("label2id", "num_classes", None, read=False, to_config=_label2id),
     Field("num_labels", "num_classes", None, write=False),
 )
+
+
+def bert_like(dropout: float, eps: float) -> tuple[Field, ...]:
+    """The sizes and rates BertConfig and the configs modelled on it (ViTConfig, Dinov2Config)
+    name alike, with the family's defaults for the rates and the norms' epsilon."""
+    return (
+        Field("hidden_size", "width"),
+        Field("num_hidden_layers", "num_layers"),
+        Field("num_attention_heads", "num_heads"),
+        Field("hidden_dropout_prob", "dropout_rate", dropout),
+        Field("attention_probs_dropout_prob", "attention_dropout_rate", dropout),
+        Field("layer_norm_eps", "norm_eps", eps),
+    )

@@ -27,7 +27,7 @@ import functools
 from tfjax.interop.core import convert, files
 from tfjax.interop.core.registry import Converts, Exporter
 from tfjax.interop.core.rules import Rule, attention, dense, identity, mlp, norm
-from tfjax.interop.core.tables import LABELS, Family, Field, Fixed
+from tfjax.interop.core.tables import LABELS, Family, Field, Fixed, bert_like
 from tfjax.models import encoder
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
@@ -82,17 +82,12 @@ def _bert(architecture: str, head: str, activation: Field, tied) -> Family:
         model=encoder.Model,
         config=(
             Field("vocab_size", "vocab_size"),
-            Field("hidden_size", "width"),
-            Field("num_hidden_layers", "num_layers"),
-            Field("num_attention_heads", "num_heads"),
+            *bert_like(dropout=0.1, eps=1e-12),
             Field("intermediate_size", "mlp_dim"),
             Field("max_position_embeddings", "max_len", 512),
             Field("type_vocab_size", "type_vocab_size", 2),
             *LABELS,
-            Field("hidden_dropout_prob", "dropout_rate", 0.1),
-            Field("attention_probs_dropout_prob", "attention_dropout_rate", 0.1),
             activation,
-            Field("layer_norm_eps", "norm_eps", 1e-12),
             Field("initializer_range", "init_stddev", 0.02),
             Fixed("position_embedding_type", "absolute"),
             Fixed("is_decoder", False, why="tfjax's encoder has no decoder BERT"),

@@ -41,7 +41,7 @@ from tfjax.interop.core.rules import (
     norm,
     reshaped_as,
 )
-from tfjax.interop.core.tables import Family, Field, Fixed
+from tfjax.interop.core.tables import Family, Field, Fixed, bert_like
 from tfjax.models import vit
 
 
@@ -138,12 +138,7 @@ def _dinov2(architecture: str, model_type: str, registers: bool, requires: dict)
         model=vit.Model,
         config=(
             Field("patch_size", "patch_size", 14),
-            Field("hidden_size", "width"),
-            Field("num_hidden_layers", "num_layers"),
-            Field("num_attention_heads", "num_heads"),
-            Field("hidden_dropout_prob", "dropout_rate", 0.0),
-            Field("attention_probs_dropout_prob", "attention_dropout_rate", 0.0),
-            Field("layer_norm_eps", "norm_eps", 1e-6),
+            *bert_like(dropout=0.0, eps=1e-6),
             Field("layerscale_value", "layer_scale", 1.0),
             # use_swiglu_ffn=True replaces it by "swiglu" (its FFN uses SiLU, not hidden_act)
             Field(

@@ -107,16 +107,12 @@ def _written(model: decoder.Decoder) -> decoder.Decoder:
 from_gpt2, to_gpt2 = convert.converters(GPT2, "gpt2", _written)
 
 
-def _is_gpt2(model: decoder.Decoder) -> bool:
-    return model.position == "learned" and model.norm_position != "sandwich"
-
-
 CONVERTS = Converts(
     loads={GPT2.architecture: from_gpt2},
     exports=(
         Exporter(
             decoder.Decoder,
-            when=_is_gpt2,
+            when=lambda m: m.position == "learned" and m.norm_position != "sandwich",
             export=to_gpt2,
             family=lambda model: GPT2,
             needs="GPT2LMHeadModel: learned positions (position='learned') and one norm before "

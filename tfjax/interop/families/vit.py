@@ -44,7 +44,7 @@ from tfjax.interop.core.rules import (
     norm,
     param_shapes,
 )
-from tfjax.interop.core.tables import LABELS, Family, Field, Fixed
+from tfjax.interop.core.tables import LABELS, Family, Field, Fixed, bert_like
 from tfjax.models import vit
 
 
@@ -108,13 +108,8 @@ HF_VIT = Family(
     config=(
         *LABELS,
         Field("patch_size", "patch_size", 16),
-        Field("hidden_size", "width"),
-        Field("num_hidden_layers", "num_layers"),
+        *bert_like(dropout=0.0, eps=1e-12),
         Field("intermediate_size", "mlp_dim"),
-        Field("num_attention_heads", "num_heads"),
-        Field("hidden_dropout_prob", "dropout_rate", 0.0),
-        Field("attention_probs_dropout_prob", "attention_dropout_rate", 0.0),
-        Field("layer_norm_eps", "norm_eps", 1e-12),
         Fixed("hidden_act", "gelu"),
         Fixed("qkv_bias", True),
     ),
