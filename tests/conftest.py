@@ -188,9 +188,9 @@ def assert_params_identical(a, b):
     """Two parameter trees with the same keys, dtypes, shapes and bits."""
     import numpy as np
 
-    from tfjax.interop import core
+    from tfjax.interop.core.rules import flatten
 
-    fa, fb = core.flatten(a), core.flatten(b)
+    fa, fb = flatten(a), flatten(b)
     assert fa.keys() == fb.keys()
     for k in fa:
         x, y = np.asarray(fa[k]), np.asarray(fb[k])

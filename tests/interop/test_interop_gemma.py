@@ -8,32 +8,19 @@ of a float64 copy of the reference.
 import copy
 import math
 
+import interop_references as references
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_params_identical, save_pretrained
+from conftest import assert_params_identical
+from interop_references import ATOL, V, apply, greedy_reference, tokens, torch, transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
-
-from tfjax import decode, interop  # noqa: E402
-from tfjax.interop import core, gemma  # noqa: E402
-from tfjax.interop import decoder as convert  # noqa: E402
-from tfjax.models import decoder  # noqa: E402
-
-V = 61
-ATOL = 1e-5
-
-
-def _tokens(shape, seed=0, low=3):
-    return np.random.RandomState(seed).randint(low, V, shape)
-
-
-def _apply(model, params, *args):
-    out, _ = jax.jit(lambda p, *a: model.apply({"params": p}, *a))(params, *args)
-    return np.asarray(out)
+from tfjax import decode, interop
+from tfjax.interop.core import tables
+from tfjax.interop.core.decoders import spelled_out
+from tfjax.interop.families import gemma
+from tfjax.models import decoder
 
 
 def _sizes(**changes):
@@ -66,8 +53,8 @@ def _randomise_norms(ref):
     return ref
 
 
-@pytest.fixture(scope="module")
-def gemma2(tmp_path_factory):
+@references.reference
+def gemma2():
     """Three layers (local, global, local) with soft caps small enough to act."""
     torch.manual_seed(10)
     config = transformers.Gemma2Config(
@@ -78,12 +65,11 @@ def gemma2(tmp_path_factory):
             rope_parameters={"rope_type": "default", "rope_theta": 500.0},
         )
     )
-    ref = _randomise_norms(transformers.Gemma2ForCausalLM(config).eval())
-    return ref, save_pretrained(ref, tmp_path_factory.mktemp("gemma2"))
+    return _randomise_norms(transformers.Gemma2ForCausalLM(config).eval())
 
 
-@pytest.fixture(scope="module")
-def gemma3(tmp_path_factory):
+@references.reference
+def gemma3():
     """Four layers (local, local, global, local: a period of 3 and one more), each kind with its
     RoPE (the global one scaled), q/k norms, a final soft cap."""
     torch.manual_seed(11)
@@ -103,8 +89,7 @@ def gemma3(tmp_path_factory):
             final_logit_softcapping=3.0,
         )
     )
-    ref = _randomise_norms(transformers.Gemma3ForCausalLM(config).eval())
-    return ref, save_pretrained(ref, tmp_path_factory.mktemp("gemma3"))
+    return _randomise_norms(transformers.Gemma3ForCausalLM(config).eval())
 
 
 FAMILIES = ["gemma2", "gemma3"]
@@ -135,9 +120,9 @@ def test_logits_match_reference(family, scan_layers, request):
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path, scan_layers=scan_layers)
     # Unpadded rows: transformers' float64 Gemma gives NaN rows for a right-padded batch.
-    tokens = _tokens((2, 10))
-    want = _reference_logits(ref, tokens)
-    got = _apply(model, params, jnp.asarray(tokens))
+    ids = tokens((2, 10))
+    want = _reference_logits(ref, ids)
+    got = apply(model, params, jnp.asarray(ids))
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 
 
@@ -145,28 +130,15 @@ def test_soft_caps_and_window_act_in_the_compared_logits(gemma2):
     """Without the caps, or without the window, the logits differ: the test above sees them."""
     ref, path = gemma2
     model, params = interop.load(path)
-    tokens = _tokens((1, 12))
-    want = _reference_logits(ref, tokens)
+    ids = tokens((1, 12))
+    want = _reference_logits(ref, ids)
     for change in (
         {"attention_softcap": None},
         {"final_logit_softcap": None},
         {"attention_pattern": ("global",)},
     ):
-        got = _apply(model.clone(**change), params, jnp.asarray(tokens))
+        got = apply(model.clone(**change), params, jnp.asarray(ids))
         assert np.abs(got - want).max() > 1e-2, change
-
-
-def _greedy_reference(ref, prompts, max_new, eos):
-    with torch.no_grad():
-        out = ref.generate(
-            torch.tensor(prompts),
-            attention_mask=torch.ones(prompts.shape, dtype=torch.long),
-            max_new_tokens=max_new,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=0,
-        )
-    return out[:, prompts.shape[1] :].numpy()
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -175,8 +147,8 @@ def test_greedy_generation_matches_reference(family, scan_layers, request):
     """12 new tokens after 5 (past the window of 4), with the KV cache, token for token."""
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path, scan_layers=scan_layers)
-    prompts, max_new = _tokens((3, 5), seed=7), 12
-    want = _greedy_reference(ref, prompts, max_new, eos=V + 5)
+    prompts, max_new = tokens((3, 5), seed=7), 12
+    want = greedy_reference(ref, prompts, max_new, eos=V + 5)
     assert len(set(want.ravel().tolist())) > 3, "degenerate reference; change the seed"
     eos = min(set(range(3, V)) - set(want.ravel().tolist()))  # none emitted: all 12 compared
     got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
@@ -190,21 +162,7 @@ def test_greedy_generation_of_padded_prompts_matches_each_row_alone(family, side
     are the reference's for that prompt alone."""
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path, scan_layers=True)
-    tokens, max_new, lengths = _tokens((3, 5), seed=11), 9, (5, 2, 4)
-    prompts = np.zeros_like(tokens)
-    for row, n in enumerate(lengths):
-        if side == "right":
-            prompts[row, :n] = tokens[row, :n]
-        else:
-            prompts[row, 5 - n :] = tokens[row, :n]
-    want = [
-        _greedy_reference(ref, tokens[r : r + 1, :n], max_new, eos=V + 5)[0]
-        for r, n in enumerate(lengths)
-    ]
-    eos = min(set(range(3, V)) - set(np.concatenate(want).tolist()))  # all 9 compared
-    got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
-    for row, n in enumerate(lengths):
-        assert list(np.asarray(got)[row]) == list(want[row]), (row, n)
+    references.check_padded_prompts(ref, model, params, side)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -215,14 +173,14 @@ def test_round_trip_is_bit_exact_and_transformers_reads_it(family, request, tmp_
     model2, params2 = interop.load(tmp_path, scan_layers=True)
     assert model2 == model
     assert_params_identical(params, params2)
-    original, exported = core.read_state_dict(path), core.read_state_dict(tmp_path)
+    original, exported = interop.read_state_dict(path), interop.read_state_dict(tmp_path)
     assert set(exported) == set(original) - {"lm_head.weight"}
     for key, value in exported.items():
         assert np.array_equal(value, original[key]), key
     back = type(ref).from_pretrained(tmp_path, attn_implementation="eager").eval()
-    tokens = _tokens((2, 9), seed=3)
+    ids = tokens((2, 9), seed=3)
     np.testing.assert_allclose(
-        _reference_logits(back, tokens), _reference_logits(ref, tokens), atol=1e-12, rtol=0
+        _reference_logits(back, ids), _reference_logits(ref, ids), atol=1e-12, rtol=0
     )
     assert back.config.layer_types == ref.config.layer_types
 
@@ -240,13 +198,13 @@ def test_older_gemma3_config_keys_mean_the_same_model(gemma3):
         sliding_window_pattern=3,
         rope_scaling={"rope_type": "linear", "factor": 2.0},
     )
-    assert core.build(gemma.GEMMA3, old) == model
+    assert tables.build(gemma.GEMMA3, old) == model
 
 
 def _refused(family, path, match, **changes):
     config = {**interop.read_config(path), **changes}
     with pytest.raises(ValueError, match=match):
-        core.build(family, config)
+        tables.build(family, config)
 
 
 def test_unsupported_options_are_refused_by_key(gemma2, gemma3):
@@ -301,7 +259,7 @@ def test_export_refuses_a_model_gemma_cannot_express():
         qkv_bias=True,
     )
     with pytest.raises(ValueError, match="Gemma2ForCausalLM needs a model with .*qkv_bias=None"):
-        core.hf_config(gemma.GEMMA2, model)
+        tables.hf_config(gemma.GEMMA2, model)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,7 +315,7 @@ def test_presets_have_the_model_cards_parameter_counts(variant):
 def test_gemma3_text_presets_with_the_vision_tower_have_the_model_cards_counts(variant):
     billions, decimals = MULTIMODAL_CARDS[variant]
     model = decoder.Model(variant=variant)
-    text = core.hf_config(gemma.GEMMA3, convert.spelled_out(model))
+    text = tables.hf_config(gemma.GEMMA3, spelled_out(model))
     del text["architectures"]  # Gemma3ForCausalLM's; here the text part of the whole model
     config = transformers.Gemma3Config(text_config=text, vision_config=VISION_CONFIG)
     with torch.device("meta"):

@@ -9,23 +9,20 @@ import copy
 import json
 import math
 
+import interop_references as references
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_params_identical, save_pretrained
+from interop_references import ATOL, V, apply, torch, transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
+from tfjax import decode, interop
+from tfjax.interop.core import tables
+from tfjax.interop.families import t5
+from tfjax.models import transformer
 
-from tfjax import decode, interop  # noqa: E402
-from tfjax.interop import core, t5  # noqa: E402
-from tfjax.models import transformer  # noqa: E402
-
-V = 61
 EOS = 1
-ATOL = 1e-5
 
 
 def _config(**changes):
@@ -64,11 +61,10 @@ def _randomise(ref):
     return ref
 
 
-@pytest.fixture(scope="module")
-def flan(tmp_path_factory):
+@references.reference
+def flan():
     torch.manual_seed(2)
-    ref = _randomise(transformers.T5ForConditionalGeneration(_config()).eval())
-    return ref, save_pretrained(ref, tmp_path_factory.mktemp("t5"))
+    return _randomise(transformers.T5ForConditionalGeneration(_config()).eval())
 
 
 def _sources(padding="right"):
@@ -102,11 +98,6 @@ def _reference_logits(ref, src, tgt):
             attention_mask=_mask(src),
             decoder_input_ids=ref64._shift_right(torch.tensor(tgt)),
         ).logits.numpy()
-
-
-def _apply(model, params, *args):
-    out, _ = jax.jit(lambda p, *a: model.apply({"params": p}, *a))(params, *args)
-    return np.asarray(out)
 
 
 def _until_eos(tokens):
@@ -152,7 +143,7 @@ def test_logits_match_reference(flan, scan_layers, padding):
     tgt = _targets()
     tgt[1, 9:] = 0
     want = _reference_logits(ref, src, tgt)
-    got = _apply(model, params, jnp.asarray(src), jnp.asarray(tgt))
+    got = apply(model, params, jnp.asarray(src), jnp.asarray(tgt))
     valid = tgt != 0  # right-padded targets: the positions before the padding
     np.testing.assert_allclose(got[valid], want[valid], atol=ATOL, rtol=0)
 
@@ -182,7 +173,7 @@ def test_packed_rows_equal_the_pairs_apart(flan):
         inputs_positions=sp,
         targets_positions=tp,
     )
-    apart = [_apply(model, params, s[None], t[None])[0] for s, t in zip(src, tgt, strict=True)]
+    apart = [apply(model, params, s[None], t[None])[0] for s, t in zip(src, tgt, strict=True)]
     np.testing.assert_allclose(np.asarray(got)[0], np.concatenate(apart), atol=1e-5, rtol=0)
 
 
@@ -193,8 +184,8 @@ def test_dropout_is_where_transformers_has_it(flan, tmp_path):
     model, params = interop.load(path, dropout_rate=0.3)
     assert (model.attention_dropout_rate, model.mlp_dropout_rate) == (0.0, 0.0)  # the file's
     assert model.output_dropout
-    config = {**core.read_config(path), "dropout_rate": 0.3}
-    model = t5.from_t5(core.read_state_dict(path), config)[0]
+    config = {**interop.read_config(path), "dropout_rate": 0.3}
+    model = t5.from_t5(interop.read_state_dict(path), config)[0]
     assert (model.dropout_rate, model.attention_dropout_rate, model.mlp_dropout_rate) == (
         0.3,
         0.3,
@@ -215,7 +206,7 @@ def test_dropout_is_where_transformers_has_it(flan, tmp_path):
         assert np.abs(train(model.clone(**off)) - full).max() > 1e-3, off
     # the export writes dropout_rate alone: a model whose rates differ still saves
     interop.save(model.clone(attention_dropout_rate=0.0), params, tmp_path)
-    assert core.read_config(tmp_path)["dropout_rate"] == 0.3
+    assert interop.read_config(tmp_path)["dropout_rate"] == 0.3
 
 
 def test_the_relative_bias_and_the_head_are_in_the_compared_logits(flan):
@@ -223,13 +214,13 @@ def test_the_relative_bias_and_the_head_are_in_the_compared_logits(flan):
     _, path = flan
     model, params = interop.load(path)
     src, tgt = _sources(), _targets()
-    base = _apply(model, params, src, tgt)
+    base = apply(model, params, src, tgt)
     for name in ("encoder_position_bias", "decoder_position_bias"):
         changed = {**params, name: {"embedding": jnp.zeros_like(params[name]["embedding"])}}
-        assert np.abs(_apply(model, changed, src, tgt) - base).max() > 1e-2, name
+        assert np.abs(apply(model, changed, src, tgt) - base).max() > 1e-2, name
     tied = model.clone(tie_embeddings=True)
     untied = {k: v for k, v in params.items() if k != "output_proj"}
-    assert np.abs(_apply(tied, untied, src, tgt) - base).max() > 1e-2
+    assert np.abs(apply(tied, untied, src, tgt) - base).max() > 1e-2
 
 
 def _hf_generate(ref, src, **kwargs):
@@ -353,7 +344,7 @@ def test_round_trip_is_bit_exact_and_transformers_reads_it(flan, tmp_path):
     model2, params2 = interop.load(tmp_path, scan_layers=True)
     assert model2 == model
     assert_params_identical(params, params2)
-    original, exported = core.read_state_dict(path), core.read_state_dict(tmp_path)
+    original, exported = interop.read_state_dict(path), interop.read_state_dict(tmp_path)
     assert set(exported) == set(original)
     for key, value in exported.items():
         assert np.array_equal(value, original[key]), key
@@ -370,19 +361,19 @@ def test_a_file_without_lm_head_loads_tied(tmp_path):
     torch.manual_seed(1)
     ref = transformers.T5ForConditionalGeneration(_config()).eval()
     save_pretrained(ref, tmp_path)
-    assert "lm_head.weight" not in core.read_state_dict(tmp_path)
+    assert "lm_head.weight" not in interop.read_state_dict(tmp_path)
     model, params = interop.load(tmp_path)
     assert model.tied and "output_proj" not in params
     src, tgt = _sources(), _targets()
     want = _reference_logits(ref, src, tgt)
-    got = _apply(model, params, src, tgt)
+    got = apply(model, params, src, tgt)
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
     interop.save(model, params, tmp_path / "out")
-    assert "lm_head.weight" not in core.read_state_dict(tmp_path / "out")
+    assert "lm_head.weight" not in interop.read_state_dict(tmp_path / "out")
 
 
 def _edited(path, tmp_path, **changes):
-    config = core.read_config(path)
+    config = interop.read_config(path)
     for key, value in changes.items():
         if value is None:
             config.pop(key, None)
@@ -390,7 +381,7 @@ def _edited(path, tmp_path, **changes):
             config[key] = value
     with open(tmp_path / "config.json", "w") as f:
         json.dump(config, f)
-    return core.read_state_dict(path), config
+    return interop.read_state_dict(path), config
 
 
 @pytest.mark.parametrize(
@@ -461,14 +452,14 @@ PAPER = {"small": 80e6, "base": 250e6, "large": 780e6, "xl": 3e9, "xxl": 11e9}
 
 
 def _count(model) -> int:
-    shapes = jax.eval_shape(model.init, jax.random.key(0), core.TOKENS, core.TOKENS)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), tables.TOKENS, tables.TOKENS)
     return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
 
 
 @pytest.mark.parametrize("size", sorted(PAPER))
 def test_flan_t5_presets_are_transformers_models_of_their_exported_config(size):
     model = transformer.Model(variant=f"flan-t5-{size}")
-    config = core.hf_config(t5.T5, t5.spelled_out(model))
+    config = tables.hf_config(t5.T5, t5.spelled_out(model))
     del config["architectures"], config["model_type"]
     config = transformers.T5Config(**config)
     with torch.device("meta"):

@@ -5,15 +5,18 @@
     logits, aux = model.apply({"params": params}, tokens)
     interop.save(model, params, "path/to/out")           # model.safetensors + config.json
 
-`load` picks the converter from the config's "architectures" (the keys of ARCHITECTURES).
-Each family module also converts a state dict plus a config (`decoder.from_gpt2(state,
-cfg)`). Each Hugging Face architecture is a `core.Family` (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3,
-GEMMA2, GEMMA3,
-BERT_MLM, BERT_CLASSIFIER, HF_VIT, DINOV2, DINOV2_REGISTERS, CLIP_VISION, SIGLIP_VISION,
-CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN, T5): one table of config.json keys <-> model fields
-and one function of key rules, which import and export both read. Every converter checks
-every key and shape before returning: nothing is loaded half-way. Parameters come back as
-the plain "params" collection, stacked when the model has `scan_layers=True`.
+One module per Hugging Face family converts its architectures both ways (`families/`: gpt2,
+llama, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn), each also from a state dict plus
+a config (`from_gpt2(state, cfg)`). Each architecture is a `core.tables.Family` (GPT2, LLAMA,
+MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, BERT_MLM, BERT_CLASSIFIER, HF_VIT, DINOV2,
+DINOV2_REGISTERS, CLIP_VISION, SIGLIP_VISION, CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN,
+T5): one table of config.json keys <-> model fields and one function of key rules, which
+import and export both read. Each family module declares what it loads (architecture ->
+loader) and exports (tfjax model class and a predicate on its fields -> exporter); `load`
+picks the loader from the config's "architectures" (the keys of ARCHITECTURES) and `export`
+the one exporter that takes the model (`core.registry`). Every converter checks every key and
+shape before returning: nothing is loaded half-way. Parameters come back as the plain
+"params" collection, stacked when the model has `scan_layers=True`.
 
 What loads (every row also exports, `to_*`, and round trips bit for bit; a whole CLIPModel or
 SiglipModel exports its vision tower as the vision-only architecture):
@@ -60,76 +63,54 @@ SiglipModel exports its vision tower as the vision-only architecture):
 Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `transformers`.
 """
 
-import functools
 import os
 
-from tfjax.interop import attention, core, decoder, encoder, gemma, t5, transformer, vision, vit
-from tfjax.interop.attention import from_torch_mha, to_torch_mha
-from tfjax.interop.core import read_config, read_state_dict, write_safetensors
-from tfjax.interop.decoder import (
-    from_gpt2,
+from tfjax.interop import core, families
+from tfjax.interop.core.files import CONFIG, read_config, read_state_dict, write_safetensors
+from tfjax.interop.core.posemb import resample_posemb
+from tfjax.interop.core.registry import Registry
+from tfjax.interop.families.bert import from_bert, to_bert
+from tfjax.interop.families.clip import (
+    from_clip,
+    from_clip_vision,
+    from_clip_vision_projection,
+    from_siglip,
+    from_siglip_vision,
+    to_clip_vision,
+    to_clip_vision_projection,
+    to_siglip_vision,
+)
+from tfjax.interop.families.dinov2 import from_dinov2, from_dinov2_registers, to_dinov2
+from tfjax.interop.families.gemma import from_gemma2, from_gemma3, to_gemma2, to_gemma3
+from tfjax.interop.families.gpt2 import from_gpt2, to_gpt2
+from tfjax.interop.families.llama import (
     from_llama,
     from_mistral,
     from_qwen2,
     from_qwen3,
-    to_gpt2,
     to_llama,
     to_mistral,
     to_qwen2,
     to_qwen3,
 )
-from tfjax.interop.encoder import from_bert, to_bert
-from tfjax.interop.gemma import from_gemma2, from_gemma3, to_gemma2, to_gemma3
-from tfjax.interop.t5 import from_t5, to_t5
-from tfjax.interop.transformer import (
+from tfjax.interop.families.marian import (
     from_marian,
-    from_torch_transformer,
     marian_id_map,
     marian_to_tfjax_ids,
     tfjax_to_marian_ids,
     to_marian,
+)
+from tfjax.interop.families.t5 import from_t5, to_t5
+from tfjax.interop.families.torch_nn import (
+    from_torch_mha,
+    from_torch_transformer,
+    to_torch_mha,
     to_torch_transformer,
 )
-from tfjax.interop.vision import (
-    from_clip,
-    from_clip_vision,
-    from_clip_vision_projection,
-    from_dinov2,
-    from_dinov2_registers,
-    from_siglip,
-    from_siglip_vision,
-    to_clip_vision,
-    to_clip_vision_projection,
-    to_dinov2,
-    to_siglip_vision,
-)
-from tfjax.interop.vit import from_hf_vit, from_timm_vit, resample_posemb, to_hf_vit
-from tfjax.models import decoder as _decoder
-from tfjax.models import encoder as _encoder
-from tfjax.models import transformer as _transformer
-from tfjax.models import vit as _vit
+from tfjax.interop.families.vit import from_hf_vit, from_timm_vit, to_hf_vit
 
-ARCHITECTURES = {
-    "GPT2LMHeadModel": from_gpt2,
-    "LlamaForCausalLM": from_llama,
-    "MistralForCausalLM": from_mistral,
-    "Qwen2ForCausalLM": from_qwen2,
-    "Qwen3ForCausalLM": from_qwen3,
-    "Gemma2ForCausalLM": from_gemma2,
-    "Gemma3ForCausalLM": from_gemma3,
-    "BertForMaskedLM": functools.partial(from_bert, head="mlm"),
-    "BertForSequenceClassification": functools.partial(from_bert, head="classifier"),
-    "ViTForImageClassification": from_hf_vit,
-    "Dinov2Model": from_dinov2,
-    "Dinov2WithRegistersModel": from_dinov2_registers,
-    "CLIPVisionModel": from_clip_vision,
-    "SiglipVisionModel": from_siglip_vision,
-    "CLIPVisionModelWithProjection": from_clip_vision_projection,
-    "CLIPModel": from_clip,
-    "SiglipModel": from_siglip,
-    "MarianMTModel": from_marian,
-    "T5ForConditionalGeneration": from_t5,
-}
+REGISTRY = Registry(family.CONVERTS for family in families.ALL)
+ARCHITECTURES = REGISTRY.loaders  # Hugging Face architecture -> loader(directory, config, **kw)
 
 
 def load(directory, **overrides):
@@ -138,31 +119,13 @@ def load(directory, **overrides):
     `overrides` go to the converter (e.g. scan_layers=True, dtype, image_size for ViT).
     """
     config = read_config(directory)
-    archs = config.get("architectures") or []
-    for arch in archs:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch](directory, config, **overrides)
-    raise ValueError(
-        f"{os.path.join(os.fspath(directory), core.CONFIG)}: architectures={archs} has no "
-        f"converter; supported: {', '.join(ARCHITECTURES)}"
-    )
+    where = os.path.join(os.fspath(directory), CONFIG)
+    return REGISTRY.loader(config, where)(directory, config, **overrides)
 
 
 def export(model, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
-    if isinstance(model, _decoder.Decoder):
-        return core.to_hf(decoder.export_family(model), decoder.spelled_out(model), params)
-    if isinstance(model, _encoder.Encoder):
-        return to_bert(model, params)
-    if isinstance(model, _vit.VisionTransformer):
-        if model.num_classes is None or not model.head_bias:  # a tower (DINOv2, CLIP, SigLIP)
-            return vision.export(model, params)
-        return to_hf_vit(model, params)
-    if isinstance(model, _transformer.Transformer):
-        if model.position == "relative":  # T5's relative position bias
-            return to_t5(model, params)
-        return to_marian(model, params)
-    raise ValueError(f"no exporter for {type(model).__name__}")
+    return REGISTRY.exporter(model).export(model, params)
 
 
 def save(model, params, directory) -> str:
@@ -177,29 +140,27 @@ def save(model, params, directory) -> str:
 
 __all__ = [
     "ARCHITECTURES",
-    "attention",
+    "REGISTRY",
     "core",
-    "decoder",
-    "encoder",
     "export",
-    "gemma",
+    "families",
     "from_bert",
-    "from_gemma2",
-    "from_gemma3",
     "from_clip",
     "from_clip_vision",
     "from_clip_vision_projection",
     "from_dinov2",
     "from_dinov2_registers",
+    "from_gemma2",
+    "from_gemma3",
     "from_gpt2",
     "from_hf_vit",
     "from_llama",
+    "from_marian",
     "from_mistral",
     "from_qwen2",
     "from_qwen3",
     "from_siglip",
     "from_siglip_vision",
-    "from_marian",
     "from_t5",
     "from_timm_vit",
     "from_torch_mha",
@@ -213,25 +174,21 @@ __all__ = [
     "save",
     "tfjax_to_marian_ids",
     "to_bert",
-    "to_gemma2",
-    "to_gemma3",
     "to_clip_vision",
     "to_clip_vision_projection",
     "to_dinov2",
+    "to_gemma2",
+    "to_gemma3",
     "to_gpt2",
     "to_hf_vit",
     "to_llama",
+    "to_marian",
     "to_mistral",
     "to_qwen2",
     "to_qwen3",
     "to_siglip_vision",
-    "to_marian",
     "to_t5",
-    "t5",
     "to_torch_mha",
     "to_torch_transformer",
-    "transformer",
-    "vision",
-    "vit",
     "write_safetensors",
 ]

@@ -37,8 +37,10 @@ and decoder depths that differ (`num_layers`, `num_decoder_layers`), pad or deco
 other than 0, and FFN activations tfjax has no form of.
 """
 
-from tfjax.interop import core
-from tfjax.interop.core import Field, Fixed
+from tfjax.interop.core import convert, files, tables
+from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.rules import Path, Rule, attention, identity, linear
+from tfjax.interop.core.tables import TOKENS, Family, Field, Fixed
 from tfjax.models import transformer
 
 ARCHITECTURE = "T5ForConditionalGeneration"
@@ -46,33 +48,25 @@ ARCHITECTURE = "T5ForConditionalGeneration"
 # tanh form; T5 v1.1 and Flan-T5 use it).
 ACTIVATIONS = {"gated-gelu": "geglu_tanh", "gated-silu": "swiglu", "relu": "relu", "gelu": "gelu"}
 _GATED = {"geglu_tanh", "swiglu"}
+_PROJECTIONS = ("q", "k", "v", "o")  # an attention layer's Linear layers (no biases anywhere)
 
 
-def _attention(key: str, path: core.Path) -> list[core.Rule]:
-    return [
-        core.linear(f"{key}.q.weight", (*path, "query_kernel")),
-        core.linear(f"{key}.k.weight", (*path, "key_kernel")),
-        core.linear(f"{key}.v.weight", (*path, "value_kernel")),
-        core.linear_out(f"{key}.o.weight", (*path, "out_kernel")),
-    ]
-
-
-def _mlp(key: str, path: core.Path, gated: bool) -> list[core.Rule]:
+def _mlp(key: str, path: Path, gated: bool) -> list[Rule]:
     inner = ("wi_0", "wi_1") if gated else ("wi",)
-    return [core.linear(f"{key}.{w}.weight", (*path, w, "kernel")) for w in (*inner, "wo")]
+    return [linear(f"{key}.{w}.weight", (*path, w, "kernel")) for w in (*inner, "wo")]
 
 
-def t5_rules(model: transformer.Transformer, prefix: str = "") -> list[core.Rule]:
+def t5_rules(model: transformer.Transformer, prefix: str = "") -> list[Rule]:
     """The T5ForConditionalGeneration key rules (sublayers numbered as transformers does)."""
     gated = model.activation in _GATED
-    rules = [core.identity(f"{prefix}shared.weight", ("embed", "embedding"))]
+    rules = [identity(f"{prefix}shared.weight", ("embed", "embedding"))]
     if not model.tied:
-        rules.append(core.linear("lm_head.weight", ("output_proj", "kernel")))
+        rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
     for side in ("encoder", "decoder"):
         bias = f"{prefix}{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         rules += [
-            core.identity(bias, (f"{side}_position_bias", "embedding")),
-            core.identity(f"{prefix}{side}.final_layer_norm.weight", (side, "final_norm", "scale")),
+            identity(bias, (f"{side}_position_bias", "embedding")),
+            identity(f"{prefix}{side}.final_layer_norm.weight", (side, "final_norm", "scale")),
         ]
         for i in range(model.num_layers):
             k, layer = f"{prefix}{side}.block.{i}.layer.", (side, f"layers_{i}")
@@ -80,13 +74,16 @@ def t5_rules(model: transformer.Transformer, prefix: str = "") -> list[core.Rule
             if side == "decoder":
                 sublayers.append(("EncDecAttention", "cross_attention"))
             for j, (name, ours) in enumerate(sublayers):
-                rules += _attention(f"{k}{j}.{name}", (*layer, ours))
+                key = f"{k}{j}.{name}."
+                rules += attention(
+                    (*layer, ours), key, _PROJECTIONS, qkv_bias=False, out_bias=False
+                )
                 rules.append(
-                    core.identity(f"{k}{j}.layer_norm.weight", (*layer, f"{ours}_norm", "scale"))
+                    identity(f"{k}{j}.layer_norm.weight", (*layer, f"{ours}_norm", "scale"))
                 )
             j = len(sublayers)
             rules += _mlp(f"{k}{j}.DenseReluDense", (*layer, "mlp"), gated)
-            rules.append(core.identity(f"{k}{j}.layer_norm.weight", (*layer, "mlp_norm", "scale")))
+            rules.append(identity(f"{k}{j}.layer_norm.weight", (*layer, "mlp_norm", "scale")))
     return rules
 
 
@@ -101,7 +98,7 @@ _ORIGINAL_HEAD = (
     "come from the shared embedding scaled by d_model^-1/2, which tfjax does not convert"
 )
 
-T5 = core.Family(
+T5 = Family(
     architecture=ARCHITECTURE,
     model_type="t5",
     model=transformer.Model,
@@ -131,7 +128,7 @@ T5 = core.Family(
         Fixed("is_encoder_decoder", True, read=False),
     ),
     rules=t5_rules,
-    inputs=(core.TOKENS, core.TOKENS),
+    inputs=(TOKENS, TOKENS),
     defaults={"output_dropout": True},  # dropout after each stack's final norm, as transformers
     requires={
         "norm": "rms",
@@ -167,12 +164,12 @@ def _check_head(config: dict):
 def from_t5(source, config=None, **overrides):
     """(tfjax transformer, params) from a T5ForConditionalGeneration directory or (state dict,
     config). `overrides` set model fields (scan_layers=True, dtype, implementation, ...)."""
-    state, c = core.load_source(source, config)
+    state, c = files.load_source(source, config)
     _check_head(c)
     # transformers >= 5 ties a v1.1 head to `shared` (unscaled) when the file has no lm_head
     fields = {"tie_embeddings": "lm_head.weight" not in state, **overrides}
-    model = core.build(T5, c, **fields)
-    return model, core.import_params(T5, model, state)
+    model = tables.build(T5, c, **fields)
+    return model, convert.import_params(T5, model, state)
 
 
 def spelled_out(model: transformer.Transformer) -> transformer.Transformer:
@@ -184,4 +181,18 @@ def spelled_out(model: transformer.Transformer) -> transformer.Transformer:
 
 def to_t5(model: transformer.Transformer, params):
     """({Hugging Face key: numpy array}, config dict) for a T5-shaped tfjax transformer."""
-    return core.to_hf(T5, spelled_out(model), params)
+    return convert.to_hf(T5, spelled_out(model), params)
+
+
+CONVERTS = Converts(
+    loads={T5.architecture: from_t5},
+    exports=(
+        Exporter(
+            transformer.Transformer,
+            when=lambda m: m.position == "relative",
+            export=to_t5,
+            family=lambda model: T5,
+            needs="T5ForConditionalGeneration: T5's relative position bias (position='relative')",
+        ),
+    ),
+)

@@ -22,49 +22,46 @@ tfjax's encoder masks padding by token id 0 (BERT's [PAD]); pass attention_mask 
 the reference.
 """
 
-from tfjax.interop import core
-from tfjax.interop.core import Field, Fixed
+import functools
+
+from tfjax.interop.core import convert, files
+from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.rules import Rule, attention, dense, identity, mlp, norm
+from tfjax.interop.core.tables import LABELS, Family, Field, Fixed, bert_like
 from tfjax.models import encoder
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
 
 
-def bert_rules(model: encoder.Encoder, prefix: str = "bert.") -> list[core.Rule]:
+def bert_rules(model: encoder.Encoder, prefix: str = "bert.") -> list[Rule]:
     e = f"{prefix}embeddings."
     rules = [
-        core.identity(f"{e}word_embeddings.weight", ("embed", "embedding")),
-        core.identity(f"{e}position_embeddings.weight", ("pos_embed", "embedding")),
-        *core.norm(f"{e}LayerNorm", ("embed_norm",)),
+        identity(f"{e}word_embeddings.weight", ("embed", "embedding")),
+        identity(f"{e}position_embeddings.weight", ("pos_embed", "embedding")),
+        *norm(f"{e}LayerNorm", ("embed_norm",)),
     ]
     if model.type_vocab_size:
-        rules.append(core.identity(f"{e}token_type_embeddings.weight", ("type_embed", "embedding")))
+        rules.append(identity(f"{e}token_type_embeddings.weight", ("type_embed", "embedding")))
+    names = ("self.query", "self.key", "self.value", "output.dense")
     for i in range(model.num_layers):
         h, layer = f"{prefix}encoder.layer.{i}.", ("encoder", f"layers_{i}")
-        att = (*layer, "self_attention")
-        for name in ("query", "key", "value"):
-            rules += [
-                core.linear(f"{h}attention.self.{name}.weight", (*att, f"{name}_kernel")),
-                core.reshaped(f"{h}attention.self.{name}.bias", (*att, f"{name}_bias")),
-            ]
         rules += [
-            core.linear_out(f"{h}attention.output.dense.weight", (*att, "out_kernel")),
-            core.identity(f"{h}attention.output.dense.bias", (*att, "out_bias")),
-            *core.norm(f"{h}attention.output.LayerNorm", (*layer, "self_attention_norm")),
-            *core.dense(f"{h}intermediate.dense", (*layer, "mlp", "wi")),
-            *core.dense(f"{h}output.dense", (*layer, "mlp", "wo")),
-            *core.norm(f"{h}output.LayerNorm", (*layer, "mlp_norm")),
+            *attention((*layer, "self_attention"), f"{h}attention.", names),
+            *norm(f"{h}attention.output.LayerNorm", (*layer, "self_attention_norm")),
+            *mlp((*layer, "mlp"), f"{h}intermediate.dense", f"{h}output.dense"),
+            *norm(f"{h}output.LayerNorm", (*layer, "mlp_norm")),
         ]
     if model.head == "mlm":
         c = "cls.predictions."
         rules += [
-            *core.dense(f"{c}transform.dense", ("mlm_dense",)),
-            *core.norm(f"{c}transform.LayerNorm", ("mlm_norm",)),
-            core.identity(f"{c}bias", ("mlm_bias",)),
+            *dense(f"{c}transform.dense", ("mlm_dense",)),
+            *norm(f"{c}transform.LayerNorm", ("mlm_norm",)),
+            identity(f"{c}bias", ("mlm_bias",)),
         ]
     else:
         rules += [
-            *core.dense(f"{prefix}pooler.dense", ("pooler",)),
-            *core.dense("classifier", ("classifier",)),
+            *dense(f"{prefix}pooler.dense", ("pooler",)),
+            *dense("classifier", ("classifier",)),
         ]
     return rules
 
@@ -77,25 +74,20 @@ def _mlm_tied(model, prefix):
     }
 
 
-def _bert(architecture: str, head: str, activation: Field, tied) -> core.Family:
+def _bert(architecture: str, head: str, activation: Field, tied) -> Family:
     """The two BERT heads share every key but the activations they support."""
-    return core.Family(
+    return Family(
         architecture=architecture,
         model_type="bert",
         model=encoder.Model,
         config=(
             Field("vocab_size", "vocab_size"),
-            Field("hidden_size", "width"),
-            Field("num_hidden_layers", "num_layers"),
-            Field("num_attention_heads", "num_heads"),
+            *bert_like(dropout=0.1, eps=1e-12),
             Field("intermediate_size", "mlp_dim"),
             Field("max_position_embeddings", "max_len", 512),
             Field("type_vocab_size", "type_vocab_size", 2),
-            *core.LABELS,
-            Field("hidden_dropout_prob", "dropout_rate", 0.1),
-            Field("attention_probs_dropout_prob", "attention_dropout_rate", 0.1),
+            *LABELS,
             activation,
-            Field("layer_norm_eps", "norm_eps", 1e-12),
             Field("initializer_range", "init_stddev", 0.02),
             Fixed("position_embedding_type", "absolute"),
             Fixed("is_decoder", False, why="tfjax's encoder has no decoder BERT"),
@@ -133,7 +125,7 @@ BERT_CLASSIFIER = _bert(
 FAMILIES = {"mlm": BERT_MLM, "classifier": BERT_CLASSIFIER}  # by tfjax's encoder head
 
 
-def _family(config: dict, head: str | None) -> core.Family:
+def _family(config: dict, head: str | None) -> Family:
     if head is None:
         archs = config.get("architectures") or ()
         for family in FAMILIES.values():
@@ -149,9 +141,9 @@ def _family(config: dict, head: str | None) -> core.Family:
     return FAMILIES[head]
 
 
-def _renamed(state: core.StateDict) -> core.StateDict:
+def _renamed(state: files.StateDict) -> files.StateDict:
     """TF-era names (LayerNorm.gamma / beta) as weight / bias."""
-    out = core.StateDict(origin=state.origin)
+    out = files.StateDict(origin=state.origin)
     for k, v in state.items():
         new = k.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(
             ".LayerNorm.beta", ".LayerNorm.bias"
@@ -168,11 +160,28 @@ def from_bert(source, config=None, *, head: str | None = None, **overrides):
 
     `head` is "mlm" or "classifier"; taken from the config's architectures when None.
     """
-    state, c = core.load_source(source, config)
+    state, c = files.load_source(source, config)
     family = _family(c, head)
-    return core.from_hf(family, _renamed(state), c, **overrides)
+    return convert.from_hf(family, _renamed(state), c, **overrides)
 
 
 def to_bert(model: encoder.Encoder, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax encoder."""
-    return core.to_hf(_family({}, model.head), model, params)
+    return convert.to_hf(_family({}, model.head), model, params)
+
+
+CONVERTS = Converts(
+    loads={
+        BERT_MLM.architecture: functools.partial(from_bert, head="mlm"),
+        BERT_CLASSIFIER.architecture: functools.partial(from_bert, head="classifier"),
+    },
+    exports=(
+        Exporter(
+            encoder.Encoder,
+            when=lambda model: True,
+            export=to_bert,
+            family=lambda model: _family({}, model.head),
+            needs="BERT: any tfjax encoder (its head picks the architecture)",
+        ),
+    ),
+)

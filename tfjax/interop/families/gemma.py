@@ -23,13 +23,14 @@ Gemma 3's rope_parameters has one entry per layer type: "full_attention" is rope
 rope_scaling, "sliding_attention" local_rope_base and local_rope_scaling.
 
 What is refused, by key: attention biases, bidirectional attention, rope types other than
-Llama's (decoder.ROPE_TYPES), and Gemma 3's attn_logit_softcapping (transformers' Gemma 3 does
+Llama's (core.decoders.ROPE_TYPES), and Gemma 3's attn_logit_softcapping (transformers' Gemma 3 does
 not apply it, so which model such a checkpoint means is unclear).
 """
 
-from tfjax.interop import core
-from tfjax.interop import decoder as llama_like
-from tfjax.interop.core import Field, Fixed
+from tfjax.interop.core import convert
+from tfjax.interop.core.decoders import SIZES, llama_rules, rope_field, spelled_out, tied_head
+from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
 
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
@@ -92,14 +93,14 @@ def _head_dim(fields) -> int:
     return fields["head_dim"] or fields["width"] // fields["num_heads"]
 
 
-def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> core.Family:
+def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> Family:
     """A Gemma family: the entries all share, `config` the family's own (read in between)."""
-    return core.Family(
+    return Family(
         architecture=architecture,
         model_type=model_type,
         model=decoder.Model,
         config=(
-            *llama_like.SIZES,
+            *SIZES,
             Field("head_dim", "head_dim", 256),
             Field("intermediate_size", "mlp_dim"),
             Field("max_position_embeddings", "max_len", max_len),
@@ -123,7 +124,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> co
             Fixed("attention_bias", False, why="tfjax's Gemma has no attention biases"),
             Fixed("use_bidirectional_attention", False, why="tfjax's decoder is causal"),
         ),
-        rules=llama_like.llama_rules,
+        rules=llama_rules,
         prefix="model.",
         bare="layers.",
         requires={
@@ -137,7 +138,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> co
         },
         defaults={"dropout_rate": 0.0, **defaults},
         ignore=("*rotary_emb.*inv_freq", "*embed_scale"),
-        tied=llama_like.tied_head("embed_tokens.weight"),
+        tied=tied_head("embed_tokens.weight"),
     )
 
 
@@ -147,13 +148,7 @@ GEMMA2 = _gemma(
     Field("layer_types", "attention_pattern", _default_pattern(2), to_model=_pattern, write=False),
     Fixed("layer_types", _layer_types, read=False),
     # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta)
-    Field(
-        "rope_parameters",
-        "rope_scaling",
-        None,
-        to_model=llama_like.rope_scaling_of,
-        to_config=llama_like.rope_parameters_of,
-    ),
+    rope_field("rope_parameters", "rope_scaling"),
     Field("rope_parameters.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
     Field("attn_logit_softcapping", "attention_softcap", None),
@@ -177,23 +172,11 @@ GEMMA3 = _gemma(
     Fixed("layer_types", _layer_types, read=False),
     # rope_parameters by layer type (transformers 5); older configs: rope_theta, rope_scaling
     # (the global layers') and rope_local_base_freq.
-    Field(
-        _FULL,
-        "rope_scaling",
-        None,
-        to_model=llama_like.rope_scaling_of,
-        to_config=llama_like.rope_parameters_of,
-    ),
+    rope_field(_FULL, "rope_scaling"),
     Field(f"{_FULL}.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
-    Field("rope_scaling", "rope_scaling", None, to_model=llama_like.rope_scaling_of, write=False),
-    Field(
-        _SLIDING,
-        "local_rope_scaling",
-        None,
-        to_model=llama_like.rope_scaling_of,
-        to_config=llama_like.rope_parameters_of,
-    ),
+    rope_field("rope_scaling", "rope_scaling", write=False),
+    rope_field(_SLIDING, "local_rope_scaling"),
     Field(f"{_SLIDING}.rope_theta", "local_rope_base", None, write=False),
     Field("rope_local_base_freq", "local_rope_base", None, write=False),
     Fixed(f"{_SLIDING}.rope_theta", lambda f: f["local_rope_base"] or f["rope_base"], read=False),
@@ -208,28 +191,28 @@ GEMMA3 = _gemma(
 )
 
 
-def from_gemma2(source, config=None, **overrides):
-    """(tfjax decoder, params) from a Gemma 2 checkpoint (Gemma2ForCausalLM)."""
-    return core.from_hf(GEMMA2, source, config, **overrides)
+from_gemma2, to_gemma2 = convert.converters(GEMMA2, "gemma2", spelled_out)
+from_gemma3, to_gemma3 = convert.converters(GEMMA3, "gemma3", spelled_out)
 
 
-def to_gemma2(model: decoder.Decoder, params):
-    """({Hugging Face key: numpy array}, config dict) for a Gemma-2-shaped tfjax decoder."""
-    return core.to_hf(GEMMA2, llama_like.spelled_out(model), params)
-
-
-def from_gemma3(source, config=None, **overrides):
-    """(tfjax decoder, params) from a Gemma 3 text checkpoint (Gemma3ForCausalLM)."""
-    return core.from_hf(GEMMA3, source, config, **overrides)
-
-
-def to_gemma3(model: decoder.Decoder, params):
-    """({Hugging Face key: numpy array}, config dict) for a Gemma-3-shaped tfjax decoder."""
-    return core.to_hf(GEMMA3, llama_like.spelled_out(model), params)
-
-
-def export_family(model: decoder.Decoder) -> core.Family | None:
-    """GEMMA3 or GEMMA2 for a decoder with Gemma's sandwich norms (by qk_norm), else None."""
-    if model.norm_position != "sandwich":
-        return None
+def export_family(model: decoder.Decoder) -> Family:
+    """GEMMA3 or GEMMA2 for a decoder with Gemma's sandwich norms, by qk_norm."""
     return GEMMA3 if model.qk_norm else GEMMA2
+
+
+def _export(model: decoder.Decoder, params):
+    return convert.to_hf(export_family(model), spelled_out(model), params)
+
+
+CONVERTS = Converts(
+    loads={GEMMA2.architecture: from_gemma2, GEMMA3.architecture: from_gemma3},
+    exports=(
+        Exporter(
+            decoder.Decoder,
+            when=lambda m: m.norm_position == "sandwich",
+            export=_export,
+            family=export_family,
+            needs="Gemma 2 / 3: a norm before and after each sub-layer (norm_position='sandwich')",
+        ),
+    ),
+)

@@ -1,0 +1,104 @@
+"""What every family shares (tfjax.interop.core): reading checkpoint directories, load picking
+the loader by architecture, export picking the one exporter that takes a model, and the
+errors of weights read as another architecture's."""
+
+import interop_references as references
+import pytest
+
+from tfjax import interop
+from tfjax.models import decoder, encoder, transformer, vit
+
+gpt2 = references.gpt2
+bert_mlm = references.bert_mlm
+marian = references.marian
+
+
+def test_directory_without_weights(tmp_path, gpt2):
+    with pytest.raises(FileNotFoundError, match=f"no weights in '{tmp_path}'.*model.safetensors"):
+        interop.read_state_dict(tmp_path)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        interop.load(tmp_path)
+    _, path = gpt2
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        interop.from_gpt2(tmp_path / "nope", interop.read_config(path))
+
+
+def test_unknown_architecture(tmp_path, gpt2):
+    _, path = gpt2
+    config = interop.read_config(path)
+    config["architectures"] = ["FSMTForConditionalGeneration"]  # fairseq's WMT models
+    interop.write_safetensors(dict(interop.read_state_dict(path)), tmp_path, config)
+    with pytest.raises(ValueError, match=r"config\.json: architectures=.*FSMT.*has no converter"):
+        interop.load(tmp_path)
+
+
+def test_encoder_decoder_other_architecture_names_file_and_keys(gpt2, marian):
+    _, gpt2_path = gpt2
+    ref, marian_path = marian
+    with pytest.raises(ValueError, match=r"missing from .*model\.safetensors.*'model\.decoder\."):
+        interop.from_marian(gpt2_path, interop.read_config(marian_path))
+    with pytest.raises(ValueError, match=r"no token embedding 'embed\.weight' in .*safetensors"):
+        interop.from_torch_transformer(marian_path, num_heads=4)
+    # A Marian state dict read as torch.nn.Transformer with the embedding named: no layers.
+    with pytest.raises(ValueError, match=r"no keys under transformer\.encoder\.layers\."):
+        interop.from_torch_transformer(ref.state_dict(), num_heads=4, embed="model.shared.weight")
+
+
+def test_export_refuses_models_the_architecture_cannot_hold(gpt2, bert_mlm, marian):
+    model, params = interop.load(gpt2[1])
+    with pytest.raises(ValueError, match=r"has no activation_function for .*activation='swiglu'"):
+        interop.to_gpt2(model.clone(activation="swiglu"), params)
+    with pytest.raises(ValueError, match=r"one n_head for .*num_heads=4 and num_kv_heads=2"):
+        interop.to_gpt2(model.clone(num_kv_heads=2), params)
+    with pytest.raises(ValueError, match=r"needs a model with position='rope', norm='rms'"):
+        interop.to_llama(model, params)
+    model, params = interop.load(bert_mlm[1])
+    with pytest.raises(ValueError, match=r"no hidden_act for .*'relu'; supported: \('gelu',\)"):
+        interop.to_bert(model.clone(activation="relu"), params)
+    model, params = interop.load(marian[1])
+    with pytest.raises(ValueError, match=r"needs a model with .*norm_eps=1e-05.*got .*1e-06"):
+        interop.to_marian(model.clone(norm_eps=1e-6), params)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry.
+
+
+def test_load_reads_each_architecture_with_the_loader_its_family_declares():
+    loaders = interop.ARCHITECTURES
+    assert len(loaders) == 19
+    for family in interop.families.ALL:
+        for architecture, loader in family.CONVERTS.loads.items():
+            assert loaders[architecture] is loader, architecture
+
+
+# Every preset (the text ones with a vocabulary where the preset leaves it to the task).
+PRESETS = [
+    *(
+        m.Model(variant=v, vocab_size=64)
+        for m in (decoder, encoder, transformer)
+        for v in m.VARIANTS
+    ),
+    *(vit.Model(v) for v in sorted(vit.VARIANTS)),
+    *(vit.Model(v, num_classes=None) for v in sorted(vit.VARIANTS)),
+]
+
+
+def test_exporters_of_a_model_class_exclude_each_other():
+    """No preset is taken by two exporters (the registry picks the one that takes a model);
+    every text preset by exactly one, the one the registry picks."""
+    for model in PRESETS:
+        takers = [
+            e for e in interop.REGISTRY.exporters if isinstance(model, e.model) and e.when(model)
+        ]
+        assert len(takers) <= 1, (model, [e.needs for e in takers])
+        if not isinstance(model, vit.VisionTransformer):
+            assert len(takers) == 1 and interop.REGISTRY.exporter(model) is takers[0], model
+
+
+def test_export_of_a_model_no_family_writes_names_what_each_needs():
+    with pytest.raises(ValueError, match=r"^no exporter for int$"):
+        interop.export(3, {})
+    model = vit.Model("tiny/4", num_classes=None)
+    with pytest.raises(ValueError, match=r"^no exporter for this VisionTransformer: .*pool='map'"):
+        interop.export(model, {})

@@ -1,0 +1,72 @@
+"""A family's load and save: checkpoint -> (tfjax model, params) by its config table and key
+rules, and back.
+
+`from_hf` reads the config through the family's table (`tables.build`) and the weights through
+its rules (`import_params`); `to_hf` writes both back. `converters` makes the public pair
+`from_x` / `to_x` of a family that needs nothing else.
+"""
+
+from collections.abc import Callable
+
+from tfjax.interop.core.files import StateDict, load_source
+from tfjax.interop.core.rules import export_state, finish, import_state, param_shapes, unrolled
+from tfjax.interop.core.tables import Family, build, hf_config
+
+
+def key_prefix(family: Family, state: StateDict) -> str:
+    """The family's prefix, or "" for a bare base model's state dict (GPT2Model's "h.0...")."""
+    if family.bare and not any(k.startswith(family.prefix) for k in state):
+        if any(k.startswith(family.bare) for k in state):
+            return ""
+    return family.prefix
+
+
+def import_params(family: Family, model, state: StateDict, *, inputs=None, rules=None):
+    """`model`'s params from `state` by the family's rules (or `rules`), every key checked, in
+    the model's layout. `inputs` replace the family's example inputs (ViT's image size)."""
+    prefix = key_prefix(family, state)
+    params = import_state(
+        state,
+        family.rules(model, prefix) if rules is None else rules,
+        param_shapes(model, *(family.inputs if inputs is None else inputs)),
+        what=family.architecture,
+        ignore=family.ignore,
+        tied=family.tied(model, prefix),
+    )
+    return finish(model, params)
+
+
+def from_hf(family: Family, source, config=None, **overrides):
+    """(tfjax model, params) from a checkpoint directory or (state dict, config)."""
+    state, c = load_source(source, config)
+    model = build(family, c, **overrides)
+    return model, import_params(family, model, state)
+
+
+def to_hf(family: Family, model, params, *, rules=None):
+    """({Hugging Face key: numpy array}, config dict) for a tfjax model of the family."""
+    config = hf_config(family, model)
+    rules = family.rules(model, family.prefix) if rules is None else rules
+    return export_state(unrolled(model, params), rules), config
+
+
+def converters(family: Family, name: str, written: Callable = lambda model: model):
+    """`from_<name>(source, config=None, **overrides)` and `to_<name>(model, params)` of a
+    family whose load and save are its table's and rules' alone; `written(model)` is the model
+    the export writes (its None sizes spelled out)."""
+
+    def load(source, config=None, **overrides):
+        return from_hf(family, source, config, **overrides)
+
+    def save(model, params):
+        return to_hf(family, written(model), params)
+
+    what = family.architecture
+    load.__doc__ = (
+        f"(tfjax model, params) from a {what} checkpoint directory or (state dict, config).\n\n"
+        "`overrides` set model fields (scan_layers=True, dtype, implementation, ...)."
+    )
+    save.__doc__ = f"({{Hugging Face key: numpy array}}, config dict) of a {what} for a model."
+    for fn, verb in ((load, "from"), (save, "to")):
+        fn.__name__ = fn.__qualname__ = f"{verb}_{name}"
+    return load, save

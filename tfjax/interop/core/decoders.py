@@ -1,0 +1,179 @@
+"""What the decoder-only families share: GPT-2, Llama (with Mistral and Qwen) and Gemma.
+
+`spelled_out` gives the model with its None sizes as numbers (a config holds numbers) and
+`tied_head` the check that a tied lm_head equals the embedding. Llama's key layout, which
+Mistral, Qwen and Gemma keep (Gemma with four norms a layer, `LAYER_NORMS["sandwich"]`):
+  layers.i.self_attn.{q,k,v}_proj [N*H, D] -> decoder/layers_i/self_attention/
+                                              {query,key,value}_kernel [D, N, H]
+  layers.i.self_attn.o_proj [D, N*H]       -> self_attention/out_kernel [N, H, D]
+  layers.i.self_attn.{q,k}_norm            -> self_attention/{query,key}_norm (qk_norm)
+  layers.i.mlp.{gate,up,down}_proj         -> mlp/wi_0, wi_1, wo
+  layers.i.{input,post_attention}_layernorm -> self_attention_norm, mlp_norm
+  embed_tokens, norm, lm_head              -> embed, decoder/final_norm, output_proj
+and their configs' sizes (`SIZES`) and RoPE parameters (`rope_field`: rope_parameters or the
+older rope_scaling <-> `tfjax.nn.position.RopeScaling`).
+"""
+
+import math
+
+from tfjax.interop.core.rules import Rule, attention, identity, linear
+from tfjax.interop.core.tables import Field
+from tfjax.models import decoder
+from tfjax.nn import position
+
+
+def spelled_out(model: decoder.Decoder) -> decoder.Decoder:
+    """The model with its None sizes as the numbers they mean (a config holds numbers)."""
+    return model.clone(
+        mlp_dim=model.mlp_dim or 4 * model.width,
+        num_kv_heads=model.num_kv_heads or model.num_heads,
+        head_dim=model.head_dim or model.width // model.num_heads,
+    )
+
+
+def tied_head(embedding: str):
+    """The lm_head must equal the token embedding (key under the prefix) when tied."""
+
+    def tied(model, prefix):
+        return {"lm_head.weight": f"{prefix}{embedding}"} if model.tie_embeddings else {}
+
+    return tied
+
+
+# Each layer's norm weights: Llama's two, and Gemma's four (a norm before and after each
+# sub-layer, norm_position="sandwich").
+LAYER_NORMS = {
+    "pre": {"input_layernorm": "self_attention_norm", "post_attention_layernorm": "mlp_norm"},
+    "sandwich": {
+        "input_layernorm": "self_attention_norm",
+        "post_attention_layernorm": "self_attention_post_norm",
+        "pre_feedforward_layernorm": "mlp_norm",
+        "post_feedforward_layernorm": "mlp_post_norm",
+    },
+}
+_MLP = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
+
+
+def llama_rules(model: decoder.Decoder, prefix="model.") -> list[Rule]:
+    """Llama's state-dict keys, which Mistral, Qwen and Gemma share (Gemma: four norms)."""
+    norms = LAYER_NORMS[model.norm_position]
+    qkv_bias = model.use_bias if model.qkv_bias is None else model.qkv_bias
+    rules = [
+        identity(f"{prefix}embed_tokens.weight", ("embed", "embedding")),
+        identity(f"{prefix}norm.weight", ("decoder", "final_norm", "scale")),
+    ]
+    if not model.tie_embeddings:
+        rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
+    for i in range(model.num_layers):
+        h, layer = f"{prefix}layers.{i}.", ("decoder", f"layers_{i}")
+        att = (*layer, "self_attention")
+        rules += [identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in norms.items()]
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        rules += attention(att, f"{h}self_attn.", names, qkv_bias=qkv_bias, out_bias=model.use_bias)
+        for theirs, ours in _MLP.items():
+            rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
+            if model.use_bias:
+                rules.append(identity(f"{h}mlp.{theirs}.bias", (*layer, "mlp", ours, "bias")))
+        if model.qk_norm:  # Qwen 3: one [H] scale for every query head, one for every key head
+            rules += [
+                identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
+                identity(f"{h}self_attn.k_norm.weight", (*att, "key_norm", "scale")),
+            ]
+    return rules
+
+
+ROPE_TYPES = ("default", *position.SCALING_KINDS)
+# The keys each rope_type reads beyond rope_type and rope_theta; any other key is refused, so a
+# scaling transformers adds later is never read as a different one.
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "attention_factor",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    ),
+}
+ROPE_FIELDS = {  # config key -> RopeScaling field
+    "factor": "factor",
+    "original_max_position_embeddings": "original_length",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+    "attention_factor": "attention_factor",
+    "truncate": "truncate",
+}
+
+
+def rope_scaling_of(params: dict, fields) -> position.RopeScaling | None:
+    """rope_parameters (or the older rope_scaling) -> RopeScaling, None for "default"."""
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_type={kind!r} is not supported; allowed: {ROPE_TYPES}")
+    given = {k: v for k, v in params.items() if v is not None}
+    unknown = sorted(set(given) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]})
+    partial = given.pop("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial!r} is not supported (needs 1.0)")
+    unknown = [k for k in unknown if k != "partial_rotary_factor"]
+    if unknown:
+        raise ValueError(
+            f"rope_type={kind!r} with {unknown} is not supported; it reads {ROPE_KEYS[kind]}"
+        )
+    if kind == "default":
+        return None
+    scaling = {ROPE_FIELDS[k]: v for k, v in given.items() if k in ROPE_FIELDS}
+    if kind in ("linear", "dynamic"):  # dynamic grows past max_position_embeddings (as HF)
+        scaling["original_length"] = fields["max_len"]
+    elif "original_length" not in scaling:
+        raise ValueError(f"rope_type={kind!r} needs original_max_position_embeddings")
+    if kind == "yarn":
+        scaling.setdefault("factor", fields["max_len"] / scaling["original_length"])
+        mscale, mscale_all = given.get("mscale"), given.get("mscale_all_dim")
+        if scaling.get("attention_factor") is None and mscale and mscale_all:
+            scaling["attention_factor"] = _yarn_mscale(scaling["factor"], mscale) / _yarn_mscale(
+                scaling["factor"], mscale_all
+            )
+    if "factor" not in scaling:
+        raise ValueError(f"rope_type={kind!r} needs factor")
+    return position.RopeScaling(kind, **scaling)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def rope_parameters_of(scaling: position.RopeScaling | None) -> dict:
+    """RopeScaling -> the rope_parameters keys of its kind (rope_theta is written apart)."""
+    if scaling is None:
+        return {"rope_type": "default"}
+    out = {"rope_type": scaling.kind}
+    for key in ROPE_KEYS[scaling.kind]:
+        if key in ROPE_FIELDS and getattr(scaling, ROPE_FIELDS[key]) is not None:
+            out[key] = getattr(scaling, ROPE_FIELDS[key])
+    return out
+
+
+def rope_field(key: str, field: str, **options) -> Field:
+    """A rope_parameters-shaped config key <-> a RopeScaling field (None: no scaling)."""
+    return Field(
+        key, field, None, to_model=rope_scaling_of, to_config=rope_parameters_of, **options
+    )
+
+
+# The sizes every Llama-shaped config names alike (Llama, Mistral, Qwen, Gemma).
+SIZES = (
+    Field("vocab_size", "vocab_size"),
+    Field("hidden_size", "width"),
+    Field("num_hidden_layers", "num_layers"),
+    Field("num_attention_heads", "num_heads"),
+    Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
+)

@@ -1,0 +1,161 @@
+"""Checkpoint files: config.json, state dicts from safetensors or torch files, and writing
+safetensors.
+
+A `StateDict` maps each PyTorch key to a numpy array and remembers the file it came from, so the
+checks in `rules.import_state` can name the file of any key they refuse. `load_source` gives
+(state dict, config dict) from what every `from_*` accepts: a checkpoint directory, or a state
+dict (torch tensors or numpy arrays) with its config (a dict, a transformers config or a path).
+"""
+
+import json
+import os
+
+import numpy as np
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+CONFIG = "config.json"
+WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
+
+
+class StateDict(dict):
+    """name -> numpy array, remembering which file each name came from (for error messages)."""
+
+    def __init__(self, arrays=(), files=None, origin="<state dict>"):
+        super().__init__(arrays)
+        self.files = dict(files or {})
+        self.origin = origin
+
+    def where(self, key: str) -> str:
+        return self.files.get(key, self.origin)
+
+
+def as_state_dict(state, origin="<state dict>") -> StateDict:
+    """A StateDict of numpy arrays from torch tensors, numpy arrays or a StateDict."""
+    if isinstance(state, StateDict):
+        return state
+    if not isinstance(state, dict):
+        raise ValueError(f"expected a state dict (name -> tensor), got {type(state).__name__}")
+    return StateDict({k: _to_numpy(v) for k, v in state.items()}, origin=origin)
+
+
+def _to_numpy(x):
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch  # noqa: PLC0415 (torch is optional)
+
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            import ml_dtypes  # noqa: PLC0415
+
+            return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _read_safetensors(path):
+    from safetensors.numpy import load_file  # noqa: PLC0415 (an optional dependency)
+
+    return load_file(path)
+
+
+def _read_torch(path):
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        raise ImportError(f"reading {path} needs torch; or convert it to safetensors") from e
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: _to_numpy(v) for k, v in state.items()}
+
+
+def read_state_dict(directory) -> StateDict:
+    """All weights in a local checkpoint directory (safetensors first, then torch files).
+
+    Reads model.safetensors, a sharded model.safetensors.index.json, pytorch_model.bin or its
+    index. Raises FileNotFoundError naming the directory and the files looked for.
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"checkpoint directory {directory!r} does not exist")
+    for name, reader in (
+        (SAFETENSORS, _read_safetensors),
+        (SAFETENSORS_INDEX, _read_safetensors),
+        (TORCH_BIN, _read_torch),
+        (TORCH_BIN_INDEX, _read_torch),
+    ):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        if name.endswith(".index.json"):
+            with open(path) as f:
+                weight_map = json.load(f)["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        else:
+            shards = [name]
+        state = StateDict(origin=path)
+        for shard in shards:
+            shard_path = os.path.join(directory, shard)
+            if not os.path.isfile(shard_path):
+                raise FileNotFoundError(f"{path} lists the shard {shard!r}, which is missing")
+            for key, value in reader(shard_path).items():
+                state[key] = value
+                state.files[key] = shard_path
+        return state
+    raise FileNotFoundError(
+        f"no weights in {directory!r}: looked for {', '.join(WEIGHT_FILES)}; "
+        f"found {listing(os.listdir(directory)) or 'nothing'}"
+    )
+
+
+def read_config(directory) -> dict:
+    """The Hugging Face config.json of a checkpoint directory, as a dict."""
+    path = os.path.join(os.fspath(directory), CONFIG)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no {CONFIG} in {os.fspath(directory)!r}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def as_config(config) -> dict:
+    """A config dict from a dict, a transformers PretrainedConfig or a directory."""
+    if isinstance(config, dict):
+        return dict(config)
+    if isinstance(config, str | os.PathLike):
+        return read_config(config)
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    raise ValueError(f"config must be a dict, a PretrainedConfig or a path, got {type(config)}")
+
+
+def load_source(source, config=None) -> tuple[StateDict, dict]:
+    """(state dict, config dict) from a checkpoint directory, or a state dict and its config."""
+    if isinstance(source, dict):
+        if config is None:
+            raise ValueError("a state dict needs its config (a dict or a transformers config)")
+        return as_state_dict(source), as_config(config)
+    state = read_state_dict(source)
+    return state, as_config(source if config is None else config)
+
+
+def write_safetensors(state: dict, directory, config: dict | None = None) -> str:
+    """Writes model.safetensors (and config.json) into directory; returns the weights' path."""
+    from safetensors.numpy import save_file  # noqa: PLC0415
+
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, SAFETENSORS)
+    save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, path, {"format": "pt"})
+    if config is not None:
+        with open(os.path.join(directory, CONFIG), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+    return path
+
+
+def listing(names, limit=8) -> str:
+    """Sorted names for a message, the first `limit` of them and how many more."""
+    names = sorted(names)
+    more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(repr(n) for n in names[:limit]) + more

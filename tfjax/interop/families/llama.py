@@ -1,0 +1,146 @@
+"""Llama (`LlamaForCausalLM`) and the families that keep its layout, Mistral
+(`MistralForCausalLM`) and Qwen 2 / 2.5 / 3 (`Qwen2ForCausalLM`, `Qwen3ForCausalLM`) <->
+`tfjax.models.decoder` with RoPE, RMSNorm and a gated FFN.
+
+    model, params = from_llama("path/to/llama")      # a directory with config.json + weights
+    model, params = from_qwen3(state_dict, config)   # or a state dict and a config (dict or HF)
+    logits, _ = model.apply({"params": params}, tokens)
+    state, config = to_llama(model, params)          # back to Hugging Face keys and config
+
+Key mapping, layer i (under "model."; `core.decoders.llama_rules`):
+  layers.i.self_attn.{q,k,v}_proj [N*H, D] -> decoder/layers_i/self_attention/
+                                              {query,key,value}_kernel [D, N, H]
+  layers.i.self_attn.o_proj [D, N*H]       -> self_attention/out_kernel [N, H, D]
+  layers.i.mlp.{gate,up,down}_proj          -> mlp/wi_0, wi_1, wo
+  layers.i.{input,post_attention}_layernorm -> self_attention_norm, mlp_norm (RMS)
+  embed_tokens, norm, lm_head               -> embed, decoder/final_norm, output_proj
+Mistral adds a sliding window (no keys), Qwen 2 biases on q, k and v (q_proj.bias, ...), Qwen 3
+a norm on each query and key head (self_attn.q_norm, k_norm -> query_norm, key_norm). RoPE's
+rotate-half layout is tfjax's, so no permutation of q/k rows is needed.
+"""
+
+from tfjax.interop.core import convert
+from tfjax.interop.core.decoders import SIZES, llama_rules, rope_field, spelled_out, tied_head
+from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.tables import Family, Field, Fixed
+from tfjax.models import decoder
+
+ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
+
+
+def _llama_like(architecture, model_type, *config, requires=None) -> Family:
+    """A Llama-shaped family: RoPE, RMSNorm, gated FFN, grouped-query attention, Llama's key
+    names; `config` adds the family's own entries, `requires` its fixed model fields."""
+    return Family(
+        architecture=architecture,
+        model_type=model_type,
+        model=decoder.Model,
+        config=(
+            *SIZES,
+            Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
+            Field("intermediate_size", "mlp_dim"),
+            Field("max_position_embeddings", "max_len", 2048),
+            Field("hidden_act", "activation", "silu", values=ACTIVATIONS),
+            Field("rms_norm_eps", "norm_eps", 1e-6),
+            # transformers 5 writes rope_parameters (the scaling first: it writes the whole
+            # dict); older configs, and older readers, rope_theta and rope_scaling.
+            rope_field("rope_parameters", "rope_scaling"),
+            rope_field("rope_scaling", "rope_scaling", write=False),
+            Field("rope_parameters.rope_theta", "rope_base", None),
+            Field("rope_theta", "rope_base", None),
+            Field("attention_dropout", "attention_dropout_rate", 0.0),
+            Field("tie_word_embeddings", "tie_embeddings", False),
+            Field("initializer_range", "init_stddev", 0.02),
+            *config,
+        ),
+        rules=llama_rules,
+        prefix="model.",
+        bare="layers.",
+        requires={"position": "rope", "norm": "rms", **(requires or {})},
+        defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
+        ignore=("*rotary_emb.inv_freq",),
+        tied=tied_head("embed_tokens.weight"),
+    )
+
+
+def _full_attention_layers(fields):
+    return ["full_attention"] * fields["num_layers"]
+
+
+# Qwen 2.5 and 3 configs name a sliding window that their published checkpoints leave off.
+_NO_SLIDING_WINDOW = (
+    Fixed("use_sliding_window", False, why="tfjax's decoder attends to the whole context"),
+    Fixed("sliding_window", None, write=False),
+    Fixed("layer_types", _full_attention_layers, why="every layer full attention"),
+)
+
+LLAMA = _llama_like(
+    "LlamaForCausalLM",
+    "llama",
+    Field("attention_bias", "use_bias", False),
+    Field("mlp_bias", "use_bias", False),
+    Fixed("pretraining_tp", 1),
+    requires={"qkv_bias": None, "qk_norm": False, "sliding_window": None},
+)
+# Mistral: Llama's layout with sliding-window attention (in training masks and the KV cache).
+MISTRAL = _llama_like(
+    "MistralForCausalLM",
+    "mistral",
+    Field("sliding_window", "sliding_window", None),
+    requires={"use_bias": False, "qkv_bias": None, "qk_norm": False},
+)
+# Qwen 2 / 2.5: biases on the query, key and value projections only.
+QWEN2 = _llama_like(
+    "Qwen2ForCausalLM",
+    "qwen2",
+    *_NO_SLIDING_WINDOW,
+    requires={"use_bias": False, "qkv_bias": True, "qk_norm": False, "sliding_window": None},
+)
+# Qwen 3: RMSNorm on each query and key head, before RoPE; head_dim need not be D / N.
+QWEN3 = _llama_like(
+    "Qwen3ForCausalLM",
+    "qwen3",
+    Field("attention_bias", "use_bias", False),
+    *_NO_SLIDING_WINDOW,
+    requires={"qkv_bias": None, "qk_norm": True, "sliding_window": None},
+)
+
+from_llama, to_llama = convert.converters(LLAMA, "llama", spelled_out)
+from_mistral, to_mistral = convert.converters(MISTRAL, "mistral", spelled_out)
+from_qwen2, to_qwen2 = convert.converters(QWEN2, "qwen2", spelled_out)
+from_qwen3, to_qwen3 = convert.converters(QWEN3, "qwen3", spelled_out)
+
+
+def export_family(model: decoder.Decoder) -> Family:
+    """The Llama-shaped family a tfjax decoder exports as, by its fields."""
+    if model.sliding_window is not None:
+        return MISTRAL
+    if model.qk_norm:
+        return QWEN3
+    if model.qkv_bias and not model.use_bias:
+        return QWEN2
+    return LLAMA
+
+
+def _export(model: decoder.Decoder, params):
+    return convert.to_hf(export_family(model), spelled_out(model), params)
+
+
+CONVERTS = Converts(
+    loads={
+        LLAMA.architecture: from_llama,
+        MISTRAL.architecture: from_mistral,
+        QWEN2.architecture: from_qwen2,
+        QWEN3.architecture: from_qwen3,
+    },
+    exports=(
+        Exporter(
+            decoder.Decoder,
+            when=lambda m: m.position != "learned" and m.norm_position != "sandwich",
+            export=_export,
+            family=export_family,
+            needs="Llama, Mistral, Qwen: positions other than learned ones and one norm before "
+            "each sub-layer",
+        ),
+    ),
+)
