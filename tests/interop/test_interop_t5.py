@@ -367,7 +367,11 @@ def test_a_file_without_lm_head_loads_tied(tmp_path):
     src, tgt = _sources(), _targets()
     want = _reference_logits(ref, src, tgt)
     got = apply(model, params, src, tgt)
-    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+    # The tied head (shared embeddings of std 1, unscaled) makes logits up to |15|: float32's
+    # rounding of the hidden states then moves whole rows by ~1.5e-5 on some CPUs. The bound
+    # is ATOL of the logits' scale.
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, atol=ATOL * scale, rtol=0)
     interop.save(model, params, tmp_path / "out")
     assert "lm_head.weight" not in interop.read_state_dict(tmp_path / "out")
 
