@@ -28,16 +28,8 @@ def encdec():
 @pytest.fixture(scope="module")
 def t5():
     """An encoder-decoder with T5's relative position bias (its decode-time keys: the cache's)."""
-    m = transformer.Model(
-        variant="flan-t5-small",
-        vocab_size=V,
-        width=32,
-        num_layers=2,
-        num_heads=4,
-        head_dim=8,
-        mlp_dim=40,
-        scan_layers=True,
-    )
+    sizes = dict(width=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=40)
+    m = transformer.Model("flan-t5-small", vocab_size=V, scan_layers=True, **sizes)
     src = jnp.ones((1, 5), jnp.int32)
     return m, m.init(jax.random.key(2), src, src)["params"]
 

@@ -226,20 +226,13 @@ def test_transformer_kv_cache_matches_full_forward():
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
 
 
-GEMMA = dict(
-    variant="gemma-3-1b",
-    vocab_size=V,
-    width=32,
-    num_layers=7,
-    num_heads=4,
-    head_dim=8,
-    mlp_dim=48,
-    sliding_window=3,
-)
+SMALL = dict(vocab_size=V, width=32, num_heads=4, head_dim=8, mlp_dim=48)  # for large presets
 EXPLICIT = {
     "modern": FAMILIES["modern"],
     "alibi": FAMILIES["alibi"],
-    "gemma": lambda **kw: decoder.Model(**GEMMA, **kw),  # local and global layers
+    "gemma": lambda **kw: decoder.Model(  # local and global layers
+        "gemma-3-1b", num_layers=7, sliding_window=3, **SMALL, **kw
+    ),
 }
 
 
@@ -280,16 +273,7 @@ def test_decoder_explicit_cache_equals_the_collection(family, scan):
 def test_t5_explicit_cache_equals_the_collection(scan):
     """T5's relative bias reads the cache's length from the explicit cache (the collection
     keeps it as a zero vector of that length)."""
-    m = transformer.Model(
-        variant="flan-t5-small",
-        vocab_size=V,
-        width=32,
-        num_layers=2,
-        num_heads=4,
-        head_dim=8,
-        mlp_dim=40,
-        scan_layers=scan,
-    )
+    m = transformer.Model("flan-t5-small", num_layers=2, scan_layers=scan, **SMALL)
     src, tgt = tokens((2, 7)), tokens((2, 6), seed=1)
     params = m.init(jax.random.key(0), src, tgt)["params"]
     apply = jit_apply(m)

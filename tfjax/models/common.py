@@ -5,6 +5,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from tfjax import nn as tnn
 from tfjax import ops
 from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig
 
@@ -53,6 +54,21 @@ def block_config(model, *, attention=(), mlp=(), **block) -> BlockConfig:
     kind = "rms_plus_one" if block.get("norm") == "rms_plus_one" else "rms"
     attention = AttentionConfig(**{"qk_norm_kind": kind, **pick(ATTENTION_FIELDS, attention)})
     return BlockConfig(attention, MlpConfig(**pick(MLP_FIELDS, mlp)), **block)
+
+
+def stack(model, config: BlockConfig, name: str, **options) -> tnn.Stack:
+    """A family's layer stack of `config` blocks: its num_layers, scan_layers, remat_policy and
+    dtypes; `options`: the Stack's others (kernel_init, final_norm, variants)."""
+    return tnn.Stack(
+        config,
+        model.num_layers,
+        scan_layers=model.scan_layers,
+        remat_policy=model.remat_policy,
+        dtype=model.dtype,
+        param_dtype=model.param_dtype,
+        name=name,
+        **options,
+    )
 
 
 def init_cache(model, config: AttentionConfig, batch_size, length, *, dtype=None, sharding=None):

@@ -465,17 +465,16 @@ class Decoder(nn.Module):
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         pos = positions if positions.ndim == 2 else positions[None]
-        x = tnn.Stack(
+        layers = common.stack(
+            self,
             self.block_config(),
-            self.num_layers,
-            scan_layers=self.scan_layers,
-            remat_policy=self.remat_policy,
+            "decoder",
             variants=self.layer_variants()[1],
             kernel_init=init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="decoder",
-        )(x, segment_ids=segment_ids, positions=pos, train=train, decode=decode, cache=cache)
+        )
+        x = layers(
+            x, segment_ids=segment_ids, positions=pos, train=train, decode=decode, cache=cache
+        )
         if cache is not None:
             x, cache = x
         out = (self.logits(x) if apply_head else x), {"pre_logits": x}

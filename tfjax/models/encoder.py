@@ -175,16 +175,8 @@ class Encoder(nn.Module):
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         if segment_ids is None:  # padding (id 0) attends to nothing and is never attended
             segment_ids = masks.padding_ids(tokens)
-        x = tnn.Stack(
-            self.block_config(),
-            self.num_layers,
-            scan_layers=self.scan_layers,
-            remat_policy=self.remat_policy,
-            kernel_init=self._kernel_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="encoder",
-        )(x, segment_ids=segment_ids, train=train)
+        layers = common.stack(self, self.block_config(), "encoder", kernel_init=self._kernel_init)
+        x = layers(x, segment_ids=segment_ids, train=train)
         aux = {"encoded": x}
         if self.head == "mlm":
             # [B, T, D]

@@ -130,7 +130,7 @@ class Transformer(nn.Module):
 
     def block_config(self) -> tnn.BlockConfig:
         """The encoder layers' config: the flat fields translated (common.block_config); the
-        decoder's is it causal and with cross-attention."""
+        decoder's is the same made causal and with cross-attention."""
         return common.block_config(self)
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
@@ -157,16 +157,10 @@ class Transformer(nn.Module):
             )
 
         def stack(config, name):
-            return tnn.Stack(
-                config,
-                self.num_layers,
-                scan_layers=self.scan_layers,
-                remat_policy=self.remat_policy,
-                final_norm=True if self.final_norm else None,  # pre-norm stacks always have one
-                kernel_init=self.kernel_init,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name=name,
+            # Pre-norm stacks always have a final norm; post-norm ones with final_norm.
+            final_norm = True if self.final_norm else None
+            return common.stack(
+                self, config, name, final_norm=final_norm, kernel_init=self.kernel_init
             )
 
         self.embed = embed("embed")
@@ -199,10 +193,10 @@ class Transformer(nn.Module):
             )
             self.encoder_position_bias = bias(bidirectional=True)
             self.decoder_position_bias = bias(bidirectional=False)
-        encoder = self.block_config()
-        self.encoder = stack(encoder, "encoder")
+        config = self.block_config()
+        self.encoder = stack(config, "encoder")
         self.decoder = stack(
-            dataclasses.replace(encoder, causal=True, cross_attention=True), "decoder"
+            dataclasses.replace(config, causal=True, cross_attention=True), "decoder"
         )
         self.dropout = nn.Dropout(self.dropout_rate)
         self.decode_positions = tnn.position.DecodePositions()

@@ -267,16 +267,10 @@ class VisionTransformer(nn.Module):
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         if self.pre_norm:
             x = self._norm("pre_norm")(x)
-        x = tnn.Stack(
-            self.block_config(),
-            self.num_layers,
-            scan_layers=self.scan_layers,
-            remat_policy=self.remat_policy,
-            final_norm=self.final_norm == "tokens",
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="encoder",
-        )(x, train=train)
+        final_norm = self.final_norm == "tokens"
+        x = common.stack(self, self.block_config(), "encoder", final_norm=final_norm)(
+            x, train=train
+        )
         # [B, D]
         if self.pool == "cls":
             pre_logits = x[:, 0]

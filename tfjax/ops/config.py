@@ -59,7 +59,8 @@ class AttentionConfig:
     scale: float | None = None  # logit scale; head_dim**-0.5 when None (Gemma: a config's)
     softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
     dropout_rate: float = 0.0  # dropout on the attention weights
-    implementation: str | None = None  # backend: None (chosen per call) or IMPLEMENTATIONS
+    implementation: str | None = None  # backend: "xla", "cudnn", "splash", "chunked" or None
+    # (chosen per call; see tfjax.ops.attention)
 
     def __post_init__(self):
         kv = self.kv_heads
@@ -70,7 +71,12 @@ class AttentionConfig:
             )
         _check_choice("AttentionConfig", "position", self.position, POSITIONS)
         _check_choice("AttentionConfig", "qk_norm_kind", self.qk_norm_kind, QK_NORMS)
-        if not self.variants or not all(isinstance(v, LayerAttention) for v in self.variants):
+        variants = self.variants
+        if not (
+            isinstance(variants, tuple)
+            and variants
+            and all(isinstance(v, LayerAttention) for v in variants)
+        ):
             raise ValueError(
                 f"AttentionConfig: variants must be a non-empty tuple of LayerAttention, got "
                 f"{self.variants!r}"
