@@ -25,6 +25,15 @@ def encdec():
     return m, m.init(jax.random.key(1), src, src)["params"]
 
 
+@pytest.fixture(scope="module")
+def t5():
+    """An encoder-decoder with T5's relative position bias (its decode-time keys: the cache's)."""
+    sizes = dict(width=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=40)
+    m = transformer.Model("flan-t5-small", vocab_size=V, scan_layers=True, **sizes)
+    src = jnp.ones((1, 5), jnp.int32)
+    return m, m.init(jax.random.key(2), src, src)["params"]
+
+
 PROMPTS = jnp.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 12, 13, 0]])
 SOURCES = jnp.array([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0]])
 
@@ -44,6 +53,24 @@ def test_cache_equals_recomputing_the_prefix(gpt, encdec, kind, method):
     t2, s2 = decode.generate(model, params, inputs, use_cache=False, **kw)
     np.testing.assert_array_equal(t1, t2)
     np.testing.assert_allclose(s1, s2, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder", "t5"])
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_explicit_cache_equals_the_collection(gpt, encdec, t5, kind, method):
+    """generate carries tfjax models' explicit KV cache; Flax's "cache" collection gives the
+    same tokens and scores to the bit."""
+    model, params = {"decoder": gpt, "encoder-decoder": encdec, "t5": t5}[kind]
+    inputs = PROMPTS if kind == "decoder" else SOURCES
+    if method == "beam" and kind == "decoder":
+        inputs = PROMPTS[:, :2]  # beam search takes equal-length prompts
+    kw = dict(max_new_tokens=7, eos_id=EOS, method=method, beam_size=3)
+    explicit, explicit_scores = decode.generate(model, params, inputs, **kw)
+    collection, scores = decode.generate(model, params, inputs, use_cache="collection", **kw)
+    np.testing.assert_array_equal(explicit, collection)
+    np.testing.assert_array_equal(explicit_scores, scores)
+    with pytest.raises(ValueError, match="use_cache='explicit' is unknown"):
+        decode.generate(model, params, inputs, use_cache="explicit", **kw)
 
 
 def test_greedy_continues_each_prompt_by_its_own_argmax(gpt):

@@ -23,8 +23,11 @@ the worst finished one, "never" scores it at full length instead (when alpha > 0
 is 0.6 under "gnmt" and transformers' default length_penalty, 1.0, under "hf".
 
 Everything after the argument checks is one jitted `lax.while_loop`. With `use_cache=True`
-each step feeds one token through the model's KV cache; `use_cache=False` recomputes the whole
-prefix every step (the reference the tests compare against, and the benchmark's baseline).
+each step feeds one token through the model's KV cache: the explicit cache of tfjax's models
+(`model.init_cache`, a pytree the loop carries), or the "cache" collection of a model without
+one (`use_cache="collection"` takes the collection always; both give the same tokens);
+`use_cache=False` recomputes the whole prefix every step (the reference the tests compare
+against, and the benchmark's baseline).
 """
 
 import functools
@@ -40,6 +43,7 @@ METHODS = ("greedy", "sample", "beam")
 BEAM_RULES = ("gnmt", "hf")
 DEFAULT_ALPHA = {"gnmt": 0.6, "hf": 1.0}  # alpha=None: the paper's; transformers' length_penalty
 EARLY_STOPPING = (True, False, "never")  # transformers' values (beam_rules="hf")
+CACHES = (True, False, "collection")  # use_cache's values
 _NEG = -1e30  # a finite "minus infinity": keeps arithmetic on dead beams NaN-free
 
 
@@ -139,12 +143,15 @@ def _lengths(inputs):
 class _Stepper:
     """Wraps a model into init_state(batch) and step(state, tokens [B, T], i) -> logits.
 
-    With the cache the state is the model's "cache" collection; without it the state is unused
-    and `step` reruns the model on the whole buffer (given as `buffer`) and reads position i.
+    With the cache the state is the model's explicit KV cache (a model with `init_cache`, unless
+    use_cache="collection") or its "cache" collection; without it the state is unused and
+    `step` reruns the model on the whole buffer (given as `buffer`) and reads position i.
     """
 
     def __init__(self, model, params, length, use_cache, inputs=None, encoded=None):
         self.model, self.params, self.length, self.use_cache = model, params, length, use_cache
+        explicit = use_cache and use_cache != "collection"
+        self.explicit = explicit and hasattr(model, "init_cache")
         self.enc_dec = _is_encoder_decoder(model)
         self.inputs = inputs  # [B, S] source ids (encoder-decoder only)
         self.encoded = encoded  # [B, S, D] encoder output, computed once
@@ -165,22 +172,18 @@ class _Stepper:
             rep(self.encoded),
         )
 
-    def _call(self, variables, tokens, decode, mutable=False):
+    def _call(self, variables, tokens, decode, **kwargs):
         if self.enc_dec:
-            return self.model.apply(
-                variables,
-                self.encoded,
-                self.inputs,
-                tokens,
-                decode=decode,
-                method="decode",
-                mutable=mutable,
-            )
-        return self.model.apply(variables, tokens, decode=decode, mutable=mutable)
+            args, kwargs = (self.encoded, self.inputs, tokens), dict(kwargs, method="decode")
+        else:
+            args = (tokens,)
+        return self.model.apply(variables, *args, decode=decode, **kwargs)
 
     def init_state(self, batch):
         if not self.use_cache:
             return jnp.zeros((), jnp.int32)
+        if self.explicit:
+            return self.model.init_cache(batch, self.length)
         tokens = jnp.zeros((batch, self.length), jnp.int32)
         shapes = jax.eval_shape(
             lambda: self._call({"params": self.params}, tokens, True, mutable=["cache"])[1]
@@ -195,6 +198,9 @@ class _Stepper:
 
     def step(self, state, tokens, i, buffer):
         """Logits [B, T, V] for `tokens` at positions i.. (cached) or for buffer[:, i]."""
+        if self.explicit:
+            (logits, _), state = self._call({"params": self.params}, tokens, True, cache=state)
+            return logits, state
         if self.use_cache:
             (logits, _), mut = self._call(
                 {"params": self.params, "cache": state}, tokens, True, mutable=["cache"]
@@ -202,6 +208,13 @@ class _Stepper:
             return logits, mut["cache"]
         logits, _ = self._call({"params": self.params}, buffer, False)
         return lax.dynamic_slice_in_dim(logits, i, tokens.shape[1], axis=1), state
+
+    def batch_axis(self, path) -> int:
+        """The batch axis of the state's leaf at `path`: 1 behind a scanned stack's layer axis
+        (the explicit cache's leaves, the collection's under "layers"), else 0."""
+        if not getattr(self.model, "scan_layers", False):
+            return 0
+        return 1 if self.explicit or any(getattr(p, "key", None) == "layers" for p in path) else 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,8 +282,9 @@ def _length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _gather_beams(tree, index, batch, beams, scanned):
-    """Reorders every batched leaf of [B * K, ...] (or [layers, B * K, ...]) by index [B, K].
+def _gather_beams(tree, index, batch, beams, batch_axis):
+    """Reorders every batched leaf of [B * K, ...] (or [layers, B * K, ...]: `batch_axis(path)`
+    says which) by index [B, K].
 
     Each row picks among its own K beams (a gather batched over B), so with the batch sharded
     the reordering stays on each device; a gather by flat [B * K] indices made XLA all-gather
@@ -278,7 +292,7 @@ def _gather_beams(tree, index, batch, beams, scanned):
     """
 
     def gather(path, x):
-        axis = 1 if scanned and any(getattr(p, "key", None) == "layers" for p in path) else 0
+        axis = batch_axis(path)
         if x.ndim <= axis or x.shape[axis] != batch * beams:
             return x  # cache indices: not per example
         rows = x.reshape(x.shape[:axis] + (batch, beams) + x.shape[axis + 1 :])
@@ -320,7 +334,7 @@ def _candidates(stepper, state, seqs, live_logp, i):
     return top_logp, origin, token, top_seqs, state
 
 
-def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, ends, scanned):
+def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, ends, axis):
     """The K best finished of the old and the new (`fin_cand` scores, _NEG: not finishing) and
     the K best live candidates (those that do not `end`), the cache reordered to follow them."""
     b, k = fin_scores.shape
@@ -328,7 +342,7 @@ def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, 
     fin_seqs = jnp.take_along_axis(jnp.concatenate([fin_seqs, top_seqs], 1), keep[..., None], 1)
     live_logp, keep = lax.top_k(jnp.where(ends, _NEG, top_logp), k)
     seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
-    state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, scanned)
+    state = _gather_beams(state, jnp.take_along_axis(origin, keep, 1), b, k, axis)
     return seqs, live_logp, fin_seqs, fin_scores, state
 
 
@@ -344,10 +358,10 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rul
             early_stopping=early_stopping,
         )
     p, total = prompt.shape[1], prompt.shape[1] + max_new_tokens
-    scanned = getattr(stepper.model, "scan_layers", False)
     stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
         stepper, prompt, beam_size, max_new_tokens
     )
+    axis = stepper.batch_axis
     max_penalty = _length_penalty(max_new_tokens, alpha)
 
     def cond(c):
@@ -365,7 +379,7 @@ def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rul
         length = (i + 2 - p).astype(jnp.float32)
         fin_cand = jnp.where(is_eos, top_logp / _length_penalty(length, alpha), _NEG)
         seqs, live_logp, fin_seqs, fin_scores, state = _advance(
-            state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, is_eos, scanned
+            state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, is_eos, axis
         )
         return i + 1, seqs, live_logp, fin_seqs, fin_scores, state
 
@@ -382,10 +396,10 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
     """Beam search by transformers' rules (its `_beam_search`); see the module docstring."""
     k, p = beam_size, prompt.shape[1]
     total = p + max_new_tokens
-    scanned = getattr(stepper.model, "scan_layers", False)
     stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
         stepper, prompt, k, max_new_tokens
     )
+    axis = stepper.batch_axis
     improvable = jnp.ones(prompt.shape[0], bool)  # may a finished hypothesis still change?
     best_rank = jnp.arange(2 * k) < k  # only the best K candidates may finish
 
@@ -409,7 +423,7 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
         may_finish = stops & best_rank & (improvable & ~full)[:, None]
         fin_cand = jnp.where(may_finish, top_logp / length**alpha, _NEG)
         seqs, live_logp, fin_seqs, fin_scores, state = _advance(
-            state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, stops, scanned
+            state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, stops, axis
         )
         # Can the best live beam still beat the worst finished one (any slot still empty: yes)?
         hoped = total - p if (early_stopping == "never" and alpha > 0) else i + 2 - p
@@ -520,7 +534,7 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     rng=None,
-    use_cache: bool = True,
+    use_cache: bool | str = True,
     check: bool = True,
 ):
     """Generates up to `max_new_tokens` tokens per row; see the module docstring.
@@ -534,7 +548,9 @@ def generate(
       beam_rules: "gnmt" (the length penalty of Wu et al.) or "hf" (transformers' generate:
         alpha is its length_penalty, with its `early_stopping`: True, False or "never").
       rng: a PRNG key for sampling (the same key gives the same samples).
-      use_cache: feed one token per step through the KV cache (False recomputes the prefix).
+      use_cache: feed one token per step through the KV cache: the model's explicit one when it
+        has `init_cache`, else its "cache" collection; "collection": the collection; False:
+        recompute the prefix every step.
       check: validate the inputs on the host first. False is for inputs that are global arrays
         sharded over processes (the runner's eval), which no host can read whole; the options
         are still checked, the ids are then the caller's responsibility.
@@ -564,6 +580,8 @@ def generate(
         min_length = 1  # unknown on the host: prompts are fed token by token from the start
     if method == "sample" and rng is None:
         raise ValueError('method="sample" needs an rng')
+    if use_cache not in CACHES:
+        raise ValueError(f"use_cache={use_cache!r} is unknown; allowed: {CACHES}")
     rng = jax.random.key(0) if rng is None else rng
     alpha = DEFAULT_ALPHA[beam_rules] if alpha is None else alpha
     return _generate(
@@ -572,16 +590,8 @@ def generate(
         jnp.asarray(inputs),
         jnp.asarray(lengths, jnp.int32),
         rng,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        method=method,
-        beam_size=beam_size,
+        **options,
         alpha=alpha,
-        beam_rules=beam_rules,
-        early_stopping=early_stopping,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
         use_cache=use_cache,
         min_length=min_length if not _is_encoder_decoder(model) else 1,
     )

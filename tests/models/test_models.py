@@ -9,6 +9,7 @@ import pytest
 
 from tfjax import nn as tnn
 from tfjax.models import decoder, encoder, transformer, vit
+from tfjax.ops.cache import next_position
 
 V = 61
 
@@ -223,6 +224,95 @@ def test_transformer_kv_cache_matches_full_forward():
         cache = mut["cache"]
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
+
+
+SMALL = dict(vocab_size=V, width=32, num_heads=4, head_dim=8, mlp_dim=48)  # for large presets
+EXPLICIT = {
+    "modern": FAMILIES["modern"],
+    "alibi": FAMILIES["alibi"],
+    "gemma": lambda **kw: decoder.Model(  # local and global layers
+        "gemma-3-1b", num_layers=7, sliding_window=3, **SMALL, **kw
+    ),
+}
+
+
+def _cached_keys(explicit, collection, scan):
+    """Every layer's cached keys: (the explicit cache's, the collection's)."""
+    if scan:
+        return explicit.keys, collection["decoder"]["layers"]["self_attention"]["cached_key"]
+    layers = [collection["decoder"][f"layers_{i}"] for i in range(len(explicit))]
+    return (
+        jnp.stack([c.keys for c in explicit]),
+        jnp.stack([layer["self_attention"]["cached_key"] for layer in layers]),
+    )
+
+
+@pytest.mark.parametrize("family", EXPLICIT)
+@pytest.mark.parametrize("scan", [False, True])
+def test_decoder_explicit_cache_equals_the_collection(family, scan):
+    """A cache the caller holds (init_cache, passed and returned) gives the "cache"
+    collection's logits and keys to the bit, a prompt and then single tokens."""
+    m = EXPLICIT[family](scan_layers=scan)
+    x = tokens((2, 9))
+    params = m.init(jax.random.key(0), x)["params"]
+    apply = jit_apply(m)
+    collection = m.init(jax.random.key(0), x, decode=True)["cache"]
+    explicit = m.init_cache(2, 9)
+    for lo, hi in [(0, 4)] + [(i, i + 1) for i in range(4, 9)]:
+        (want, _), mut = apply(
+            {"params": params, "cache": collection}, x[:, lo:hi], decode=True, mutable=("cache",)
+        )
+        collection = mut["cache"]
+        (got, _), explicit = apply({"params": params}, x[:, lo:hi], decode=True, cache=explicit)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(*_cached_keys(explicit, collection, scan))
+    assert int(next_position(explicit)) == 9
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_t5_explicit_cache_equals_the_collection(scan):
+    """T5's relative bias reads the cache's length from the explicit cache (the collection
+    keeps it as a zero vector of that length)."""
+    m = transformer.Model("flan-t5-small", num_layers=2, scan_layers=scan, **SMALL)
+    src, tgt = tokens((2, 7)), tokens((2, 6), seed=1)
+    params = m.init(jax.random.key(0), src, tgt)["params"]
+    apply = jit_apply(m)
+    encoded = apply({"params": params}, src, method="encode")
+    dec_in = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+    collection = m.init(jax.random.key(0), encoded, src, dec_in, decode=True, method="decode")
+    collection = collection["cache"]
+    explicit = m.init_cache(2, 6)
+    for t in range(6):
+        step = (encoded, src, dec_in[:, t : t + 1])
+        (want, _), mut = apply(
+            {"params": params, "cache": collection},
+            *step,
+            decode=True,
+            method="decode",
+            mutable=("cache",),
+        )
+        collection = mut["cache"]
+        (got, _), explicit = apply(
+            {"params": params}, *step, decode=True, method="decode", cache=explicit
+        )
+        np.testing.assert_array_equal(got, want)
+    assert "key_slots" in collection["decoder_position_bias"]
+    np.testing.assert_array_equal(*_cached_keys(explicit, collection, scan))
+
+
+def test_init_cache_takes_a_dtype_and_a_sharding():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    x = tokens((8, 3))
+    for scan, spec in ((False, ("data",)), (True, (None, "data"))):
+        m = decoder.Model(variant="modern-tiny", vocab_size=V, scan_layers=scan)
+        cache = m.init_cache(8, 16, dtype=jnp.bfloat16, sharding=rows)
+        keys = cache.keys if scan else cache[0].keys
+        assert keys.dtype == jnp.bfloat16 and keys.shape[-4:] == (8, 16, 2, 8)
+        assert tuple(keys.sharding.spec) == spec
+        params = m.init(jax.random.key(0), x)["params"]
+        (logits, _), cache = jit_apply(m)({"params": params}, x, decode=True, cache=cache)
+        assert logits.shape == (8, 3, V) and int(next_position(cache)) == 3
 
 
 def test_packed_rows_equal_separate_examples():

@@ -1,5 +1,7 @@
 """Attention maths against a plain jnp reference and jax.nn.dot_product_attention."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ from jax.test_util import check_grads
 
 from tfjax.nn import attention, masks, position
 from tfjax.nn.attention import MultiHeadAttention, dot_product_attention
+from tfjax.ops.config import AttentionConfig, LayerAttention
 
 CPU_IMPLS = ("xla", "chunked", None)
 
@@ -158,11 +161,13 @@ def test_bad_inputs_name_the_field():
         with pytest.raises(ValueError, match='implementation="cudnn" is not available.*GPU'):
             dot_product_attention(q, k, v, implementation="cudnn")
     with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
-        MultiHeadAttention(num_heads=4, num_kv_heads=3)
+        MultiHeadAttention(AttentionConfig(num_heads=4, num_kv_heads=3))
     with pytest.raises(ValueError, match="num_heads=3 must divide the width 32"):
-        MultiHeadAttention(num_heads=3).init(jax.random.key(0), jnp.ones((1, 2, 32)))
+        MultiHeadAttention(AttentionConfig(num_heads=3)).init(
+            jax.random.key(0), jnp.ones((1, 2, 32))
+        )
     with pytest.raises(ValueError, match="position='xpos' is unknown"):
-        MultiHeadAttention(num_heads=4, position="xpos")
+        MultiHeadAttention(AttentionConfig(num_heads=4, position="xpos"))
 
 
 @pytest.mark.gpu
@@ -180,7 +185,7 @@ def test_cudnn_matches_xla_on_gpu(heads):
 
 
 def test_module_matches_formula_with_its_own_weights():
-    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2)
+    mha = MultiHeadAttention(AttentionConfig(num_heads=4, num_kv_heads=2))
     x = jax.random.normal(jax.random.key(0), (2, 6, 16))
     params = nn.unbox(mha.init(jax.random.key(1), x))["params"]
     p = jax.tree.map(np.asarray, params)
@@ -197,14 +202,14 @@ def test_self_attention_is_permutation_equivariant_without_positions():
     x = jax.random.normal(jax.random.key(0), (1, 8, 16))
     perm = jax.random.permutation(jax.random.key(1), 8)
     for pos, equivariant in ((None, True), ("rope", False), ("alibi", False)):
-        mha = MultiHeadAttention(num_heads=4, position=pos)
+        mha = MultiHeadAttention(AttentionConfig(num_heads=4, position=pos))
         v = mha.init(jax.random.key(2), x)
         y, yp = mha.apply(v, x), mha.apply(v, x[:, perm])
         assert np.allclose(y[:, perm], yp, atol=1e-5) == equivariant, pos
 
 
 def test_attention_weights_are_exposed_only_on_request():
-    mha = MultiHeadAttention(num_heads=4)
+    mha = MultiHeadAttention(AttentionConfig(num_heads=4))
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
     v = mha.init(jax.random.key(1), x)
     y, state = mha.apply(v, x, is_causal=True, mutable=["intermediates"])
@@ -218,7 +223,7 @@ def test_attention_weights_are_exposed_only_on_request():
 @pytest.mark.parametrize("pos", [None, "rope", "alibi"])
 @pytest.mark.parametrize("kv", [4, 1])
 def test_kv_cache_matches_full_forward(pos, kv):
-    mha = MultiHeadAttention(num_heads=4, num_kv_heads=kv, position=pos)
+    mha = MultiHeadAttention(AttentionConfig(num_heads=4, num_kv_heads=kv, position=pos))
     x = jax.random.normal(jax.random.key(0), (2, 7, 16))
     params = mha.init(jax.random.key(1), x)["params"]
     full = mha.apply({"params": params}, x, is_causal=True)
@@ -271,7 +276,9 @@ def test_sliding_window_matches_the_formula_with_a_banded_mask(impl, kh):
 
 
 def test_sliding_window_in_the_kv_cache_matches_the_full_forward():
-    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2, position="rope", sliding_window=3)
+    window = (LayerAttention(sliding_window=3),)
+    config = AttentionConfig(num_heads=4, num_kv_heads=2, position="rope", variants=window)
+    mha = MultiHeadAttention(config)
     x = jax.random.normal(jax.random.key(1), (2, 9, 16))
     params = mha.init(jax.random.key(0), x)["params"]
     full = mha.apply({"params": params}, x, is_causal=True)
@@ -284,7 +291,8 @@ def test_sliding_window_in_the_kv_cache_matches_the_full_forward():
         cache = mutated["cache"]
         steps.append(out)
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
-    unwindowed = mha.clone(sliding_window=None).apply({"params": params}, x, is_causal=True)
+    unwindowed = mha.clone(config=dataclasses.replace(config, variants=(LayerAttention(),)))
+    unwindowed = unwindowed.apply({"params": params}, x, is_causal=True)
     assert not np.allclose(unwindowed[:, 3:], full[:, 3:], atol=1e-3)  # the window acted
 
 

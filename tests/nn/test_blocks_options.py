@@ -10,7 +10,7 @@ from tfjax import nn as tnn
 
 
 def test_mlp_silu_formula():
-    mlp = tnn.Mlp(mlp_dim=12, activation="silu")
+    mlp = tnn.Mlp(tnn.MlpConfig(12, "silu"))
     x = jax.random.normal(jax.random.key(0), (2, 3, 5))
     p = jax.tree.map(np.asarray, nn.unbox(mlp.init(jax.random.key(1), x))["params"])
     h = x @ p["wi"]["kernel"] + p["wi"]["bias"]
@@ -23,9 +23,9 @@ def test_mlp_silu_formula():
     [("pre", None, True), ("post", None, False), ("post", True, True), ("pre", False, False)],
 )
 def test_stack_final_norm(norm_position, final_norm, has_norm):
-    blk = tnn.Block(num_heads=4, mlp_dim=32, norm_position=norm_position)
+    blk = tnn.BlockConfig(tnn.AttentionConfig(4), tnn.MlpConfig(32), norm_position=norm_position)
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
-    stack = tnn.Stack(2, blk, final_norm=final_norm)
+    stack = tnn.Stack(blk, 2, final_norm=final_norm)
     params = nn.unbox(stack.init(jax.random.key(1), x))["params"]
     assert ("final_norm" in params) == has_norm
     if not has_norm:
@@ -37,7 +37,7 @@ def test_stack_final_norm(norm_position, final_norm, has_norm):
         "bias": 0.3 * jax.random.normal(k2, (16,)),
     }
     without = {k: v for k, v in params.items() if k != "final_norm"}
-    y = tnn.Stack(2, blk, final_norm=False).apply({"params": without}, x)
+    y = tnn.Stack(blk, 2, final_norm=False).apply({"params": without}, x)
     mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
     want = (y - mean) / jnp.sqrt(var + blk.norm_eps)
     want = want * params["final_norm"]["scale"] + params["final_norm"]["bias"]

@@ -101,7 +101,7 @@ def test_block_masks_tile_the_full_mask():
 
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
 def test_mlp_formula(act):
-    mlp = tnn.Mlp(mlp_dim=12, activation=act)
+    mlp = tnn.Mlp(tnn.MlpConfig(12, act))
     x = jax.random.normal(jax.random.key(0), (2, 3, 5))
     p = jax.tree.map(np.asarray, nn.unbox(mlp.init(jax.random.key(1), x))["params"])
     fn = {
@@ -117,7 +117,7 @@ def test_mlp_formula(act):
     "act,fn", [("swiglu", jax.nn.silu), ("geglu", lambda h: jax.nn.gelu(h, approximate=False))]
 )
 def test_gated_mlp_formula(act, fn):
-    mlp = tnn.GatedMlp(mlp_dim=12, activation=act)
+    mlp = tnn.GatedMlp(tnn.MlpConfig(12, act, use_bias=False))
     x = jax.random.normal(jax.random.key(0), (2, 3, 5))
     p = jax.tree.map(np.asarray, nn.unbox(mlp.init(jax.random.key(1), x))["params"])
     want = (fn(x @ p["wi_0"]["kernel"]) * (x @ p["wi_1"]["kernel"])) @ p["wo"]["kernel"]
@@ -137,9 +137,9 @@ def test_gelu_is_the_exact_gelu_in_value_gradient_and_dtype():
 
 def test_ffn_bad_activation():
     with pytest.raises(ValueError, match="activation='tanh' is unknown"):
-        tnn.Mlp(mlp_dim=4, activation="tanh")
+        tnn.Mlp(tnn.MlpConfig(4, "tanh"))
     with pytest.raises(ValueError, match="activation='relu' is unknown"):
-        tnn.GatedMlp(mlp_dim=4, activation="relu")
+        tnn.GatedMlp(tnn.MlpConfig(4, "relu"))
 
 
 def test_embed_scales_and_ties():
@@ -157,7 +157,10 @@ def test_embed_scales_and_ties():
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_block_residual_layout(norm_position):
     """With attention and FFN outputs zeroed, a block reduces to its residual/norm skeleton."""
-    blk = tnn.Block(num_heads=2, mlp_dim=8, norm_position=norm_position, norm="rms")
+    config = tnn.BlockConfig(
+        tnn.AttentionConfig(2), tnn.MlpConfig(8), norm_position=norm_position, norm="rms"
+    )
+    blk = tnn.Block(config)
     x = jax.random.normal(jax.random.key(0), (1, 4, 6)) * 3 + 1
     params = nn.unbox(blk.init(jax.random.key(1), x))["params"]
     zero = jax.tree_util.tree_map_with_path(
@@ -173,10 +176,10 @@ def test_block_residual_layout(norm_position):
 
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
 def test_scanned_and_unrolled_stacks_agree(remat):
-    blk = tnn.Block(num_heads=4, mlp_dim=32, causal=True, position="rope")
+    blk = tnn.BlockConfig(tnn.AttentionConfig(4, position="rope"), tnn.MlpConfig(32), causal=True)
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
-    unrolled = tnn.Stack(3, blk, remat_policy=remat)
-    scanned = tnn.Stack(3, blk, scan_layers=True, remat_policy=remat)
+    unrolled = tnn.Stack(blk, 3, remat_policy=remat)
+    scanned = tnn.Stack(blk, 3, scan_layers=True, remat_policy=remat)
     p_scan = nn.unbox(scanned.init(jax.random.key(1), x))["params"]
     p_unr = tnn.scanned_to_unrolled(p_scan)
     assert set(p_unr) == {"layers_0", "layers_1", "layers_2", "final_norm"}
@@ -195,17 +198,17 @@ def test_scanned_and_unrolled_stacks_agree(remat):
 
 
 def test_scanned_params_carry_the_layers_axis():
-    blk = tnn.Block(num_heads=4, mlp_dim=32)
-    v = tnn.Stack(3, blk, scan_layers=True).init(jax.random.key(0), jnp.ones((1, 2, 16)))
+    blk = tnn.BlockConfig(tnn.AttentionConfig(4), tnn.MlpConfig(32))
+    v = tnn.Stack(blk, 3, scan_layers=True).init(jax.random.key(0), jnp.ones((1, 2, 16)))
     spec = nn.get_partition_spec(v)["params"]["layers"]["mlp"]["wi"]["kernel"]
     assert tuple(spec) == ("layers", "embed", "mlp")
 
 
 def test_stack_bad_fields():
-    blk = tnn.Block(num_heads=4, mlp_dim=32)
+    blk = tnn.BlockConfig(tnn.AttentionConfig(4), tnn.MlpConfig(32))
     with pytest.raises(ValueError, match="remat_policy='some' is unknown"):
-        tnn.Stack(2, blk, remat_policy="some")
+        tnn.Stack(blk, 2, remat_policy="some")
     with pytest.raises(ValueError, match="norm_position='middle' is unknown"):
-        tnn.Block(num_heads=4, mlp_dim=8, norm_position="middle")
+        tnn.BlockConfig(tnn.AttentionConfig(4), tnn.MlpConfig(8), norm_position="middle")
     with pytest.raises(ValueError, match="norm='batch' is unknown"):
-        tnn.Block(num_heads=4, mlp_dim=8, norm="batch")
+        tnn.BlockConfig(tnn.AttentionConfig(4), tnn.MlpConfig(8), norm="batch")

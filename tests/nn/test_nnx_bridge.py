@@ -26,6 +26,8 @@ from tfjax.models import encoder
 from tfjax.nn import axes, masks
 
 VOCAB, WIDTH, CLASSES = 50, 32, 3
+ATTENTION = tnn.AttentionConfig(num_heads=4)
+BLOCK = tnn.BlockConfig(ATTENTION, tnn.MlpConfig(64), norm_position="post", dropout_rate=0.1)
 
 
 class Classifier(nnx.Module):
@@ -37,9 +39,9 @@ class Classifier(nnx.Module):
         # divide over the data axis: tfjax constrains activations' batch axis to it.
         example = jnp.zeros((example_batch, 1, WIDTH))
         self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
-        self.attention = bridge.ToNNX(tnn.MultiHeadAttention(num_heads=4), rngs=rngs)
+        self.attention = bridge.ToNNX(tnn.MultiHeadAttention(ATTENTION), rngs=rngs)
         self.attention.lazy_init(example)
-        block = tnn.Block(num_heads=4, mlp_dim=64, norm_position="post", dropout_rate=0.1)
+        block = tnn.Block(BLOCK)
         self.block = bridge.ToNNX(block, rngs=rngs).lazy_init(example)
         self.head = nnx.Linear(WIDTH, CLASSES, rngs=rngs)
 
@@ -80,10 +82,10 @@ def test_bridged_modules_compute_what_linen_computes():
     # The same parameters through the Linen modules themselves.
     mask = masks.padding_mask(tokens)
     x = model.embed(tokens)
-    attention = tnn.MultiHeadAttention(num_heads=4)
+    attention = tnn.MultiHeadAttention(ATTENTION)
     y = attention.apply({"params": _linen_params(model.attention)}, x, mask=mask)
     np.testing.assert_array_equal(model.attention(x, mask=mask), y)
-    block = tnn.Block(num_heads=4, mlp_dim=64, norm_position="post", dropout_rate=0.1)
+    block = tnn.Block(BLOCK)
     z = block.apply({"params": _linen_params(model.block)}, x + y, mask=mask)
     np.testing.assert_array_equal(model.block(x + y, mask=mask), z)
     np.testing.assert_allclose(logits, model.head(z.mean(axis=1)), atol=1e-6, rtol=0)

@@ -23,8 +23,8 @@ B, T, D, F, L = 2, 8, 16, 48, 2
 
 
 def stack(policy: str, scan: bool) -> tnn.Stack:
-    block = tnn.Block(num_heads=4, mlp_dim=F, causal=True, dropout_rate=0.1)
-    return tnn.Stack(L, block, scan_layers=scan, remat_policy=policy)
+    block = tnn.BlockConfig(tnn.AttentionConfig(4), tnn.MlpConfig(F), causal=True, dropout_rate=0.1)
+    return tnn.Stack(block, L, scan_layers=scan, remat_policy=policy)
 
 
 def loss_fn(policy: str, scan: bool):

@@ -1,8 +1,89 @@
-"""What every model file shares: building a module from a preset, and input checks."""
+"""What every model file shares: building a module from a preset, translating a family's flat
+fields into the layers' configs, the explicit KV cache, and input checks."""
 
 import dataclasses
 
 import jax.numpy as jnp
+
+from tfjax import nn as tnn
+from tfjax import ops
+from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig
+
+# Where a family's flat field goes in its layers' configs: the families name their fields alike
+# and each has a subset; a field it lacks takes the config's default. One field may feed two.
+ATTENTION_FIELDS = {  # family field -> AttentionConfig field
+    "num_heads": "num_heads",
+    "num_kv_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "use_bias": "use_bias",
+    "qkv_bias": "qkv_bias",
+    "qk_norm": "qk_norm",
+    "norm_eps": "norm_eps",
+    "attention_scale": "scale",
+    "attention_softcap": "softcap",
+    "attention_dropout_rate": "dropout_rate",
+    "implementation": "implementation",
+}
+MLP_FIELDS = {  # -> MlpConfig
+    "mlp_dim": "hidden_dim",
+    "activation": "activation",
+    "mlp_dropout_rate": "dropout_rate",
+    "use_bias": "use_bias",
+}
+BLOCK_FIELDS = {  # -> BlockConfig
+    "norm": "norm",
+    "norm_eps": "norm_eps",
+    "norm_position": "norm_position",
+    "dropout_rate": "dropout_rate",
+    "layer_scale": "layer_scale",
+}
+
+
+def block_config(model, *, attention=(), mlp=(), **block) -> BlockConfig:
+    """The BlockConfig of a family `model`'s flat fields, by ATTENTION_FIELDS, MLP_FIELDS and
+    BLOCK_FIELDS; `attention`, `mlp` (dicts) and `block` set what the family translates itself.
+    The per-head norm (qk_norm) is the block norm's RMS kind."""
+    fields = {f.name for f in dataclasses.fields(model)}
+
+    def pick(table, extra):
+        return {dst: getattr(model, src) for src, dst in table.items() if src in fields} | dict(
+            extra
+        )
+
+    block = pick(BLOCK_FIELDS, block)
+    kind = "rms_plus_one" if block.get("norm") == "rms_plus_one" else "rms"
+    attention = AttentionConfig(**{"qk_norm_kind": kind, **pick(ATTENTION_FIELDS, attention)})
+    return BlockConfig(attention, MlpConfig(**pick(MLP_FIELDS, mlp)), **block)
+
+
+def stack(model, config: BlockConfig, name: str, **options) -> tnn.Stack:
+    """A family's layer stack of `config` blocks: its num_layers, scan_layers, remat_policy and
+    dtypes; `options`: the Stack's others (kernel_init, final_norm, variants)."""
+    return tnn.Stack(
+        config,
+        model.num_layers,
+        scan_layers=model.scan_layers,
+        remat_policy=model.remat_policy,
+        dtype=model.dtype,
+        param_dtype=model.param_dtype,
+        name=name,
+        **options,
+    )
+
+
+def init_cache(model, config: AttentionConfig, batch_size, length, *, dtype=None, sharding=None):
+    """The explicit KV cache of a family's (decoder) stack, whose self-attention is `config`;
+    see the models' `init_cache`."""
+    return ops.init_cache(
+        config,
+        batch_size,
+        length,
+        model.width,
+        num_layers=model.num_layers,
+        scanned=model.scan_layers,
+        dtype=dtype or model.dtype or jnp.float32,
+        sharding=sharding,
+    )
 
 
 def from_variant(cls, variants: dict, variant: str | None, overrides: dict):

@@ -19,18 +19,30 @@ each layer's kind as a scanned index (tfjax.nn.Stack's `variants`).
 The second form lets a loss apply the output projection to slices of T (`loss.chunks`), so
 that the [B, T, V] logits of a large vocabulary are never all in memory.
 
-logits[:, t] predict tokens[:, t + 1]. For generation, initialise the cache with
-`model.init(rng, tokens_of_max_length, decode=True)` and call with one token and decode=True.
+logits[:, t] predict tokens[:, t + 1]. For generation (tfjax.decode.generate does all this)
+the KV cache is either explicit, a pytree the caller makes, passes and gets back, laid out and
+sharded as it chooses:
+
+    cache = model.init_cache(batch_size, max_length)         # a tfjax.ops.KVCache per layer
+    (logits, aux), cache = model.apply(variables, prompt, decode=True, cache=cache)
+    (logits, aux), cache = model.apply(variables, next_token, decode=True, cache=cache)
+
+or Flax's "cache" collection: initialise it with `model.init(rng, tokens_of_max_length,
+decode=True)` and call with one token, decode=True and mutable=["cache"]. Both compute the
+same numbers.
 """
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes
+from tfjax.ops.cache import next_position
 
 _MODERN = dict(
     position="rope",
@@ -326,6 +338,7 @@ class Decoder(nn.Module):
                 "local_rope_base and local_rope_scaling need an attention_pattern (the layers "
                 "they apply to)"
             )
+        self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
 
     def layer_variants(self):
@@ -341,13 +354,35 @@ class Decoder(nn.Module):
             self.rope_base if self.local_rope_base is None else self.local_rope_base,
             self.local_rope_scaling,
         )
-        kinds = {"local": local, "global": everywhere._replace(sliding_window=None)}
+        kinds = {"local": local, "global": dataclasses.replace(everywhere, sliding_window=None)}
         pattern = self.attention_pattern
         per_layer = [kinds[pattern[i % len(pattern)]] for i in range(self.num_layers)]
         variants = tuple(dict.fromkeys(per_layer))  # the distinct ones, in order of first use
         if len(variants) == 1:
             return variants, None
         return variants, tuple(variants.index(v) for v in per_layer)
+
+    def block_config(self) -> tnn.BlockConfig:
+        """Every layer's config: the flat fields translated (common.block_config), with the
+        positions, layer variants and attention scale this family spells its own way."""
+        return common.block_config(
+            self,
+            attention=dict(
+                position=self.position if self.position in ("rope", "alibi") else None,
+                variants=self.layer_variants()[0],
+                scale=None if self.attention_scalar is None else self.attention_scalar**-0.5,
+            ),
+            mlp=dict(hidden_dim=self.mlp_dim or 4 * self.width),
+            causal=True,
+        )
+
+    def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
+        """An empty explicit KV cache for `batch_size` rows of up to `length` tokens (prompt
+        and generated), to pass as `cache=` with decode=True: a tfjax.ops.KVCache per layer
+        (one with [L, ...] leaves when scan_layers). dtype: of the keys and values (the compute
+        dtype when None); sharding: of one layer's keys [B, S, K, H] (tfjax.ops.init_cache)."""
+        config = self.block_config().attention
+        return common.init_cache(self, config, batch_size, length, dtype=dtype, sharding=sharding)
 
     def setup(self):
         # The modules the output head shares with __call__, here so that `logits` can be
@@ -391,6 +426,7 @@ class Decoder(nn.Module):
         train=False,
         decode=False,
         apply_head=True,
+        cache=None,
     ):
         """Args:
           tokens: [B, T] ids.
@@ -398,8 +434,11 @@ class Decoder(nn.Module):
           decode: use the KV cache (one or more new tokens per call).
           apply_head: False returns the final hidden states [B, T, D] in place of the logits
             (`logits(hidden)` gives the logits).
+          cache: decode=True: the explicit KV cache (`init_cache`) in place of the "cache"
+            collection; positions continue from what it holds.
         Returns:
-          ([B, T, V] logits, aux) with aux["pre_logits"] [B, T, D].
+          ([B, T, V] logits, aux) with aux["pre_logits"] [B, T, D]; with `cache`, (that, the
+          updated cache).
         """
         check_tokens(tokens, "tokens")
         t = tokens.shape[1]
@@ -407,7 +446,9 @@ class Decoder(nn.Module):
             raise ValueError(f"tokens are {t} long; max_len={self.max_len} (position='learned')")
         init = nn.initializers.normal(self.init_stddev)
         embed = self.embed
-        if positions is None:
+        if positions is None and cache is not None:
+            positions = next_position(cache) + jnp.arange(t)
+        elif positions is None:
             positions = tnn.position.DecodePositions()(t) if decode else jnp.arange(t)
         # [B, T, D]
         x = embed(tokens)
@@ -423,44 +464,21 @@ class Decoder(nn.Module):
         elif self.position == "sinusoidal":
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-        variants, layer_variants = self.layer_variants()
-        block = tnn.Block(
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            mlp_dim=self.mlp_dim or 4 * self.width,
-            activation=self.activation,
-            norm=self.norm,
-            norm_eps=self.norm_eps,
-            norm_position=self.norm_position,
-            causal=True,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            use_bias=self.use_bias,
-            qkv_bias=self.qkv_bias,
-            qk_norm=self.qk_norm,
-            position=self.position if self.position in ("rope", "alibi") else None,
-            rope_base=self.rope_base,
-            rope_scaling=self.rope_scaling,
-            sliding_window=self.sliding_window,
-            attention_variants=variants,
-            attention_scale=None if self.attention_scalar is None else self.attention_scalar**-0.5,
-            attention_softcap=self.attention_softcap,
-            implementation=self.implementation,
-            kernel_init=init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
         pos = positions if positions.ndim == 2 else positions[None]
-        x = tnn.Stack(
-            self.num_layers,
-            block,
-            scan_layers=self.scan_layers,
-            remat_policy=self.remat_policy,
-            variants=layer_variants,
-            name="decoder",
-        )(x, segment_ids=segment_ids, positions=pos, train=train, decode=decode)
-        return (self.logits(x) if apply_head else x), {"pre_logits": x}
+        layers = common.stack(
+            self,
+            self.block_config(),
+            "decoder",
+            variants=self.layer_variants()[1],
+            kernel_init=init,
+        )
+        x = layers(
+            x, segment_ids=segment_ids, positions=pos, train=train, decode=decode, cache=cache
+        )
+        if cache is not None:
+            x, cache = x
+        out = (self.logits(x) if apply_head else x), {"pre_logits": x}
+        return out if cache is None else (out, cache)
 
 
 def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes, masks
 
@@ -69,7 +70,12 @@ class Encoder(nn.Module):
     def __post_init__(self):
         if self.head not in HEADS:
             raise ValueError(f"head={self.head!r} is unknown; allowed: {HEADS}")
+        self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
+
+    def block_config(self) -> tnn.BlockConfig:
+        """Every layer's config: the flat fields translated (common.block_config)."""
+        return common.block_config(self)
 
     def setup(self):
         # What the masked-LM projection shares with __call__, here so that `logits` can be
@@ -169,26 +175,8 @@ class Encoder(nn.Module):
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         if segment_ids is None:  # padding (id 0) attends to nothing and is never attended
             segment_ids = masks.padding_ids(tokens)
-        block = tnn.Block(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            activation=self.activation,
-            norm_eps=self.norm_eps,
-            norm_position=self.norm_position,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            implementation=self.implementation,
-            kernel_init=self._kernel_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
-        x = tnn.Stack(
-            self.num_layers,
-            block,
-            scan_layers=self.scan_layers,
-            remat_policy=self.remat_policy,
-            name="encoder",
-        )(x, segment_ids=segment_ids, train=train)
+        layers = common.stack(self, self.block_config(), "encoder", kernel_init=self._kernel_init)
+        x = layers(x, segment_ids=segment_ids, train=train)
         aux = {"encoded": x}
         if self.head == "mlm":
             # [B, T, D]

@@ -19,11 +19,19 @@ and added to every layer's self-attention logits, unscaled attention logits
 (`attention_scale=1`), a gated-GELU FFN and an output projection of its own.
 
 `targets` are shifted right inside the model (0 is the start token), so logits at t predict
-targets[t]. For generation call `encode` once, then `decode` token by token with decode=True.
-The second form above lets a loss make the logits in slices of T (`loss.chunks`), never all
-[B, T, V] at once.
+targets[t]. For generation call `encode` once, then `decode` token by token with decode=True,
+with Flax's "cache" collection (mutable=["cache"]) or an explicit cache the caller holds, as in
+tfjax.models.decoder (T5's relative bias then reads the cache's length from it):
+
+    cache = model.init_cache(batch_size, max_target_length)
+    (logits, states), cache = model.apply(variables, encoded, inputs, token, decode=True,
+                                          cache=cache, method="decode")
+
+The second form in the first example lets a loss make the logits in slices of T
+(`loss.chunks`), never all [B, T, V] at once.
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +40,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant, shift_right
 from tfjax.nn import axes, masks
+from tfjax.ops.cache import max_length, next_position
 
 # "base" and "big" are Table 3 of the paper; "tiny" is for tests, "demo" for configs/translate.py's
 # CPU experiment (trains in minutes on two cores), "small" a step between it and "base".
@@ -115,7 +125,20 @@ class Transformer(nn.Module):
     def __post_init__(self):
         if self.position not in POSITIONS:
             raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
+
+    def block_config(self) -> tnn.BlockConfig:
+        """The encoder layers' config: the flat fields translated (common.block_config); the
+        decoder's is the same made causal and with cross-attention."""
+        return common.block_config(self)
+
+    def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
+        """An empty explicit KV cache of the decoder's self-attention for `batch_size` rows of
+        up to `length` target tokens, to pass as `cache=` to `decode` with decode=True (as
+        decoder.Decoder.init_cache)."""
+        config = self.block_config().attention
+        return common.init_cache(self, config, batch_size, length, dtype=dtype, sharding=sharding)
 
     @property
     def tied(self) -> bool:
@@ -133,34 +156,11 @@ class Transformer(nn.Module):
                 name=name,
             )
 
-        def stack(causal, cross, name):
-            block = tnn.Block(
-                num_heads=self.num_heads,
-                mlp_dim=self.mlp_dim,
-                head_dim=self.head_dim,
-                activation=self.activation,
-                norm=self.norm,
-                norm_eps=self.norm_eps,
-                norm_position=self.norm_position,
-                use_bias=self.use_bias,
-                attention_scale=self.attention_scale,
-                causal=causal,
-                cross_attention=cross,
-                dropout_rate=self.dropout_rate,
-                attention_dropout_rate=self.attention_dropout_rate,
-                mlp_dropout_rate=self.mlp_dropout_rate,
-                implementation=self.implementation,
-                kernel_init=self.kernel_init,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-            )
-            return tnn.Stack(
-                self.num_layers,
-                block,
-                scan_layers=self.scan_layers,
-                remat_policy=self.remat_policy,
-                final_norm=True if self.final_norm else None,  # pre-norm stacks always have one
-                name=name,
+        def stack(config, name):
+            # Pre-norm stacks always have a final norm; post-norm ones with final_norm.
+            final_norm = True if self.final_norm else None
+            return common.stack(
+                self, config, name, final_norm=final_norm, kernel_init=self.kernel_init
             )
 
         self.embed = embed("embed")
@@ -193,19 +193,25 @@ class Transformer(nn.Module):
             )
             self.encoder_position_bias = bias(bidirectional=True)
             self.decoder_position_bias = bias(bidirectional=False)
-        self.encoder = stack(False, False, "encoder")
-        self.decoder = stack(True, True, "decoder")
+        config = self.block_config()
+        self.encoder = stack(config, "encoder")
+        self.decoder = stack(
+            dataclasses.replace(config, causal=True, cross_attention=True), "decoder"
+        )
         self.dropout = nn.Dropout(self.dropout_rate)
         self.decode_positions = tnn.position.DecodePositions()
 
-    def _relative_bias(self, which, length, decode_positions=None):
+    def _relative_bias(self, which, length, decode_positions=None, cache=None):
         """[1, N, T, S] T5 bias of the stack `which` (None for other positions). By arange
         positions also for packed rows: it depends on key - query offsets only, which are the
         same within each packed segment (pairs across segments are masked), and it stays
-        [1, ...] instead of [B, ...]. Decoding: `decode_positions` [T] against the whole cache."""
+        [1, ...] instead of [B, ...]. Decoding: `decode_positions` [T] against the whole cache
+        (the explicit `cache` gives its length; else the collection keeps it)."""
         if self.position != "relative":
             return None
         bias = getattr(self, f"{which}_position_bias")
+        if cache is not None:
+            return bias(decode_positions, jnp.arange(max_length(cache)))
         if decode_positions is not None:
             return bias(decode_positions, decode=True)
         return bias(jnp.arange(length))
@@ -256,6 +262,7 @@ class Transformer(nn.Module):
         train=False,
         decode=False,
         apply_head=True,
+        cache=None,
     ):
         """Decoder logits for already-shifted decoder inputs.
 
@@ -265,13 +272,18 @@ class Transformer(nn.Module):
           decoder_inputs: [B, T] ids; one token per call when decode=True.
           targets: [B, T] unshifted targets, for the decoder's padding mask in training.
           apply_head: False gives the final decoder states in place of the logits.
+          cache: decode=True: the explicit KV cache (`init_cache`) in place of the "cache"
+            collection; positions continue from what it holds.
         Returns:
-          ([B, T, V] logits, [B, T, D] final decoder states).
+          ([B, T, V] logits, [B, T, D] final decoder states); with `cache`, (that, the
+          updated cache).
         """
         check_tokens(decoder_inputs, "decoder_inputs")
         t = decoder_inputs.shape[1]
         if targets_positions is not None:
             positions = targets_positions
+        elif cache is not None:
+            positions = next_position(cache) + jnp.arange(t)
         elif decode:
             positions = self.decode_positions(t)
         else:
@@ -285,7 +297,7 @@ class Transformer(nn.Module):
             inputs_segment_ids = masks.padding_ids(inputs)
         if targets_segment_ids is None and targets is not None:
             targets_segment_ids = masks.padding_ids(targets)
-        bias = self._relative_bias("decoder", t, positions if decode else None)
+        bias = self._relative_bias("decoder", t, positions if decode else None, cache)
         y = self.decoder(
             y,
             encoded,
@@ -294,9 +306,13 @@ class Transformer(nn.Module):
             context_segment_ids=inputs_segment_ids,
             train=train,
             decode=decode,
+            cache=cache,
         )
+        if cache is not None:
+            y, cache = y
         y = self._stack_output(y, train)
-        return (self.logits(y) if apply_head else y), y
+        out = (self.logits(y) if apply_head else y), y
+        return out if cache is None else (out, cache)
 
     def __call__(
         self,

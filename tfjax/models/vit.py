@@ -34,9 +34,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.models import common
 from tfjax.models.common import from_variant
 from tfjax.nn import axes
-from tfjax.nn.ffn import ALL_ACTIVATIONS
 
 SIZES = {
     "tiny": dict(width=32, num_layers=2, mlp_dim=64, num_heads=4),
@@ -160,11 +160,7 @@ class MapHead(nn.Module):
     """Multihead attention pooling (big_vision's MAPHead; SigLIP's vision head): a learned
     probe attends to the tokens, then a residual pre-LN MLP; [B, P, D] -> [B, D]."""
 
-    num_heads: int  # N
-    mlp_dim: int  # F
-    activation: str = "gelu"  # the MLP's; see tfjax.nn.ffn.ALL_ACTIVATIONS
-    norm_eps: float = 1e-6  # LayerNorm epsilon
-    implementation: str | None = None  # attention backend
+    config: tnn.BlockConfig  # its attention, norm and MLP (the tower's blocks')
     dtype: Any = None  # compute dtype; the input's when None
     param_dtype: Any = jnp.float32  # storage dtype
 
@@ -178,24 +174,13 @@ class MapHead(nn.Module):
             (1, 1, d),
             self.param_dtype,
         )
+        dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         # [B, 1, D]: the probe's query attends to every token
-        y = tnn.MultiHeadAttention(
-            num_heads=self.num_heads,
-            implementation=self.implementation,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="attention",
-        )(jnp.broadcast_to(probe.astype(x.dtype), (b, 1, d)), x)
-        z = tnn.make_norm(
-            "layer", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name="norm"
-        )(y)
-        y = y + tnn.make_mlp(
-            self.activation,
-            mlp_dim=self.mlp_dim,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="mlp",
-        )(z)
+        y = tnn.MultiHeadAttention(self.config.attention, **dtypes, name="attention")(
+            jnp.broadcast_to(probe.astype(x.dtype), (b, 1, d)), x
+        )
+        z = tnn.make_norm(self.config.norm, eps=self.config.norm_eps, **dtypes, name="norm")(y)
+        y = y + tnn.make_mlp(self.config.mlp, **dtypes, name="mlp")(z)
         # [B, D]
         return y[:, 0]
 
@@ -242,18 +227,28 @@ class VisionTransformer(nn.Module):
             ("pool", self.pool, POOLS),
             ("posemb", self.posemb, POSEMBS),
             ("final_norm", self.final_norm, FINAL_NORMS),
-            ("activation", self.activation, ALL_ACTIVATIONS),
         ):
             if value not in allowed:
                 raise ValueError(f"{field}={value!r} is unknown; allowed: {allowed}")
         if self.num_registers < 0:
             raise ValueError(f"num_registers must be 0 or more, got {self.num_registers}")
+        self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
+
+    def block_config(self) -> tnn.BlockConfig:
+        """Every layer's config (and the MAP head's): the flat fields translated
+        (common.block_config), pre-norm."""
+        return common.block_config(self, norm_position="pre")
 
     def _norm(self, name):
         return tnn.make_norm(
             "layer", eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
         )
+
+    def _embedding(self, name, shape, init=nn.initializers.zeros):
+        """A learned parameter whose last axis is the model width (a token, tokens, a table)."""
+        names = (None,) * (len(shape) - 1) + (axes.EMBED,)
+        return self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
 
     @nn.compact
     def __call__(self, images, *, mask=None, train=False):
@@ -267,6 +262,44 @@ class VisionTransformer(nn.Module):
           (every token after the blocks and, with final_norm="tokens", the final norm; no
           class token with pool "gap" or "map").
         """
+        # [B, 1 + R + P, D]
+        x = self._tokens(images, mask)
+        x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+        if self.pre_norm:
+            x = self._norm("pre_norm")(x)
+        final_norm = self.final_norm == "tokens"
+        x = common.stack(self, self.block_config(), "encoder", final_norm=final_norm)(
+            x, train=train
+        )
+        # [B, D]
+        if self.pool == "cls":
+            pre_logits = x[:, 0]
+        elif self.pool == "gap":  # the patch tokens (not the registers)
+            pre_logits = x[:, self.num_registers :].mean(axis=1)
+        else:
+            pre_logits = MapHead(
+                self.block_config(), self.dtype, self.param_dtype, name="map_head"
+            )(x)
+        if self.final_norm == "pooled":
+            pre_logits = self._norm("pooled_norm")(pre_logits)
+        aux = {"encoded": x, "pre_logits": pre_logits}
+        if self.num_classes is None:
+            return pre_logits, aux
+        head_init = nn.initializers.zeros if self.head_zero_init else nn.initializers.lecun_normal()
+        logits = tnn.ffn.dense(
+            self.num_classes,
+            (axes.EMBED, None),
+            name="head",
+            use_bias=self.head_bias,
+            kernel_init=head_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )(pre_logits)
+        return logits, aux
+
+    def _tokens(self, images, mask):
+        """images [B, H, W, C] -> the blocks' input [B, 1 + R + P, D]: the patches (masked ones
+        replaced), the class token, position embeddings and the registers."""
         if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
             raise ValueError(
                 f"images must be [B, H, W, C] floats, got shape {images.shape} {images.dtype}"
@@ -292,12 +325,7 @@ class VisionTransformer(nn.Module):
         # [B, P, D]
         x = x.reshape(b, gh * gw, d)
         if self.mask_token:
-            token = self.param(
-                "mask_token",
-                nn.with_logical_partitioning(nn.initializers.zeros, (axes.EMBED,)),
-                (d,),
-                self.param_dtype,
-            )
+            token = self._embedding("mask_token", (d,))
             if mask is not None:
                 if mask.shape != (b, gh * gw):
                     raise ValueError(f"mask must be [B, P] = {(b, gh * gw)}, got {mask.shape}")
@@ -305,93 +333,21 @@ class VisionTransformer(nn.Module):
         elif mask is not None:
             raise ValueError("a mask needs a model with mask_token=True")
         if self.pool == "cls":
-            cls = self.param(
-                "cls",
-                nn.with_logical_partitioning(nn.initializers.zeros, (None, None, axes.EMBED)),
-                (1, 1, d),
-                self.param_dtype,
-            )
+            cls = self._embedding("cls", (1, 1, d))
             # [B, 1 + P, D]
             x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
         n_cls = x.shape[1] - gh * gw
         if self.posemb == "learned":  # one per token, the class token's included (as in the paper)
-            pe = self.param(
-                "pos_embed",
-                nn.with_logical_partitioning(
-                    nn.initializers.normal(0.02), (None, None, axes.EMBED)
-                ),
-                (1, x.shape[1], d),
-                self.param_dtype,
-            )
+            pe = self._embedding("pos_embed", (1, x.shape[1], d), nn.initializers.normal(0.02))
         else:  # fixed; the class token gets none (as in MoCo v3)
             pe = jnp.pad(tnn.sincos_2d(gh, gw, d), ((n_cls, 0), (0, 0)))[None]
         x = x + pe.astype(x.dtype)
         if self.num_registers:  # after the class token, with no position embedding
-            registers = self.param(
-                "registers",
-                nn.with_logical_partitioning(nn.initializers.zeros, (None, None, axes.EMBED)),
-                (1, self.num_registers, d),
-                self.param_dtype,
-            )
+            registers = self._embedding("registers", (1, self.num_registers, d))
             registers = jnp.broadcast_to(registers.astype(x.dtype), (b, self.num_registers, d))
             # [B, 1 + R + P, D]
             x = jnp.concatenate([x[:, :n_cls], registers, x[:, n_cls:]], axis=1)
-        x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-        if self.pre_norm:
-            x = self._norm("pre_norm")(x)
-        block = tnn.Block(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            activation=self.activation,
-            layer_scale=self.layer_scale,
-            norm_eps=self.norm_eps,
-            norm_position="pre",
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            implementation=self.implementation,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
-        x = tnn.Stack(
-            self.num_layers,
-            block,
-            scan_layers=self.scan_layers,
-            remat_policy=self.remat_policy,
-            final_norm=self.final_norm == "tokens",
-            name="encoder",
-        )(x, train=train)
-        # [B, D]
-        if self.pool == "cls":
-            pre_logits = x[:, 0]
-        elif self.pool == "gap":  # the patch tokens (not the registers)
-            pre_logits = x[:, self.num_registers :].mean(axis=1)
-        else:
-            pre_logits = MapHead(
-                self.num_heads,
-                self.mlp_dim,
-                activation=self.activation,
-                norm_eps=self.norm_eps,
-                implementation=self.implementation,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name="map_head",
-            )(x)
-        if self.final_norm == "pooled":
-            pre_logits = self._norm("pooled_norm")(pre_logits)
-        aux = {"encoded": x, "pre_logits": pre_logits}
-        if self.num_classes is None:
-            return pre_logits, aux
-        head_init = nn.initializers.zeros if self.head_zero_init else nn.initializers.lecun_normal()
-        logits = tnn.ffn.dense(
-            self.num_classes,
-            (axes.EMBED, None),
-            name="head",
-            use_bias=self.head_bias,
-            kernel_init=head_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )(pre_logits)
-        return logits, aux
+        return x
 
 
 def Model(variant: str | None = None, **overrides) -> VisionTransformer:  # noqa: N802 (a factory)

@@ -42,3 +42,12 @@ def shards(name: str) -> int:
     for axis in mesh_axes:
         size *= mesh.shape[axis]
     return size
+
+
+def attention_sharding():
+    """The mesh axes (a PartitionSpec) that the rules and mesh in context give attention's
+    [B, T, N, H] activations, the layout tfjax.ops' sharded kernels take; None outside
+    `tfjax.sharding.logical_context` (no mesh or no rules: nothing is constrained)."""
+    if jax.sharding.get_abstract_mesh().empty or not nn.get_logical_axis_rules():
+        return None
+    return nn.logical_to_mesh_axes((BATCH, LENGTH, ACT_HEADS, None))

@@ -1,51 +1,27 @@
-"""Position-wise feed-forward networks.
+"""Position-wise feed-forward networks, configured by an MlpConfig.
 
 Letters: B batch, T length, D model width, F mlp width.
 Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2),
                                       silu (Marian), quick_gelu (CLIP)
 GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020), geglu_tanh (Gemma)
+The activations: tfjax.ops.activations.
 """
 
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from tfjax.nn import axes
-
-
-def gelu(x):
-    """Exact (erf) GELU, x * Phi(x), written as PyTorch writes it: 0.5 * x * (1 + erf(x / sqrt 2)).
-
-    The same function as jax.nn.gelu(approximate=False), which writes the normal CDF through
-    erfc: Phi(x) = (1 + erf(x / sqrt 2)) / 2 = erfc(-x / sqrt 2) / 2. The two forms round
-    differently, by at most 5e-7 for standard-normal inputs (their step times: README, "What
-    changed the CPU step").
-    """
-    return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2**-0.5, x.dtype)))
-
-
-def quick_gelu(x):
-    """x * sigmoid(1.702 x): the sigmoid approximation of GELU (Hendrycks and Gimpel, 2016) that
-    CLIP was trained with; a different function from gelu, not a faster form of it."""
-    return x * jax.nn.sigmoid(jnp.asarray(1.702, x.dtype) * x)
-
-
-ACTIVATIONS = {
-    "relu": jax.nn.relu,
-    "gelu": gelu,
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "silu": jax.nn.silu,  # a.k.a. swish (Marian / Opus-MT)
-    "quick_gelu": quick_gelu,  # CLIP
-}
-GATED_ACTIVATIONS = {
-    "swiglu": jax.nn.silu,
-    "geglu": gelu,
-    "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # Gemma's gelu_pytorch_tanh gate
-}
-ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)
+from tfjax.ops.activations import (  # noqa: F401 (re-exported)
+    ACTIVATIONS,
+    ALL_ACTIVATIONS,
+    GATED_ACTIVATIONS,
+    gelu,
+    quick_gelu,
+)
+from tfjax.ops.config import MlpConfig
 
 default_kernel_init = nn.initializers.xavier_uniform()
 
@@ -66,81 +42,59 @@ def dense(features, names, *, name, use_bias, kernel_init, dtype, param_dtype):
 class Mlp(nn.Module):
     """Two projections with an activation between: max(0, x W1 + b1) W2 + b2 for relu."""
 
-    mlp_dim: int  # F
-    activation: str = "relu"  # "relu", "gelu" (exact erf), "gelu_tanh", "silu" or "quick_gelu"
-    dropout_rate: float = 0.0  # on the hidden activations; 0 in Vaswani et al.
-    use_bias: bool = True  # biases on both projections
-    kernel_init: Callable = default_kernel_init  # both projections
+    config: MlpConfig  # the width, activation (one of `activations`), dropout and biases
+    kernel_init: Callable = default_kernel_init  # every projection
     dtype: Any = None  # compute dtype; the input's when None
     param_dtype: Any = jnp.float32  # storage dtype
+    activations = ACTIVATIONS  # what config.activation may name
 
     def __post_init__(self):
-        if self.activation not in ACTIVATIONS:
+        if self.config.activation not in self.activations:
             raise ValueError(
-                f"Mlp: activation={self.activation!r} is unknown; allowed: {tuple(ACTIVATIONS)} "
-                f"(gated: {tuple(GATED_ACTIVATIONS)} with GatedMlp)"
+                f"{type(self).__name__}: activation={self.config.activation!r} is unknown; "
+                f"allowed: {tuple(self.activations)} (make_mlp picks Mlp or GatedMlp by it)"
             )
         super().__post_init__()
 
-    @nn.compact
-    def __call__(self, x, *, train: bool = False):
-        """x: [B, T, D] -> [B, T, D]."""
-        kw = dict(
-            use_bias=self.use_bias,
+    def _dense(self, features, names, name):
+        return dense(
+            features,
+            names,
+            name=name,
+            use_bias=self.config.use_bias,
             kernel_init=self.kernel_init,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
         )
-        # [B, T, F]
-        h = ACTIVATIONS[self.activation](
-            dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi", **kw)(x)
+
+    def _hidden(self, x):
+        """[B, T, D] -> [B, T, F]: the activated projection."""
+        return self.activations[self.config.activation](
+            self._dense(self.config.hidden_dim, (axes.EMBED, axes.MLP), "wi")(x)
         )
-        h = nn.with_logical_constraint(h, (axes.BATCH, axes.LENGTH, axes.ACT_MLP))
-        h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
+
+    @nn.compact
+    def __call__(self, x, *, train: bool = False):
+        """x: [B, T, D] -> [B, T, D]."""
+        # [B, T, F]
+        h = nn.with_logical_constraint(self._hidden(x), (axes.BATCH, axes.LENGTH, axes.ACT_MLP))
+        h = nn.Dropout(self.config.dropout_rate)(h, deterministic=not train)
         # [B, T, D]
-        return dense(x.shape[-1], (axes.MLP, axes.EMBED), name="wo", **kw)(h)
+        return self._dense(x.shape[-1], (axes.MLP, axes.EMBED), "wo")(h)
 
 
-class GatedMlp(nn.Module):
+class GatedMlp(Mlp):
     """Gated linear unit FFN: (act(x W_0) * x W_1) W_o (Shazeer, 2020)."""
 
-    mlp_dim: int  # F
-    activation: str = "swiglu"  # "swiglu", "geglu" or "geglu_tanh"
-    dropout_rate: float = 0.0  # on the hidden activations
-    use_bias: bool = False  # Llama has none
-    kernel_init: Callable = default_kernel_init  # all three projections
-    dtype: Any = None  # compute dtype; the input's when None
-    param_dtype: Any = jnp.float32  # storage dtype
+    activations = GATED_ACTIVATIONS
 
-    def __post_init__(self):
-        if self.activation not in GATED_ACTIVATIONS:
-            raise ValueError(
-                f"GatedMlp: activation={self.activation!r} is unknown; allowed: "
-                f"{tuple(GATED_ACTIVATIONS)}"
-            )
-        super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x, *, train: bool = False):
-        """x: [B, T, D] -> [B, T, D]."""
-        kw = dict(
-            use_bias=self.use_bias,
-            kernel_init=self.kernel_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
-        # [B, T, F]
-        gate = dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi_0", **kw)(x)
-        up = dense(self.mlp_dim, (axes.EMBED, axes.MLP), name="wi_1", **kw)(x)
-        h = GATED_ACTIVATIONS[self.activation](gate) * up
-        h = nn.with_logical_constraint(h, (axes.BATCH, axes.LENGTH, axes.ACT_MLP))
-        h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
-        # [B, T, D]
-        return dense(x.shape[-1], (axes.MLP, axes.EMBED), name="wo", **kw)(h)
+    def _hidden(self, x):
+        """[B, T, D] -> [B, T, F]: the gate's activation times the second projection."""
+        f, names = self.config.hidden_dim, (axes.EMBED, axes.MLP)
+        gate, up = self._dense(f, names, "wi_0")(x), self._dense(f, names, "wi_1")(x)
+        return self.activations[self.config.activation](gate) * up
 
 
-def make_mlp(activation: str, **kwargs) -> nn.Module:
-    """Mlp or GatedMlp, chosen by the activation's name."""
-    if activation in GATED_ACTIVATIONS:
-        return GatedMlp(activation=activation, **kwargs)
-    return Mlp(activation=activation, **kwargs)
+def make_mlp(config: MlpConfig, **kwargs) -> nn.Module:
+    """Mlp or GatedMlp, chosen by the config's activation; `kwargs`: the module's others."""
+    return (GatedMlp if config.gated else Mlp)(config, **kwargs)

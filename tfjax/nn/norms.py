@@ -1,34 +1,16 @@
-"""Normalisation layers with logically named parameters.
+"""Normalisation layers with logically named parameters (the kinds and the maths of
+"rms_plus_one": tfjax.ops.norms).
 
 Letters: D the normalised width (the model width, or H for a per-head norm).
-
-  "layer":        LayerNorm, (x - mean) / std * scale + bias
-  "rms":          RMSNorm, x / rms(x) * scale (Llama, Qwen)
-  "rms_plus_one": RMSNorm with the scale stored as an offset from one, x / rms(x) * (1 + w),
-                  computed in float32 (Gemma; w starts at zero)
 """
 
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
-from jax import lax
 
 from tfjax.nn import axes
-
-NORMS = ("layer", "rms", "rms_plus_one")
-
-
-def rms_norm_plus_one(x, w, *, eps: float):
-    """x / sqrt(mean(x^2) + eps) * (1 + w) over the last axis, in float32, back in x's dtype.
-
-    Args:
-      x: [.., D]; w: [D] the offsets from a unit scale.
-    """
-    x32 = x.astype(jnp.float32)
-    # [.., 1]
-    inv_rms = lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (x32 * inv_rms * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+from tfjax.ops.norms import NORMS, rms_norm_plus_one
 
 
 class RMSNormPlusOne(nn.Module):
@@ -53,7 +35,7 @@ class RMSNormPlusOne(nn.Module):
 
 def make_norm(kind: str, *, eps: float, dtype, param_dtype, name: str, axis_name=axes.NORM):
     """LayerNorm (scale and bias), RMSNorm (scale only) or RMSNorm with (1 + scale) over the
-    last axis [.., D] (see the module docstring for the kinds).
+    last axis [.., D] (the kinds: tfjax.ops.norms).
 
     `axis_name` is the parameters' logical axis (a per-head norm over H uses axes.HEAD_DIM).
     """

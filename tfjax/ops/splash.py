@@ -1,6 +1,6 @@
 """TPU splash attention: JAX's Pallas flash-attention kernel behind `dot_product_attention`.
 
-Letters as in tfjax.nn.attention: B batch, T query length, S key length, N query heads,
+Letters as in tfjax.ops.attention: B batch, T query length, S key length, N query heads,
 K key/value heads, H head dim.
 
 The kernel (`jax.experimental.pallas.ops.tpu.splash_attention`) computes one example's
@@ -9,13 +9,13 @@ blocks that a static causal mask hides; packed and padded rows come in as segmen
 it compares tile by tile. Neither the [T, S] weights nor any [T, S] mask is ever in HBM.
 
 What it takes: causal or full attention, segment ids (equal ids attend; id 0 is padding and
-attends to nothing, as in `tfjax.nn.masks.segment_mask`), grouped-query heads, T != S (also
+attends to nothing, as in `tfjax.ops.masks.segment_mask`), grouped-query heads, T != S (also
 with causal, top-left aligned as elsewhere in tfjax). Not a dense mask, a bias or dropout:
 `unsupported_reason` names what is refused. Lengths that are not multiples of the block are
 padded here (padded keys get an id no query has) and the padding sliced off.
 
-Under a mesh (inside `tfjax.sharding.logical_context`) the kernel runs per shard through
-`jax.shard_map`, batch and heads split as the logical rules split the activations; a kernel
+Under a mesh the kernel runs per shard through `jax.shard_map`, batch and heads split as the
+caller's `sharding` says (tfjax.nn resolves it from the logical rules in context); a kernel
 call is opaque to XLA's partitioner, which would otherwise gather the whole batch onto every
 device. Off TPUs it runs in Pallas's interpret mode (exact, slow): for tests on the CPU.
 """
@@ -23,13 +23,11 @@ device. Off TPUs it runs in Pallas's interpret mode (exact, slow): for tests on 
 from __future__ import annotations
 
 import functools
+import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as kernel
-
-from tfjax.nn import axes
 
 # Query and key block length. The kernel tiles by it (a multiple of the TPU's 128 lanes); MaxText
 # uses 512 by default and larger for long contexts. Shorter inputs use one block of their
@@ -54,11 +52,21 @@ def unsupported_reason(*, mask, bias, dropout_rate, window=None, softcap=None) -
     return None
 
 
-def split_like_query_heads(k, v, num_heads: int, axis: int):
-    """k, v with their kv heads (on `axis`) repeated up to `num_heads` when the rules in context
-    split query heads into parts the kv heads do not divide: every shard then holds the kv heads
-    its query heads read (a sharded kernel call, splash or cuDNN, needs that)."""
-    parts = axes.shards(axes.ACT_HEADS)
+def mesh_parts(mesh_axes) -> int:
+    """Into how many parts the mesh in context splits an array axis laid over `mesh_axes` (a
+    mesh axis name, a tuple of them, or None); 1 without a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh_axes is None:
+        return 1
+    mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+    return math.prod(mesh.shape[a] for a in mesh_axes)
+
+
+def split_like_query_heads(k, v, num_heads: int, axis: int, heads_axes):
+    """k, v with their kv heads (on `axis`) repeated up to `num_heads` when the mesh axes of the
+    query heads (`heads_axes`) split them into parts the kv heads do not divide: every shard then
+    holds the kv heads its query heads read (a sharded kernel call, splash or cuDNN, needs that)."""
+    parts = mesh_parts(heads_axes)
     if parts > 1 and k.shape[axis] % parts:
         k, v = (jnp.repeat(x, num_heads // k.shape[axis], axis=axis) for x in (k, v))
     return k, v
@@ -111,6 +119,7 @@ def splash_attention(
     is_causal=False,
     scale: float,
     interpret: bool = False,
+    sharding=None,
 ):
     """softmax(Q K^T * scale) V by the splash kernel.
 
@@ -119,6 +128,8 @@ def splash_attention(
       segment_ids: [B, T] ints or None; kv_segment_ids: [B, S] (segment_ids when None and
         S = T). A query attends to the keys of its own nonzero id.
       interpret: run the kernel in Pallas's interpreter (any backend).
+      sharding: a PartitionSpec, the mesh axes of [B, T, N, H] activations under the mesh in
+        context: the kernel then runs per shard of batch and heads; None: on whole arrays.
     Returns:
       [B, T, N, H] in q's dtype.
     """
@@ -158,23 +169,23 @@ def splash_attention(
             qh, kh, vh, *ids
         )
 
-    out = _sharded(per_shard, qh, kh, vh, ids)
+    out = _sharded(per_shard, qh, kh, vh, ids, sharding)
     # [B, N, T, H] -> [B, T, N, H]
     return jnp.swapaxes(out[:, :, :t], 1, 2)
 
 
-def _sharded(per_shard, qh, kh, vh, ids):
-    """per_shard(qh, kh, vh, ids) run on each shard of the context's mesh (batch and heads
-    split as the logical rules split activations), or directly without a mesh."""
+def _sharded(per_shard, qh, kh, vh, ids, sharding):
+    """per_shard(qh, kh, vh, ids) run on each shard of the context's mesh (batch and heads split
+    as `sharding`, the activations' [B, T, N, H] spec, says), or directly without them."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if mesh.empty or sharding is None:
         return per_shard(qh, kh, vh, ids)
     spec = jax.sharding.PartitionSpec
-    batch, heads = nn.logical_to_mesh_axes((axes.BATCH, axes.ACT_HEADS))
-    kh, vh = split_like_query_heads(kh, vh, qh.shape[1], axis=1)
-    if qh.shape[0] % axes.shards(axes.BATCH):
+    batch, heads = sharding[0], sharding[2]
+    kh, vh = split_like_query_heads(kh, vh, qh.shape[1], 1, heads)
+    if qh.shape[0] % mesh_parts(batch):
         batch = None  # a batch that does not split (decoding one row): every shard takes all
-    if qh.shape[1] % axes.shards(axes.ACT_HEADS):
+    if qh.shape[1] % mesh_parts(heads):
         heads = None
     q_spec = spec(batch, heads, None, None)
     ids_spec = None if ids is None else (spec(batch, None), spec(batch, None))

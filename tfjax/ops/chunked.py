@@ -1,6 +1,6 @@
 """Chunked attention: the exact softmax(Q K^T) V, key chunk by key chunk, on every backend.
 
-Letters as in tfjax.nn.attention: B batch, T query length, S key/value length, K key/value
+Letters as in tfjax.ops.attention: B batch, T query length, S key/value length, K key/value
 heads, G query heads per kv head, H head dim, C key chunk length; nc the number of chunks.
 
 The forward pass is flash attention's online softmax: a scan over key chunks keeps, per query,
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from tfjax.nn import masks
+from tfjax.ops import masks
 
 
 class _Statics(NamedTuple):

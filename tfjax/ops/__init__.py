@@ -1,0 +1,67 @@
+"""The maths of tfjax's layers without a module system: JAX and NumPy only, never Flax.
+
+tfjax.nn wraps these in Linen modules (parameters, the "cache" collection, logical sharding
+names); another module system (Flax NNX, Equinox, plain functions) can share them unchanged.
+
+  attention    dot_product_attention (the formula; cuDNN, splash and chunked backends, chosen
+               per call), attention_weights
+  multihead    multi-head attention between its projections: RoPE, variants, ALiBi, decoding
+  chunked, splash   the memory-lean kernels behind dot_product_attention
+  masks        boolean attention masks
+  position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets
+  norms, activations   the norm and FFN activation maths
+  config       AttentionConfig, MlpConfig, BlockConfig, LayerAttention: what a layer computes
+  cache        KVCache, the decoding cache as a pytree the caller holds
+"""
+
+from tfjax.ops import (
+    activations,
+    attention,
+    cache,
+    chunked,
+    config,
+    masks,
+    multihead,
+    norms,
+    position,
+    splash,
+)
+from tfjax.ops.activations import ACTIVATIONS, ALL_ACTIVATIONS, GATED_ACTIVATIONS, gelu
+from tfjax.ops.attention import attention_weights, choose_implementation, dot_product_attention
+from tfjax.ops.cache import KVCache, init_cache
+from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig
+from tfjax.ops.norms import NORMS, rms_norm_plus_one
+from tfjax.ops.position import RopeScaling, alibi_bias, rope, sincos_2d, sinusoidal
+
+__all__ = [
+    "ACTIVATIONS",
+    "ALL_ACTIVATIONS",
+    "GATED_ACTIVATIONS",
+    "NORMS",
+    "AttentionConfig",
+    "BlockConfig",
+    "KVCache",
+    "LayerAttention",
+    "MlpConfig",
+    "RopeScaling",
+    "activations",
+    "alibi_bias",
+    "attention",
+    "attention_weights",
+    "cache",
+    "choose_implementation",
+    "chunked",
+    "config",
+    "dot_product_attention",
+    "gelu",
+    "init_cache",
+    "masks",
+    "multihead",
+    "norms",
+    "position",
+    "rms_norm_plus_one",
+    "rope",
+    "sincos_2d",
+    "sinusoidal",
+    "splash",
+]

@@ -1,0 +1,45 @@
+"""The FFN activations by name.
+
+ACTIVATIONS act on one projection, act(x W1); GATED_ACTIVATIONS gate a second one,
+act(x W0) * x W1 (Shazeer, 2020).
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def gelu(x):
+    """Exact (erf) GELU, x * Phi(x), written as PyTorch writes it: 0.5 * x * (1 + erf(x / sqrt 2)).
+
+    The same function as jax.nn.gelu(approximate=False), which writes the normal CDF through
+    erfc: Phi(x) = (1 + erf(x / sqrt 2)) / 2 = erfc(-x / sqrt 2) / 2. The two forms round
+    differently, by at most 5e-7 for standard-normal inputs (their step times: README, "What
+    changed the CPU step").
+    """
+    return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2**-0.5, x.dtype)))
+
+
+def quick_gelu(x):
+    """x * sigmoid(1.702 x): the sigmoid approximation of GELU (Hendrycks and Gimpel, 2016) that
+    CLIP was trained with; a different function from gelu, not a faster form of it."""
+    return x * jax.nn.sigmoid(jnp.asarray(1.702, x.dtype) * x)
+
+
+def gelu_tanh(x):
+    """GELU's tanh approximation (GPT-2; Gemma's gelu_pytorch_tanh)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "gelu": gelu,
+    "gelu_tanh": gelu_tanh,
+    "silu": jax.nn.silu,  # a.k.a. swish (Marian / Opus-MT)
+    "quick_gelu": quick_gelu,  # CLIP
+}
+GATED_ACTIVATIONS = {
+    "swiglu": jax.nn.silu,
+    "geglu": gelu,
+    "geglu_tanh": gelu_tanh,  # Gemma's gelu_pytorch_tanh gate
+}
+ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)

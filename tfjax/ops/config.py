@@ -1,0 +1,150 @@
+"""What a Transformer layer computes, as frozen (hashable) dataclasses: one per kind of sub-layer.
+
+Every option is declared, documented and validated here once; the modules (tfjax.nn) take a
+config, and each model family translates its flat fields into them (tfjax.models.common).
+Variations are `dataclasses.replace` of a config: cross-attention, for instance, is the
+self-attention config without positions or a window.
+
+    attention = AttentionConfig(num_heads=8, num_kv_heads=2, position="rope")
+    block = BlockConfig(attention, MlpConfig(hidden_dim=1024, activation="swiglu"), norm="rms")
+"""
+
+import dataclasses
+
+from tfjax.ops.activations import ALL_ACTIVATIONS, GATED_ACTIVATIONS
+from tfjax.ops.attention import check_implementation, check_softcap, check_window
+from tfjax.ops.norms import NORMS
+from tfjax.ops.position import RopeScaling
+
+POSITIONS = (None, "rope", "alibi")
+QK_NORMS = ("rms", "rms_plus_one")
+NORM_POSITIONS = ("pre", "post", "sandwich")
+
+
+def _check_choice(owner, field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}: {field}={value!r} is unknown; allowed: {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerAttention:
+    """What may differ between the self-attention of a stack's layers while their parameters
+    have one shape: Gemma's local (sliding-window) and global layers, each with its RoPE."""
+
+    sliding_window: int | None = None  # keys within the last this many positions; all when None
+    rope_base: float = 10_000.0  # RoPE wavelength base
+    rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
+
+    def __post_init__(self):
+        check_window(self.sliding_window, "sliding_window")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Multi-head attention with grouped-query heads (tfjax.nn.MultiHeadAttention)."""
+
+    num_heads: int  # N
+    num_kv_heads: int | None = None  # K; num_heads when None, 1 for multi-query attention
+    head_dim: int | None = None  # H; width // num_heads when None
+    out_features: int | None = None  # output width; the input width when None
+    use_bias: bool = True  # biases on the Q, K, V and output projections
+    qkv_bias: bool | None = None  # biases on Q, K, V only (Qwen 2); use_bias when None
+    qk_norm: bool = False  # RMSNorm of each query and key head over H, before RoPE (Qwen 3)
+    qk_norm_kind: str = "rms"  # qk_norm's norm: "rms" or "rms_plus_one" (Gemma 3)
+    norm_eps: float = 1e-6  # qk_norm's epsilon
+    position: str | None = None  # None, "rope" or "alibi" (self-attention only)
+    variants: tuple[LayerAttention, ...] = (LayerAttention(),)  # window and RoPE of the
+    # self-attention; several for layers that differ (Gemma's local and global), one picked by
+    # each call's `variant` (a stack's `variants` index them per layer)
+    scale: float | None = None  # logit scale; head_dim**-0.5 when None (Gemma: a config's)
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
+    dropout_rate: float = 0.0  # dropout on the attention weights
+    implementation: str | None = None  # backend: "xla", "cudnn", "splash", "chunked" or None
+    # (chosen per call; see tfjax.ops.attention)
+
+    def __post_init__(self):
+        kv = self.kv_heads
+        if self.num_heads <= 0 or kv <= 0 or self.num_heads % kv:
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
+                f"(allowed: the divisors of {self.num_heads})"
+            )
+        _check_choice("AttentionConfig", "position", self.position, POSITIONS)
+        _check_choice("AttentionConfig", "qk_norm_kind", self.qk_norm_kind, QK_NORMS)
+        variants = self.variants
+        if not (
+            isinstance(variants, tuple)
+            and variants
+            and all(isinstance(v, LayerAttention) for v in variants)
+        ):
+            raise ValueError(
+                f"AttentionConfig: variants must be a non-empty tuple of LayerAttention, got "
+                f"{self.variants!r}"
+            )
+        check_softcap(self.softcap)
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(
+                f"AttentionConfig: dropout_rate must be in [0, 1), got {self.dropout_rate}"
+            )
+        check_implementation(self.implementation)
+
+    @property
+    def kv_heads(self) -> int:
+        """K: num_kv_heads, or num_heads when None."""
+        return self.num_kv_heads or self.num_heads
+
+    def head_width(self, width: int) -> int:
+        """H for inputs of `width`: head_dim, or width // num_heads when None."""
+        return self.head_dim or width // self.num_heads
+
+    def logit_options(self) -> dict:
+        """What shapes the logits, as dot_product_attention's arguments of the same names."""
+        return dict(scale=self.scale, softcap=self.softcap)
+
+    def for_cross_attention(self) -> "AttentionConfig":
+        """This config without what only self-attention has: positions and a window."""
+        return dataclasses.replace(self, position=None, variants=(LayerAttention(),))
+
+
+@dataclasses.dataclass(frozen=True)
+class MlpConfig:
+    """The position-wise FFN (tfjax.nn.Mlp, or GatedMlp for a gated activation)."""
+
+    hidden_dim: int  # F
+    activation: str = "relu"  # "relu", "gelu" (exact erf), "gelu_tanh", "silu", "quick_gelu";
+    # gated: "swiglu" (Llama), "geglu", "geglu_tanh" (Gemma)
+    dropout_rate: float = 0.0  # on the hidden activations; 0 in Vaswani et al.
+    use_bias: bool = True  # biases on the projections (Llama has none)
+
+    def __post_init__(self):
+        _check_choice("MlpConfig", "activation", self.activation, ALL_ACTIVATIONS)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the activation gates a second projection (GatedMlp)."""
+        return self.activation in GATED_ACTIVATIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """One Transformer layer (tfjax.nn.Block): self-attention, optional cross-attention, FFN,
+    each a residual sub-layer with the norm placed per `norm_position`."""
+
+    attention: AttentionConfig  # the self-attention (cross-attention: for_cross_attention())
+    mlp: MlpConfig  # the FFN
+    norm: str = "layer"  # "layer" (LayerNorm), "rms" (RMSNorm) or "rms_plus_one" (Gemma's)
+    norm_eps: float = 1e-6  # norm epsilon (BERT 1e-12, GPT-2 1e-5)
+    norm_position: str = "pre"  # "pre" (x + F(LN(x))), "post" (LN(x + F(x)), the paper) or
+    # "sandwich" (x + LN'(F(LN(x))), Gemma)
+    causal: bool = False  # self-attention sees only earlier positions (decoders)
+    cross_attention: bool = False  # attend to an encoder's output (encoder-decoder)
+    dropout_rate: float = 0.0  # residual dropout on each sub-layer's output (paper: 0.1)
+    layer_scale: float | None = None  # init of a learned [D] gamma multiplying each sub-layer's
+    # output before the residual add (CaiT, DINOv2); none when None
+
+    def __post_init__(self):
+        for field, cls in (("attention", AttentionConfig), ("mlp", MlpConfig)):
+            if not isinstance(getattr(self, field), cls):
+                raise ValueError(f"BlockConfig: {field} must be a {cls.__name__}")
+        _check_choice("BlockConfig", "norm", self.norm, NORMS)
+        _check_choice("BlockConfig", "norm_position", self.norm_position, NORM_POSITIONS)

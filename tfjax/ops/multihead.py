@@ -1,0 +1,119 @@
+"""Multi-head attention between its projections, for an AttentionConfig: RoPE on the heads, the
+per-layer variants (Gemma's local and global layers), ALiBi, the decoding mask, then
+dot_product_attention. A module system adds the parameters (tfjax.nn.MultiHeadAttention).
+
+Letters: B batch, T query length, S key/value length, N query heads, K key/value heads, H head
+dim.
+"""
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+
+from tfjax.ops import masks, position
+from tfjax.ops.attention import attention_weights, dot_product_attention
+
+
+def by_variant(variant, choices, fn):
+    """fn(choices[variant]): directly for one choice or a Python int, else by `lax.switch` on
+    the traced index (every branch traced, one run)."""
+    if len(choices) == 1:
+        return fn(choices[0])
+    if isinstance(variant, int):
+        return fn(choices[variant])
+    return lax.switch(variant, [functools.partial(fn, c) for c in choices])
+
+
+def check_variant(config, variant) -> None:
+    """Several variants need the call to name one."""
+    if len(config.variants) > 1 and variant is None:
+        raise ValueError(
+            f"MultiHeadAttention: {len(config.variants)} variants need the call's `variant` "
+            "(an index)"
+        )
+
+
+def rotate(q, k, positions, config, variant=None):
+    """Self-attention's q [B, T, N, H] and k [B, T, K, H], rotated by RoPE at `positions` ([B, T]
+    or [T]) when config.position is "rope" (with the variant's base and scaling)."""
+    if config.position != "rope":
+        return q, k
+
+    def one(choice):
+        return tuple(
+            position.rope(y, positions, base=choice.rope_base, scaling=choice.rope_scaling)
+            for y in (q, k)
+        )
+
+    return by_variant(variant, config.variants, one)
+
+
+def ids_on_both_sides(segment_ids, kv_segment_ids, query_shape, key_shape):
+    """Cross-attention's (query ids, key ids): when one side has ids and the other none, the
+    other side's rows [B, T] or [B, S] are all real (id 1)."""
+    if segment_ids is None and kv_segment_ids is not None:
+        segment_ids = jnp.ones(query_shape, jnp.int32)
+    elif kv_segment_ids is None and segment_ids is not None:
+        kv_segment_ids = jnp.ones(key_shape, jnp.int32)
+    return segment_ids, kv_segment_ids
+
+
+def attend(
+    q,
+    k,
+    v,
+    config,
+    *,
+    positions,
+    self_attention: bool = True,
+    decode_offset=None,
+    variant=None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+    sharding=None,
+    with_weights: bool = False,
+    **pattern,
+):
+    """The attention output [B, T, N, H] of q [B, T, N, H] on k, v [B, S, K, H], and its
+    [B, N, T, S] weights (with_weights; else None).
+
+    Args:
+      config: the AttentionConfig (position, variants, logit options, implementation).
+      positions: the queries' positions ([B, T] or [T]), for ALiBi.
+      self_attention: False for cross-attention: no ALiBi, no window.
+      decode_offset: decoding: the position of q's first token; the keys are a whole cache at
+        0..S-1, masked causally (and by the window) here.
+      variant: the index into config.variants (an int or a traced int32 scalar).
+      sharding: as in dot_product_attention.
+      **pattern: mask, bias, segment_ids, kv_segment_ids, is_causal (dot_product_attention's).
+    """
+    if self_attention and config.position == "alibi":
+        alibi = position.alibi_bias(q.shape[2], positions, jnp.arange(k.shape[1]))
+        pattern["bias"] = alibi if pattern.get("bias") is None else pattern["bias"] + alibi
+
+    def one(choice):
+        window = choice.sliding_window if self_attention else None
+        p = dict(pattern, window=window, **config.logit_options())
+        if decode_offset is not None:  # the queries at offset.., the whole cache's keys at 0..
+            causal = masks.block_mask(
+                decode_offset + jnp.arange(q.shape[1]),
+                jnp.arange(k.shape[1]),
+                is_causal=True,
+                window=window,
+            )
+            p.update(mask=masks.combine_masks(p.get("mask"), causal), is_causal=False, window=None)
+        weights = attention_weights(q, k, **p) if with_weights else None
+        out = dot_product_attention(
+            q,
+            k,
+            v,
+            **p,
+            dropout_rate=dropout_rate,
+            dropout_rng=dropout_rng,
+            implementation=config.implementation,
+            sharding=sharding,
+        )
+        return out, weights
+
+    return by_variant(variant, config.variants, one)

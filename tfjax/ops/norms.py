@@ -1,0 +1,26 @@
+"""Normalisation maths.
+
+Letters: D the normalised width (the model width, or H for a per-head norm).
+
+  "layer":        LayerNorm, (x - mean) / std * scale + bias
+  "rms":          RMSNorm, x / rms(x) * scale (Llama, Qwen)
+  "rms_plus_one": RMSNorm with the scale stored as an offset from one, x / rms(x) * (1 + w),
+                  computed in float32 (Gemma; w starts at zero)
+"""
+
+import jax.numpy as jnp
+from jax import lax
+
+NORMS = ("layer", "rms", "rms_plus_one")
+
+
+def rms_norm_plus_one(x, w, *, eps: float):
+    """x / sqrt(mean(x^2) + eps) * (1 + w) over the last axis, in float32, back in x's dtype.
+
+    Args:
+      x: [.., D]; w: [D] the offsets from a unit scale.
+    """
+    x32 = x.astype(jnp.float32)
+    # [.., 1]
+    inv_rms = lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * inv_rms * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
