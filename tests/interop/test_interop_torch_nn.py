@@ -44,7 +44,7 @@ def test_mha_cross_attention_other_width_no_bias():
     ref = torch.nn.MultiheadAttention(16, 2, kdim=12, vdim=12, bias=False, batch_first=True)
     ref.eval()
     mha, params = interop.from_torch_mha(ref)
-    assert not mha.use_bias and params["key_kernel"].shape == (12, 2, 8)
+    assert not mha.config.use_bias and params["key_kernel"].shape == (12, 2, 8)
     rs = np.random.RandomState(1)
     x, ctx = rs.randn(2, 5, 16).astype(np.float32), rs.randn(2, 7, 12).astype(np.float32)
     with torch.no_grad():

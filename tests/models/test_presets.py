@@ -60,13 +60,14 @@ def test_published_presets_export_a_config_transformers_builds_with_the_same_cou
     has as many parameters as the preset, and loads back as the same model."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from tfjax.interop import core
-    from tfjax.interop import decoder as convert
+    from tfjax import interop
+    from tfjax.interop.core import tables
+    from tfjax.interop.core.decoders import spelled_out
 
-    model = convert.spelled_out(decoder.Model(variant=variant))
-    family = convert.export_family(model)
-    config = core.hf_config(family, model)
-    assert decoder.Model(**core.model_fields(family, config)) == model
+    model = spelled_out(decoder.Model(variant=variant))
+    family = interop.REGISTRY.exporter(model).family(model)
+    config = tables.hf_config(family, model)
+    assert decoder.Model(**tables.model_fields(family, config)) == model
     hf_config = transformers.AutoConfig.for_model(**config)
     with torch.device("meta"):
         reference = transformers.AutoModelForCausalLM.from_config(hf_config)

@@ -55,7 +55,7 @@ from tfjax.interop.core.rules import (
 )
 from tfjax.interop.core.tables import TOKENS
 from tfjax.models import transformer
-from tfjax.nn import MultiHeadAttention
+from tfjax.nn import AttentionConfig, MultiHeadAttention
 
 TORCH = "torch.nn.Transformer"
 TORCH_LAYOUT = Layout(
@@ -231,10 +231,16 @@ def to_torch_transformer(
 # torch.nn.MultiheadAttention.
 
 
+_MODULE_FIELDS = ("kernel_init", "dtype", "param_dtype")
+
+
 def mha_module(num_heads: int, use_bias: bool, **overrides) -> MultiHeadAttention:
     """The tfjax attention module of a torch.nn.MultiheadAttention (the one place interop builds
-    one; `overrides` set its other fields: dtype, implementation, ...)."""
-    return MultiHeadAttention(**{"num_heads": num_heads, "use_bias": use_bias, **overrides})
+    one). `overrides` are the module's fields (dtype, param_dtype, kernel_init) or its
+    AttentionConfig's (implementation, dropout_rate, ...)."""
+    module = {k: overrides.pop(k) for k in _MODULE_FIELDS if k in overrides}
+    config = AttentionConfig(num_heads=num_heads, use_bias=use_bias, **overrides)
+    return MultiHeadAttention(config, **module)
 
 
 def mha_rules(separate: bool, use_bias: bool) -> list[Rule]:
@@ -295,7 +301,7 @@ def to_torch_mha(model: MultiHeadAttention, params) -> dict:
     torch.from_numpy); the separate q/k/v layout when key and query widths differ."""
     p = unrolled(model, params)
     separate = p["query_kernel"].shape[0] != p["key_kernel"].shape[0]
-    return export_state(p, mha_rules(separate, model.use_bias))
+    return export_state(p, mha_rules(separate, model.config.use_bias))
 
 
 # Neither is a Hugging Face architecture: `interop.load` and `interop.save` have none of them.
