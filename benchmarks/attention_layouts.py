@@ -130,10 +130,7 @@ def main():
     harness.write_json(
         args.out,
         dict(
-            benchmark="attention_layouts",
-            tiny=args.tiny,
-            jax=jax.__version__,
-            torch=torch.__version__,
+            **harness.header("attention_layouts", args, "jax", "torch"),
             results=results,
         ),
     )

@@ -31,52 +31,28 @@ import harness
 CONTENDERS = ("tfjax", "stock_flax", "torch_eager", "torch_compile")
 # kind "lm": a GPT-2-style decoder (learned positions, pre-LN, tanh-GELU, tied output);
 # kind "vit": ViT with a class token and learned positions, exact GELU, LayerNorm eps 1e-6.
-MODELS = {
-    "decoder": dict(
-        kind="lm",
-        width=512,
-        layers=6,
-        heads=8,
-        mlp=2048,
-        vocab=8192,
-        length=256,
-        max_len=256,
-        batch=4,
-    ),
-    "vit": dict(
-        kind="vit",
-        width=384,
-        layers=12,
-        heads=6,
-        mlp=1536,
-        image=224,
-        patch=16,
-        classes=1000,
-        batch=8,
-    ),
-    "gpt2": dict(
-        kind="lm",
-        width=768,
-        layers=12,
-        heads=12,
-        mlp=3072,
-        vocab=50257,
-        length=128,
-        max_len=1024,
-        batch=4,
-    ),
+SIZES = {
+    "lm": ("width", "layers", "heads", "mlp", "vocab", "length", "max_len", "batch"),
+    "vit": ("width", "layers", "heads", "mlp", "image", "patch", "classes", "batch"),
+}
+
+
+def _spec(kind: str, *sizes: int) -> dict:
+    return dict(kind=kind, **dict(zip(SIZES[kind], sizes, strict=True)))
+
+
+# fmt: off
+MODELS = {  # one row per model, its sizes in SIZES[kind]'s order
+    "decoder": _spec("lm",  512,  6,  8, 2048,  8192,  256,  256, 4),
+    "vit":     _spec("vit", 384, 12,  6, 1536,   224,   16, 1000, 8),
+    "gpt2":    _spec("lm",  768, 12, 12, 3072, 50257,  128, 1024, 4),
 }
 TINY = {
-    "decoder": dict(
-        kind="lm", width=32, layers=2, heads=4, mlp=128, vocab=256, length=16, max_len=16, batch=2
-    ),
-    "vit": dict(
-        kind="vit", width=32, layers=2, heads=4, mlp=64, image=32, patch=16, classes=10, batch=2
-    ),
-    "gpt2": dict(
-        kind="lm", width=48, layers=2, heads=4, mlp=192, vocab=512, length=16, max_len=32, batch=2
-    ),
+    "decoder": _spec("lm",  32, 2, 4, 128, 256, 16, 16, 2),
+    "vit":     _spec("vit", 32, 2, 4,  64,  32, 16, 10, 2),
+    "gpt2":    _spec("lm",  48, 2, 4, 192, 512, 16, 32, 2),
 }
+# fmt: on
 
 LR, WEIGHT_DECAY = 1e-4, 0.01
 
@@ -283,14 +259,7 @@ def build_stock_flax(spec, batch_np):
 
     gpt, vit_cls = stock_flax_modules()
     if spec["kind"] == "lm":
-        model = gpt(
-            spec["vocab"],
-            spec["width"],
-            spec["layers"],
-            spec["heads"],
-            spec["mlp"],
-            spec["max_len"],
-        )
+        model = gpt(*map(spec.get, ("vocab", "width", "layers", "heads", "mlp", "max_len")))
 
         def loss_fn(params, batch):
             logits = model.apply({"params": params}, batch["tokens"])
@@ -300,14 +269,7 @@ def build_stock_flax(spec, batch_np):
 
         x = batch_np["tokens"]
     else:
-        model = vit_cls(
-            spec["classes"],
-            spec["patch"],
-            spec["width"],
-            spec["layers"],
-            spec["heads"],
-            spec["mlp"],
-        )
+        model = vit_cls(*map(spec.get, ("classes", "patch", "width", "layers", "heads", "mlp")))
 
         def loss_fn(params, batch):
             logits = model.apply({"params": params}, batch["image"])

@@ -250,6 +250,12 @@ def machine(*packages: str) -> dict:
     }
 
 
+def header(benchmark: str, args, *packages: str) -> dict:
+    """What a result file starts with: the benchmark, whether it ran --tiny, and the machine
+    with the versions of `packages`."""
+    return dict(benchmark=benchmark, tiny=args.tiny, machine=machine(*packages))
+
+
 def write_json(path: str, result) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:

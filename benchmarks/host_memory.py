@@ -63,7 +63,9 @@ def main():
                 f"{row[s]['max_rss_gib']:>13.2f}"
             )
         print(f"  step time keep/glibc = {row['ratio keep/glibc']:.3f}")
-    harness.write_json(args.out, dict(benchmark="host_memory", tiny=args.tiny, results=results))
+    harness.write_json(
+        args.out, dict(**harness.header("host_memory", args, "jax"), results=results)
+    )
 
 
 if __name__ == "__main__":

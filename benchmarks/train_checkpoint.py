@@ -47,7 +47,6 @@ def main():
         parser.error(f"--layouts={args.layouts!r}: allowed are scanned, unrolled (comma-separated)")
 
     import jax
-    import orbax.checkpoint
 
     from tfjax import sharding
 
@@ -91,11 +90,7 @@ def main():
     harness.write_json(
         args.out,
         dict(
-            benchmark="train_checkpoint",
-            tiny=args.tiny,
-            jax=jax.__version__,
-            orbax=orbax.checkpoint.__version__,
-            cores=os.cpu_count(),
+            **harness.header("train_checkpoint", args, "jax", "orbax-checkpoint"),
             model=dict(width=args.width, layers=args.layers, vocab=args.vocab),
             repeats=args.repeats,
             results=results,

@@ -56,24 +56,20 @@ def bench(family, spec, *, steps, devices, data_dir):
     data_config = tfjax.data.dataset_spec(config)
     if tfjax.data.is_embedded(data_config.name):
         tfjax.data.prepare(data_config.name, data_dir or None)
-    loader = tfjax.data.make_loader(
-        data_config,
-        split=data_config.train_split,
-        batch_size=config.batch_size,
-        seed=0,
-        shuffle=True,
-        num_epochs=None,
-        data_dir=data_dir or None,
-    )
-    eval_loader = tfjax.data.make_loader(
-        data_config,
-        split=data_config.eval_split,
-        batch_size=config.eval_batch_size,
-        seed=0,
-        shuffle=False,
-        num_epochs=1,
-        data_dir=data_dir or None,
-    )
+
+    def make_loader(split, batch_size, train):  # the runner's: endless shuffled / one epoch
+        return tfjax.data.make_loader(
+            data_config,
+            split=split,
+            batch_size=batch_size,
+            seed=0,
+            shuffle=train,
+            num_epochs=None if train else 1,
+            data_dir=data_dir or None,
+        )
+
+    loader = make_loader(data_config.train_split, config.batch_size, train=True)
+    eval_loader = make_loader(data_config.eval_split, config.eval_batch_size, train=False)
     inputs = setup.Inputs.from_loaders(config, data_config, loader, eval_loader)
     exp = setup.set_up(config, mesh, inputs=inputs)
     rules = exp.rules

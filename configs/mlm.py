@@ -48,10 +48,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return defaults.apply_presets(config, arg, _PRESETS, default="pydoc", file="configs/mlm.py")
 
 
-def _pydoc(config):
-    del config  # the defaults above are the pydoc experiment
-
-
 def _tiny(config):
     config.model.variant = "tiny"
     config.dataset.seq_len = 32
@@ -79,4 +75,9 @@ def _bert_large(config):  # v5e:2x4, FSDP over the 8 chips
     _paper(config, "bert-large", batch_size=256, mesh=dict(data=1, fsdp=-1))
 
 
-_PRESETS = {"pydoc": _pydoc, "tiny": _tiny, "bert-base": _bert_base, "bert-large": _bert_large}
+_PRESETS = {
+    "pydoc": defaults.unchanged,
+    "tiny": _tiny,
+    "bert-base": _bert_base,
+    "bert-large": _bert_large,
+}

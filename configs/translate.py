@@ -65,10 +65,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
 
 
-def _demo(config):
-    del config  # the defaults above are the demo
-
-
 def _tiny(config):
     config.model.variant = "tiny"
     config.dataset.tokenizer = "bytes"  # no SentencePiece training in a smoke run
@@ -96,4 +92,4 @@ def _big(config):  # v5e:2x4, data parallel
     config.model.remat_policy = "dots"
 
 
-_PRESETS = {"demo": _demo, "tiny": _tiny, "base": _base, "big": _big}
+_PRESETS = {"demo": defaults.unchanged, "tiny": _tiny, "base": _base, "big": _big}

@@ -31,6 +31,7 @@ against, and the benchmark's baseline).
 """
 
 import functools
+import inspect
 from typing import Any
 
 import flax.linen as nn
@@ -346,17 +347,9 @@ def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, 
     return seqs, live_logp, fin_seqs, fin_scores, state
 
 
-def _beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, rules, early_stopping):
-    if rules == "hf":
-        return _hf_beam_loop(
-            stepper,
-            prompt,
-            eos_id=eos_id,
-            beam_size=beam_size,
-            alpha=alpha,
-            max_new_tokens=max_new_tokens,
-            early_stopping=early_stopping,
-        )
+def _gnmt_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, early_stopping):
+    """Beam search by GNMT's rules (Wu et al.); see the module docstring."""
+    del early_stopping  # these rules stop once no live beam can beat a finished one
     p, total = prompt.shape[1], prompt.shape[1] + max_new_tokens
     stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
         stepper, prompt, beam_size, max_new_tokens
@@ -440,23 +433,24 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
 # ----------------------------------------------------------------------------------------------
 
 
+# generate's keyword arguments that shape its compiled program.
+PROGRAM_OPTIONS = (
+    "max_new_tokens",
+    "eos_id",
+    "method",
+    "beam_size",
+    "alpha",
+    "beam_rules",
+    "early_stopping",
+    "temperature",
+    "top_k",
+    "top_p",
+)
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=(
-        "model",
-        "max_new_tokens",
-        "eos_id",
-        "method",
-        "beam_size",
-        "alpha",
-        "beam_rules",
-        "early_stopping",
-        "temperature",
-        "top_k",
-        "top_p",
-        "use_cache",
-        "min_length",
-    ),
+    static_argnames=("model", *PROGRAM_OPTIONS, "use_cache", "min_length"),
 )
 def _generate(
     model,
@@ -489,14 +483,14 @@ def _generate(
         stepper = _Stepper(model, params, width + max_new_tokens, use_cache)
         prompt = inputs.astype(jnp.int32)
     if method == "beam":
-        seqs, scores = _beam_loop(
+        beam_loop = _hf_beam_loop if beam_rules == "hf" else _gnmt_beam_loop
+        seqs, scores = beam_loop(
             stepper,
             prompt,
             eos_id=eos_id,
             beam_size=beam_size,
             alpha=alpha,
             max_new_tokens=max_new_tokens,
-            rules=beam_rules,
             early_stopping=early_stopping,
         )
         return seqs[:, prompt_len:], scores
@@ -597,29 +591,23 @@ def generate(
     )
 
 
-def lower(
-    model,
-    params,
-    inputs,
-    *,
-    max_new_tokens: int,
-    eos_id: int,
-    method: str = "greedy",
-    beam_size: int = 4,
-    alpha: float | None = None,
-    beam_rules: str = "gnmt",
-    early_stopping: bool | str = False,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-):
+def lower(model, params, inputs, **options):
     """`generate`'s jitted program lowered for abstract `params` and `inputs` (ShapeDtypeStructs
     with shardings): compile it ahead of time for a target (`tfjax.runner.aot`) without any data.
-    Prompts are taken as fed token by token from the start, as in the runner's eval."""
+    `options` are generate's PROGRAM_OPTIONS, with its defaults. Prompts are taken as fed token
+    by token from the start, as in the runner's eval."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    if beam_rules not in BEAM_RULES:
-        raise ValueError(f"beam_rules={beam_rules!r} is unknown; allowed: {BEAM_RULES}")
+    unknown = sorted(set(options) - set(PROGRAM_OPTIONS))
+    if unknown:
+        raise TypeError(f"lower: unknown options {unknown}; allowed: {PROGRAM_OPTIONS}")
+    bound = inspect.signature(generate).bind(model, params, inputs, **options)
+    bound.apply_defaults()
+    options = {name: bound.arguments[name] for name in PROGRAM_OPTIONS}
+    if options["beam_rules"] not in BEAM_RULES:
+        raise ValueError(f"beam_rules={options['beam_rules']!r} is unknown; allowed: {BEAM_RULES}")
+    if options["alpha"] is None:
+        options["alpha"] = DEFAULT_ALPHA[options["beam_rules"]]
     mesh = inputs.sharding.mesh
     lengths = NamedSharding(mesh, PartitionSpec(*inputs.sharding.spec[:1]))  # as the rows
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -629,16 +617,7 @@ def lower(
         inputs,
         jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
         jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        method=method,
-        beam_size=beam_size,
-        alpha=DEFAULT_ALPHA[beam_rules] if alpha is None else alpha,
-        beam_rules=beam_rules,
-        early_stopping=early_stopping,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
+        **options,
         use_cache=True,
         min_length=1,
     )

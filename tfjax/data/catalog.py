@@ -118,6 +118,26 @@ def _documents(tokenizer, vocab_size, *, embedded=None):
     return _embedded(entry, embedded)
 
 
+def _translation(source_lang, target_lang, vocab_size, seq_len, *, embedded=None, **config):
+    """A catalog entry of sentence pairs for translation, with one SentencePiece vocabulary
+    shared by both languages."""
+    entry = dict(
+        features=dict(),
+        tasks=("translation",),
+        config=dict(
+            train_split="train",
+            eval_split="test",
+            tokenizer="sentencepiece",
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            **config,
+        ),
+    )
+    return _embedded(entry, embedded)
+
+
 # name -> how to read it and its default config:
 #   features  which record fields hold what ("image" marks an image dataset)
 #   tasks     the `tfjax.tasks` tasks it serves (the first is the default)
@@ -132,37 +152,13 @@ CATALOG: dict[str, dict] = {
     ),
     "pydoc": _documents("bytes", 8000, embedded="Pydoc"),
     "lm1b": _documents("sentencepiece", 32000),
-    "numbers_translate": dict(
-        embedded="NumbersTranslate",
-        features=dict(),
-        tasks=("translation",),
-        config=dict(
-            cache=True,
-            train_split="train",
-            eval_split="test",
-            tokenizer="sentencepiece",
-            vocab_size=384,
-            seq_len=24,
-            **_TEXT,
-            source_lang="digits",
-            target_lang="en",
-        ),
+    "numbers_translate": _translation(
+        "digits", "en", 384, 24, embedded="NumbersTranslate", **_TEXT
     ),
+    # English -> German with a shared 37k vocabulary, as in the paper
     "wmt14_translate/de-en": dict(
+        _translation("en", "de", 37000, 256, long_examples="truncate", packing=True),
         module="tensorflow_datasets.translate.wmt14",
-        features=dict(),
-        tasks=("translation",),
-        config=dict(  # English -> German with a shared 37k vocabulary, as in the paper
-            train_split="train",
-            eval_split="test",
-            tokenizer="sentencepiece",
-            vocab_size=37000,
-            seq_len=256,
-            long_examples="truncate",
-            packing=True,
-            source_lang="en",
-            target_lang="de",
-        ),
     ),
     "glue/sst2": dict(
         module="tensorflow_datasets.text.glue",

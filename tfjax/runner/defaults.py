@@ -200,6 +200,11 @@ def at_scale(
     config.checkpoint.every = eval_every
 
 
+def unchanged(config) -> None:
+    """The preset of the experiment a config file's defaults already are."""
+    del config
+
+
 def apply_presets(
     config,
     arg: str | None,
