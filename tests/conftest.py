@@ -57,16 +57,25 @@ def set_fields(config, overrides: dict):
     return config
 
 
+def _session_root(tmp_path_factory):
+    """The session's temporary folder, one for all pytest-xdist workers (each worker's own
+    basetemp is a folder inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-    """One data directory for the session: embedded datasets are prepared on first use."""
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
+    """One data directory for the session and its workers: embedded datasets are prepared on
+    first use, once (tfjax.data.prepare holds a lock while it builds)."""
+    return str(_session_root(tmp_path_factory) / "tfjax_data")
 
 
 @pytest.fixture(scope="session")
 def runner_env(tmp_path_factory):
-    """The environment of runner subprocesses: a shared compilation cache makes restarts quick."""
-    cache = str(tmp_path_factory.getbasetemp() / "jax_cache")
+    """The environment of runner subprocesses: a compilation cache shared by every worker's
+    runs makes restarts, and the same config run by another test, quick."""
+    cache = str(_session_root(tmp_path_factory) / "jax_cache")
     return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=ROOT)
 
 

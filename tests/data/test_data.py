@@ -6,6 +6,7 @@ import dataclasses
 import glob
 import json
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -14,16 +15,15 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, plain_env
 
 import tfjax.data as td
 from tfjax.data import embedded
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    # Shared by every data test module through the session's base temp dir; prepare() reuses
-    # what another module already built.
-    path = tmp_path_factory.getbasetemp() / "tfjax_data"
+def data_dir(data_dir):  # the session's (conftest.py), with these prepared
+    path = pathlib.Path(data_dir)
     for name in ("digits", "pydoc"):
         td.prepare(name, path)
     return path
@@ -76,6 +76,30 @@ def test_prepare_is_idempotent_and_splits_are_fixed(data_dir):
     pydoc_test = {r["text"] for r in td.open_source("pydoc", "test", data_dir, cache=True)}
     assert len(pydoc_train) > 1500 and len(pydoc_test) > 150
     assert not pydoc_test & pydoc_train  # held-out paragraphs
+
+
+def test_concurrent_prepares_build_the_dataset_once(tmp_path):
+    """Two processes preparing one dataset in one data_dir (two jobs, two test workers): one
+    builds it while the other waits for the lock, then finds it prepared."""
+    code = "import sys, tfjax.data as td; print(td.prepare('digits', sys.argv[1]))"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)],
+            cwd=ROOT,
+            env=plain_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    folders = {out.strip().splitlines()[-1] for out, _ in outputs}
+    assert len(folders) == 1
+    versions = os.listdir(os.path.dirname(folders.pop()))
+    assert len(versions) == 1, versions  # no damaged or half-built copy beside it
+    assert len(td.open_source("digits", "train", str(tmp_path))) == 1498
 
 
 @pytest.mark.parametrize("config", [{"name": "digits"}, {"name": "pydoc", "task": "mlm"}])

@@ -1,6 +1,7 @@
 """Packing, padding, splitting and masking: every token kept, examples whole unless asked."""
 
 import collections
+import pathlib
 
 import numpy as np
 import pytest
@@ -11,8 +12,8 @@ from tfjax.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL, ByteToke
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "tfjax_data"  # shared with the other data tests
+def data_dir(data_dir):  # the session's (conftest.py), with these prepared
+    path = pathlib.Path(data_dir)
     for name in ("pydoc", "numbers_translate"):
         td.prepare(name, path)
     return path

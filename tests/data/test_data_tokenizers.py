@@ -1,6 +1,7 @@
 """Tokenizers: round trips, the shared special ids, SentencePiece trained once and reused."""
 
 import os
+import pathlib
 import pickle
 
 import numpy as np
@@ -18,8 +19,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "tfjax_data"  # shared with the other data tests
+def data_dir(data_dir):  # the session's (conftest.py), with pydoc prepared
+    path = pathlib.Path(data_dir)
     td.prepare("pydoc", path)
     return path
 
@@ -86,8 +87,7 @@ def test_sentencepiece_is_trained_once_and_reused(data_dir, monkeypatch):
     np.testing.assert_array_equal(copy.encode(long_text), tok.encode(long_text))
 
 
-def test_translation_vocabulary_is_shared(tmp_path_factory):
-    data_dir = tmp_path_factory.getbasetemp() / "tfjax_data"
+def test_translation_vocabulary_is_shared(data_dir):
     td.prepare("numbers_translate", data_dir)
     tok = td.get_tokenizer({"name": "numbers_translate"}, data_dir)
     for text in ("905017", "nine hundred five thousand seventeen"):

@@ -16,10 +16,10 @@ def _lines(path):
     return [json.loads(line) for line in text.splitlines()]  # every line is a whole entry
 
 
-def test_resume_after_a_partial_metrics_line(tmp_path_factory, tmp_path, caplog):
+def test_resume_after_a_partial_metrics_line(data_dir, tmp_path, caplog):
     workdir = str(tmp_path)
     config = train.load_config(os.path.join(ROOT, "configs/vit.py:tiny"))
-    config.data_dir = str(tmp_path_factory.getbasetemp() / "tfjax_data")
+    config.data_dir = data_dir
     train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])  # checkpoint at step 2
     path = os.path.join(workdir, "metrics.jsonl")
     with open(path, "a") as f:  # killed while writing step 3's entry

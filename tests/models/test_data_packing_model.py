@@ -1,6 +1,8 @@
 """A packed batch, read with its segment ids and positions, gives each example the same decoder
 outputs as that example run on its own."""
 
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -10,8 +12,8 @@ from tfjax.models import decoder
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "tfjax_data"  # shared with the other data tests
+def data_dir(data_dir):  # the session's (conftest.py), with pydoc prepared
+    path = pathlib.Path(data_dir)
     td.prepare("pydoc", path)
     return path
 

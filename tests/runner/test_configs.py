@@ -19,12 +19,6 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
 NAMES = [os.path.splitext(os.path.basename(p))[0] for p in CONFIGS]
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One data directory for the session: embedded datasets are prepared on first use."""
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
-
-
 def load(name, preset):
     return train.load_config(os.path.join(ROOT, "configs", f"{name}.py:{preset}"))
 

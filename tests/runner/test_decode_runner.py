@@ -17,11 +17,6 @@ from tfjax.runner import checkpoint, metrics, train
 from tfjax.tasks import translation
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
-
-
 def tiny(spec, data_dir, **fields):
     config = train.load_config(os.path.join(ROOT, spec))
     config.data_dir = data_dir

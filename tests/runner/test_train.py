@@ -14,12 +14,6 @@ from jax.sharding import PartitionSpec as P
 from tfjax.runner import metrics, train
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One data directory for the session: embedded datasets are prepared on first use."""
-    return str(tmp_path_factory.getbasetemp() / "tfjax_data")
-
-
 def lm_config(data_dir, **overrides):
     """The tiny causal-LM config (tensor parallelism has heads, MLP and vocab to split) with
     dropout on, so that the test also covers per-step randomness across meshes."""

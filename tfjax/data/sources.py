@@ -5,6 +5,8 @@ the tokenizers trained on them. The datasets, their fields and their configs are
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import itertools
 import os
@@ -54,6 +56,25 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
     """
     data_dir = catalog.data_dir_path(data_dir)
     os.makedirs(data_dir, exist_ok=True)
+    with _preparing(data_dir, name):
+        return _prepare(name, data_dir)
+
+
+@contextlib.contextmanager
+def _preparing(data_dir: str, name: str):
+    """Holds `data_dir`'s lock of dataset `name` (the operating system's flock, released when its
+    process ends): runs that share a data_dir (several jobs, test workers) prepare a dataset
+    once, the others wait and then find it prepared."""
+    path = os.path.join(data_dir, f".prepare-{name.replace('/', '--')}.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _prepare(name: str, data_dir: str) -> str:
     builder = _builder(name, data_dir, file_format="array_record")
     if builder.is_prepared():
         if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
