@@ -604,10 +604,9 @@ def lower(model, params, inputs, **options):
     bound = inspect.signature(generate).bind(model, params, inputs, **options)
     bound.apply_defaults()
     options = {name: bound.arguments[name] for name in PROGRAM_OPTIONS}
-    if options["beam_rules"] not in BEAM_RULES:
-        raise ValueError(f"beam_rules={options['beam_rules']!r} is unknown; allowed: {BEAM_RULES}")
-    if options["alpha"] is None:
-        options["alpha"] = DEFAULT_ALPHA[options["beam_rules"]]
+    alpha = options.pop("alpha")
+    _check(model, np.ones((1, inputs.shape[1]), np.int32), **options)  # as generate(check=False)
+    options["alpha"] = DEFAULT_ALPHA[options["beam_rules"]] if alpha is None else alpha
     mesh = inputs.sharding.mesh
     lengths = NamedSharding(mesh, PartitionSpec(*inputs.sharding.spec[:1]))  # as the rows
     key = jax.eval_shape(lambda: jax.random.key(0))
