@@ -66,6 +66,7 @@ Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `trans
 import os
 
 from tfjax.interop import core, families
+from tfjax.interop.core import convert, tables
 from tfjax.interop.core.files import CONFIG, read_config, read_state_dict, write_safetensors
 from tfjax.interop.core.posemb import resample_posemb
 from tfjax.interop.core.registry import Registry
@@ -123,6 +124,38 @@ def load(directory, **overrides):
     return REGISTRY.loader(config, where)(directory, config, **overrides)
 
 
+def family_of(directory):
+    """The `core.tables.Family` a checkpoint directory's config.json names (read alone, no
+    weights), for starting a run from it; a ValueError names an architecture that has no
+    converter or whose loader is not table-driven (the vision towers with their own loaders)."""
+    config = read_config(directory)
+    where = os.path.join(os.fspath(directory), CONFIG)
+    loader = REGISTRY.loader(config, where)
+    family = getattr(loader, "family", None)
+    if family is None:
+        raise ValueError(
+            f"{where}: {config.get('architectures')} loads with interop.load, but a run cannot "
+            "start from it yet; loadable by a run: "
+            + ", ".join(a for a, f in ARCHITECTURES.items() if hasattr(f, "family"))
+        )
+    return family, config
+
+
+def pretrained_model(directory, **overrides):
+    """The tfjax model a checkpoint directory's config.json means, without reading weights;
+    `overrides` set fields that do not change the maths (scan_layers, dtype, ...)."""
+    family, config = family_of(directory)
+    return tables.build(family, config, **overrides)
+
+
+def pretrained_params(directory, model):
+    """The weights of a checkpoint directory as `model`'s params (its layout: stacked when
+    scan_layers), every key and shape checked; `model` as `pretrained_model` gives it (other
+    fields that do not change the parameters may differ)."""
+    family, _ = family_of(directory)
+    return convert.import_params(family, model, read_state_dict(directory))
+
+
 def export(model, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
     return REGISTRY.exporter(model).export(model, params)
@@ -144,6 +177,7 @@ __all__ = [
     "core",
     "export",
     "families",
+    "family_of",
     "from_bert",
     "from_clip",
     "from_clip_vision",
@@ -168,6 +202,8 @@ __all__ = [
     "load",
     "marian_id_map",
     "marian_to_tfjax_ids",
+    "pretrained_model",
+    "pretrained_params",
     "read_config",
     "read_state_dict",
     "resample_posemb",

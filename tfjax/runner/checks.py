@@ -12,7 +12,7 @@ import os
 import jax.numpy as jnp
 
 from tfjax import decode, sharding, tasks
-from tfjax.runner import checkpoint, optim, profiling
+from tfjax.runner import checkpoint, optim, pretrained, profiling
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
@@ -145,10 +145,14 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
     # init_from is read only when the run starts, not when it resumes (its source may be gone).
     if config.get("init_from") and not restore and not _has_checkpoint(workdir):
         _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)
-        if not _has_checkpoint(config.init_from):
+        if not _has_checkpoint(config.init_from) and not pretrained.is_checkpoint_dir(
+            os.path.expanduser(config.init_from)
+        ):
             raise FileNotFoundError(
-                f"config.init_from={config.init_from!r} holds no checkpoint (neither it nor its "
-                "checkpoints/ has a step directory); give another run's workdir"
+                f"config.init_from={config.init_from!r} holds no checkpoint: neither a run's "
+                "workdir (a step directory in it or its checkpoints/) nor a Hugging Face "
+                "checkpoint directory (config.json and model.safetensors, its index or "
+                "pytorch_model.bin)"
             )
 
 

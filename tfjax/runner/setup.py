@@ -38,6 +38,7 @@ import optax
 
 from tfjax import sharding, tasks
 from tfjax.runner import checkpoint, checks, chips, optim
+from tfjax.runner import pretrained as pretrained_lib
 from tfjax.runner.steps import TrainState, make_eval_step, make_train_step
 
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
@@ -116,10 +117,28 @@ def planned_inputs(config, data=None) -> Inputs:
 
 
 # ------------------------------------------------------------------------------------- model
-def build_model(config, *, vocab_size: int | None = None, num_classes: int | None = None):
+def build_model(
+    config,
+    *,
+    vocab_size: int | None = None,
+    num_classes: int | None = None,
+    pretrained: pretrained_lib.Pretrained | None = None,
+):
     """tfjax.models.<config.model.name>.Model(**config.model without name), compute dtype from
     config.dtype. Fields that are None take the model's default, except vocab_size (the
-    tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's)."""
+    tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's).
+    From a `pretrained` checkpoint: its model, with what config.model may set on it
+    (`tfjax.runner.pretrained.model_fields`), and its vocabulary as it is."""
+    if pretrained is not None:
+        fields = pretrained_lib.model_fields(pretrained, config.model)
+        if vocab_size is not None and vocab_size > fields["vocab_size"]:
+            raise ValueError(
+                f"the tokenizer has {vocab_size} ids, more than the {fields['vocab_size']} "
+                f"embedding rows of the checkpoint in config.init_from={pretrained.config_dir!r}"
+            )
+        if config.dtype != "float32":
+            fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
+        return checks.model_module(pretrained.model_name).Model(**fields)
     fields = dict(config.model)
     module = checks.model_module(fields.pop("name"))
     if fields.get("vocab_size") is None and vocab_size is not None:
@@ -228,6 +247,7 @@ class Experiment:
     train_step: Callable
     eval_step: Callable
     flops_per_step: float  # model FLOPs of one train step (tfjax.runner.chips' count)
+    pretrained: pretrained_lib.Pretrained | None = None  # the checkpoint the run starts from
 
     @property
     def state_shardings(self):
@@ -258,6 +278,7 @@ class Prepared:
     rules: tuple
     task: Any  # the tfjax.tasks module of config.task
     workdir: str | None  # absolute; None where a run has none (compiling, benchmarks)
+    pretrained: pretrained_lib.Pretrained | None = None  # the checkpoint of config.init_from
 
 
 def prepare(config, workdir=None, devices=None, *, mesh=None, restore=False) -> Prepared:
@@ -275,7 +296,10 @@ def prepare(config, workdir=None, devices=None, *, mesh=None, restore=False) -> 
     if not restore:
         checks.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
         checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
-    return Prepared(config, mesh, rules, tasks.get(config.task), workdir)
+    pretrained = pretrained_lib.find(config, workdir)
+    if pretrained is not None:  # its refusals (a size set differently) before any work
+        pretrained_lib.model_fields(pretrained, config.model)
+    return Prepared(config, mesh, rules, tasks.get(config.task), workdir, pretrained)
 
 
 def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
@@ -299,7 +323,12 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
             for split, spec in (("train", inputs.train), ("eval", inputs.eval))
         }
         checks.check_loss_chunks(config, lengths)
-    model = build_model(config, vocab_size=inputs.vocab_size, num_classes=inputs.num_classes)
+    model = build_model(
+        config,
+        vocab_size=inputs.vocab_size,
+        num_classes=inputs.num_classes,
+        pretrained=prepared.pretrained,
+    )
     schedule = optim.make_schedule(
         config.optim, d_model=model.width, num_train_steps=config.num_train_steps
     )
@@ -365,4 +394,5 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         train_step=train_step,
         eval_step=eval_step,
         flops_per_step=flops,
+        pretrained=prepared.pretrained,
     )

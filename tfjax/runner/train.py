@@ -61,6 +61,7 @@ from tfjax.runner import (
     evaluation,
     metrics,
     preemption,
+    pretrained,
     profiling,
     setup,
     workdirs,
@@ -92,6 +93,7 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
         config,
         vocab_size=tokenizer.vocab_size if tokenizer is not None else None,
         num_classes=data.num_classes,
+        pretrained=run.pretrained,
     )
     spec = tfjax.data.element_spec(data, 1)
     target, _ = setup.abstract_params(model, run.task, spec, mesh=run.mesh, rules=run.rules)
@@ -355,7 +357,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     if resumed is None:
         state, step = exp.init(init_key), None
         if config.init_from:
-            params = checkpoint.restore_params(config.init_from, exp.abstract_state.params)
+            params = _initial_params(exp, state.params)
             ema_params = None if state.ema_params is None else params
             state = state.replace(params=params, ema_params=ema_params)
     else:
@@ -373,11 +375,27 @@ def _restore(exp, workdir: str, train_loader, cleanup):
             )
         logging.info("Resumed from %s/checkpoints/%d", workdir, step)
     workdirs.record_config(workdir, config, step)
+    if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
+        pretrained.keep(exp.pretrained, workdir)
     stored = os.path.join(workdir, TOKENIZER_FILE)
     # SentencePiece only (bytes need no file); a stored one was checked equal above.
     if jax.process_index() == 0 and hasattr(tokenizer, "save") and not os.path.exists(stored):
         tokenizer.save(stored)
     return manager, state, dropout_key, step
+
+
+def _initial_params(exp, fresh):
+    """config.init_from's parameters in place of the `fresh` ones: a Hugging Face checkpoint's
+    weights (what the model has beyond them, LoRA adapters, stays as initialised) or another
+    run's newest parameters."""
+    config = exp.config
+    if exp.pretrained is None:
+        return checkpoint.restore_params(config.init_from, exp.abstract_state.params)
+    loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
+    logging.info("Loaded the %s weights of %s", exp.pretrained.architecture, config.init_from)
+    return jax.tree.map(
+        lambda new, old: old if new is None else new, loaded, fresh, is_leaf=lambda x: x is None
+    )
 
 
 def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
@@ -412,6 +430,12 @@ def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
 
     # -------------------------------------------------------------------------------- loop
     train_metrics, eval_metrics, stopped_by, step = {}, {}, None, start_step
+    if resumed_step is None and config.init_from:  # where fine-tuning starts from, as step 0
+        eval_metrics = evaluate(state.params, 0)
+        writer.write(0, "eval", eval_metrics)
+        if primary:
+            bar.write(metrics.format_line(0, total, "eval", eval_metrics))
+        meter.restart_clock(start_step)
     while step < last_step:
         batch = sharding.shard_batch(next(train_loader), exp.mesh, exp.rules)
         if step == start_step:

@@ -69,4 +69,5 @@ def converters(family: Family, name: str, written: Callable = lambda model: mode
     save.__doc__ = f"({{Hugging Face key: numpy array}}, config dict) of a {what} for a model."
     for fn, verb in ((load, "from"), (save, "to")):
         fn.__name__ = fn.__qualname__ = f"{verb}_{name}"
+    load.family = family  # the runner builds the model from the config before reading weights
     return load, save

@@ -1,0 +1,185 @@
+"""A run that starts from a Hugging Face checkpoint directory (config.init_from).
+
+config.init_from names either another run's workdir (its newest parameters) or a Hugging Face
+checkpoint directory (config.json and safetensors, single or sharded with an index), told apart
+by content: a workdir holds checkpoints/, a checkpoint directory config.json and weight files.
+
+From a checkpoint directory the model is the checkpoint's: its family and every field that
+changes the maths come from config.json through the converters' tables (`tfjax.interop`).
+config.model may set only what does not change the maths (SAME_MATHS: scan_layers, remat,
+attention backend, dropout); a size it sets must equal the checkpoint's (an error names both).
+
+The run keeps what it needs of the checkpoint in its workdir (`pretrained/`: config.json, the
+tokenizer and generation files), so resuming, decoding and exporting need only the workdir,
+even after the checkpoint directory is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+
+import jax
+import numpy as np
+
+KEPT = "pretrained"  # the workdir's copy of the checkpoint's small files
+# Model fields a run may set on a loaded checkpoint: none changes what the weights compute.
+SAME_MATHS = (
+    "scan_layers",
+    "remat_policy",
+    "implementation",
+    "dropout_rate",
+    "attention_dropout_rate",
+)
+# The files a run keeps from the checkpoint (all that exist): the model config, the tokenizer
+# (tokenizers' JSON, SentencePiece, or GPT-2's vocab + merges) and generation's defaults.
+SMALL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def is_checkpoint_dir(path: str) -> bool:
+    """A Hugging Face checkpoint directory: config.json and weights."""
+    from tfjax.interop.core import files
+
+    return os.path.isfile(os.path.join(path, files.CONFIG)) and any(
+        os.path.isfile(os.path.join(path, name)) for name in files.WEIGHT_FILES
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """The checkpoint a run starts from.
+
+    config_dir: where its config.json (and tokenizer files) are read: the checkpoint itself,
+      or the workdir's copy once the run has started.
+    weights_dir: the checkpoint directory with the weights (None: not needed, the run resumes
+      or restores from its own checkpoints).
+    model_name: the tfjax.models module of its family ("decoder").
+    fields: the model fields its config.json means.
+    architecture: config.json's architecture, for messages.
+    """
+
+    config_dir: str
+    weights_dir: str | None
+    model_name: str
+    fields: dict
+    architecture: str
+
+    @classmethod
+    def read(cls, config_dir: str, weights_dir: str | None) -> Pretrained:
+        from tfjax import interop
+
+        family, _ = interop.family_of(config_dir)
+        model = interop.pretrained_model(config_dir)
+        fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+        fields = {k: v for k, v in fields.items() if k not in ("parent", "name")}
+        module = family.model.__module__  # tfjax.models.<name>
+        return cls(
+            config_dir=config_dir,
+            weights_dir=weights_dir,
+            model_name=module.rsplit(".", 1)[-1],
+            fields=fields,
+            architecture=family.architecture,
+        )
+
+
+def find(config, workdir: str | None) -> Pretrained | None:
+    """The checkpoint `config` starts from, None when it starts from scratch or a workdir.
+
+    A workdir that holds the kept copy takes the model from it (the run resumes: the
+    checkpoint directory may be gone); otherwise an init_from that is a checkpoint directory.
+    """
+    init_from = config.get("init_from") or ""
+    kept = os.path.join(workdir, KEPT) if workdir else None
+    source = init_from if init_from and is_checkpoint_dir(init_from) else None
+    if kept and os.path.isfile(os.path.join(kept, "config.json")):
+        return Pretrained.read(kept, source)
+    if source:
+        return Pretrained.read(os.path.abspath(os.path.expanduser(source)), source)
+    return None
+
+
+def model_fields(pretrained: Pretrained, config_model) -> dict:
+    """The fields of the run's model: the checkpoint's, with the SAME_MATHS fields config.model
+    sets. A name or size config.model sets that differs from the checkpoint's is a ValueError
+    naming both values."""
+    given = {k: v for k, v in dict(config_model).items() if v is not None}
+    name = given.pop("name", pretrained.model_name)
+    if name != pretrained.model_name:
+        raise ValueError(
+            f"model.name={name!r}, but config.init_from={pretrained.config_dir!r} is a "
+            f"{pretrained.architecture} (tfjax.models.{pretrained.model_name}); set "
+            f"model.name={pretrained.model_name!r} or leave it unset"
+        )
+    if "variant" in given:
+        raise ValueError(
+            f"model.variant={given['variant']!r}: a run from the checkpoint in config.init_from "
+            "takes its sizes from the checkpoint; leave model.variant unset"
+        )
+    fields = dict(pretrained.fields)
+    for key, value in given.items():
+        if key in SAME_MATHS:
+            fields[key] = value
+        elif key not in fields:
+            raise ValueError(
+                f"model.{key}={value!r}: {pretrained.architecture} models have no field {key!r}"
+            )
+        elif fields[key] != value:
+            raise ValueError(
+                f"model.{key}={value!r} differs from the checkpoint's {key}={fields[key]!r} "
+                f"(config.init_from={pretrained.config_dir!r}); a run from a checkpoint keeps "
+                f"its sizes: leave model.{key} unset (a run may set {', '.join(SAME_MATHS)})"
+            )
+    return fields
+
+
+def keep(pretrained: Pretrained, workdir: str) -> None:
+    """Copies the checkpoint's small files (SMALL_FILES) into workdir/pretrained, once, whole:
+    written to a temporary directory and renamed, so a crash leaves no half copy."""
+    kept = os.path.join(workdir, KEPT)
+    if os.path.isdir(kept) or jax.process_index() != 0:
+        return
+    tmp = tempfile.mkdtemp(prefix=f".{KEPT}-", dir=workdir)
+    for name in SMALL_FILES:
+        path = os.path.join(pretrained.config_dir, name)
+        if os.path.isfile(path):
+            shutil.copy2(path, os.path.join(tmp, name))
+    os.replace(tmp, kept)
+
+
+def load_params(pretrained: Pretrained, model, abstract_params):
+    """The checkpoint's weights as `model`'s params, placed on the shardings of
+    `abstract_params` (ShapeDtypeStructs with shardings; it may hold more than the checkpoint,
+    e.g. LoRA adapters, which come back as None). Each process builds only the shards its
+    devices hold from the host arrays."""
+    from flax import traverse_util
+
+    from tfjax import interop
+
+    loaded = traverse_util.flatten_dict(interop.pretrained_params(pretrained.weights_dir, model))
+    target = traverse_util.flatten_dict(abstract_params)
+    extra = sorted("/".join(k) for k in set(loaded) - set(target))
+    if extra:  # a converter and the run's model disagree: a bug, still named
+        raise ValueError(f"the checkpoint's params {extra[:4]} are not in the run's model")
+
+    def place(array, abstract):
+        array = np.asarray(array).astype(abstract.dtype)
+        if array.shape != abstract.shape:
+            raise ValueError(f"checkpoint array {array.shape} != the model's {abstract.shape}")
+        return jax.make_array_from_callback(abstract.shape, abstract.sharding, lambda i: array[i])
+
+    placed = {k: place(loaded[k], target[k]) if k in loaded else None for k in target}
+    return traverse_util.unflatten_dict(placed)
