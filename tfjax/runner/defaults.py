@@ -103,6 +103,7 @@ def optim(
     o.weight_decay = weight_decay  # decoupled, kernels and embeddings only
     o.grad_clip_norm = grad_clip_norm  # global norm clipping (0: off)
     o.ema_decay = 0.0  # EMA of the parameters for eval (0: off)
+    o.freeze = ""  # regex of parameter paths that do not train ("": all train)
     return o
 
 

@@ -19,13 +19,19 @@ Fields of `config.optim` (every config file sets them all):
   grad_clip_norm   clip the global gradient norm to this (0: no clipping)
   ema_decay        exponential moving average of the parameters, used for evaluation (0: off);
                    kept by `tfjax.runner.train`, not by the optimizer
+  freeze           a regex: the parameters whose '/'-joined path it matches (re.search) do not
+                   train; no gradient or optimizer state is made for them ("": all train)
 """
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
+from flax import traverse_util
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("rsqrt", "warmup_cosine", "constant")
@@ -82,6 +88,33 @@ def decay_mask(params):
         return name.endswith("kernel") or name == "embedding"
 
     return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def trainable(optim_config):
+    """'/'-joined parameter path -> whether it trains, from optim.freeze (a regex: the
+    parameters it matches anywhere in their path stay as they are); None: all train."""
+    pattern = optim_config.get("freeze") or ""
+    if not pattern:
+        return None
+    try:
+        frozen = re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"optim.freeze={pattern!r} is not a regular expression: {e}") from None
+    return lambda path: frozen.search(path) is None
+
+
+def check_trainable(optim_config, params, trainable) -> None:
+    """optim.freeze must leave something to train and freeze something: either way a typo
+    would silently train all or nothing. The error lists some of the parameters' paths."""
+    paths = ["/".join(k) for k in traverse_util.flatten_dict(params)]
+    train = [p for p in paths if trainable(p)]
+    if not train or len(train) == len(paths):
+        what = "every parameter" if not train else "no parameter"
+        raise ValueError(
+            f"optim.freeze={optim_config.freeze!r} freezes {what}; it is a regex searched in "
+            f"the parameter paths, such as {', '.join(paths[:3])}, ..., {paths[-1]}"
+        )
+    logging.info("Training %d of %d parameter arrays (optim.freeze)", len(train), len(paths))
 
 
 def make_optimizer(

@@ -39,7 +39,7 @@ import optax
 from tfjax import sharding, tasks
 from tfjax.runner import checkpoint, checks, chips, optim
 from tfjax.runner import pretrained as pretrained_lib
-from tfjax.runner.steps import TrainState, make_eval_step, make_train_step
+from tfjax.runner.steps import TrainState, make_eval_step, make_train_step, split_params
 
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
@@ -184,13 +184,14 @@ def abstract_params(model, task, element_spec, *, mesh, rules):
     return checkpoint.abstract_like(params, param_shardings), param_shardings
 
 
-def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: bool):
+def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: bool, trainable=None):
     """(init_fn, abstract TrainState with shardings, param shardings), without allocating.
 
     init_fn(rng) creates the state; jit it with out_shardings=the abstract state's shardings.
     The optimizer state is made from the boxed parameters, so Adam's moments (and the EMA)
     carry the parameters' logical names through `tx.init` and shard as they do; what has no
-    name (step counts) is replicated.
+    name (step counts) is replicated. With `trainable` (see steps.make_train_step) it holds
+    the moments of the trainable parameters only.
     """
     init_variables = _init_variables_fn(model, task, element_spec, mesh=mesh, rules=rules)
 
@@ -200,7 +201,7 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
         return TrainState(
             step=zero,
             params=params,
-            opt_state=tx.init(params),
+            opt_state=tx.init(params if trainable is None else split_params(params, trainable)[0]),
             ema_params=params if ema else None,
             skipped=zero,
             skipped_in_a_row=zero,
@@ -336,9 +337,12 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         config.optim, d_model=model.width, num_train_steps=config.num_train_steps
     )
     ema = config.optim.ema_decay > 0
+    trainable = optim.trainable(config.optim)
     init_fn, abstract_state, param_shardings = abstract_train_state(
-        model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema
+        model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema, trainable=trainable
     )
+    if trainable is not None:
+        optim.check_trainable(config.optim, abstract_state.params, trainable)
     state_shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
     repl = sharding.replicated(mesh)
 
@@ -363,6 +367,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
             z_loss=config.loss.z_loss,
             ema_decay=config.optim.ema_decay,
             loss_chunks=chunks,
+            trainable=trainable,
         ),
         in_shardings=(state_shardings, {k: s.sharding for k, s in train_batch.items()}, repl),
         out_shardings=(state_shardings, repl),

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 
 from tfjax import sharding
 from tfjax.tasks import losses
@@ -38,6 +39,21 @@ class TrainState:
     ema_params: Any = None  # moving average of params (config.optim.ema_decay > 0), for eval
     skipped: Any = None  # int32 []: updates dropped for a non-finite loss or gradient
     skipped_in_a_row: Any = None  # int32 []: of those, how many just before this step
+
+
+def split_params(params, trainable):
+    """(the parameters that train, the frozen rest): two nested dicts with the paths of
+    `params`, split by `trainable` ('/'-joined path -> bool); `merge_params` undoes it."""
+    flat = traverse_util.flatten_dict(params)
+    train = {k: v for k, v in flat.items() if trainable("/".join(k))}
+    frozen = {k: v for k, v in flat.items() if k not in train}
+    return traverse_util.unflatten_dict(train), traverse_util.unflatten_dict(frozen)
+
+
+def merge_params(train, frozen):
+    return traverse_util.unflatten_dict(
+        {**traverse_util.flatten_dict(frozen), **traverse_util.flatten_dict(train)}
+    )
 
 
 def loss_and_stats(
@@ -74,8 +90,13 @@ def make_train_step(
     z_loss=0.0,
     ema_decay=0.0,
     loss_chunks=1,
+    trainable=None,
 ):
     """train_step(state, batch, rng) -> (state, stats): one optimizer update on a global batch.
+
+    `trainable` ('/'-joined parameter path -> bool; None: all) picks what trains: the
+    gradient is taken of those alone (the frozen ones are constants of the step: no gradient
+    of theirs is ever formed) and the optimizer state holds only theirs (`split_params`).
 
     `rng` is the run's dropout key; the step's key is fold_in(rng, state.step), so the
     randomness of a step does not depend on when or on which mesh it runs. With
@@ -109,7 +130,16 @@ def make_train_step(
             loss = loss / jnp.maximum(stats["weight"], 1.0)
         return loss, stats
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if trainable is None:
+        grad_fn = jax.grad(loss_fn, has_aux=True)
+    else:
+        grad_of_part = jax.grad(
+            lambda train, frozen, batch, rng: loss_fn(merge_params(train, frozen), batch, rng),
+            has_aux=True,
+        )
+
+        def grad_fn(params, batch, rng):  # the gradient of the trainable part only
+            return grad_of_part(*split_params(params, trainable), batch, rng)
 
     def train_step(state, batch, rng):
         with sharding.logical_context(mesh, rules):
@@ -120,7 +150,7 @@ def make_train_step(
                 grads, stats = _accumulated(
                     grad_fn, state.params, batch, step_rng, num_microbatches
                 )
-            return _guarded_update(tx, state, grads, stats, ema_decay)
+            return _guarded_update(tx, state, grads, stats, ema_decay, trainable)
 
     return train_step
 
@@ -168,17 +198,22 @@ def _accumulated(grad_fn, params, batch, step_rng, m):
     return grads, stats
 
 
-def _guarded_update(tx, state, grads, stats, ema_decay):
-    """(the next TrainState, stats): the optimizer update, or, when the loss or the gradient
-    has a NaN or Inf, the state unchanged but for the step and skip counters (see
-    make_train_step)."""
+def _guarded_update(tx, state, grads, stats, ema_decay, trainable=None):
+    """(the next TrainState, stats): the optimizer update (of the `trainable` parameters, whose
+    gradients `grads` are), or, when the loss or the gradient has a NaN or Inf, the state
+    unchanged but for the step and skip counters (see make_train_step)."""
     grad_norm = optax.tree.norm(grads)
     # An Inf or NaN anywhere in the gradient makes its norm non-finite.
     ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(grad_norm)
 
     def update(grads, state):
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        if trainable is None:
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+        else:
+            train, frozen = split_params(state.params, trainable)
+            updates, opt_state = tx.update(grads, state.opt_state, train)
+            params = merge_params(optax.apply_updates(train, updates), frozen)
         ema = state.ema_params
         if ema_decay:
             # Warm-up of the average (TF's ExponentialMovingAverage with num_updates):
