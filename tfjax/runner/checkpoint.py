@@ -929,13 +929,21 @@ def checkpoints_dir(path: str) -> str:
     return sub if os.path.isdir(sub) else path
 
 
-def restore_params(path: str, abstract_params, *, average_last: int = 1, what: str = "init_from"):
+def restore_params(
+    path: str,
+    abstract_params,
+    *,
+    average_last: int = 1,
+    what: str = "init_from",
+    step: int | None = None,
+):
     """The newest parameters of a run (its workdir or checkpoints directory), checked against
     the model and placed on the abstract target's shardings. `init_from` and decoding use it.
 
     average_last=N > 1 returns the mean of the newest N checkpoints' parameters (the paper
-    averages the last 5 for evaluation); fewer kept than N is an error naming both. `what`
-    names the option in error messages.
+    averages the last 5 for evaluation); fewer kept than N is an error naming both. `step`
+    takes that step instead of the newest (an error lists the kept ones when it is not kept).
+    `what` names the option in error messages.
     """
     directory = checkpoints_dir(path)
     if not os.path.isdir(directory):
@@ -944,7 +952,10 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
         raise ValueError(f"average_last must be at least 1, got {average_last}")
     manager = make_manager(directory, read_only=True)
     try:
-        steps = sorted(manager.all_steps())[-average_last:]
+        kept = sorted(manager.all_steps())
+        if step is not None and step not in kept:
+            raise FileNotFoundError(f"step {step} is not kept in {directory}; kept: {kept}")
+        steps = (kept[: kept.index(step) + 1] if step is not None else kept)[-average_last:]
         if not steps:
             raise FileNotFoundError(f"{what}={path!r}: no checkpoint in {directory}")
         if len(steps) < average_last:
@@ -953,14 +964,16 @@ def restore_params(path: str, abstract_params, *, average_last: int = 1, what: s
                 f"checkpoints (steps {steps}); keep more (checkpoint.keep) or average fewer"
             )
         total = None
-        for step in steps:
-            _check_files(manager, step, ("params",))
+        for kept_step in steps:
+            _check_files(manager, kept_step, ("params",))
             check_params_fit(
-                stored_param_shapes(manager, step), abstract_params, f"{directory}/{step} ({what})"
+                stored_param_shapes(manager, kept_step),
+                abstract_params,
+                f"{directory}/{kept_step} ({what})",
             )
-            check_versions(manager, step)
+            check_versions(manager, kept_step)
             items = {"params": _restore_args(abstract_params)}
-            params = _read_verified(manager, step, items)["params"]
+            params = _read_verified(manager, kept_step, items)["params"]
             # Summed in float32 one checkpoint at a time: memory stays at two copies.
             total = params if total is None else jax.tree.map(jnp.add, total, params)
     finally:

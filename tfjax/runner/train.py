@@ -72,8 +72,11 @@ NONFINITE_STATS = ("nonfinite", "bad_loss", "bad_grad_norm", "skipped", "skipped
 TOKENIZER_FILE = "tokenizer.model"  # in the workdir: the run's SentencePiece model
 
 
-def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
-    """(model, params, tokenizer) of a run's newest checkpoint, for decoding and analysis.
+def restore_model(
+    config, workdir: str, *, average_last: int = 1, devices=None, step: int | None = None
+):
+    """(model, params, tokenizer) of a run's newest checkpoint (or `step`), for decoding,
+    exporting and analysis.
 
     The model is built from `config` as training built it; params land on the config's mesh
     (over `devices`, all by default); average_last=N > 1 averages the newest N checkpoints.
@@ -97,7 +100,9 @@ def restore_model(config, workdir: str, *, average_last: int = 1, devices=None):
     )
     spec = tfjax.data.element_spec(data, 1)
     target, _ = setup.abstract_params(model, run.task, spec, mesh=run.mesh, rules=run.rules)
-    params = checkpoint.restore_params(workdir, target, average_last=average_last, what="workdir")
+    params = checkpoint.restore_params(
+        workdir, target, average_last=average_last, what="workdir", step=step
+    )
     return model, params, tokenizer
 
 

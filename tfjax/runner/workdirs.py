@@ -194,3 +194,20 @@ def record_config(workdir: str, config, step: int | None) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)  # a kill mid-write never leaves a truncated config.json
+
+
+def read_config(workdir: str):
+    """The config a run recorded in its config.json (as it was last run), as a ConfigDict: what
+    tools that take only --workdir (experiments/export.py) read."""
+    import ml_collections
+
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"--workdir={workdir!r} has no {CONFIG_FILE}: is it a run's workdir?"
+        )
+    with open(path) as f:
+        try:
+            return ml_collections.ConfigDict(json.load(f))
+        except ValueError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); was it edited by hand?") from None

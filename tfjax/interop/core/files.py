@@ -140,14 +140,44 @@ def load_source(source, config=None) -> tuple[StateDict, dict]:
     return state, as_config(source if config is None else config)
 
 
-def write_safetensors(state: dict, directory, config: dict | None = None) -> str:
-    """Writes model.safetensors (and config.json) into directory; returns the weights' path."""
+MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size ("5GB")
+
+
+def write_safetensors(
+    state: dict, directory, config: dict | None = None, *, max_shard_bytes: int = MAX_SHARD_BYTES
+) -> str:
+    """Writes model.safetensors (and config.json) into directory; returns the weights' path.
+
+    Weights above `max_shard_bytes` go into shards model-0000i-of-0000n.safetensors with the
+    index model.safetensors.index.json (returned instead), as transformers writes them: keys in
+    order, a new shard when the next tensor would overflow the current one.
+    """
     from safetensors.numpy import save_file  # noqa: PLC0415
 
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, SAFETENSORS)
-    save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, path, {"format": "pt"})
+    arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
+    shards = [{}]
+    for key, array in arrays.items():
+        if (
+            shards[-1]
+            and sum(a.nbytes for a in shards[-1].values()) + array.nbytes > max_shard_bytes
+        ):
+            shards.append({})
+        shards[-1][key] = array
+    if len(shards) == 1:
+        path = os.path.join(directory, SAFETENSORS)
+        save_file(arrays, path, {"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(directory, name), {"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, name))
+        path = os.path.join(directory, SAFETENSORS_INDEX)
+        total = sum(a.nbytes for a in arrays.values())
+        with open(path, "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     if config is not None:
         with open(os.path.join(directory, CONFIG), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)

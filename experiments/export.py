@@ -1,0 +1,46 @@
+r"""Writes a run as a Hugging Face checkpoint directory that `transformers` loads.
+
+    python experiments/export.py --workdir=/tmp/ft --output=/tmp/ft_hf [--step=N]
+
+The run's config is read from the workdir (config.json), the newest checkpoint (or --step) is
+exported with its family's converter (`tfjax.interop`): config.json with the special token ids,
+generation_config.json, model.safetensors (sharded with an index above 5 GB) and the tokenizer
+files of the checkpoint the run started from. --output must not exist.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
+_OUTPUT = flags.DEFINE_string("output", None, "The Hugging Face directory to write (new).")
+_STEP = flags.DEFINE_integer("step", None, "The checkpoint step to export (default: newest).")
+flags.mark_flags_as_required(["workdir", "output"])
+
+
+def main(argv):
+    from tfjax.runner import checkpoint, export
+
+    if len(argv) > 1:
+        print(f"export.py: unexpected arguments: {argv[1:]}", file=sys.stderr)
+        return 2
+    try:
+        path = export.export_run(_WORKDIR.value, _OUTPUT.value, step=_STEP.value)
+    except (
+        ValueError,
+        FileNotFoundError,
+        FileExistsError,
+        NotADirectoryError,
+        checkpoint.UnusableCheckpointError,
+    ) as e:  # tfjax's checks of the workdir, its checkpoints and the export: the message says it
+        print(f"export.py: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
