@@ -3,12 +3,9 @@ loader, with "weights" exactly on the trained tokens, resumable, sharded over pr
 every bad row named by file and line before any training."""
 
 import collections
-import importlib
 import json
 import logging
 import pickle
-import sys
-import types
 
 import numpy as np
 import pyarrow as pa
@@ -16,86 +13,41 @@ import pyarrow.parquet as pq
 import pytest
 
 import tfjax.data as td
+from tfjax.data import checkpoint_tokenizer as ct
 from tfjax.data import files as tf_files
 from tfjax.tasks import lm
 
-
 # ------------------------------------------------------------------ the checkpoint's tokenizer
-def _stand_in_module():
-    """A stand-in for tfjax.data.checkpoint_tokenizer (written in parallel on another branch),
-    with its interface: bytes as ids, "!" as id 0 (as in GPT-2, Llama 3 and Qwen), bos 1, eos 2,
-    no pad id."""
+CHATML = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
-    class CheckpointTokenizer:
-        bos_id, eos_id, pad_id, vocab_size = 1, 2, None, 259
-        eos_ids = (2,)
 
-        @classmethod
-        def load(cls, directory):
-            with open(f"{directory}/tokenizer.json") as f:
-                json.load(f)
-            return cls()
+def write_checkpoint_tokenizer(directory):
+    """A small byte-level BPE checkpoint tokenizer like GPT-2's and Qwen's ("!" is id 0), with a
+    ChatML template and no bos, as a Hugging Face checkpoint directory holds it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        def encode(self, text):
-            ids = np.frombuffer(text.encode(), np.uint8).astype(np.int32) + 3
-            return np.where(ids == ord("!") + 3, 0, ids).astype(np.int32)
-
-        def decode(self, ids):
-            ids = [i for i in ids if i not in (1, 2)]
-            return bytes(ord("!") if i == 0 else i - 3 for i in ids).decode()
-
-    def row_format(row):
-        if "messages" in row:
-            return "messages"
-        if "prompt" in row or "completion" in row:
-            for key in ("prompt", "completion"):
-                if key not in row:
-                    raise ValueError(f"a prompt/completion row needs {key!r}")
-            return "prompt_completion"
-        if "text" in row:
-            return "text"
-        raise ValueError(f"unknown row format: keys {sorted(row)}")
-
-    def encode_row(tokenizer, row):
-        parts = []  # (ids, weight)
-        kind = row_format(row)
-        if kind == "text":
-            parts = [(tokenizer.encode(row["text"]), 1.0)]
-        elif kind == "prompt_completion":
-            parts = [
-                (tokenizer.encode(row["prompt"]), 0.0),
-                (tokenizer.encode(row["completion"]), 1),
-            ]
-        else:
-            for m in row["messages"]:
-                text = f"{m['role']}: {m['content']}\n"
-                parts.append((tokenizer.encode(text), float(m["role"] == "assistant")))
-        tokens = [np.array([1], np.int32)] + [p for p, _ in parts] + [np.array([2], np.int32)]
-        weights = [np.zeros(1)] + [np.full(len(p), w) for p, w in parts] + [np.ones(1)]
-        return {
-            "tokens": np.concatenate(tokens).astype(np.int32),
-            "weights": np.concatenate(weights).astype(np.float32),
-        }
-
-    module = types.ModuleType("tfjax.data.checkpoint_tokenizer")
-    module.CheckpointTokenizer, module.row_format, module.encode_row = (
-        CheckpointTokenizer,
-        row_format,
-        encode_row,
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    return module
-
-
-try:
-    ct = importlib.import_module("tfjax.data.checkpoint_tokenizer")
-    REAL_TOKENIZER = True
-except ModuleNotFoundError:
-    ct = sys.modules["tfjax.data.checkpoint_tokenizer"] = _stand_in_module()
-    REAL_TOKENIZER = False
+    corpus = [json.dumps(r) for r in TEXT_ROWS + PROMPT_ROWS + CHAT_ROWS] * 3
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
 # ------------------------------------------------------------------------------------- the files
-TEXT_ROWS = [{"text": f"document {i}: " + "words " * (i % 7) + "!"} for i in range(12)]
+# Each text ends in "wow!": "!" is a pre-token of its own, id 0.
+TEXT_ROWS = [{"text": f"document {i}: " + "words " * (i % 7) + "wow!"} for i in range(12)]
 PROMPT_ROWS = [{"prompt": f"Q{i}? ", "completion": f"A{i}" + "." * i} for i in range(8)]
 CHAT_ROWS = [
     {
@@ -143,8 +95,7 @@ def save_arrow_dataset(directory, rows):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
-    (root / "tok").mkdir()
-    (root / "tok" / "tokenizer.json").write_text("{}")
+    write_checkpoint_tokenizer(root / "tok")
     write_jsonl(root / "text.jsonl", TEXT_ROWS, extra_lines=[""])  # a blank line is skipped
     write_jsonl(root / "chat.jsonl", PROMPT_ROWS + CHAT_ROWS)  # mixed formats in one file
     (root / "notes.txt").write_text("\n".join(TXT_LINES) + "\n")
@@ -198,7 +149,9 @@ def expected_examples(tokenizer, rows, seq_len):
 
 @pytest.fixture(scope="module")
 def tokenizer(data):
-    return ct.CheckpointTokenizer.load(str(data / "tok"))
+    tok = ct.CheckpointTokenizer.load(str(data / "tok"))
+    assert tok.encode("wow!")[-1] == 0 and tok.pad_id != 0  # id 0 is a real token
+    return tok
 
 
 def unpacked_rows(batches):
@@ -385,7 +338,7 @@ def open_one(path, **kwargs):
     [
         ("{not json", r"bad.jsonl:3: not JSON: Expecting property name .* at column 2"),
         ('{"prompt": "no completion"}', r"bad.jsonl:3: .*'completion'"),
-        ('{"title": "x"}', r"bad.jsonl:3: unknown row format"),
+        ('{"title": "x"}', r"bad.jsonl:3: a row needs 'text', .* it has \['title'\]"),
         ('{"messages": [{"role": "user"}]}', r"bad.jsonl:3: message 0 has no 'content'"),
         ('{"messages": [{"content": "hi"}]}', r"bad.jsonl:3: message 0 has no 'role'"),
         ('{"text": 5}', r"bad.jsonl:3: 'text' must be a string"),
@@ -406,7 +359,7 @@ def test_skip_bad_rows_counts_them_per_file(bad_dir, tokenizer, caplog):
     pq.write_table(
         pa.Table.from_pylist([{"text": "a"}, {"text": None}, {"text": "b"}]), bad_dir / "b.parquet"
     )
-    with pytest.raises(ValueError, match=r"b.parquet: row 2: unknown row format"):
+    with pytest.raises(ValueError, match=r"b.parquet: row 2: a row needs 'text'"):
         open_one(bad_dir / "b.parquet")
     with caplog.at_level(logging.WARNING):
         source = open_one(f"{bad_dir}/a.jsonl,{bad_dir}/b.parquet", skip_bad_rows=True)

@@ -37,9 +37,11 @@ inputs_* and targets_* for translation.
 Modules: catalog (dataset names, config fields, the resolved DatasetSpec; plain data), sources
 (TFDS: prepare, read, train tokenizers), files (the user's .txt / JSON lines / Parquet / Arrow
 files: config.dataset.train_files), loader (the Grain pipeline), preprocess (numpy
-transforms), tokenizers, embedded (the offline TFDS builders). Names below load their module
-on first use, so `from tfjax.data import catalog` (what configs do) imports neither TFDS nor
-Grain; `import tfjax` and `tfjax.models` never import them.
+transforms), tokenizers, embedded (the offline TFDS builders), checkpoint_tokenizer (a Hugging
+Face checkpoint's own tokenizer and chat template, and training examples from text,
+prompt/completion and chat rows; its ids are the checkpoint's, not the shared scheme above).
+Names below load their module on first use, so `from tfjax.data import catalog` (what configs
+do) imports neither TFDS nor Grain; `import tfjax` and `tfjax.models` never import them.
 """
 
 import importlib
@@ -76,8 +78,18 @@ _EXPORTS = {
         ),
         "tokenizers",
     ),
+    **dict.fromkeys(("CheckpointTokenizer", "encode_row", "row_format"), "checkpoint_tokenizer"),
 }
-_SUBMODULES = ("catalog", "embedded", "files", "loader", "preprocess", "sources", "tokenizers")
+_SUBMODULES = (
+    "catalog",
+    "checkpoint_tokenizer",
+    "embedded",
+    "files",
+    "loader",
+    "preprocess",
+    "sources",
+    "tokenizers",
+)
 
 __all__ = sorted(_EXPORTS)
 
