@@ -477,3 +477,22 @@ def test_more_bad_rows_named_before_training(bad_dir, tokenizer):
     write_jsonl(bad_dir / "bad.jsonl", [{"title": "x"}])
     with pytest.raises(ValueError, match=r"no rows to read"):
         open_one(bad_dir / "bad.jsonl", skip_bad_rows=True)
+
+
+def test_a_run_checks_the_files_before_any_work(data, tmp_path):
+    """--config.dataset.train_files on the lm config: the runner's path checks name the field
+    before a workdir or a loader exists."""
+    from conftest import ROOT
+
+    from tfjax.runner import checks, train
+
+    config = train.load_config(f"{ROOT}/configs/lm.py:tiny")
+    config.data_dir = str(tmp_path)
+    config.dataset.train_files = str(data / "text.jsonl")
+    config.dataset.tokenizer = str(data / "tok")
+    checks.check_paths(config, str(tmp_path / "run"))
+    assert td.dataset_spec(config).name == "files"
+    config.dataset.eval_files = str(data / "nothing*.parquet")
+    with pytest.raises(FileNotFoundError, match="dataset.eval_files: .* matches no file"):
+        checks.check_paths(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
