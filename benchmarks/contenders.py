@@ -59,13 +59,14 @@ LR, WEIGHT_DECAY = 1e-4, 0.01
 
 # ------------------------------------------------------------------------------------- data
 def make_batch(spec, seed=0):
-    """numpy batch: lm {"tokens" [B, T] in [1, V)}; vit {"image" [B, H, W, 3], "label" [B]}."""
+    """numpy batch: lm {"tokens" [B, T] in [1, V), "weights" [B, T] ones}; vit {"image"
+    [B, H, W, 3], "label" [B]}."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     if spec["kind"] == "lm":
         tokens = rng.integers(1, spec["vocab"], (spec["batch"], spec["length"]), dtype=np.int32)
-        return {"tokens": tokens}
+        return {"tokens": tokens, "weights": np.ones(tokens.shape, np.float32)}
     s = spec["image"]
     return {
         "image": rng.standard_normal((spec["batch"], s, s, 3), dtype=np.float32),
@@ -138,7 +139,10 @@ def tfjax_inputs(spec):
         return jax.ShapeDtypeStruct((spec["batch"], *shape), dtype)
 
     if spec["kind"] == "lm":
-        batch = {"tokens": sds(spec["length"], dtype=np.int32)}
+        batch = {
+            "tokens": sds(spec["length"], dtype=np.int32),
+            "weights": sds(spec["length"], dtype=np.float32),
+        }
         return setup.Inputs(train=batch, eval=batch, vocab_size=spec["vocab"])
     s = spec["image"]
     batch = {"image": sds(s, s, 3, dtype=np.float32), "label": sds(dtype=np.int32)}

@@ -141,7 +141,10 @@ def _train_state(args, scan_layers: bool, mesh):
     # Rows of 128 tokens, as many as shard evenly: the batch sets the (unused) steps' shapes,
     # not the state's.
     config = _config(args, scan_layers, batch_size=math.lcm(8, mesh.size))
-    batch = {"tokens": jax.ShapeDtypeStruct((config.batch_size, 128), jnp.int32)}
+    batch = {
+        "tokens": jax.ShapeDtypeStruct((config.batch_size, 128), jnp.int32),
+        "weights": jax.ShapeDtypeStruct((config.batch_size, 128), jnp.float32),
+    }
     inputs = setup.Inputs(train=batch, eval=batch, vocab_size=args.vocab)
     state = setup.set_up(config, mesh, inputs=inputs).init(jax.random.key(0))
     # Adam's moments start at zero; fill them so that nothing compresses unusually well.

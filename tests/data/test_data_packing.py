@@ -162,3 +162,24 @@ def test_translation_pairs_stay_aligned(data_dir, packing):
         assert tok.decode(target) == embedded.number_to_words(number)
         numbers.append(number)
     assert sorted(numbers) == sorted(embedded.numbers_split("test").tolist())
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_lm_weights_give_the_loss_of_token_id_0_padding(data_dir, packing):
+    """The lm batches' "weights" (1 on every real token) weight the loss exactly as the old rule
+    did (next token != 0, same segment) on the datasets whose id 0 is padding."""
+    from tfjax.tasks import lm
+
+    config = {"name": "pydoc", "seq_len": 64, "packing": packing, "long_examples": "split"}
+    batches = load(config, data_dir, batch_size=16)
+    for b in batches:
+        np.testing.assert_array_equal(b["weights"], b["tokens"] != 0)
+        labels, weights = (np.asarray(x) for x in lm.labels_and_weights(b))
+        old = np.zeros_like(weights)  # the rule before "weights": next token != 0
+        old[:, :-1] = b["tokens"][:, 1:] != 0
+        if packing:
+            seg = b["tokens_segment_ids"]
+            old[:, :-1] &= seg[:, 1:] == seg[:, :-1]
+        np.testing.assert_array_equal(labels[:, :-1], b["tokens"][:, 1:])
+        np.testing.assert_array_equal(weights, old)
+    assert sum(b["weights"].sum() for b in batches) > 10_000

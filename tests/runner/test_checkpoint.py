@@ -14,7 +14,10 @@ from tfjax.models import decoder
 from tfjax.runner import checkpoint, optim, setup
 from tfjax.runner.steps import make_train_step
 
-SPEC = {"tokens": jax.ShapeDtypeStruct((16, 32), jnp.int32)}
+SPEC = {
+    "tokens": jax.ShapeDtypeStruct((16, 32), jnp.int32),
+    "weights": jax.ShapeDtypeStruct((16, 32), jnp.float32),
+}
 
 
 def optim_config():
@@ -52,7 +55,8 @@ def make_state(mesh, *, width=32, steps=0):
     )
     for i in range(steps):
         tokens = jax.random.randint(jax.random.key(i), (16, 32), 1, 128)
-        batch = sharding.shard_batch({"tokens": np.asarray(tokens)}, mesh, rules)
+        batch = {"tokens": np.asarray(tokens), "weights": np.ones(tokens.shape, np.float32)}
+        batch = sharding.shard_batch(batch, mesh, rules)
         state, _ = step_fn(state, batch, jax.random.key(7))
     return state, abstract
 

@@ -53,12 +53,17 @@ def _lm_batch(rng, packed):
     tokens = rng.integers(1, V, (B, T)).astype(np.int32)
     if not packed:
         tokens[1, 11:] = 0  # a padded row
-        return {"tokens": tokens}
+        return {"tokens": tokens, "weights": (tokens != 0).astype(np.float32)}
     # two examples per row (6 and 7 tokens), then padding
     seg = np.repeat(np.array([[1] * 6 + [2] * 7 + [0] * 3], np.int32), B, 0)
     pos = np.repeat(np.concatenate([np.arange(6), np.arange(7), np.zeros(3)])[None], B, 0)
     tokens[seg == 0] = 0
-    return {"tokens": tokens, "tokens_segment_ids": seg, "tokens_positions": pos.astype(np.int32)}
+    return {
+        "tokens": tokens,
+        "weights": (seg > 0).astype(np.float32),
+        "tokens_segment_ids": seg,
+        "tokens_positions": pos.astype(np.int32),
+    }
 
 
 def _case(name):
@@ -258,10 +263,11 @@ def test_bad_chunks_are_refused_naming_the_field(spec, overrides, message):
 def test_set_up_checks_chunks_against_the_batches_it_is_given():
     config = _config("lm.py:tiny", **{"loss.chunks": 4})
     planned = setup.planned_inputs(config)
-    odd = jax.ShapeDtypeStruct((16, 30), np.int32)
-    inputs = setup.Inputs(
-        train={"tokens": odd}, eval={"tokens": odd}, vocab_size=planned.vocab_size
-    )
+    odd = {
+        "tokens": jax.ShapeDtypeStruct((16, 30), np.int32),
+        "weights": jax.ShapeDtypeStruct((16, 30), np.float32),
+    }
+    inputs = setup.Inputs(train=odd, eval=odd, vocab_size=planned.vocab_size)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     message = (
         r"loss.chunks=4 does not divide the sequence length 30 \(the train batches' "

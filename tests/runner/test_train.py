@@ -151,14 +151,18 @@ def test_gradient_accumulation_matches_one_batch():
     )
     tx = optim.make_optimizer(oc, d_model=32, num_train_steps=1)
     task = tasks.get("lm")
-    spec = {"tokens": jax.ShapeDtypeStruct((16, 12), np.int32)}
+    spec = {
+        "tokens": jax.ShapeDtypeStruct((16, 12), np.int32),
+        "weights": jax.ShapeDtypeStruct((16, 12), np.float32),
+    }
     init_fn, abstract, _ = setup.abstract_train_state(
         model, tx, task, spec, mesh=mesh, rules=rules, ema=False
     )
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     tokens = np.random.default_rng(0).integers(1, 64, (16, 12)).astype(np.int32)
     tokens[3, 7:] = 0  # some padding: rows carry different weights
-    batch = sharding.shard_batch({"tokens": tokens}, mesh, rules)
+    weights = (tokens != 0).astype(np.float32)
+    batch = sharding.shard_batch({"tokens": tokens, "weights": weights}, mesh, rules)
     out = {}
     for m in (1, 2):
         step = jax.jit(

@@ -59,7 +59,13 @@ def test_lm_predicts_next_tokens_within_segments():
     tokens = jnp.array([[1, 5, 6, 2, 1, 7, 2, 0]])
     seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]])
     pos = jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]])
-    batch = {"tokens": tokens, "tokens_segment_ids": seg, "tokens_positions": pos}
+    weights = (tokens != 0).astype(jnp.float32)
+    batch = {
+        "tokens": tokens,
+        "weights": weights,
+        "tokens_segment_ids": seg,
+        "tokens_positions": pos,
+    }
     args, kwargs = task.model_inputs(batch)
     assert args[0] is tokens and kwargs["segment_ids"] is seg and kwargs["positions"] is pos
     # logits that put all mass on the true next token where it is predicted

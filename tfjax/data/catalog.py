@@ -1,9 +1,11 @@
 """Datasets by name: their default configs, and a dataset config resolved once (DatasetSpec).
 
-Every dataset is a TFDS builder prepared as ArrayRecord and read as a random-access
+Every dataset but one is a TFDS builder prepared as ArrayRecord and read as a random-access
 `tfds` data source (`tfjax.data.sources`). The embedded ones (`digits`, `pydoc`,
 `numbers_translate`, see `tfjax.data.embedded`) are built from files on the machine; the
 catalog ones are the public TFDS datasets for users who have them prepared or can download them.
+The one other, `files`, reads the user's own text files as they are (`tfjax.data.files`), for
+fine-tuning a Hugging Face checkpoint with its tokenizer.
 
 This module is plain data and checks: it imports neither TFDS nor Grain, so that configs can
 import it (`with_placeholders`) and stay light.
@@ -44,6 +46,24 @@ text:
   mlm_probability   fraction of tokens picked for prediction when task == "mlm"
   source_lang, target_lang   translation: the feature names of source and target text
   num_classes       classification of text: number of labels
+the user's files (name "files"; also chosen by setting train_files on any dataset config):
+  train_files       the training files: a path, a glob or a comma-separated list of them, of
+                    .txt (one row per non-empty line), .jsonl / .json (JSON lines), .parquet and
+                    .arrow files, or the directory a Hugging Face dataset was saved to
+                    (`save_to_disk`); local or gs:// (`tfjax.data.files`). Rows are
+                    {"text"}, {"prompt", "completion"} or {"messages": [{"role", "content"}]}
+  eval_files        the evaluation files, the same way; "" (default): no eval split
+  train_split, eval_split   "train" and "eval", the loader split names of train_files and
+                    eval_files (fixed: make_loader(split="train") reads train_files)
+  tokenizer         the directory of the checkpoint's tokenizer files (tokenizer.json or
+                    tokenizer.model), loaded with tfjax.data.checkpoint_tokenizer
+  seq_len, packing  as above; packing defaults to True
+  long_examples     "truncate" (default) keeps the first seq_len tokens of a row; "split" cuts
+                    long text rows into several (prompt/completion and messages rows are
+                    always truncated: a completion without its prompt would teach nothing)
+  skip_bad_rows     False: a bad row (a line that is not JSON, a row of unknown format or
+                    without its fields) stops the loader with file:line; True: skipped, and
+                    the number skipped is logged per file
 """
 
 from __future__ import annotations
@@ -138,11 +158,37 @@ def _translation(source_lang, target_lang, vocab_size, seq_len, *, embedded=None
     return _embedded(entry, embedded)
 
 
+def _files():
+    """The catalog entry of the user's own text files (`tfjax.data.files`)."""
+    return dict(
+        files=True,
+        features=dict(text="text"),
+        tasks=("lm",),
+        config=dict(
+            train_split="train",
+            eval_split="eval",
+            train_files="",
+            eval_files="",
+            tokenizer="",
+            seq_len=1024,
+            packing=True,
+            long_examples="truncate",
+            skip_bad_rows=False,
+        ),
+    )
+
+
+# The fields that read the user's files; every dataset config of an "lm" dataset gets them as
+# placeholders (`with_placeholders`), so that setting train_files switches to "files".
+FILES_FIELDS = ("train_files", "eval_files", "skip_bad_rows")
+
+
 # name -> how to read it and its default config:
 #   features  which record fields hold what ("image" marks an image dataset)
 #   tasks     the `tfjax.tasks` tasks it serves (the first is the default)
 #   embedded  the `tfjax.data.embedded` builder class (offline); else a TFDS dataset
 #   module    TFDS module to import so that its builder is registered
+#   files     the user's files (`tfjax.data.files`), not TFDS
 CATALOG: dict[str, dict] = {
     "digits": _images(8, 1, 10, crop_padding=1, random_flip=False, embedded="Digits"),
     "mnist": _images(28, 1, 10, crop_padding=2, random_flip=False),
@@ -174,6 +220,7 @@ CATALOG: dict[str, dict] = {
             num_classes=2,
         ),
     ),
+    "files": _files(),
 }
 
 
@@ -186,6 +233,11 @@ def _entry(name: str) -> dict:
 def is_embedded(name: str) -> bool:
     """Whether dataset `name` is built offline from files on the machine (in seconds)."""
     return "embedded" in _entry(name)
+
+
+def is_files(name: str) -> bool:
+    """Whether dataset `name` reads the user's own files (`tfjax.data.files`), not TFDS."""
+    return bool(_entry(name).get("files"))
 
 
 def default_dataset_config(name: str) -> ml_collections.ConfigDict:
@@ -201,8 +253,12 @@ def with_placeholders(dataset_config: ml_collections.ConfigDict) -> ml_collectio
     placeholder (None: the catalog's default, for whatever dataset the name is by then), so that
     every field can be set on the command line (--config.dataset.tokenizer=sentencepiece).
     Returns `dataset_config`."""
+    defaults = dict(default_dataset_config(dataset_config.name))
+    if "lm" in _entry(dataset_config.name)["tasks"]:  # --config.dataset.train_files=... works
+        files = default_dataset_config("files")
+        defaults.update({k: files[k] for k in FILES_FIELDS if k not in defaults})
     with dataset_config.unlocked():
-        for key, value in default_dataset_config(dataset_config.name).items():
+        for key, value in defaults.items():
             if key not in dataset_config:
                 dataset_config[key] = config_dict.placeholder(type(value))
     return dataset_config
@@ -238,6 +294,9 @@ class DatasetSpec(Mapping):
     mlm_probability: float | None = None
     source_lang: str | None = None
     target_lang: str | None = None
+    train_files: str | None = None
+    eval_files: str | None = None
+    skip_bad_rows: bool | None = None
 
     @property
     def images(self) -> bool:
@@ -280,19 +339,29 @@ def resolve_config(dataset_config) -> DatasetSpec:
     """Defaults of the named dataset overridden by the given fields, checked.
 
     Accepts a ConfigDict or plain dict with at least `name` (fields that are None take the
-    default), or a DatasetSpec (returned as it is: resolved already). An unknown field, a value
-    of the wrong type or out of range is a ValueError naming the field.
+    default), or a DatasetSpec (returned as it is: resolved already). A non-empty `train_files`
+    makes it the "files" dataset whatever the name (the fields given must then be fields of
+    "files"). An unknown field, a value of the wrong type or out of range is a ValueError naming
+    the field.
     """
     if isinstance(dataset_config, DatasetSpec):
         return dataset_config
     given = {key: value for key, value in dict(dataset_config).items() if value is not None}
+    switched = ""
+    if given.get("train_files") and given.get("name") != "files":
+        if given.get("name"):
+            switched = (
+                f" (train_files reads the user's files: dataset {given['name']!r} became 'files')"
+            )
+        given["name"] = "files"
     if "name" not in given:
         raise ValueError("dataset config needs a 'name', e.g. {'name': 'digits'}")
     cfg = default_dataset_config(given["name"])
     for key, value in given.items():
         if key not in cfg:
             raise ValueError(
-                f"dataset {cfg.name!r} has no config field {key!r}; its fields: {', '.join(cfg)}"
+                f"dataset {cfg.name!r} has no config field {key!r}; its fields: "
+                f"{', '.join(cfg)}{switched}"
             )
         default = cfg[key]
         if type(value) is not type(default) and not (
@@ -329,6 +398,9 @@ def _check(spec: DatasetSpec) -> None:
     for field in ("num_workers", "read_threads", "prefetch_batches"):
         if spec[field] < 0:
             fail(field, "must be >= 0")
+    if is_files(spec.name):
+        _check_files(spec, fail)
+        return
     if spec.images:
         if spec.image_size < 1:
             fail("image_size", "must be >= 1")
@@ -351,6 +423,26 @@ def _check(spec: DatasetSpec) -> None:
         fail("mlm_probability", "must be in (0, 1)")
 
 
+def _check_files(spec: DatasetSpec, fail) -> None:
+    """The value checks of the "files" dataset; the files themselves are checked when they are
+    opened (`tfjax.data.files.check`), not here: configs resolve on hosts without them."""
+    for field, split in (("train_split", "train"), ("eval_split", "eval")):
+        if spec[field] != split:
+            fail(field, f"is fixed for dataset 'files': {split!r} names the {split}_files")
+    if not spec.train_files.strip():
+        fail("train_files", "must name the training files: a path, a glob or a comma list")
+    if not spec.tokenizer.strip():
+        fail(
+            "tokenizer",
+            "must name the directory of the checkpoint's tokenizer files (tokenizer.json or "
+            "tokenizer.model)",
+        )
+    if spec.seq_len < 2:
+        fail("seq_len", "cannot hold one token with its bos/eos; use seq_len >= 2")
+    if spec.long_examples not in ("split", "truncate"):
+        fail("long_examples", "must be 'split' (text rows) or 'truncate'")
+
+
 def element_spec(dataset_config, batch_size: int) -> dict:
     """Shapes and dtypes of the batches of a loader for this config (B = batch_size), as
     {key: jax.ShapeDtypeStruct}."""
@@ -368,7 +460,7 @@ def element_spec(dataset_config, batch_size: int) -> dict:
         return {"tokens": s((b, t), i32), "label": s((b,), i32), "weights": s((b,), f32)}
     names = {"lm": ["tokens"], "mlm": ["tokens", "targets"], "translation": ["inputs", "targets"]}
     shapes = {k: s((b, t), i32) for k in names[spec.task]}
-    if spec.task == "mlm":
+    if spec.task in ("lm", "mlm"):  # lm: the tokens the loss trains; mlm: those picked
         shapes["weights"] = s((b, t), f32)
     if spec.packing:
         for k in ("tokens",) if spec.task in ("lm", "mlm") else ("inputs", "targets"):

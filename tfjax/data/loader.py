@@ -16,6 +16,9 @@ Text is variable-length, so it goes example by example through packing:
   records -> tokenise, mask (random_map) -> shuffle, shard, repeat -> split or truncate
     -> pack (segment ids, positions) or not -> batch(pad rows to seq_len)
 
+The user's own files (`tfjax.data.files`) take the same path: their rows are the records,
+tokenised with the checkpoint's tokenizer into "tokens" and "weights".
+
 Every batch has the same shapes: the last partial batch is padded with zero rows. Worker
 processes (num_workers) each build whole batches: image batches are cut before the workers and
 come out exactly as without them; text batches are packed per worker from every k-th example,
@@ -87,12 +90,13 @@ def _classification_text_example(record, rng, *, fields, tokenizer, seq_len):
 
 
 def _lm_example(record, rng, *, fields, tokenizer, mlm_probability):
-    """Record -> {"tokens": i32 [L] = bos, text ids, eos}; for MLM also "targets" (the original
-    ids) and "weights" f32 [L], with "tokens" corrupted."""
+    """Record -> {"tokens": i32 [L] = bos, text ids, eos, "weights": f32 [L]}: for LM 1.0 on
+    every token (each is a target of the loss but the first, which nothing precedes); for MLM
+    "tokens" corrupted, "targets" the original ids and "weights" 1.0 where picked."""
     ids = tokenizer.encode(sources.as_text(record[fields["text"]]))
     tokens = np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32)
     if mlm_probability is None:
-        return {"tokens": tokens}
+        return {"tokens": tokens, "weights": np.ones(len(tokens), np.float32)}
     corrupted, weights = preprocess.mask_tokens(
         tokens, rng=rng, vocab_size=tokenizer.vocab_size, probability=mlm_probability
     )
@@ -330,7 +334,8 @@ def make_loader(
     Args:
       dataset_config: a DatasetSpec, or a ConfigDict or dict with `name` and any fields to
         override (see `tfjax.data.catalog`), resolved here.
-      split: TFDS split, e.g. "train", "test", "train[:90%]".
+      split: TFDS split, e.g. "train", "test", "train[:90%]"; for the "files" dataset "train"
+        (its train_files) or "eval" (its eval_files).
       batch_size: per-process batch size B.
       seed: fixes the shuffle order, augmentation and masking.
       shuffle: reshuffle every epoch.
@@ -353,7 +358,16 @@ def make_loader(
     if augment is None:
         augment = shuffle
 
-    source = sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)
+    tokenizer = file_list = None
+    if catalog.is_files(cfg.name):
+        from tfjax.data import files
+
+        # The cheap checks (paths, extensions, the tokenizer) before the files are scanned.
+        file_list = files.split_files(cfg, split)
+        tokenizer = sources.get_tokenizer(cfg, data_dir)
+        source = files.open_files(file_list, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
+    else:
+        source = sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)
     if len(source) < process_count:
         raise ValueError(
             f"split {split!r} of dataset {cfg.name!r} has {len(source)} examples, fewer than the "
@@ -372,7 +386,6 @@ def make_loader(
             ds = _shuffle(ds, _seed(seed, 0))
         return ds[process_index::process_count].repeat(num_epochs)
 
-    tokenizer = None
     if cfg.images:
         # Whole batches from the start: one Python step per image, the rest vectorised.
         positions = order(_Positions(len(source)))
@@ -387,7 +400,7 @@ def make_loader(
         )
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
-        tokenizer = sources.get_tokenizer(cfg, data_dir)
+        tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)
         records = grain.MapDataset.source(source).random_map(
             _text_transform(cfg, fields, tokenizer), seed=_seed(seed, 1)
         )
@@ -411,6 +424,8 @@ def make_loader(
         num_batches = _batches_of(examples, workers, batch_size)
     # Everything that changes which batches come out (speed-only fields may change on resume).
     speed_only = ("read_threads", "prefetch_batches", "cache", "train_split", "eval_split")
+    if file_list is not None:  # the files of this split and their rows, not the file patterns
+        speed_only += ("train_files", "eval_files")
     identity = dict(
         split=split,
         seed=seed,
@@ -422,6 +437,8 @@ def make_loader(
         process_count=process_count,
         **{f"config.{k}": v for k, v in cfg.items() if k not in speed_only},
     )
+    if file_list is not None:
+        identity.update(files=files.fingerprint(file_list), rows=len(source))
     return Loader(
         it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
     )
@@ -429,6 +446,15 @@ def make_loader(
 
 def _text_transform(cfg, fields, tokenizer):
     """The per-record transform of a text task, as a picklable partial."""
+    if catalog.is_files(cfg.name):
+        from tfjax.data import files
+
+        return functools.partial(
+            files.encode_example,
+            tokenizer=tokenizer,
+            seq_len=cfg.seq_len,
+            split_text=cfg.long_examples == "split",
+        )
     if cfg.task == "classification":
         return functools.partial(
             _classification_text_example, fields=fields, tokenizer=tokenizer, seq_len=cfg.seq_len

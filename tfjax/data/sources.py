@@ -223,7 +223,9 @@ def as_text(value) -> str:
 
 def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
     """The tokenizer of a text dataset config: bytes, or SentencePiece trained on the training
-    split the first time (stored at `tokenizer_path`) and loaded afterwards.
+    split the first time (stored at `tokenizer_path`) and loaded afterwards; for the "files"
+    dataset the checkpoint's tokenizer in the directory dataset.tokenizer
+    (`tfjax.data.checkpoint_tokenizer.CheckpointTokenizer`).
 
     In a multi-host run let one process create it first (files are written atomically, so
     concurrent training is safe but wasteful).
@@ -231,6 +233,10 @@ def get_tokenizer(dataset_config, data_dir: str | os.PathLike | None = None):
     cfg = catalog.resolve_config(dataset_config)
     if cfg.images:
         raise ValueError(f"dataset {cfg.name!r} is an image dataset; it has no tokenizer")
+    if catalog.is_files(cfg.name):  # the checkpoint's own, from dataset.tokenizer
+        from tfjax.data import files
+
+        return files.load_tokenizer(cfg.tokenizer)
     if cfg.tokenizer == "bytes":
         return ByteTokenizer()
     path = catalog.tokenizer_path(cfg, data_dir)

@@ -119,7 +119,8 @@ def check_batch(name, size, mesh, rules, num_microbatches=1) -> None:
 
 
 def check_paths(config, workdir: str, *, restore: bool = False) -> None:
-    """--workdir, config.data_dir and config.init_from must be usable directories: checked
+    """--workdir, config.data_dir and config.init_from must be usable directories, and the
+    dataset's own files (config.dataset.train_files, eval_files, tokenizer) must exist: checked
     before any data work, and nothing is created.
 
     workdir may be missing (training creates it) but then must be creatable; with restore=True
@@ -142,6 +143,14 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
             "$TFDS_DATA_DIR or ~/tensorflow_datasets)",
             data_dir,
         )
+    if not restore:  # the user's own files (dataset "files") and its tokenizer directory
+        from tfjax.data import catalog
+
+        data = catalog.dataset_spec(config)
+        if catalog.is_files(data.name):
+            from tfjax.data import files
+
+            files.check(data)
     # init_from is read only when the run starts, not when it resumes (its source may be gone).
     if config.get("init_from") and not restore and not _has_checkpoint(workdir):
         _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)

@@ -1,8 +1,10 @@
 """Causal language modelling (GPT-like decoders): predict every next token.
 
-Batch: "tokens" i32 [B, T] (0 = padding), with packing also "tokens_segment_ids" and
+Batch: "tokens" i32 [B, T] and "weights" f32 [B, T] (1.0 on the tokens the loss trains, 0.0 on
+padding and untrained tokens such as prompts), with packing also "tokens_segment_ids" and
 "tokens_positions" [B, T]. Model output: logits [B, T, V], logits[:, t] predicting
-tokens[:, t + 1]. A position is predicted when the next token is real and, in packed rows,
+tokens[:, t + 1]. A position is predicted when the next token has weight > 0 (padding comes
+from the weights, never from a token id: id 0 is "!" in GPT-2, Llama 3, Qwen) and, in packed rows,
 belongs to the same example. Metrics: loss, perplexity (from the unsmoothed NLL), accuracy;
 with config.decode.num_samples the evaluation also continues that many eval prompts
 (`SamplesEval`).
@@ -37,14 +39,21 @@ def _next(a, *, fill):
 
 
 def labels_and_weights(batch):
-    """([B, T] labels, [B, T] weights): the next token of every position, 0 (padding: weight 0)
-    after the last one; in packed rows a position whose next token starts another example has
-    weight 0. All T positions keep their logits, the last one weighted 0, rather than slicing
-    it off: a position of weight 0 adds nothing to any sum or to the gradient, so the sums are
-    those of logits[:, :-1] against tokens[:, 1:], made from the [B, T, V] logits as the model
-    gives them (measured in README, "What changed the CPU step")."""
+    """([B, T] labels, [B, T] weights): the next token of every position, weighted by the next
+    token's batch["weights"] > 0 (0 after the last position); in packed rows a position whose
+    next token starts another example has weight 0. All T positions keep their logits, the last
+    one weighted 0, rather than slicing it off: a position of weight 0 adds nothing to any sum
+    or to the gradient, so the sums are those of logits[:, :-1] against tokens[:, 1:], made from
+    the [B, T, V] logits as the model gives them (measured in README, "What changed the CPU
+    step")."""
+    if "weights" not in batch:
+        raise KeyError(
+            'lm batches need "weights" f32 [B, T] (1.0 on the tokens the loss trains, 0.0 on '
+            "padding), as tfjax.data loaders make them; for hand-made batches of tfjax "
+            "tokenizer ids, where 0 is padding, (tokens != 0) is that mask"
+        )
     labels = _next(batch["tokens"], fill=0)
-    weights = labels != 0
+    weights = _next(batch["weights"], fill=0) > 0
     if "tokens_segment_ids" in batch:
         seg = batch["tokens_segment_ids"]
         weights = weights & (seg == _next(seg, fill=-1))

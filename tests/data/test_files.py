@@ -1,0 +1,498 @@
+"""The "files" dataset: the user's own .txt / JSON lines / Parquet / Arrow files read through the
+loader, with "weights" exactly on the trained tokens, resumable, sharded over processes, and
+every bad row named by file and line before any training."""
+
+import collections
+import json
+import logging
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tfjax.data as td
+from tfjax.data import checkpoint_tokenizer as ct
+from tfjax.data import files as tf_files
+from tfjax.tasks import lm
+
+# ------------------------------------------------------------------ the checkpoint's tokenizer
+CHATML = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def write_checkpoint_tokenizer(directory):
+    """A small byte-level BPE checkpoint tokenizer like GPT-2's and Qwen's ("!" is id 0), with a
+    ChatML template and no bos, as a Hugging Face checkpoint directory holds it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    corpus = [json.dumps(r) for r in TEXT_ROWS + PROMPT_ROWS + CHAT_ROWS] * 3
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+# ------------------------------------------------------------------------------------- the files
+# Each text ends in "wow!": "!" is a pre-token of its own, id 0.
+TEXT_ROWS = [{"text": f"document {i}: " + "words " * (i % 7) + "wow!"} for i in range(12)]
+PROMPT_ROWS = [{"prompt": f"Q{i}? ", "completion": f"A{i}" + "." * i} for i in range(8)]
+CHAT_ROWS = [
+    {
+        "messages": [
+            {"role": "user", "content": f"hello {i}"},
+            {"role": "assistant", "content": f"hi {i}!"},
+        ]
+    }
+    for i in range(6)
+]
+TXT_LINES = ["first line", "", "second line!", "   ", "third"]
+PARQUET_ROWS = [{"text": f"parquet {i}"} for i in range(10)] + [
+    {"prompt": f"pq {i} ", "completion": f"done {i}"} for i in range(5)
+]
+ARROW_ROWS = [{"text": f"arrow row {i}" * (1 + i % 3)} for i in range(9)]
+
+
+def write_jsonl(path, rows, extra_lines=()):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+    return path
+
+
+def save_arrow_dataset(directory, rows):
+    """A dataset as Hugging Face `datasets` saves it (save_to_disk), with `datasets` when
+    installed, else the same layout written with pyarrow (an Arrow IPC stream + state.json)."""
+    try:
+        import datasets
+    except ModuleNotFoundError:
+        directory.mkdir()
+        table = pa.Table.from_pylist(rows)
+        name = "data-00000-of-00001.arrow"
+        with pa.ipc.new_stream(str(directory / name), table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=4):  # several record batches
+                writer.write_batch(batch)
+        (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": name}]}))
+        (directory / "dataset_info.json").write_text("{}")
+        return
+    datasets.Dataset.from_list(rows).save_to_disk(str(directory))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("files")
+    write_checkpoint_tokenizer(root / "tok")
+    write_jsonl(root / "text.jsonl", TEXT_ROWS, extra_lines=[""])  # a blank line is skipped
+    write_jsonl(root / "chat.jsonl", PROMPT_ROWS + CHAT_ROWS)  # mixed formats in one file
+    (root / "notes.txt").write_text("\n".join(TXT_LINES) + "\n")
+    keys = ("text", "prompt", "completion")  # text and prompt rows: null columns
+    table = pa.table({k: [r.get(k) for r in PARQUET_ROWS] for k in keys})
+    pq.write_table(table, root / "rows.parquet", row_group_size=4)
+    assert pq.ParquetFile(root / "rows.parquet").metadata.num_row_groups == 4
+    save_arrow_dataset(root / "saved", ARROW_ROWS)
+    return root
+
+
+ALL_ROWS = (
+    TEXT_ROWS
+    + PROMPT_ROWS
+    + CHAT_ROWS
+    + [{"text": line} for line in TXT_LINES if line.strip()]
+    + [{k: v for k, v in r.items() if v is not None} for r in PARQUET_ROWS]
+    + ARROW_ROWS
+)
+
+
+def patterns(root):
+    return ",".join(
+        str(root / name)
+        for name in ("text.jsonl", "chat.jsonl", "notes.txt", "rows.parquet", "saved")
+    )
+
+
+def config(root, **fields):
+    return {
+        "name": "files",
+        "train_files": patterns(root),
+        "tokenizer": str(root / "tok"),
+        **fields,
+    }
+
+
+def loader(cfg, split="train", **kwargs):
+    args = dict(split=split, batch_size=4, seed=0, shuffle=False, num_epochs=1)
+    return td.make_loader(cfg, **{**args, **kwargs})
+
+
+def expected_examples(tokenizer, rows, seq_len):
+    """Counter of (tokens, weights) of each row as encode_row gives it, truncated."""
+    out = collections.Counter()
+    for row in rows:
+        e = ct.encode_row(tokenizer, row)
+        out[tuple(e["tokens"][:seq_len].tolist()), tuple(e["weights"][:seq_len].tolist())] += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(data):
+    tok = ct.CheckpointTokenizer.load(str(data / "tok"))
+    assert tok.encode("wow!")[-1] == 0 and tok.pad_id != 0  # id 0 is a real token
+    return tok
+
+
+def unpacked_rows(batches):
+    out = []
+    for b in batches:
+        for tokens, weights in zip(b["tokens"], b["weights"], strict=True):
+            n = len(tokens) - np.argmax((weights[::-1] != 0) | (tokens[::-1] != 0))
+            if (weights != 0).any() or (tokens != 0).any():
+                out.append((tuple(tokens[:n].tolist()), tuple(weights[:n].tolist())))
+    return out
+
+
+def packed_segments(batches):
+    """(tokens, weights) of each packed example, checking segment ids and positions."""
+    out = []
+    for b in batches:
+        for tokens, weights, seg, pos in zip(
+            b["tokens"], b["weights"], b["tokens_segment_ids"], b["tokens_positions"], strict=True
+        ):
+            assert not weights[seg == 0].any() and not tokens[seg == 0].any()
+            for s in range(1, seg.max() + 1):
+                (where,) = np.nonzero(seg == s)
+                np.testing.assert_array_equal(pos[where], np.arange(len(where)))
+                out.append((tuple(tokens[where].tolist()), tuple(weights[where].tolist())))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- tests
+def test_every_kind_of_file_reads_its_rows_in_order(data, tokenizer):
+    del tokenizer
+    spec = td.resolve_config(config(data))
+    files = tf_files.split_files(spec, "train")
+    assert [k for _, k in files] == ["jsonl", "jsonl", "text", "parquet", "arrow"]
+    source = tf_files.open_files(files)
+    assert len(source) == len(ALL_ROWS)
+    assert source.read(range(len(source))) == ALL_ROWS  # nulls dropped, blank lines skipped
+    order = np.random.default_rng(0).permutation(len(source))  # random access
+    assert [source[int(i)] for i in order] == [ALL_ROWS[i] for i in order]
+    cached = tf_files.open_files(files, cache=True)
+    assert list(cached) == ALL_ROWS
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_batches_weigh_exactly_the_trained_tokens(data, tokenizer, packing):
+    seq_len = 48
+    cfg = config(data, seq_len=seq_len, packing=packing)
+    with loader(cfg) as ld:
+        batches = list(ld)
+        spec = ld.element_spec
+    assert spec == td.element_spec(cfg, 4)
+    keys = {"tokens", "weights"} | (
+        {"tokens_segment_ids", "tokens_positions"} if packing else set()
+    )
+    assert set(spec) == keys
+    for b in batches:
+        assert b.keys() == spec.keys()
+        for k, v in b.items():
+            assert (v.shape, v.dtype) == (spec[k].shape, spec[k].dtype), k
+    got = packed_segments(batches) if packing else unpacked_rows(batches)
+    assert collections.Counter(got) == expected_examples(tokenizer, ALL_ROWS, seq_len)
+    # prompt/completion rows: the completion and eos are weighted, bos and prompt are not
+    row = PROMPT_ROWS[3]
+    tokens, weights = ct.encode_row(tokenizer, row).values()
+    completion = tokenizer.encode(row["completion"])
+    assert weights.sum() == len(completion) + 1 and tokens[-1] == tokenizer.eos_id
+
+
+def test_loss_weights_follow_the_masks_and_train_token_id_0(data, tokenizer):
+    """lm.labels_and_weights: label = the next token, weighted where the next token's weight is
+    > 0 and it is in the same segment; the "!" (id 0) inside text is a trained label."""
+    cfg = config(data, seq_len=48, packing=True)
+    with loader(cfg) as ld:
+        batches = list(ld)
+    zero_labels = 0
+    for b in batches:
+        labels, weights = (np.asarray(x) for x in lm.labels_and_weights(b))
+        seg, w = b["tokens_segment_ids"], b["weights"]
+        expected = np.zeros_like(weights)
+        expected[:, :-1] = (w[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+        np.testing.assert_array_equal(weights, expected)
+        np.testing.assert_array_equal(labels[:, :-1], b["tokens"][:, 1:])
+        zero_labels += (weights & (labels == 0)).sum()
+    assert zero_labels >= len(TEXT_ROWS)  # every text row ends in "!" = id 0, trained
+
+
+def test_split_cuts_text_rows_and_truncates_the_others(data, tokenizer):
+    seq_len = 16
+    cfg = config(data, seq_len=seq_len, packing=True, long_examples="split")
+    with loader(cfg) as ld:
+        got = collections.Counter(packed_segments(list(ld)))
+    expected = collections.Counter()
+    for row in ALL_ROWS:
+        e = ct.encode_row(tokenizer, row)
+        if ct.row_format(row) == "text":
+            for i in range(0, len(e["tokens"]), seq_len):
+                piece = (e["tokens"][i : i + seq_len], e["weights"][i : i + seq_len])
+                expected[tuple(piece[0].tolist()), tuple(piece[1].tolist())] += 1
+        else:
+            expected.update(expected_examples(tokenizer, [row], seq_len))
+    assert got == expected
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_restored_state_continues_exactly(data, tokenizer, packing):
+    cfg = config(data, seq_len=32, packing=packing)
+
+    def make():
+        return loader(cfg, seed=3, shuffle=True, num_epochs=None)
+
+    with make() as first:
+        reference = [next(first) for _ in range(30)]  # several epochs
+    with make() as first:
+        for _ in range(7):
+            next(first)
+        state = json.loads(json.dumps(first.get_state()))
+    with make() as second:
+        second.set_state(state)
+        rest = [next(second) for _ in range(23)]
+    for x, y in zip(rest, reference[7:], strict=True):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    other = {**cfg, "train_files": str(data / "text.jsonl")}
+    with loader(other, seed=3, shuffle=True, num_epochs=None) as third:
+        with pytest.raises(ValueError, match="saved with files='5 files"):
+            third.set_state(state)
+
+
+def test_two_processes_read_disjoint_shares_covering_the_data(data, tokenizer):
+    cfg = config(data, seq_len=64, packing=False)
+    shares = []
+    for index in (0, 1):
+        with loader(cfg, shuffle=True, seed=1, process_index=index, process_count=2) as ld:
+            batches = list(ld)
+            assert len(batches) == ld.num_batches
+        shares.append(collections.Counter(unpacked_rows(batches)))
+    everything = expected_examples(tokenizer, ALL_ROWS, 64)
+    assert set(everything.values()) == {1}  # distinct rows: a covering sum is disjoint
+    assert shares[0] + shares[1] == everything
+    n = len(ALL_ROWS)
+    assert [sum(s.values()) for s in shares] == [(n + 1) // 2, n // 2]
+
+
+def test_globs_comma_lists_and_the_saved_directory(data, tokenizer):
+    del tokenizer
+    spec = td.resolve_config(config(data, train_files=f"{data}/*.jsonl, {data}/saved/*.arrow"))
+    files = tf_files.split_files(spec, "train")
+    assert [p.name for p, _ in files] == ["chat.jsonl", "text.jsonl", "data-00000-of-00001.arrow"]
+    assert len(tf_files.open_files(files)) == len(PROMPT_ROWS + CHAT_ROWS + TEXT_ROWS + ARROW_ROWS)
+    spec = td.resolve_config(config(data, eval_files=str(data / "saved")))
+    with loader(spec, split="eval") as ld:  # the saved directory itself
+        assert len(packed_segments(list(ld))) == len(ARROW_ROWS)
+
+
+def test_train_files_switch_a_dataset_config_to_files(data):
+    import ml_collections
+
+    dataset = ml_collections.ConfigDict({"name": "pydoc", "seq_len": 64})
+    td.with_placeholders(dataset)
+    dataset.train_files = str(data / "text.jsonl")
+    dataset.tokenizer = str(data / "tok")
+    spec = td.dataset_spec(ml_collections.ConfigDict({"task": "lm", "dataset": dataset}))
+    assert (spec.name, spec.seq_len, spec.packing, spec.eval_files) == ("files", 64, True, "")
+    with pytest.raises(ValueError, match="'files' has no config field 'vocab_size'.*became"):
+        td.resolve_config({"name": "lm1b", "vocab_size": 100, "train_files": "x.jsonl"})
+    with pytest.raises(ValueError, match="task='mlm' is not available"):
+        td.resolve_config({"name": "files", "task": "mlm", "train_files": "x", "tokenizer": "t"})
+    with pytest.raises(ValueError, match="tokenizer='' must name the directory"):
+        td.resolve_config({"train_files": "x.jsonl"})
+
+
+# ----------------------------------------------------------------------------------- bad input
+@pytest.fixture
+def bad_dir(data, tmp_path):
+    (tmp_path / "tok").symlink_to(data / "tok")
+    return tmp_path
+
+
+def open_one(path, **kwargs):
+    return tf_files.open_files(tf_files.expand(str(path), "dataset.train_files"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        ("{not json", r"bad.jsonl:3: not JSON: Expecting property name .* at column 2"),
+        ('{"prompt": "no completion"}', r"bad.jsonl:3: .*'completion'"),
+        ('{"title": "x"}', r"bad.jsonl:3: a row needs 'text', .* it has \['title'\]"),
+        ('{"messages": [{"role": "user"}]}', r"bad.jsonl:3: message 0 has no 'content'"),
+        ('{"messages": [{"content": "hi"}]}', r"bad.jsonl:3: message 0 has no 'role'"),
+        ('{"text": 5}', r"bad.jsonl:3: 'text' must be a string"),
+        ("[1, 2]", r"bad.jsonl:3: a row must be a JSON object, got list"),
+    ],
+)
+def test_a_bad_row_names_its_file_and_line(bad_dir, tokenizer, line, error):
+    del tokenizer
+    path = write_jsonl(bad_dir / "bad.jsonl", TEXT_ROWS[:2], extra_lines=[line, '{"text": "ok"}'])
+    with pytest.raises(ValueError, match=error):
+        open_one(path)
+    assert len(open_one(path, skip_bad_rows=True)) == 3
+
+
+def test_skip_bad_rows_counts_them_per_file(bad_dir, tokenizer, caplog):
+    del tokenizer
+    write_jsonl(bad_dir / "a.jsonl", TEXT_ROWS[:3], extra_lines=["{", "{}", '{"text": "x"}'])
+    pq.write_table(
+        pa.Table.from_pylist([{"text": "a"}, {"text": None}, {"text": "b"}]), bad_dir / "b.parquet"
+    )
+    with pytest.raises(ValueError, match=r"b.parquet: row 2: a row needs 'text'"):
+        open_one(bad_dir / "b.parquet")
+    with caplog.at_level(logging.WARNING):
+        source = open_one(f"{bad_dir}/a.jsonl,{bad_dir}/b.parquet", skip_bad_rows=True)
+    assert source.read(range(len(source))) == [
+        *TEXT_ROWS[:3],
+        {"text": "x"},
+        {"text": "a"},
+        {"text": "b"},
+    ]
+    log = caplog.text
+    assert "skipped 2 of 6 rows of" in log and "a.jsonl:4: not JSON: Expecting" in log
+    assert "skipped 1 of 3 rows of" in log and "b.parquet: row 2" in log
+    cfg = config(bad_dir, train_files=str(bad_dir / "a.jsonl"), skip_bad_rows=True, packing=False)
+    with loader(cfg) as ld:  # the loader reads what passed
+        assert len(unpacked_rows(list(ld))) == 4
+
+
+def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
+    del tokenizer
+    write_jsonl(bad_dir / "ok.jsonl", TEXT_ROWS[:2])
+    ok = config(bad_dir, train_files=str(bad_dir / "ok.jsonl"))
+    (bad_dir / "data.csv").write_text("a,b\n")
+    cases = [
+        (
+            {"train_files": f"{bad_dir}/ok.jsonl,{bad_dir}/none*.jsonl"},
+            FileNotFoundError,
+            r"dataset.train_files: '.*none\*.jsonl' matches no file",
+        ),
+        (
+            {"train_files": str(bad_dir / "missing.jsonl")},
+            FileNotFoundError,
+            "dataset.train_files: '.*missing.jsonl' matches no file",
+        ),
+        (
+            {"train_files": str(bad_dir / "data.csv")},
+            ValueError,
+            r"dataset.train_files: .*data.csv has an extension .*allowed: .txt, .jsonl, .json, "
+            r".parquet, .arrow",
+        ),
+        (
+            {"eval_files": str(bad_dir / "missing.parquet")},
+            FileNotFoundError,
+            "dataset.eval_files: '.*missing.parquet' matches no file",
+        ),
+        (
+            {"tokenizer": str(bad_dir / "nowhere")},
+            FileNotFoundError,
+            "dataset.tokenizer='.*nowhere' is not a directory",
+        ),
+        (
+            {"tokenizer": str(bad_dir)},
+            FileNotFoundError,
+            "dataset.tokenizer=.* holds no tokenizer file; expected tokenizer.json or "
+            "tokenizer.model",
+        ),
+    ]
+    for fields, kind, error in cases:
+        spec = td.resolve_config({**ok, **fields})
+        with pytest.raises(kind, match=error):
+            tf_files.check(spec)
+        if "eval_files" not in fields:  # the train loader does not read the eval files
+            with pytest.raises(kind, match=error):
+                loader(spec)
+    with pytest.raises(
+        ValueError, match="dataset.eval_files is empty: dataset 'files' has no eval"
+    ):
+        loader(ok, split="eval")
+    with pytest.raises(ValueError, match="splits 'train' .* and 'eval'.*got split='test'"):
+        loader(ok, split="test")
+    (bad_dir / "array.json").write_text(json.dumps(TEXT_ROWS))
+    with pytest.raises(ValueError, match="array.json:1: the file is a JSON array"):
+        open_one(bad_dir / "array.json")
+    (bad_dir / "plain").mkdir()
+    with pytest.raises(ValueError, match="plain is a directory without a dataset saved"):
+        open_one(bad_dir / "plain")
+
+
+def test_sources_pickle_for_worker_processes(data, tokenizer):
+    del tokenizer
+    spec = td.resolve_config(config(data))
+    source = tf_files.open_files(tf_files.split_files(spec, "train"))
+    source[0], source[len(source) - 1]  # open handles and a decoded row group: not pickled
+    copy = pickle.loads(pickle.dumps(source))
+    rows = copy.read(range(len(copy)))
+    assert rows == ALL_ROWS
+    assert [r.origin for r in rows] == [r.origin for r in source.read(range(len(source)))]
+    assert rows[len(TEXT_ROWS) + 2].origin == f"{data / 'chat.jsonl'}:3"
+    assert rows[-1].origin == f"{data / 'saved' / 'data-00000-of-00001.arrow'}: row 9"
+
+
+def test_a_row_the_tokenizer_refuses_is_named_by_its_line(data, tokenizer, monkeypatch):
+    encode_row = ct.encode_row
+
+    def refusing(tok, row):
+        if "document 3:" in row.get("text", ""):
+            raise ValueError("the template cannot render it")
+        return encode_row(tok, row)
+
+    monkeypatch.setattr(ct, "encode_row", refusing)
+    cfg = config(data, train_files=str(data / "text.jsonl"))
+    with pytest.raises(ValueError, match=r"text.jsonl:4: the template cannot render it"):
+        with loader(cfg) as ld:
+            list(ld)
+
+
+def test_more_bad_rows_named_before_training(bad_dir, tokenizer):
+    del tokenizer
+    (bad_dir / "latin1.txt").write_bytes(b"good line\n\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=r"latin1.txt:3: not UTF-8 \(invalid continuation"):
+        open_one(bad_dir / "latin1.txt")
+    user_only = {"messages": [{"role": "user", "content": "hi"}]}
+    path = write_jsonl(bad_dir / "chat.jsonl", [user_only])
+    with pytest.raises(ValueError, match=r"chat.jsonl:1: 'messages' has no 'assistant' turn"):
+        open_one(path)
+    write_jsonl(bad_dir / "bad.jsonl", [{"title": "x"}])
+    with pytest.raises(ValueError, match=r"no rows to read"):
+        open_one(bad_dir / "bad.jsonl", skip_bad_rows=True)
+
+
+def test_a_run_checks_the_files_before_any_work(data, tmp_path):
+    """--config.dataset.train_files on the lm config: the runner's path checks name the field
+    before a workdir or a loader exists."""
+    from conftest import ROOT
+
+    from tfjax.runner import checks, train
+
+    config = train.load_config(f"{ROOT}/configs/lm.py:tiny")
+    config.data_dir = str(tmp_path)
+    config.dataset.train_files = str(data / "text.jsonl")
+    config.dataset.tokenizer = str(data / "tok")
+    checks.check_paths(config, str(tmp_path / "run"))
+    assert td.dataset_spec(config).name == "files"
+    config.dataset.eval_files = str(data / "nothing*.parquet")
+    with pytest.raises(FileNotFoundError, match="dataset.eval_files: .* matches no file"):
+        checks.check_paths(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,506 @@
+"""The user's own text files as a dataset (catalog name "files"): for fine-tuning a Hugging Face
+checkpoint on data that is no TFDS dataset.
+
+    spec = tfjax.data.resolve_config({"train_files": "data/*.jsonl", "tokenizer": "ckpt/"})
+    loader = tfjax.data.make_loader(spec, split="train", batch_size=8, seed=0, shuffle=True,
+                                    num_epochs=None)
+
+`dataset.train_files` and `dataset.eval_files` are each a path, a glob or a comma-separated
+list of them (so a path cannot hold a comma), local or `gs://` (read through `etils.epath`):
+
+  .txt              one row {"text": line} per non-empty line (whitespace-only lines are
+                    empty), without its line ending. Lines rather than whole files: a file
+                    larger than memory stays readable by random access (one offset per line,
+                    as for JSON lines), errors name the line, and it is what Hugging Face
+                    `datasets` makes of a text file by default. Text whose documents span
+                    several lines belongs in JSON lines: {"text": "...\\n..."}.
+  .jsonl, .json     JSON lines: one JSON object per line (blank lines are skipped). A .json
+                    file holding one JSON array is refused with that advice.
+  .parquet          read by row group; the last decoded row group is kept, so reading in file
+                    order is cheap and a shuffled order decodes a row group per row: write
+                    small row groups (a few MB), or set dataset.cache for data that fits in
+                    memory.
+  .arrow            Arrow files of a dataset saved by Hugging Face `datasets` (`save_to_disk`),
+                    memory-mapped (a gs:// one is read into memory); the saved directory itself
+                    is accepted and reads its files in the order its state.json lists.
+
+Each row is one of (`tfjax.data.checkpoint_tokenizer.row_format` tells them apart by their
+keys; one dataset may mix them, each row is encoded by its own format):
+
+  {"text": str}                                       every token trained
+  {"prompt": str, "completion": str}                  the completion (and eos) trained
+  {"messages": [{"role": str, "content": str}, ...]}  what encode_row trains of a chat
+
+Columns that are null in a Parquet or Arrow row are dropped from it, so files written from
+mixed rows read as they were written. Every row is checked once when its file is opened (the
+whole of every file is scanned: a large dataset costs that scan at every start, on every
+process); a bad one is a ValueError naming the file and its 1-based line (JSON lines, text) or
+row (Parquet, Arrow) and what is wrong, or with dataset.skip_bad_rows it is skipped and the
+number skipped is logged per file.
+
+The sources here are Grain random-access data sources (`__len__`, `__getitem__`, `read`) over
+the rows that passed, read lazily; shuffling, sharding over processes, epochs and the
+checkpointable position are the loader's as for every dataset (`tfjax.data.loader`). Each row is
+encoded by `tfjax.data.checkpoint_tokenizer.encode_row` into "tokens" and "weights".
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob as globlib
+import hashlib
+import json
+import threading
+import time
+
+import numpy as np
+from absl import logging
+from etils import epath
+
+# extension -> the kind of file (what reads it)
+EXTENSIONS = {
+    ".txt": "text",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # a checkpoint's, one of them at least
+
+
+def _is_local(path) -> bool:
+    return "://" not in str(path)
+
+
+# ------------------------------------------------------------------------------------ file lists
+def expand(patterns: str, field: str) -> list[tuple[epath.Path, str]]:
+    """[(path, kind)] of a path, glob or comma-separated list of them, in the order given (each
+    glob's matches sorted). A saved Hugging Face dataset directory gives its .arrow files. A
+    pattern that matches nothing, a file of another extension, a directory that is no saved
+    dataset: a FileNotFoundError / ValueError naming `field` (e.g. "dataset.train_files")."""
+    out = []
+    for pattern in (p.strip() for p in patterns.split(",")):
+        if not pattern:
+            continue
+        matches = _matches(pattern)
+        if not matches:
+            raise FileNotFoundError(f"{field}: {pattern!r} matches no file")
+        for path in matches:
+            out.extend(_files_of(path, field))
+    if not out:
+        raise ValueError(f"{field}={patterns!r} names no file")
+    return out
+
+
+def _matches(pattern: str) -> list[epath.Path]:
+    path = epath.Path(pattern).expanduser() if _is_local(pattern) else epath.Path(pattern)
+    if not globlib.has_magic(pattern):
+        return [path] if path.exists() else []
+    parts = str(path).split("/")
+    first = next(i for i, part in enumerate(parts) if globlib.has_magic(part))
+    base = "/".join(parts[:first]) or ("/" if str(path).startswith("/") else ".")
+    base_path = epath.Path(base)
+    if not base_path.is_dir():
+        return []
+    return sorted(base_path.glob("/".join(parts[first:])), key=str)
+
+
+def _files_of(path: epath.Path, field: str) -> list[tuple[epath.Path, str]]:
+    if path.is_dir():
+        return [(f, "arrow") for f in _saved_dataset_files(path, field)]
+    kind = EXTENSIONS.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(
+            f"{field}: {path} has an extension tfjax does not read; allowed: "
+            f"{', '.join(EXTENSIONS)}, or a directory saved by Hugging Face datasets"
+        )
+    return [(path, kind)]
+
+
+def _saved_dataset_files(path: epath.Path, field: str) -> list[epath.Path]:
+    """The .arrow files of a directory written by `datasets.Dataset.save_to_disk`."""
+    if (path / "dataset_dict.json").exists():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise ValueError(
+            f"{field}: {path} holds a DatasetDict with splits {splits}; name one of them, "
+            f"e.g. {path / (splits[0] if splits else 'train')}"
+        )
+    state = path / "state.json"
+    if state.exists():
+        names = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+        files = [path / name for name in names]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise FileNotFoundError(f"{field}: {state} lists files that are missing: {missing}")
+    else:
+        files = sorted(path.glob("*.arrow"), key=str)
+    if not files:
+        raise ValueError(
+            f"{field}: {path} is a directory without a dataset saved by Hugging Face datasets "
+            "(no state.json, no .arrow files); give files or a glob such as "
+            f"{path / '*.jsonl'}"
+        )
+    return files
+
+
+def split_files(spec, split: str) -> list[tuple[epath.Path, str]]:
+    """The files of `split` ("train": dataset.train_files, "eval": dataset.eval_files) of a
+    resolved "files" DatasetSpec, checked to exist and to be of a kind tfjax reads."""
+    if split not in ("train", "eval"):
+        raise ValueError(
+            f"dataset 'files' has the splits 'train' (dataset.train_files) and 'eval' "
+            f"(dataset.eval_files); got split={split!r}"
+        )
+    field = f"{split}_files"
+    if not spec[field].strip():
+        raise ValueError(
+            f"dataset.{field} is empty: dataset 'files' has no {split} split; set "
+            f"dataset.{field} to a path, a glob or a comma-separated list of files"
+        )
+    return expand(spec[field], f"dataset.{field}")
+
+
+def check(spec) -> None:
+    """The checks of a "files" DatasetSpec that touch the file system but read no data: the
+    train and eval files exist and are of a kind tfjax reads, the tokenizer directory holds a
+    tokenizer. Each error names its field."""
+    split_files(spec, "train")
+    if spec.eval_files.strip():
+        split_files(spec, "eval")
+    _check_tokenizer_dir(spec.tokenizer)
+
+
+def fingerprint(files: list[tuple[epath.Path, str]]) -> str:
+    """A short name of a file list, for a loader's saved position (which files it read)."""
+    digest = hashlib.sha256("\n".join(str(p) for p, _ in files).encode()).hexdigest()
+    return f"{len(files)} files, sha256 {digest[:16]}"
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+def _check_tokenizer_dir(directory: str) -> epath.Path:
+    path = epath.Path(directory).expanduser() if _is_local(directory) else epath.Path(directory)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"dataset.tokenizer={directory!r} is not a directory; give the directory of the "
+            f"checkpoint's tokenizer files ({' or '.join(TOKENIZER_FILES)})"
+        )
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"dataset.tokenizer={directory!r} holds no tokenizer file; expected "
+            f"{' or '.join(TOKENIZER_FILES)} (the files of a Hugging Face checkpoint)"
+        )
+    return path
+
+
+def load_tokenizer(directory: str):
+    """`CheckpointTokenizer.load(directory)`, after checking that the directory holds a
+    tokenizer file; errors name dataset.tokenizer."""
+    from tfjax.data.checkpoint_tokenizer import CheckpointTokenizer
+
+    path = _check_tokenizer_dir(directory)
+    try:
+        return CheckpointTokenizer.load(str(path))
+    except Exception as e:  # noqa: BLE001 - any failure to read it: name the field
+        raise ValueError(
+            f"dataset.tokenizer={directory!r}: its tokenizer cannot be loaded "
+            f"({type(e).__name__}: {e})"
+        ) from e
+
+
+# ----------------------------------------------------------------------------------------- rows
+def row_problem(row) -> str | None:
+    """What is wrong with a row (None: nothing): not an object, a format row_format does not
+    know or whose fields are missing, or fields that are not text."""
+    from tfjax.data.checkpoint_tokenizer import row_format
+
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object, got {type(row).__name__}"
+    try:
+        kind = row_format(row)
+    except ValueError as e:
+        return str(e)
+    fields = {"text": ("text",), "prompt_completion": ("prompt", "completion")}.get(kind, ())
+    for key in fields:
+        if key not in row:
+            return f"{kind} row without {key!r}"
+        if not isinstance(row[key], str):
+            return f"{key!r} must be a string, got {type(row[key]).__name__}"
+    if kind == "messages":
+        messages = row.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "'messages' must be a non-empty list of {'role', 'content'} objects"
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                return f"message {i} must be an object with 'role' and 'content'"
+            for key in ("role", "content"):
+                if message.get(key) is None:
+                    return f"message {i} has no {key!r}"
+                if not isinstance(message[key], str):
+                    return f"message {i}: {key!r} must be a string"
+        if not any(m["role"] == "assistant" for m in messages):
+            return "'messages' has no 'assistant' turn: nothing to train on"
+    return None
+
+
+class Row(dict):
+    """A row dict that knows where it comes from (`origin`: "path:line" or "path: row n"), so
+    that a row the tokenizer refuses while training is named as at opening."""
+
+    origin = ""
+
+    def __reduce__(self):  # (pickled to worker processes with its origin)
+        return _row, (dict(self), self.origin)
+
+
+def _row(items: dict, origin: str) -> Row:
+    row = Row(items)
+    row.origin = origin
+    return row
+
+
+def encode_example(row, rng, *, tokenizer, seq_len: int, split_text: bool) -> dict:
+    """A row -> {"tokens": i32 [L], "weights": f32 [L]} by `encode_row`. With `split_text`
+    (long_examples="split") only text rows may be longer than seq_len (the loader cuts them in
+    pieces); prompt/completion and messages rows are truncated here."""
+    del rng
+    from tfjax.data.checkpoint_tokenizer import encode_row, row_format
+
+    try:
+        example = encode_row(tokenizer, row)
+    except ValueError as e:  # checked when opened, yet the tokenizer refuses it (chat template)
+        where = getattr(row, "origin", "") or "a row"
+        raise ValueError(f"{where}: {e}") from e
+    tokens = np.asarray(example["tokens"], np.int32)
+    weights = np.asarray(example["weights"], np.float32)
+    if tokens.shape != weights.shape or tokens.ndim != 1:
+        raise ValueError(
+            f"encode_row gave tokens {tokens.shape} and weights {weights.shape}; both must be [L]"
+        )
+    if split_text and len(tokens) > seq_len and row_format(row) != "text":
+        tokens, weights = tokens[:seq_len], weights[:seq_len]
+    return {"tokens": tokens, "weights": weights}
+
+
+class _BadRows:
+    """Counts (or raises on) the bad rows of one file."""
+
+    def __init__(self, path, skip: bool, unit: str):
+        self.path, self.skip, self.unit = path, skip, unit
+        self.count, self.first = 0, None
+
+    def __call__(self, number: int, problem: str) -> None:
+        # path:line as editors and compilers write it; Parquet and Arrow rows have no lines.
+        where = f"{self.path}: row {number}" if self.unit == "row" else f"{self.path}:{number}"
+        if not self.skip:
+            raise ValueError(f"{where}: {problem} (dataset.skip_bad_rows=True skips such rows)")
+        self.count += 1
+        self.first = self.first or f"{where}: {problem}"
+
+    def log(self, total: int) -> None:
+        if self.count:
+            logging.warning(
+                "dataset.skip_bad_rows: skipped %d of %d rows of %s (the first: %s)",
+                self.count,
+                total,
+                self.path,
+                self.first,
+            )
+
+
+# -------------------------------------------------------------------------------------- sources
+class _LineFile:
+    """The rows of a JSON lines or text file: one byte offset per good row, found by one scan;
+    a row is read by seeking to it."""
+
+    def __init__(self, path: epath.Path, kind: str, skip_bad_rows: bool):
+        self.path, self.kind = path, kind
+        bad = _BadRows(path, skip_bad_rows, "line")
+        offsets, lines, total, position = [], [], 0, 0
+        with path.open("rb") as f:
+            for number, line in enumerate(f, start=1):
+                start, position = position, position + len(line)
+                if number == 1 and line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+                    start, line = start + 3, line[3:]
+                if not line.strip():
+                    continue
+                total += 1
+                if number == 1 and kind == "jsonl" and line.lstrip().startswith(b"["):
+                    raise ValueError(
+                        f"{path}:1: the file is a JSON array; tfjax reads .json and .jsonl "
+                        "files as JSON lines, one object per line"
+                    )
+                try:
+                    row = self._parse(line)
+                except json.JSONDecodeError as e:
+                    bad(number, f"not JSON: {e.msg} at column {e.colno}")
+                    continue
+                except UnicodeDecodeError as e:
+                    bad(number, f"not UTF-8 ({e.reason} at byte {e.start})")
+                    continue
+                problem = row_problem(row)
+                if problem:
+                    bad(number, problem)
+                    continue
+                offsets.append(start)
+                lines.append(number)
+        bad.log(total)
+        self.offsets = np.asarray(offsets, np.int64)
+        self.lines = np.asarray(lines, np.int64 if lines and lines[-1] >= 2**32 else np.uint32)
+        self._file, self._lock = None, threading.Lock()
+
+    def _parse(self, line: bytes):
+        if self.kind == "text":
+            return {"text": line.decode("utf-8").rstrip("\r\n")}
+        return json.loads(line.strip())
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> dict:
+        with self._lock:  # one handle per process, shared by the read threads
+            if self._file is None:
+                self._file = self.path.open("rb")
+            self._file.seek(int(self.offsets[index]))
+            line = self._file.readline()
+        return _row(self._parse(line), f"{self.path}:{self.lines[index]}")
+
+    def __getstate__(self):  # worker processes open their own handle
+        return {"path": self.path, "kind": self.kind, "offsets": self.offsets, "lines": self.lines}
+
+    def __del__(self):  # the handle lives as long as the source (the loader holds it)
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._file, self._lock = None, threading.Lock()
+
+
+def _without_nulls(row: dict) -> dict:
+    return {k: v for k, v in row.items() if v is not None}
+
+
+class _Columns:
+    """The rows of a Parquet file (read by row group) or of an Arrow file (memory-mapped), the
+    good ones by their row numbers."""
+
+    def __init__(self, path: epath.Path, kind: str, skip_bad_rows: bool):
+        self.path, self.kind = path, kind
+        self._open()
+        bad = _BadRows(path, skip_bad_rows, "row")
+        good, number = [], 0
+        for group in range(len(self.starts) - 1):
+            for row in self._group(group).to_pylist():
+                number += 1
+                problem = row_problem(_without_nulls(row))
+                if problem:
+                    bad(number, problem)
+                else:
+                    good.append(number - 1)
+        bad.log(number)
+        # All good (the usual case): no index array.
+        self.rows = None if len(good) == number else np.asarray(good, np.int64)
+        self._count = len(good)
+
+    def _open(self):
+        """Sets self.starts (the first row of each group, then the row count) and the readers."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._lock, self._cache = threading.Lock(), (-1, None)
+        if self.kind == "parquet":
+            local = _is_local(self.path)
+            self._parquet = pq.ParquetFile(str(self.path) if local else self.path.open("rb"))
+            meta = self._parquet.metadata
+            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        else:
+            if _is_local(self.path):
+                data = pa.memory_map(str(self.path))
+            else:  # no memory map of a remote file: read it into memory
+                data = pa.BufferReader(self.path.read_bytes())
+            try:
+                table = pa.ipc.open_stream(data).read_all()  # what `datasets` writes
+            except pa.ArrowInvalid:
+                data.seek(0)
+                table = pa.ipc.open_file(data).read_all()  # the Arrow file format
+            self._batches = table.to_batches()
+            sizes = [len(b) for b in self._batches]
+        self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+    def _group(self, group: int):
+        if self.kind == "parquet":
+            return self._parquet.read_row_group(group)
+        return self._batches[group]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> dict:
+        row = int(self.rows[index]) if self.rows is not None else int(index)
+        group = int(np.searchsorted(self.starts, row, side="right")) - 1
+        with self._lock:  # one decoded row group is kept (replaced whole: threads stay safe)
+            cached, table = self._cache
+            if cached != group:
+                table = self._group(group)
+                self._cache = (group, table)
+        offset = row - int(self.starts[group])
+        items = _without_nulls(table.slice(offset, 1).to_pylist()[0])
+        return _row(items, f"{self.path}: row {row + 1}")
+
+    def __getstate__(self):  # worker processes open (map) the file again
+        return {"path": self.path, "kind": self.kind, "rows": self.rows, "_count": self._count}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._open()
+
+
+class FilesSource:
+    """The good rows of several files as one random-access sequence of row dicts (Grain's
+    RandomAccessDataSource), read on access."""
+
+    def __init__(self, files: list[tuple[epath.Path, str]], *, skip_bad_rows: bool = False):
+        start = time.perf_counter()
+        self._files = [
+            (_LineFile if kind in ("jsonl", "text") else _Columns)(path, kind, skip_bad_rows)
+            for path, kind in files
+        ]
+        self._ends = np.cumsum([len(f) for f in self._files]).tolist()
+        logging.info(
+            "Read the index of %d rows of %d files in %.1f s",
+            len(self),
+            len(files),
+            time.perf_counter() - start,
+        )
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, index: int) -> dict:
+        index = int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} of {len(self)}")
+        f = bisect.bisect_right(self._ends, index)
+        return self._files[f][index - (self._ends[f - 1] if f else 0)]
+
+    def read(self, keys) -> list[dict]:
+        return [self[k] for k in keys]
+
+    def __repr__(self) -> str:
+        return f"FilesSource({len(self._files)} files, {len(self)} rows)"
+
+
+class _Rows(list):
+    """Rows read into memory (dataset.cache), with the `read` of FilesSource."""
+
+    def read(self, keys) -> list:
+        return [self[k] for k in keys]
+
+
+def open_files(files, *, skip_bad_rows: bool = False, cache: bool = False):
+    """The good rows of `files` ([(path, kind)] from `split_files`): a FilesSource, or all rows
+    read into memory once if `cache`. No good row at all is a ValueError."""
+    source = FilesSource(files, skip_bad_rows=skip_bad_rows)
+    if not len(source):
+        raise ValueError(f"{', '.join(str(p) for p, _ in files)}: no rows to read")
+    return _Rows(source.read(range(len(source)))) if cache else source
