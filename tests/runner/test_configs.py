@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, run_command
 
 import tfjax.data
+from tfjax.data import catalog
 from tfjax.runner import checks, metrics, train
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -31,7 +32,7 @@ def config_module(name):
 
 
 def test_the_shipped_families():
-    assert NAMES == ["lm", "mlm", "translate", "vit"]
+    assert NAMES == ["finetune", "lm", "mlm", "translate", "vit"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,12 +57,15 @@ def test_every_preset_names_a_model_variant_and_sets_only_what_differs(name):
     module = config_module(name)
     for preset in module._PRESETS:
         config = module.get_config(preset)
+        if name == "finetune" and config.model.variant is None:
+            continue  # the sizes are the checkpoint's (config.init_from), set by none of them
         variant = checks.model_module(config.model.name).VARIANTS[config.model.variant]
         repeated = {k: v for k, v in config.model.items() if k in variant and v == variant[k]}
         assert not repeated, (preset, config.model.variant, repeated)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# finetune's tiny preset starts from a checkpoint: tests/runner/test_finetune.py runs it.
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "finetune"])
 def test_tiny_preset_trains_compiling_each_step_once(name, data_dir, tmp_path, caplog):
     config = load(name, "tiny")
     config.data_dir = data_dir
@@ -89,13 +93,18 @@ def test_every_dataset_field_can_be_set_and_unset_ones_take_the_catalog_default(
         config = module.get_config(preset)
         given = {k: v for k, v in config.dataset.items() if v is not None}
         defaults = tfjax.data.default_dataset_config(config.dataset.name)
-        assert set(config.dataset) == set(defaults) | set(given)  # every field is settable
+        # every field is settable, and an lm dataset's train_files etc. switch it to "files"
+        serves_lm = "lm" in catalog.CATALOG[config.dataset.name]["tasks"]
+        switch = set(catalog.FILES_FIELDS) if serves_lm else set()
+        assert set(config.dataset) == set(defaults) | set(given) | switch
         resolved = tfjax.data.dataset_spec(config)
         assert dict(resolved) == dict(defaults) | given | {"task": config.task}
     config = load(name, "tiny")
-    field, value = {"vit": ("image_size", 40), "translate": ("vocab_size", 500)}.get(
-        name, ("tokenizer", "sentencepiece")
-    )
+    field, value = {
+        "vit": ("image_size", 40),
+        "translate": ("vocab_size", 500),
+        "finetune": ("skip_bad_rows", True),
+    }.get(name, ("tokenizer", "sentencepiece"))
     assert config.dataset[field] is None  # a field the preset leaves to the catalog
     config.dataset[field] = value  # settable although the config is locked
     assert tfjax.data.dataset_spec(config)[field] == value

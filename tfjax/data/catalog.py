@@ -424,19 +424,13 @@ def _check(spec: DatasetSpec) -> None:
 
 
 def _check_files(spec: DatasetSpec, fail) -> None:
-    """The value checks of the "files" dataset; the files themselves are checked when they are
-    opened (`tfjax.data.files.check`), not here: configs resolve on hosts without them."""
+    """The value checks of the "files" dataset; the files themselves (and that train_files and
+    the tokenizer are given) are checked when they are opened (`tfjax.data.files.check`), not
+    here: configs resolve on hosts without them, for compiling ahead of time, and a run from a
+    checkpoint takes its tokenizer (`tfjax.runner.pretrained.dataset_spec`)."""
     for field, split in (("train_split", "train"), ("eval_split", "eval")):
         if spec[field] != split:
             fail(field, f"is fixed for dataset 'files': {split!r} names the {split}_files")
-    if not spec.train_files.strip():
-        fail("train_files", "must name the training files: a path, a glob or a comma list")
-    if not spec.tokenizer.strip():
-        fail(
-            "tokenizer",
-            "must name the directory of the checkpoint's tokenizer files (tokenizer.json or "
-            "tokenizer.model)",
-        )
     if spec.seq_len < 2:
         fail("seq_len", "cannot hold one token with its bos/eos; use seq_len >= 2")
     if spec.long_examples not in ("split", "truncate"):

@@ -146,7 +146,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
     if not restore:  # the user's own files (dataset "files") and its tokenizer directory
         from tfjax.data import catalog
 
-        data = catalog.dataset_spec(config)
+        data = pretrained.dataset_spec(config, None)  # the kept tokenizer is not there yet
         if catalog.is_files(data.name):
             from tfjax.data import files
 

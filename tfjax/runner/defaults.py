@@ -107,6 +107,17 @@ def optim(
     return o
 
 
+def lora() -> ml_collections.ConfigDict:
+    """config.lora: low-rank adapters on a frozen base (tfjax.lora); rank 0 is off."""
+    c = ml_collections.ConfigDict()
+    c.rank = 0  # r of each adapter pair (0: no LoRA, every parameter trains)
+    c.alpha = 16.0  # the adapters' output is scaled by alpha / rank
+    c.dropout = 0.0  # on the adapters' input, in training
+    c.targets = ""  # regex of the kernels that get adapters ("": attention and MLP kernels)
+    c.base_dtype = ""  # QLoRA: the frozen base stored as "int8" or "nf4" ("": as trained)
+    return c
+
+
 def loss(
     *, label_smoothing: float = 0.0, z_loss: float = 0.0, vocabulary: bool = True
 ) -> ml_collections.ConfigDict:

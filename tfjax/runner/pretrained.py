@@ -112,6 +112,42 @@ def find(config, workdir: str | None) -> Pretrained | None:
     return None
 
 
+def dataset_spec(config, workdir: str | None):
+    """The run's dataset (`tfjax.data.dataset_spec(config)`), with the "files" dataset's
+    tokenizer, when dataset.tokenizer is unset, the checkpoint's: its copy in `workdir` (which
+    the run makes, `keep`, before its loaders), or config.init_from's without a workdir (the
+    checks before a run starts). A "files" run evaluates on dataset.eval_files, which must be
+    given."""
+    import dataclasses as dc
+
+    from tfjax.data import catalog
+
+    data = catalog.dataset_spec(config)
+    if not catalog.is_files(data.name):
+        return data
+    if not data.eval_files.strip():
+        raise ValueError(
+            "dataset.eval_files is empty: a run evaluates the held-out loss (the first time "
+            "before training); give held-out files as a path, a glob or a comma-separated list"
+        )
+    if not data.tokenizer:
+        kept = os.path.join(workdir, KEPT) if workdir else None
+        init_from = os.path.expanduser(config.get("init_from") or "")
+        from_checkpoint = bool(init_from) and is_checkpoint_dir(init_from)
+        if kept and (os.path.isdir(kept) or from_checkpoint):
+            directory = kept
+        elif from_checkpoint:
+            directory = os.path.abspath(init_from)
+        else:
+            raise ValueError(
+                "dataset.tokenizer is unset and config.init_from is not a Hugging Face "
+                "checkpoint directory: give the directory of the tokenizer files "
+                "(tokenizer.json or tokenizer.model) as dataset.tokenizer"
+            )
+        data = dc.replace(data, tokenizer=directory)
+    return data
+
+
 def model_fields(pretrained: Pretrained, config_model) -> dict:
     """The fields of the run's model: the checkpoint's, with the SAME_MATHS fields config.model
     sets. A name or size config.model sets that differs from the checkpoint's is a ValueError
@@ -124,11 +160,12 @@ def model_fields(pretrained: Pretrained, config_model) -> dict:
             f"{pretrained.architecture} (tfjax.models.{pretrained.model_name}); set "
             f"model.name={pretrained.model_name!r} or leave it unset"
         )
-    if "variant" in given:
-        raise ValueError(
-            f"model.variant={given['variant']!r}: a run from the checkpoint in config.init_from "
-            "takes its sizes from the checkpoint; leave model.variant unset"
-        )
+    set_here = set(given)
+    variant = given.pop("variant", None)
+    if variant is not None:  # a preset's sizes: each must be the checkpoint's
+        from tfjax.runner import checks
+
+        given = {**checks.model_module(name).VARIANTS[variant], **given}
     fields = dict(pretrained.fields)
     for key, value in given.items():
         if key in SAME_MATHS:
@@ -138,8 +175,11 @@ def model_fields(pretrained: Pretrained, config_model) -> dict:
                 f"model.{key}={value!r}: {pretrained.architecture} models have no field {key!r}"
             )
         elif fields[key] != value:
+            what = f"model.{key}={value!r}"
+            if key not in set_here:
+                what = f"model.variant={variant!r} has {key}={value!r}, which"
             raise ValueError(
-                f"model.{key}={value!r} differs from the checkpoint's {key}={fields[key]!r} "
+                f"{what} differs from the checkpoint's {key}={fields[key]!r} "
                 f"(config.init_from={pretrained.config_dir!r}); a run from a checkpoint keeps "
                 f"its sizes: leave model.{key} unset (a run may set {', '.join(SAME_MATHS)})"
             )

@@ -97,14 +97,15 @@ def planned_inputs(config, data=None) -> Inputs:
     tokenizer trained (for compiling ahead of time and for restoring a model).
 
     The vocabulary is config.model.vocab_size when set; else 261 for bytes and the dataset's
-    SentencePiece vocab_size (an upper bound of what training the tokenizer gives) otherwise.
+    SentencePiece vocab_size (an upper bound of what training the tokenizer gives) otherwise;
+    for the user's files (a checkpoint's tokenizer) the model's own (its checkpoint or variant).
     `data` is the run's tfjax.data.DatasetSpec, resolved from the config when None.
     """
     import tfjax.data
 
     data = data or tfjax.data.dataset_spec(config)
     vocab_size = None
-    if not data.images:
+    if not data.images and not tfjax.data.catalog.is_files(data.name):  # files: the model's
         vocab_size = config.model.get("vocab_size") or (
             tfjax.data.ByteTokenizer.vocab_size if data.tokenizer == "bytes" else data.vocab_size
         )

@@ -85,7 +85,7 @@ def restore_model(
     import tfjax.data
 
     run = setup.prepare(config, workdir, devices, restore=True)
-    data = tfjax.data.dataset_spec(config)
+    data = pretrained.dataset_spec(config, run.workdir)
     tokenizer = None
     stored = os.path.join(run.workdir, TOKENIZER_FILE)
     if os.path.exists(stored):
@@ -158,11 +158,13 @@ def _loaders(run: setup.Prepared, cleanup: contextlib.ExitStack):
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
     config = run.config
-    data = tfjax.data.dataset_spec(config)
+    data = pretrained.dataset_spec(config, run.workdir)
     shard, shards = sharding.data_shard(run.mesh, run.rules)
     data_dir = config.data_dir or None
 
     def make():
+        if run.pretrained is not None:  # the copy of its tokenizer the dataset reads
+            pretrained.keep(run.pretrained, run.workdir)
         if tfjax.data.is_embedded(data.name):  # offline, seconds: build on demand
             tfjax.data.prepare(data.name, data_dir)
         common = dict(process_index=shard, process_count=shards, data_dir=data_dir)

@@ -1,0 +1,91 @@
+r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral) on your own files.
+
+    python experiments/run.py --config=configs/finetune.py --workdir=W \
+        --config.init_from=CHECKPOINT_DIR \
+        --config.dataset.train_files=train.jsonl --config.dataset.eval_files=eval.jsonl \
+        [--config.lora.rank=8] [--config.optim.freeze=REGEX] [--config.num_train_steps=N]
+    python experiments/run.py --config=configs/finetune.py:lora --workdir=W ...  # the preset
+    python experiments/export.py --workdir=W --output=OUT_DIR
+
+CHECKPOINT_DIR is a Hugging Face directory (config.json, safetensors, tokenizer.json or
+tokenizer.model): the model, its sizes and its tokenizer come from it (tfjax.runner.pretrained);
+config.model may only choose how it runs (scan_layers, remat_policy, implementation, dropout).
+Rows of the files (text, jsonl, parquet, Arrow; tfjax.data.files) are {"text"}, {"prompt",
+"completion"} (trained on the completion and its eos) or {"messages"} (rendered with the
+checkpoint's chat template, trained on the assistant turns). The eval rows' `loss` is the mean
+over the trained tokens; the first evaluation is the checkpoint's own (step 0).
+
+Presets (comma-separated, applied in order): "full" (the default: every parameter trains),
+"lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen), "tiny" (tests),
+and the sized ones below, each compiled for its target with experiments/compile.py (sizes only,
+no weights needed; figures in the README's fine-tuning table).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from tfjax.runner import defaults
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    config = defaults.run(
+        task="lm", batch_size=16, eval_batch_size=16, num_train_steps=500, eval_every=100
+    )
+    config.init_from = config_dict.placeholder(str)  # the checkpoint directory (required)
+    config.model = ml_collections.ConfigDict()  # the checkpoint's; only how it runs is set here
+    config.model.name = "decoder"
+    config.model.variant = config_dict.placeholder(str)  # for compiling without the weights
+    config.model.scan_layers = False
+    config.model.remat_policy = "none"
+    config.model.implementation = config_dict.placeholder(str)
+    config.model.dropout_rate = config_dict.placeholder(float)
+
+    config.dataset = ml_collections.ConfigDict()
+    config.dataset.name = "files"  # the user's files (tfjax.data.files)
+    config.dataset.train_files = config_dict.placeholder(str)
+    config.dataset.eval_files = config_dict.placeholder(str)
+    config.dataset.seq_len = 512  # T: rows are packed to this many tokens
+    config.dataset.packing = True
+
+    config.optim = defaults.optim(learning_rate=2e-5, warmup_steps=20, b2=0.95, weight_decay=0.0)
+    config.lora = defaults.lora()
+    config.loss = defaults.loss()
+    config.decode = defaults.decode(method="greedy", max_new_tokens=64, prompt_length=64)
+    config.checkpoint = defaults.checkpoint(every=100)
+    return defaults.apply_presets(config, arg, _PRESETS, default="full", file="configs/finetune.py")
+
+
+def _lora(config, rank=16):
+    config.lora.update(rank=rank, alpha=2.0 * rank)
+    config.optim.learning_rate = 2e-4  # adapters start at zero: a larger rate than full tuning
+
+
+def _tiny(config):
+    """A few steps on small files for tests (the test gives init_from and the files)."""
+    config.update(
+        batch_size=8,
+        eval_batch_size=8,
+        num_train_steps=12,
+        log_every=4,
+        eval_every=12,
+        eval_steps=0,
+    )
+    config.dataset.seq_len = 64
+    config.optim.update(learning_rate=3e-3, warmup_steps=2)
+    config.checkpoint.update(every=6, replica_parallel=False)
+    config.decode.update(num_samples=2, prompt_length=16, max_new_tokens=8)
+
+
+def _sized(config, variant, *, batch_size, seq_len, mesh, remat_policy="full"):
+    """A published size in bf16 with scanned layers, for compiling its fit without weights."""
+    config.model.update(variant=variant, scan_layers=True, remat_policy=remat_policy)
+    config.dataset.seq_len = seq_len
+    config.update(batch_size=batch_size, eval_batch_size=batch_size, dtype="bfloat16")
+    config.mesh.update(mesh)
+
+
+_PRESETS = {
+    "full": defaults.unchanged,
+    "lora": _lora,
+    "tiny": _tiny,
+}
