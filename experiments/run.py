@@ -236,10 +236,13 @@ def main(argv):
         jax.device_count(),
         jax.default_backend(),
     )
+    from tfjax.data import files
     from tfjax.runner import checkpoint, train, workdirs
 
     try:
         result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except files.BadRowsError as e:  # found when the files open, before any training
+        _usage_error(str(e))
     except (
         workdirs.WorkdirBusyError,
         checkpoint.CheckpointMismatchError,

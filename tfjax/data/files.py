@@ -176,6 +176,15 @@ def fingerprint(files: list[tuple[epath.Path, str]]) -> str:
     return f"{len(files)} files, sha256 {digest[:16]}"
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short name of a checkpoint tokenizer's files (their names and bytes), for a loader's
+    saved position: the same tokenizer wherever it is read from."""
+    digest = hashlib.sha256()
+    for name, data in sorted(tokenizer.files.items()):
+        digest.update(name.encode() + b"\0" + data)
+    return f"sha256 {digest.hexdigest()[:16]}"
+
+
 # ------------------------------------------------------------------------------------ tokenizer
 def _check_tokenizer_dir(directory: str) -> epath.Path:
     path = epath.Path(directory).expanduser() if _is_local(directory) else epath.Path(directory)
@@ -269,7 +278,7 @@ def encode_example(row, rng, *, tokenizer, seq_len: int, split_text: bool) -> di
         example = encode_row(tokenizer, row)
     except ValueError as e:  # checked when opened, yet the tokenizer refuses it (chat template)
         where = getattr(row, "origin", "") or "a row"
-        raise ValueError(f"{where}: {e}") from e
+        raise BadRowsError(f"{where}: {e}") from e
     tokens = np.asarray(example["tokens"], np.int32)
     weights = np.asarray(example["weights"], np.float32)
     if tokens.shape != weights.shape or tokens.ndim != 1:
@@ -279,6 +288,12 @@ def encode_example(row, rng, *, tokenizer, seq_len: int, split_text: bool) -> di
     if split_text and len(tokens) > seq_len and row_format(row) != "text":
         tokens, weights = tokens[:seq_len], weights[:seq_len]
     return {"tokens": tokens, "weights": weights}
+
+
+class BadRowsError(ValueError):
+    """A row of the user's files that cannot be read or encoded: the message names the file and
+    line (or row) and what is wrong. Raised when the files are opened, before any training;
+    experiments/run.py reports it in one line."""
 
 
 class _BadRows:
@@ -292,7 +307,7 @@ class _BadRows:
         # path:line as editors and compilers write it; Parquet and Arrow rows have no lines.
         where = f"{self.path}: row {number}" if self.unit == "row" else f"{self.path}:{number}"
         if not self.skip:
-            raise ValueError(f"{where}: {problem} (dataset.skip_bad_rows=True skips such rows)")
+            raise BadRowsError(f"{where}: {problem} (dataset.skip_bad_rows=True skips such rows)")
         self.count += 1
         self.first = self.first or f"{where}: {problem}"
 
@@ -325,7 +340,7 @@ class _LineFile:
                     continue
                 total += 1
                 if number == 1 and kind == "jsonl" and line.lstrip().startswith(b"["):
-                    raise ValueError(
+                    raise BadRowsError(
                         f"{path}:1: the file is a JSON array; tfjax reads .json and .jsonl "
                         "files as JSON lines, one object per line"
                     )

@@ -424,8 +424,9 @@ def make_loader(
         num_batches = _batches_of(examples, workers, batch_size)
     # Everything that changes which batches come out (speed-only fields may change on resume).
     speed_only = ("read_threads", "prefetch_batches", "cache", "train_split", "eval_split")
-    if file_list is not None:  # the files of this split and their rows, not the file patterns
-        speed_only += ("train_files", "eval_files")
+    if file_list is not None:  # the files of this split and their rows, not the file patterns;
+        # the tokenizer by its files' bytes, not its directory (a run's copy of it is the same)
+        speed_only += ("train_files", "eval_files", "tokenizer")
     identity = dict(
         split=split,
         seed=seed,
@@ -438,7 +439,11 @@ def make_loader(
         **{f"config.{k}": v for k, v in cfg.items() if k not in speed_only},
     )
     if file_list is not None:
-        identity.update(files=files.fingerprint(file_list), rows=len(source))
+        identity.update(
+            files=files.fingerprint(file_list),
+            rows=len(source),
+            tokenizer=files.tokenizer_fingerprint(tokenizer),
+        )
     return Loader(
         it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
     )

@@ -143,26 +143,27 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
             "$TFDS_DATA_DIR or ~/tensorflow_datasets)",
             data_dir,
         )
-    if not restore:  # the user's own files (dataset "files") and its tokenizer directory
-        from tfjax.data import catalog
-
-        data = pretrained.dataset_spec(config, None)  # the kept tokenizer is not there yet
-        if catalog.is_files(data.name):
-            from tfjax.data import files
-
-            files.check(data)
     # init_from is read only when the run starts, not when it resumes (its source may be gone).
     if config.get("init_from") and not restore and not _has_checkpoint(workdir):
         _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)
-        if not _has_checkpoint(config.init_from) and not pretrained.is_checkpoint_dir(
-            os.path.expanduser(config.init_from)
-        ):
+        init_from = os.path.expanduser(config.init_from)
+        if pretrained.is_checkpoint_dir(init_from):  # its architecture and the sizes set
+            pretrained.model_fields(pretrained.Pretrained.read(init_from, init_from), config.model)
+        elif not _has_checkpoint(init_from):
             raise FileNotFoundError(
                 f"config.init_from={config.init_from!r} holds no checkpoint: neither a run's "
                 "workdir (a step directory in it or its checkpoints/) nor a Hugging Face "
                 "checkpoint directory (config.json and model.safetensors, its index or "
                 "pytorch_model.bin)"
             )
+    if not restore:  # the user's own files (dataset "files") and its tokenizer directory
+        from tfjax.data import catalog
+
+        data = pretrained.dataset_spec(config, workdir)
+        if catalog.is_files(data.name):
+            from tfjax.data import files
+
+            files.check(data)
 
 
 def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool = False):

@@ -114,10 +114,10 @@ def find(config, workdir: str | None) -> Pretrained | None:
 
 def dataset_spec(config, workdir: str | None):
     """The run's dataset (`tfjax.data.dataset_spec(config)`), with the "files" dataset's
-    tokenizer, when dataset.tokenizer is unset, the checkpoint's: its copy in `workdir` (which
-    the run makes, `keep`, before its loaders), or config.init_from's without a workdir (the
-    checks before a run starts). A "files" run evaluates on dataset.eval_files, which must be
-    given."""
+    tokenizer, when dataset.tokenizer is unset, the checkpoint's: its copy in `workdir` once
+    the run keeps one (`keep`), else config.init_from's (a loader's saved position knows the
+    tokenizer by its files' bytes, so both are the same to it). A "files" run evaluates on
+    dataset.eval_files, which must be given."""
     import dataclasses as dc
 
     from tfjax.data import catalog
@@ -133,10 +133,9 @@ def dataset_spec(config, workdir: str | None):
     if not data.tokenizer:
         kept = os.path.join(workdir, KEPT) if workdir else None
         init_from = os.path.expanduser(config.get("init_from") or "")
-        from_checkpoint = bool(init_from) and is_checkpoint_dir(init_from)
-        if kept and (os.path.isdir(kept) or from_checkpoint):
+        if kept and os.path.isdir(kept):
             directory = kept
-        elif from_checkpoint:
+        elif init_from and is_checkpoint_dir(init_from):
             directory = os.path.abspath(init_from)
         else:
             raise ValueError(

@@ -163,8 +163,6 @@ def _loaders(run: setup.Prepared, cleanup: contextlib.ExitStack):
     data_dir = config.data_dir or None
 
     def make():
-        if run.pretrained is not None:  # the copy of its tokenizer the dataset reads
-            pretrained.keep(run.pretrained, run.workdir)
         if tfjax.data.is_embedded(data.name):  # offline, seconds: build on demand
             tfjax.data.prepare(data.name, data_dir)
         common = dict(process_index=shard, process_count=shards, data_dir=data_dir)
@@ -192,6 +190,12 @@ def _loaders(run: setup.Prepared, cleanup: contextlib.ExitStack):
     cleanup.callback(eval_loader.close)
     cleanup.callback(train_loader.close)
     return data, train_loader, eval_loader
+
+
+def _trained_sentencepiece(tokenizer) -> bool:
+    from tfjax.data.tokenizers import SentencePieceTokenizer
+
+    return isinstance(tokenizer, SentencePieceTokenizer)
 
 
 def _check_workdir_tokenizer(workdir: str, tokenizer) -> None:
@@ -385,8 +389,13 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
         pretrained.keep(exp.pretrained, workdir)
     stored = os.path.join(workdir, TOKENIZER_FILE)
-    # SentencePiece only (bytes need no file); a stored one was checked equal above.
-    if jax.process_index() == 0 and hasattr(tokenizer, "save") and not os.path.exists(stored):
+    # SentencePiece only (bytes need no file, a checkpoint's tokenizer is kept in pretrained/);
+    # a stored one was checked equal above.
+    if (
+        jax.process_index() == 0
+        and _trained_sentencepiece(tokenizer)
+        and not os.path.exists(stored)
+    ):
         tokenizer.save(stored)
     return manager, state, dropout_key, step
 

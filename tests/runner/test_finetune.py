@@ -1,0 +1,181 @@
+"""Fine-tuning a Hugging Face checkpoint with configs/finetune.py, as a user runs it: small
+decoders that transformers trained on one task ("copy", tests/finetune_checkpoints.py), saved
+with their tokenizer.json, chat template and generation config, fine-tuned on another
+("reverse") given as prompt / completion JSON lines, then exported and read back by
+transformers."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import finetune_checkpoints as fc
+import jax
+import numpy as np
+import pytest
+import safetensors.numpy
+from conftest import ROOT, RUN, plain_env, set_fields
+
+from tfjax.runner import export, metrics, train
+
+FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """family -> the directory of its transformers-trained checkpoint."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {family: fc.build(family, root / family) for family in fc.FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """(train.jsonl, eval.jsonl, the eval rows) of the fine-tuning task."""
+    root = tmp_path_factory.mktemp("task")
+    eval_rows = fc.task_rows("reverse", 48, 12)
+    return (
+        fc.write_jsonl(root / "train.jsonl", fc.task_rows("reverse", 400, 11)),
+        fc.write_jsonl(root / "eval.jsonl", eval_rows),
+        eval_rows,
+    )
+
+
+def finetune(checkpoint, task, workdir, preset="tiny", **overrides):
+    """configs/finetune.py:<preset> from `checkpoint` on the task's files; the run's result."""
+    config = train.load_config(f"{FINETUNE}:{preset}")
+    set_fields(
+        config,
+        {
+            "init_from": checkpoint,
+            "dataset.train_files": task[0],
+            "dataset.eval_files": task[1],
+            **overrides,
+        },
+    )
+    return train.train_and_evaluate(config, str(workdir))
+
+
+def eval_losses(workdir) -> dict[int, float]:
+    return {
+        r["step"]: r["loss"] for r in metrics.read_metrics(str(workdir)) if r["split"] == "eval"
+    }
+
+
+def read_weights(directory) -> dict[str, np.ndarray]:
+    return safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+
+
+@pytest.mark.parametrize("family", fc.FAMILIES)
+def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
+    family, checkpoints, task, tmp_path
+):
+    """The step-0 eval loss is transformers' loss of the checkpoint on the eval rows
+    (completions and eos), the eval loss falls, and transformers reads the export back with the
+    last eval loss."""
+    workdir = tmp_path / "run"
+    finetune(checkpoints[family], task, workdir)
+    losses = eval_losses(workdir)
+    reference = fc.hf_loss(checkpoints[family], task[2])
+    assert losses[0] == pytest.approx(reference, rel=0.02)
+    last = losses[max(losses)]
+    assert last < 0.8 * losses[0]  # it learnt the new task
+    out = export.export_run(str(workdir), str(tmp_path / "hf"))
+    assert fc.hf_loss(out, task[2]) == pytest.approx(last, rel=0.02)
+    with open(os.path.join(out, "generation_config.json")) as f:
+        stops = json.load(f)["eos_token_id"]
+    with open(os.path.join(checkpoints[family], "generation_config.json")) as f:
+        assert stops == json.load(f)["eos_token_id"]  # generate stops where the checkpoint's did
+    assert os.path.exists(os.path.join(out, "tokenizer.json"))
+
+
+def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):
+    workdir = tmp_path / "run"
+    finetune(
+        checkpoints["llama"],
+        task,
+        workdir,
+        **{"optim.freeze": "embed|layers_0/", "num_train_steps": 4, "eval_every": 4},
+    )
+    base = read_weights(checkpoints["llama"])
+    tuned = read_weights(export.export_run(str(workdir), str(tmp_path / "hf")))
+    assert base.keys() == tuned.keys()
+    frozen = [k for k in base if "embed_tokens" in k or ".layers.0." in k]
+    assert len(frozen) == 10  # the embedding and layer 0's 9 tensors
+    for key in base:
+        assert np.array_equal(base[key], tuned[key]) == (key in frozen), key
+
+
+def test_a_stopped_finetune_resumes_bit_exact(checkpoints, task, tmp_path):
+    steps = {"num_train_steps": 6, "eval_every": 6, "checkpoint.every": 3}
+    straight = finetune(checkpoints["qwen3"], task, tmp_path / "straight", **steps)
+    config = train.load_config(f"{FINETUNE}:tiny")
+    set_fields(
+        config,
+        {
+            "init_from": checkpoints["qwen3"],
+            "dataset.train_files": task[0],
+            "dataset.eval_files": task[1],
+            **steps,
+        },
+    )
+    workdir = str(tmp_path / "stopped")
+    train.train_and_evaluate(config, workdir, stop_after_step=3)
+    config.init_from = str(tmp_path / "gone")  # resuming needs only the workdir
+    resumed = train.train_and_evaluate(config, workdir)
+    for a, b in zip(
+        jax.tree.leaves(straight["state"].params),
+        jax.tree.leaves(resumed["state"].params),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _run_cli(tmp_path, *flags):
+    """experiments/run.py with configs/finetune.py:tiny; (status, stderr, workdir)."""
+    workdir = tmp_path / "run"
+    cmd = [RUN, f"--config={FINETUNE}:tiny", f"--workdir={workdir}", *flags]
+    proc = subprocess.run(
+        [sys.executable, *cmd],
+        cwd=ROOT,
+        env=plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stderr, workdir
+
+
+def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
+    """A bad row, a checkpoint without a tokenizer, a size that differs from the checkpoint's
+    and an unknown architecture: status 2, one line naming the file or field, no run left."""
+    good = checkpoints["llama"]
+    bad_rows = tmp_path / "bad.jsonl"
+    bad_rows.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"\n')
+    no_tokenizer = tmp_path / "no_tokenizer"
+    unknown = tmp_path / "unknown"
+    shutil.copytree(good, unknown)
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(good, name), no_tokenizer / name)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(
+        json.dumps({**config, "architectures": ["FooForCausalLM"]})
+    )
+    cases = [
+        (good, bad_rows, [], f"{bad_rows}:2: not JSON"),
+        (no_tokenizer, task[0], [], "dataset.tokenizer="),
+        (good, task[0], ["--config.model.variant=llama-3.2-1b"], "differs from the checkpoint's"),
+        (unknown, task[0], [], "architectures=['FooForCausalLM'] has no converter"),
+    ]
+    for checkpoint, train_files, extra, message in cases:
+        status, stderr, workdir = _run_cli(
+            tmp_path,
+            f"--config.init_from={checkpoint}",
+            f"--config.dataset.train_files={train_files}",
+            f"--config.dataset.eval_files={task[1]}",
+            *extra,
+        )
+        lines = [line for line in stderr.splitlines() if line.startswith("run.py:")]
+        assert status == 2 and len(lines) == 1 and message in lines[0], stderr[-2000:]
+        assert not workdir.exists() or not os.listdir(workdir)
