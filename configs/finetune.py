@@ -76,11 +76,14 @@ def _tiny(config):
     config.decode.update(num_samples=2, prompt_length=16, max_new_tokens=8)
 
 
-def _sized(config, variant, *, batch_size, seq_len, mesh, remat_policy="full"):
-    """A published size in bf16 with scanned layers, for compiling its fit without weights."""
+def _sized(config, variant, *, batch_size, seq_len, mesh, chunks, remat_policy="full"):
+    """A published size in bf16 with scanned layers, for compiling its fit without weights
+    (with the checkpoint in init_from the variant must match it: an error names a field that
+    differs)."""
     config.model.update(variant=variant, scan_layers=True, remat_policy=remat_policy)
     config.dataset.seq_len = seq_len
     config.update(batch_size=batch_size, eval_batch_size=batch_size, dtype="bfloat16")
+    config.loss.chunks = chunks
     config.mesh.update(mesh)
 
 
@@ -88,4 +91,9 @@ _PRESETS = {
     "full": defaults.unchanged,
     "lora": _lora,
     "tiny": _tiny,
+    # Colab's TPU (v5e:1x1): every parameter of Qwen3-0.6B, its 151,936-token vocabulary's
+    # logits in 8 slices
+    "qwen3-0.6b-v5e": lambda c: _sized(
+        c, "qwen3-0.6b", batch_size=8, seq_len=1024, mesh=dict(data=1, fsdp=1), chunks=8
+    ),
 }

@@ -106,9 +106,13 @@ def topology_devices(topology: str, *, num_slices: int = 1, platform: str | None
         )
     # Compile-only use: several processes may load libtpu at once (tests, scripts).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    bounds = [int(s) for s in sizes] + [1] * (3 - len(sizes))
+    # A slice smaller than a host (v5e:1x1, Colab's TPU) is a host of that many chips: libtpu's
+    # default host of 2x2x1 chips would not divide it.
+    small = dict(chips_per_host_bounds=tuple(bounds)) if math.prod(bounds) < 4 else {}
     try:
         topo = topologies.get_topology_desc(
-            platform="tpu", topology_name=topology, num_slices=num_slices
+            platform="tpu", topology_name=topology, num_slices=num_slices, **small
         )
     except RuntimeError as e:
         if "not installed" in str(e):
