@@ -126,6 +126,7 @@ def _decode(argv):
 
     from tfjax import decode, progress
     from tfjax.runner import train
+    from tfjax.tasks.decoding import eos_ids
 
     model, params, tokenizer = train.restore_model(
         config, _WORKDIR.value, average_last=average_last
@@ -168,25 +169,29 @@ def _decode(argv):
     outputs = [None] * len(ids)
     bar = progress.bar(total=len(ids), unit="input", desc="decoding")
     start, generated = time.perf_counter(), 0
+    eos = eos_ids(tokenizer)
     for members in groups.values():
         width = max(len(ids[i]) for i in members)
         batch = np.zeros((len(members), width), np.int32)
+        mask = np.zeros((len(members), width), bool)  # right padding (a source's: its own, 0)
         for row, i in enumerate(members):
-            batch[row, : len(ids[i])] = ids[i]
+            batch[row, : len(ids[i])], mask[row, : len(ids[i])] = ids[i], True
         tokens, _ = decode.generate(
             model,
             params,
             batch,
+            mask=None if encoder_decoder else mask,
             max_new_tokens=max_new,
-            eos_id=tokenizer.eos_id,
+            eos_id=eos,
             rng=jax.random.key(_SEED.value),
             **options,
         )
         tokens = np.asarray(tokens)
+        # Each output ends before its first EOS of any id; after it come filler ids.
+        ends = decode.first_eos(tokens, eos)
         for row, i in enumerate(members):
-            outputs[i] = tokenizer.decode(tokens[row])
-            ends = np.flatnonzero(tokens[row] == tokenizer.eos_id)
-            generated += int(ends[0]) + 1 if ends.size else len(tokens[row])
+            outputs[i] = tokenizer.decode(tokens[row, : ends[row]])
+            generated += min(int(ends[row]) + 1, tokens.shape[1])  # the EOS counts
         bar.update(len(members))
     bar.close()
     logging.info(

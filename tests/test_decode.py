@@ -1,4 +1,5 @@
-"""Greedy, sampling and beam search: equivalences, the KV cache, EOS handling, bad input."""
+"""Greedy, sampling and beam search: equivalences, the KV cache, EOS handling, padding masks,
+bad input."""
 
 import flax.linen as nn
 import jax
@@ -34,21 +35,26 @@ def t5():
     return m, m.init(jax.random.key(2), src, src)["params"]
 
 
-PROMPTS = jnp.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 12, 13, 0]])
+# Id 0 is an ordinary token (as "!" in GPT-2, Llama 3 and Qwen), EOS too inside a prompt; the
+# padding (V - 1 here) is known from the mask alone.
+PROMPTS = jnp.array([[5, 0, 7, 8], [0, EOS, V - 1, V - 1], [11, 0, 13, V - 1]])
+MASK = jnp.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], bool)
+LENGTHS = (4, 2, 3)
 SOURCES = jnp.array([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0]])
 
 
 def both(gpt, encdec):
-    return [(gpt[0], gpt[1], PROMPTS), (encdec[0], encdec[1], SOURCES)]
+    """(model, params, inputs, generate's mask keyword) of each kind of model."""
+    return [(gpt[0], gpt[1], PROMPTS, dict(mask=MASK)), (encdec[0], encdec[1], SOURCES, {})]
 
 
 @pytest.mark.parametrize("kind", [0, 1], ids=["decoder", "encoder-decoder"])
 @pytest.mark.parametrize("method", ["greedy", "beam"])
 def test_cache_equals_recomputing_the_prefix(gpt, encdec, kind, method):
-    model, params, inputs = both(gpt, encdec)[kind]
+    model, params, inputs, kw = both(gpt, encdec)[kind]
     if method == "beam" and kind == 0:
-        inputs = PROMPTS[:, :2]  # beam search takes equal-length prompts
-    kw = dict(max_new_tokens=7, eos_id=EOS, method=method)
+        inputs, kw = PROMPTS[:, :2], {}  # beam search takes equal-length prompts
+    kw = dict(kw, max_new_tokens=7, eos_id=EOS, method=method)
     t1, s1 = decode.generate(model, params, inputs, use_cache=True, **kw)
     t2, s2 = decode.generate(model, params, inputs, use_cache=False, **kw)
     np.testing.assert_array_equal(t1, t2)
@@ -61,10 +67,10 @@ def test_explicit_cache_equals_the_collection(gpt, encdec, t5, kind, method):
     """generate carries tfjax models' explicit KV cache; Flax's "cache" collection gives the
     same tokens and scores to the bit."""
     model, params = {"decoder": gpt, "encoder-decoder": encdec, "t5": t5}[kind]
-    inputs = PROMPTS if kind == "decoder" else SOURCES
+    inputs, kw = (PROMPTS, dict(mask=MASK)) if kind == "decoder" else (SOURCES, {})
     if method == "beam" and kind == "decoder":
-        inputs = PROMPTS[:, :2]  # beam search takes equal-length prompts
-    kw = dict(max_new_tokens=7, eos_id=EOS, method=method, beam_size=3)
+        inputs, kw = PROMPTS[:, :2], {}  # beam search takes equal-length prompts
+    kw = dict(kw, max_new_tokens=7, eos_id=EOS, method=method, beam_size=3)
     explicit, explicit_scores = decode.generate(model, params, inputs, **kw)
     collection, scores = decode.generate(model, params, inputs, use_cache="collection", **kw)
     np.testing.assert_array_equal(explicit, collection)
@@ -74,10 +80,11 @@ def test_explicit_cache_equals_the_collection(gpt, encdec, t5, kind, method):
 
 
 def test_greedy_continues_each_prompt_by_its_own_argmax(gpt):
-    """Row by row, the continuation is the argmax of the full forward pass at every step."""
+    """Row by row, the continuation is the argmax of the full forward pass at every step (the
+    prompts hold id 0 and EOS as ordinary tokens)."""
     model, params = gpt
-    tokens, _ = decode.generate(model, params, PROMPTS, max_new_tokens=5, eos_id=EOS)
-    for row, length in zip(PROMPTS, (4, 2, 3), strict=True):
+    tokens, _ = decode.generate(model, params, PROMPTS, mask=MASK, max_new_tokens=5, eos_id=EOS)
+    for b, (row, length) in enumerate(zip(PROMPTS, LENGTHS, strict=True)):
         seq = list(np.asarray(row[:length]))
         for _ in range(5):
             logits, _ = model.apply({"params": params}, jnp.array([seq]))
@@ -85,15 +92,12 @@ def test_greedy_continues_each_prompt_by_its_own_argmax(gpt):
             seq.append(nxt)
             if nxt == EOS:
                 break
-        got = [int(t) for t in tokens[list(map(list, PROMPTS)).index(list(row))]][
-            : len(seq) - length
-        ]
-        assert got == seq[length:]
+        assert tokens[b, : len(seq) - length].tolist() == seq[length:]
 
 
 @pytest.mark.parametrize("kind", [0, 1], ids=["decoder", "encoder-decoder"])
 def test_beam_of_one_and_top_k_of_one_equal_greedy(gpt, encdec, kind):
-    model, params, inputs = both(gpt, encdec)[kind]
+    model, params, inputs, _ = both(gpt, encdec)[kind]
     inputs = inputs[:, :2] if kind == 0 else inputs
     kw = dict(max_new_tokens=6, eos_id=EOS)
     greedy, g_scores = decode.generate(model, params, inputs, **kw)
@@ -106,9 +110,14 @@ def test_beam_of_one_and_top_k_of_one_equal_greedy(gpt, encdec, kind):
     np.testing.assert_allclose(g_scores, t_scores, atol=1e-5)
 
 
+SAMPLE_KW = dict(
+    mask=MASK, max_new_tokens=8, eos_id=EOS, method="sample", temperature=2.0, top_p=0.95
+)
+
+
 def test_sampling_is_reproducible(gpt):
     model, params = gpt
-    kw = dict(max_new_tokens=8, eos_id=EOS, method="sample", temperature=2.0, top_p=0.95)
+    kw = SAMPLE_KW
     a, _ = decode.generate(model, params, PROMPTS, rng=jax.random.key(1), **kw)
     b, _ = decode.generate(model, params, PROMPTS, rng=jax.random.key(1), **kw)
     c, _ = decode.generate(model, params, PROMPTS, rng=jax.random.key(2), **kw)
@@ -183,7 +192,7 @@ def test_finished_sequences_are_padded_and_stop_scoring():
     assert float(b_score[0]) == pytest.approx(np.log(0.97), abs=1e-4)
 
 
-def test_bad_options_name_themselves(gpt):
+def test_bad_options_name_themselves(gpt, encdec):
     model, params = gpt
     kw = dict(max_new_tokens=4, eos_id=EOS)
     # A learned position table ends at max_len (RoPE models, like `gpt`, go past it, as
@@ -192,8 +201,29 @@ def test_bad_options_name_themselves(gpt):
     learned_params = learned.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
     with pytest.raises(ValueError, match="exceeds the model's max_len=256"):
         decode.generate(learned, learned_params, PROMPTS, max_new_tokens=300, eos_id=EOS)
-    with pytest.raises(ValueError, match="row 1 is empty"):
-        decode.generate(model, params, jnp.array([[5, 6], [0, 0]]), **kw)
+    for mask, message in [
+        (MASK[:, :3], r"mask has shape \(3, 3\); the inputs' is \(3, 4\)"),
+        (MASK.at[1].set(False), "mask row 1 is empty"),
+        (MASK.at[2].set([True, False, True, True]), "mask row 2 is true on columns 0..0, 2..3 "),
+        (MASK.at[0].set([False, True, True, False]), r"mask row 0 is true on columns 1..2 of 0..3"),
+        (MASK.astype(float), "mask must be bool or integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            decode.generate(model, params, PROMPTS, mask=mask, **kw)
+    with pytest.raises(ValueError, match="mask has shape"):  # unchecked: the shape still is
+        decode.generate(model, params, PROMPTS, mask=MASK[:2], check=False, **kw)
+    with pytest.raises(ValueError, match="mask applies to decoder prompts"):
+        decode.generate(*encdec, SOURCES, mask=SOURCES != 0, **kw)
+    for eos, message in [
+        ((), "eos_id is empty"),
+        ((EOS, V), rf"eos_id=\({EOS}, {V}\) holds {V}, not an id in \[0, {V}\)"),
+        (-1, "eos_id=-1 holds -1"),
+        (1.5, "eos_id=1.5 must be an id or a sequence of ids"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            decode.generate(model, params, PROMPTS, max_new_tokens=4, eos_id=eos)
+    with pytest.raises(ValueError, match=f"pad_id=-1 is not an id in \\[0, {V}\\)"):
+        decode.generate(model, params, PROMPTS, pad_id=-1, **kw)
     with pytest.raises(ValueError, match="token id 99, outside the vocabulary"):
         decode.generate(model, params, jnp.array([[5, 99]]), **kw)
     with pytest.raises(ValueError, match="beam_size must be at least 1, got 0"):
@@ -208,7 +238,7 @@ def test_bad_options_name_themselves(gpt):
     with pytest.raises(ValueError, match="needs an rng"):
         decode.generate(model, params, PROMPTS, method="sample", **kw)
     with pytest.raises(ValueError, match="equal length"):
-        decode.generate(model, params, PROMPTS, method="beam", **kw)
+        decode.generate(model, params, PROMPTS, mask=MASK, method="beam", **kw)
     with pytest.raises(ValueError, match=r"beam_rules='t5x' is unknown; allowed: \('gnmt', 'hf'\)"):
         decode.generate(model, params, PROMPTS[:1], method="beam", beam_rules="t5x", **kw)
     with pytest.raises(ValueError, match="early_stopping='always' is unknown; allowed: "):
@@ -225,14 +255,71 @@ def test_bad_options_name_themselves(gpt):
         decode.generate(model, params, PROMPTS[:1], method="beam", early_stopping=True, **kw)
 
 
-def test_left_padded_prompts_decode_as_the_same_prompts_right_padded(gpt):
+def left_padded(prompts, mask):
+    """The same prompts and mask [B, P], each row's prompt moved to the right edge."""
+    shift = mask.shape[1] - mask.sum(1)
+    columns = (jnp.arange(mask.shape[1])[None] - shift[:, None]) % mask.shape[1]
+    return jnp.take_along_axis(prompts, columns, 1), jnp.take_along_axis(mask, columns, 1)
+
+
+def test_padded_prompts_decode_as_each_prompt_alone(gpt):
+    """Right- and left-padded prompts (holding id 0) continue as each prompt alone, unpadded."""
     model, params = gpt
-    right = jnp.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]])
-    left = jnp.array([[5, 6, 7, 8], [0, 0, 9, 10], [0, 0, 0, 11]])
-    np.testing.assert_array_equal(decode.left_aligned(left), right)
-    for method in ("greedy", "sample"):
-        kw = dict(max_new_tokens=5, eos_id=EOS, method=method, rng=jax.random.key(3))
-        want, want_scores = decode.generate(model, params, right, **kw)
-        got, got_scores = decode.generate(model, params, left, **kw)
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(got_scores, want_scores)
+    left, left_mask = left_padded(PROMPTS, MASK)
+    assert left_mask[1].tolist() == [False, False, True, True] and left[1, 2] == 0
+    kw = dict(max_new_tokens=5, eos_id=EOS)  # test_greedy_continues_...'s program
+    want, want_scores = decode.generate(model, params, PROMPTS, mask=MASK, **kw)
+    got, got_scores = decode.generate(model, params, left, mask=left_mask, **kw)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_scores, want_scores)
+    for b, length in enumerate(LENGTHS):
+        alone, score = decode.generate(model, params, PROMPTS[b : b + 1, :length], **kw)
+        np.testing.assert_array_equal(alone[0], want[b])
+        np.testing.assert_allclose(score[0], want_scores[b], atol=1e-5)
+    # Sampling (a row's draws depend on the batch, so against the right-padded batch only).
+    want, want_scores = decode.generate(model, params, PROMPTS, rng=jax.random.key(1), **SAMPLE_KW)
+    kw = dict(SAMPLE_KW, mask=left_mask)
+    got, got_scores = decode.generate(model, params, left, rng=jax.random.key(1), **kw)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_scores, want_scores)
+
+
+E1, E2 = 2, 3  # two EOS ids, as Llama 3's <|eot_id|> and <|end_of_text|>
+
+
+def two_eos_table():
+    """From 1: 0 (p 0.7; id 0 an ordinary token) then 4, then E1 (0.9); or 5 (0.3). From 5: E2
+    (0.9) or E1 (0.1). After either EOS: the other one. So prompt 1 ends at E1 by [0, 4, E1]
+    (0.63, the best of all); prompt 5 ends at E2 (0.9)."""
+    p = np.full((6, 6), 1e-9)
+    p[1, 0], p[1, 5] = 0.7, 0.3
+    p[0, 4] = 1.0
+    p[4, E1], p[4, 1] = 0.9, 0.1
+    p[5, E2], p[5, E1] = 0.9, 0.1
+    p[E1, E2] = p[E2, E1] = 1.0
+    return tuple(map(tuple, np.log(p / p.sum(1, keepdims=True)).astype(np.float32).tolist()))
+
+
+@pytest.mark.parametrize("method", ["greedy", "sample", ("beam", "gnmt"), ("beam", "hf")], ids=str)
+def test_generation_stops_at_the_first_of_several_eos_ids(method):
+    """Each row ends at whichever EOS id comes first, exactly as when that id is the only one;
+    a generated 0 is a token like any other (kept, and first_eos cuts at the EOS only)."""
+    model = Bigram(table=two_eos_table())
+    prompts = jnp.array([[1], [5]])
+    method, rules = (method, "gnmt") if isinstance(method, str) else method
+    kw = dict(max_new_tokens=5, method=method, beam_rules=rules, beam_size=2, alpha=0.0)
+    kw.update(rng=jax.random.key(4), temperature=3.0)  # sampling: far from greedy
+    tokens, scores = decode.generate(model, {}, prompts, eos_id=(E1, E2), pad_id=1, **kw)
+    ends = decode.first_eos(tokens, [E1, E2])
+    assert (ends < 5).all()
+    for b, end in enumerate(ends):
+        eos = int(tokens[b, end])
+        alone, alone_scores = decode.generate(model, {}, prompts, eos_id=eos, pad_id=1, **kw)
+        np.testing.assert_array_equal(tokens[b], alone[b])  # filler 1 after the EOS
+        np.testing.assert_allclose(scores[b], alone_scores[b], atol=1e-6)
+    if method != "sample":
+        assert tokens.tolist() == [[0, 4, E1, 1, 1], [E2, 1, 1, 1, 1]]
+        np.testing.assert_allclose(scores, np.log([0.63, 0.9]), atol=1e-5)
+        assert decode.first_eos(tokens, (E1, E2)).tolist() == [2, 0]
+    else:
+        assert {int(tokens[b, e]) for b, e in enumerate(ends)} == {E1, E2}  # each ends a row

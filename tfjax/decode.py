@@ -2,25 +2,35 @@
 
 Letters: B batch, K beams, L buffer length, P prompt length, V vocab.
 
-    tokens, scores = decode.generate(model, params, inputs, max_new_tokens=50, eos_id=eos)
+    tokens, scores = decode.generate(model, params, prompts, mask=mask, max_new_tokens=50,
+                                     eos_id=eos)
+    outputs = [row[:end] for row, end in zip(tokens, decode.first_eos(tokens, eos))]
 
-`model` is a `tfjax.models.decoder` model (inputs: prompts [B, P], padded with 0 on the right
-or the left (left-padded rows are moved to the left edge first); the result continues each
-prompt) or a `tfjax.models.transformer` model (inputs: source ids
-[B, S]; the result is the target sequence). `tokens` [B, max_new_tokens] holds the generated
-ids, 0 (padding) after an EOS; `scores` [B] the sum of their log-probabilities under the model
-(for beam search divided by the length penalty ((5 + length) / 6)^alpha of Wu et al., 2016,
-which the paper uses with beam 4 and alpha 0.6).
+`model` is a `tfjax.models.decoder` model or a `tfjax.models.transformer` model. A decoder
+continues prompts [B, P]; `mask` [B, P] (bool or 0/1, as transformers' `attention_mask`) is
+true on prompt tokens: each row's are one run of columns starting at column 0 (right padding)
+or ending at column P-1 (left padding: such rows are moved to the left edge first); no mask
+means no padding. Padding is never inferred from token ids: id 0 is an ordinary token ("!" in
+GPT-2, Llama 3 and Qwen). A transformer reads source ids [B, S] and gives the target sequence;
+its source padding (id 0, tfjax's own ids) is the model's own business, so it takes no mask.
 
-Beam search has two sets of rules. "gnmt" (the default): finished hypotheses are scored with
-the penalty above, and the search stops once no live beam can beat the worst finished one even
-at full length. "hf": transformers' `generate(num_beams=K, length_penalty=alpha,
-early_stopping=...)`, so that a converted checkpoint gives the reference's output: a score is
-log-probability / length^alpha; of the 2K best candidates only those among the best K may
-finish; at max_new_tokens the best K live ones finish too; `early_stopping` True stops a row
-once K have finished, False once the best live beam, scored at its current length, cannot beat
-the worst finished one, "never" scores it at full length instead (when alpha > 0). alpha=None
-is 0.6 under "gnmt" and transformers' default length_penalty, 1.0, under "hf".
+`eos_id` is one id or several (Llama 3 and Qwen chat checkpoints end a turn at any of two or
+three): a row ends at the first it generates. `tokens` [B, max_new_tokens] holds the generated
+ids, the row's EOS included, then `pad_id` (0) as filler; since the filler may be an ordinary
+token, callers cut each row at its first EOS of any id (`first_eos`). `scores` [B] is the sum of
+their log-probabilities under the model (for beam search divided by the length penalty
+((5 + length) / 6)^alpha of Wu et al., 2016, which the paper uses with beam 4 and alpha 0.6).
+
+Beam search takes decoder prompts of one length (no padding). It has two sets of rules. "gnmt"
+(the default): finished hypotheses are scored with the penalty above, and the search stops once
+no live beam can beat the worst finished one even at full length. "hf": transformers'
+`generate(num_beams=K, length_penalty=alpha, early_stopping=...)`, so that a converted
+checkpoint gives the reference's output: a score is log-probability / length^alpha; of the 2K
+best candidates only those among the best K may finish; at max_new_tokens the best K live ones
+finish too; `early_stopping` True stops a row once K have finished, False once the best live
+beam, scored at its current length, cannot beat the worst finished one, "never" scores it at
+full length instead (when alpha > 0). alpha=None is 0.6 under "gnmt" and transformers' default
+length_penalty, 1.0, under "hf".
 
 Everything after the argument checks is one jitted `lax.while_loop`. With `use_cache=True`
 each step feeds one token through the model's KV cache: the explicit cache of tfjax's models
@@ -32,6 +42,7 @@ against, and the benchmark's baseline).
 
 import functools
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -52,13 +63,29 @@ def _is_encoder_decoder(model) -> bool:
     return hasattr(model, "encode")
 
 
+def _eos_ids(eos_id, vocab: int) -> tuple[int, ...]:
+    """eos_id (an int or a sequence of ints) as a tuple of ids: hashable, a static jit argument."""
+    ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id
+    try:
+        ids = tuple(ids)
+    except TypeError:
+        raise ValueError(f"eos_id={eos_id!r} must be an id or a sequence of ids") from None
+    if not ids:
+        raise ValueError("eos_id is empty; give at least one EOS id")
+    for e in ids:
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < vocab:
+            raise ValueError(f"eos_id={eos_id!r} holds {e!r}, not an id in [0, {vocab})")
+    return tuple(dict.fromkeys(int(e) for e in ids))  # in order, each once
+
+
 def _check(
     model,
-    inputs,
+    width,
     *,
     method,
     max_new_tokens,
     eos_id,
+    pad_id,
     beam_size,
     beam_rules,
     early_stopping,
@@ -66,7 +93,8 @@ def _check(
     top_k,
     top_p,
 ):
-    """Host-side validation: every message names the option and what is allowed."""
+    """Host-side validation of the options, for prompts of `width` columns: every message names
+    the option and what is allowed. Returns eos_id as a tuple of ids."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is unknown; allowed: {METHODS}")
     if beam_rules not in BEAM_RULES:
@@ -78,21 +106,12 @@ def _check(
             f"early_stopping={early_stopping!r} applies to beam_rules='hf' only (the 'gnmt' "
             "rules stop once no live beam can beat the worst finished one)"
         )
-    inputs = np.asarray(inputs)
-    if inputs.ndim != 2 or not np.issubdtype(inputs.dtype, np.integer):
-        raise ValueError(f"inputs must be [B, P] integer ids, got {inputs.shape} {inputs.dtype}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     vocab = model.vocab_size
-    if inputs.size and (inputs.min() < 0 or inputs.max() >= vocab):
-        bad = inputs[(inputs < 0) | (inputs >= vocab)][0]
-        raise ValueError(f"inputs hold token id {bad}, outside the vocabulary [0, {vocab})")
-    if not 0 <= eos_id < vocab:
-        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab})")
-    lengths = _lengths(inputs)
-    if (lengths == 0).any():
-        row = int(np.argmax(lengths == 0))
-        raise ValueError(f"inputs row {row} is empty (all padding); give at least one token")
+    eos_ids = _eos_ids(eos_id, vocab)
+    if not (isinstance(pad_id, (int, np.integer)) and 0 <= pad_id < vocab):
+        raise ValueError(f"pad_id={pad_id!r} is not an id in [0, {vocab})")
     if method == "beam" and beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if method == "sample":
@@ -103,38 +122,95 @@ def _check(
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if not _is_encoder_decoder(model):
-        total = inputs.shape[1] + max_new_tokens
+        total = width + max_new_tokens
         # A learned position table ends at max_len (RoPE goes on; a model without the field: as
         # learned)
         if getattr(model, "position", "learned") == "learned" and total > model.max_len:
             raise ValueError(
-                f"prompt length {inputs.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
+                f"prompt length {width} + max_new_tokens {max_new_tokens} = {total} "
                 f"exceeds the model's max_len={model.max_len}"
             )
-        if method == "beam" and (lengths != inputs.shape[1]).any():
-            raise ValueError("beam search needs prompts of equal length (no padding)")
+    return eos_ids
+
+
+def _check_mask_shape(model, inputs, mask):
+    """The mask's shape and type, which a host can check without reading any array."""
+    if mask is None:
+        return
+    if _is_encoder_decoder(model):
+        raise ValueError(
+            "mask applies to decoder prompts; an encoder-decoder model masks its source "
+            "padding (id 0) itself: give mask=None"
+        )
+    if tuple(mask.shape) != tuple(inputs.shape):
+        raise ValueError(f"mask has shape {tuple(mask.shape)}; the inputs' is {inputs.shape}")
+    if not (mask.dtype == bool or np.issubdtype(mask.dtype, np.integer)):
+        raise ValueError(f"mask must be bool or integer (0/1), got {mask.dtype}")
+
+
+def _check_inputs(model, inputs, mask, method) -> np.ndarray:
+    """Host-side validation of the ids and the mask; returns the prompt lengths [B] (of a
+    decoder's prompts; all S for an encoder-decoder's sources)."""
+    inputs = np.asarray(inputs)
+    if inputs.ndim != 2 or not np.issubdtype(inputs.dtype, np.integer):
+        raise ValueError(f"inputs must be [B, P] integer ids, got {inputs.shape} {inputs.dtype}")
+    if not inputs.shape[1]:
+        raise ValueError(f"inputs {inputs.shape} have no tokens; give at least one per row")
+    vocab = model.vocab_size
+    if inputs.size and (inputs.min() < 0 or inputs.max() >= vocab):
+        bad = inputs[(inputs < 0) | (inputs >= vocab)][0]
+        raise ValueError(f"inputs hold token id {bad}, outside the vocabulary [0, {vocab})")
+    if mask is None:
+        return np.full(inputs.shape[0], inputs.shape[1])
+    mask = np.asarray(mask)
+    _check_mask_shape(model, inputs, mask)
+    mask = mask.astype(bool)
+    lengths = mask.sum(1)
+    for row, m in enumerate(mask):
+        # [start, end) of each run of prompt columns
+        runs = np.flatnonzero(np.diff(np.concatenate([[False], m, [False]]))).reshape(-1, 2)
+        if not len(runs):
+            raise ValueError(f"mask row {row} is empty (all padding); give at least one token")
+        if len(runs) > 1 or (runs[0, 0] and runs[0, 1] != len(m)):
+            spans = ", ".join(f"{a}..{b - 1}" for a, b in runs)
+            raise ValueError(
+                f"mask row {row} is true on columns {spans} of 0..{len(m) - 1}: a row's prompt "
+                "tokens must be one run from column 0 (right padding) or up to the last column "
+                "(left padding)"
+            )
+    if method == "beam" and (lengths != inputs.shape[1]).any():
+        raise ValueError("beam search needs prompts of equal length (no padding)")
     return lengths
 
 
-def left_aligned(prompts) -> np.ndarray:
-    """Prompts [B, P] with each row's leading padding (0) moved to its end: a left-padded batch
-    as the right-padded one the decoder reads (positions then start at 0 in every row)."""
-    prompts = np.asarray(prompts)
-    if prompts.ndim != 2 or not prompts.size:
-        return prompts  # _check names what is wrong with it
-    nonzero = prompts != 0
-    lead = np.where(nonzero.any(1), np.argmax(nonzero, 1), 0)  # [B] leading zeros per row
-    if not lead.any():
-        return prompts
+def first_eos(tokens, eos_id) -> np.ndarray:
+    """[B] the column of each row's first EOS (any of `eos_id`'s ids) in generated tokens
+    [B, N], N where a row has none: row b's output is tokens[b, :first_eos[b]], what follows its
+    EOS being filler."""
+    tokens = np.asarray(tokens)
+    is_eos = np.isin(tokens, (eos_id,) if np.isscalar(eos_id) else list(eos_id))
+    return np.where(is_eos.any(1), is_eos.argmax(1), tokens.shape[1])
+
+
+def _left_aligned(prompts, mask, pad_id):
+    """Prompts [B, P] with each row's prompt tokens (mask [B, P]) moved to the left edge and
+    `pad_id` after them, and their lengths [B]: the right-padded batch the loop reads, whose
+    positions start at 0 in every row. Runs on the devices (the rows may be sharded)."""
+    b, width = prompts.shape
+    if mask is None:
+        return prompts, jnp.full(b, width, jnp.int32)
+    mask = mask.astype(bool)
+    lengths = mask.sum(1, dtype=jnp.int32)
+    lead = jnp.argmax(mask, 1)  # [B] the first prompt column: 0 unless left-padded
     # [B, P]: row b read from column (p + lead[b]) mod P
-    columns = (np.arange(prompts.shape[1])[None] + lead[:, None]) % prompts.shape[1]
-    return np.take_along_axis(prompts, columns, axis=1)
+    columns = (jnp.arange(width)[None] + lead[:, None]) % width
+    prompts = jnp.take_along_axis(prompts, columns, axis=1)
+    return jnp.where(jnp.arange(width)[None] < lengths[:, None], prompts, pad_id), lengths
 
 
-def _lengths(inputs):
-    """Length of each right-padded row: one past its last non-zero id."""
-    nonzero = np.asarray(inputs) != 0
-    return np.where(nonzero.any(1), nonzero.shape[1] - np.argmax(nonzero[:, ::-1], 1), 0)
+def _is_eos(tokens, eos_ids):
+    """tokens [...] -> bool [...]: is each one of the EOS ids."""
+    return functools.reduce(jnp.logical_or, [tokens == e for e in eos_ids])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,20 +315,35 @@ def _filter_logits(logits, temperature, top_k, top_p):
 
 
 def _sample_loop(
-    stepper, buffer, lengths, min_length, *, eos_id, method, temperature, top_k, top_p, rng
+    stepper,
+    buffer,
+    lengths,
+    min_length,
+    *,
+    max_new_tokens,
+    eos_id,
+    pad_id,
+    method,
+    temperature,
+    top_k,
+    top_p,
+    rng,
 ):
-    """Token-by-token loop; buffer [B, L] holds each prompt (lengths [B]), right-padded."""
+    """Token-by-token loop; buffer [B, L] holds each prompt (lengths [B]), then pad_id."""
     b, total = buffer.shape
+    full = lengths + max_new_tokens  # [B] a row is done at EOS or when it reaches this length
     start = min_length - 1  # the first position whose next token is not forced in every row
     state = stepper.init_state(b)
     state = stepper.prefill(state, buffer[:, :start])  # the prompts' shared part, in one call
 
     def cond(c):
         i, _, _, done, _ = c
-        return (i < total - 1) & ~jnp.all(done & (i + 1 >= lengths))
+        return (i < total - 1) & ~jnp.all((done | (i + 1 >= full)) & (i + 1 >= lengths))
 
     def body(c):
         i, buffer, state, done, scores = c
+        # A shorter prompt's row has all its new tokens before the buffer's end: score no more.
+        done = done | (i + 1 >= full)
         logits, state = stepper.step(state, lax.dynamic_slice_in_dim(buffer, i, 1, 1), i, buffer)
         logits = logits[:, 0].astype(jnp.float32)
         logp = jax.nn.log_softmax(logits)
@@ -263,10 +354,10 @@ def _sample_loop(
             nxt = jax.random.categorical(jax.random.fold_in(rng, i), filtered)
         forced = i + 1 < lengths
         prompt_next = lax.dynamic_slice_in_dim(buffer, i + 1, 1, 1)[:, 0]
-        nxt = jnp.where(forced, prompt_next, jnp.where(done, 0, nxt)).astype(buffer.dtype)
+        nxt = jnp.where(forced, prompt_next, jnp.where(done, pad_id, nxt)).astype(buffer.dtype)
         gained = jnp.take_along_axis(logp, nxt[:, None], -1)[:, 0]
         scores = scores + jnp.where(forced | done, 0.0, gained)
-        done = done | (~forced & (nxt == eos_id))
+        done = done | (~forced & _is_eos(nxt, eos_id))
         buffer = lax.dynamic_update_slice_in_dim(buffer, nxt[:, None], i + 1, 1)
         return i + 1, buffer, state, done, scores
 
@@ -305,18 +396,18 @@ def _gather_beams(tree, index, batch, beams, batch_axis):
     return jax.tree_util.tree_map_with_path(gather, tree)
 
 
-def _beam_start(stepper, prompt, k, max_new_tokens):
+def _beam_start(stepper, prompt, k, max_new_tokens, pad_id):
     """The stepper for K beams per row and the search's start: [B, K, L] beams that are all the
-    prompt with only beam 0 alive, the cache holding the prompt but its last token, and K empty
-    finished slots per row."""
+    prompt (then pad_id, what a finished beam keeps after its EOS) with only beam 0 alive, the
+    cache holding the prompt but its last token, and K empty finished slots per row."""
     b, p = prompt.shape
     total = p + max_new_tokens
     stepper = stepper.repeat(k)
-    seqs = jnp.zeros((b, k, total), jnp.int32).at[:, :, :p].set(prompt[:, None])
+    seqs = jnp.full((b, k, total), pad_id, jnp.int32).at[:, :, :p].set(prompt[:, None])
     live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (k - 1)), (b, 1))
     state = stepper.init_state(b * k)
     state = stepper.prefill(state, seqs[:, :, : p - 1].reshape(b * k, -1))
-    return stepper, seqs, live_logp, state, jnp.zeros_like(seqs), jnp.full((b, k), _NEG)
+    return stepper, seqs, live_logp, state, jnp.full_like(seqs, pad_id), jnp.full((b, k), _NEG)
 
 
 def _candidates(stepper, state, seqs, live_logp, i):
@@ -347,12 +438,14 @@ def _advance(state, fin_seqs, fin_scores, fin_cand, top_seqs, top_logp, origin, 
     return seqs, live_logp, fin_seqs, fin_scores, state
 
 
-def _gnmt_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, early_stopping):
+def _gnmt_beam_loop(
+    stepper, prompt, *, eos_id, pad_id, beam_size, alpha, max_new_tokens, early_stopping
+):
     """Beam search by GNMT's rules (Wu et al.); see the module docstring."""
     del early_stopping  # these rules stop once no live beam can beat a finished one
     p, total = prompt.shape[1], prompt.shape[1] + max_new_tokens
     stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
-        stepper, prompt, beam_size, max_new_tokens
+        stepper, prompt, beam_size, max_new_tokens, pad_id
     )
     axis = stepper.batch_axis
     max_penalty = _length_penalty(max_new_tokens, alpha)
@@ -367,7 +460,7 @@ def _gnmt_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens
     def body(c):
         i, seqs, live_logp, fin_seqs, fin_scores, state = c
         top_logp, origin, token, top_seqs, state = _candidates(stepper, state, seqs, live_logp, i)
-        is_eos = token == eos_id
+        is_eos = _is_eos(token, eos_id)
         # Finished: EOS candidates, scored with the length penalty.
         length = (i + 2 - p).astype(jnp.float32)
         fin_cand = jnp.where(is_eos, top_logp / _length_penalty(length, alpha), _NEG)
@@ -385,12 +478,14 @@ def _gnmt_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens
     return best, score
 
 
-def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, early_stopping):
+def _hf_beam_loop(
+    stepper, prompt, *, eos_id, pad_id, beam_size, alpha, max_new_tokens, early_stopping
+):
     """Beam search by transformers' rules (its `_beam_search`); see the module docstring."""
     k, p = beam_size, prompt.shape[1]
     total = p + max_new_tokens
     stepper, seqs, live_logp, state, fin_seqs, fin_scores = _beam_start(
-        stepper, prompt, k, max_new_tokens
+        stepper, prompt, k, max_new_tokens, pad_id
     )
     axis = stepper.batch_axis
     improvable = jnp.ones(prompt.shape[0], bool)  # may a finished hypothesis still change?
@@ -410,7 +505,7 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
         i, seqs, live_logp, fin_seqs, fin_scores, improvable, state = c
         top_logp, origin, token, top_seqs, state = _candidates(stepper, state, seqs, live_logp, i)
         # A candidate stops at EOS or at full length (then every one does).
-        stops = (token == eos_id) | (i + 2 >= total)
+        stops = _is_eos(token, eos_id) | (i + 2 >= total)
         length = (i + 2 - p).astype(jnp.float32)
         full = jnp.all(finished(fin_scores), -1) & (early_stopping is True)
         may_finish = stops & best_rank & (improvable & ~full)[:, None]
@@ -437,6 +532,7 @@ def _hf_beam_loop(stepper, prompt, *, eos_id, beam_size, alpha, max_new_tokens, 
 PROGRAM_OPTIONS = (
     "max_new_tokens",
     "eos_id",
+    "pad_id",
     "method",
     "beam_size",
     "alpha",
@@ -456,11 +552,12 @@ def _generate(
     model,
     params,
     inputs,
-    lengths,
+    mask,
     rng,
     *,
     max_new_tokens,
     eos_id,
+    pad_id,
     method,
     beam_size,
     alpha,
@@ -481,26 +578,29 @@ def _generate(
     else:
         prompt_len = width
         stepper = _Stepper(model, params, width + max_new_tokens, use_cache)
-        prompt = inputs.astype(jnp.int32)
+        prompt, lengths = _left_aligned(inputs.astype(jnp.int32), mask, pad_id)
     if method == "beam":
         beam_loop = _hf_beam_loop if beam_rules == "hf" else _gnmt_beam_loop
         seqs, scores = beam_loop(
             stepper,
             prompt,
             eos_id=eos_id,
+            pad_id=pad_id,
             beam_size=beam_size,
             alpha=alpha,
             max_new_tokens=max_new_tokens,
             early_stopping=early_stopping,
         )
         return seqs[:, prompt_len:], scores
-    buffer = jnp.pad(prompt, ((0, 0), (0, max_new_tokens)))
+    buffer = jnp.pad(prompt, ((0, 0), (0, max_new_tokens)), constant_values=pad_id)
     buffer, scores = _sample_loop(
         stepper,
         buffer,
         lengths,
         min_length,
+        max_new_tokens=max_new_tokens,
         eos_id=eos_id,
+        pad_id=pad_id,
         method=method,
         temperature=temperature,
         top_k=top_k,
@@ -517,8 +617,10 @@ def generate(
     params: Any,
     inputs,
     *,
+    mask=None,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
+    pad_id: int = 0,
     method: str = "greedy",
     beam_size: int = 4,
     alpha: float | None = None,
@@ -536,7 +638,12 @@ def generate(
     Args:
       model: a decoder (prompt -> continuation) or transformer (source -> target) model.
       params: its parameters (plain arrays or logically boxed).
-      inputs: [B, P] prompts padded with 0 (right or left), or [B, S] source ids.
+      inputs: [B, P] prompts, or [B, S] source ids (an encoder-decoder's: 0 is its padding).
+      mask: [B, P] bool or 0/1, true on prompt tokens (transformers' attention_mask): each row's
+        are one run from column 0 (right padding) or up to column P-1 (left padding). None: no
+        padding. Decoders only; beam search takes none or a full one.
+      eos_id: the EOS id, or several: a row ends at the first of them it generates.
+      pad_id: the filler of `tokens` after a row's EOS (cut rows at their EOS: `first_eos`).
       method: "greedy", "sample" (temperature, top_k, top_p) or "beam" (beam_size, alpha; None:
         0.6 for "gnmt", transformers' default length_penalty 1.0 for "hf").
       beam_rules: "gnmt" (the length penalty of Wu et al.) or "hf" (transformers' generate:
@@ -545,9 +652,11 @@ def generate(
       use_cache: feed one token per step through the KV cache: the model's explicit one when it
         has `init_cache`, else its "cache" collection; "collection": the collection; False:
         recompute the prefix every step.
-      check: validate the inputs on the host first. False is for inputs that are global arrays
-        sharded over processes (the runner's eval), which no host can read whole; the options
-        are still checked, the ids are then the caller's responsibility.
+      check: validate the inputs and the mask on the host first. False is for inputs and mask
+        that are global arrays sharded over processes (the runner's eval), which no host can
+        read whole: the lengths are then found on the devices from the mask; the options and
+        the mask's shape are still checked, the ids and the mask's runs are the caller's
+        responsibility.
     Returns:
       (tokens [B, max_new_tokens] int32, scores [B] float32).
     """
@@ -555,6 +664,7 @@ def generate(
         method=method,
         max_new_tokens=max_new_tokens,
         eos_id=eos_id,
+        pad_id=pad_id,
         beam_size=beam_size,
         beam_rules=beam_rules,
         early_stopping=early_stopping,
@@ -562,16 +672,14 @@ def generate(
         top_k=top_k,
         top_p=top_p,
     )
+    width = np.shape(inputs)[1] if np.ndim(inputs) == 2 else 0  # else _check_inputs says so
+    options["eos_id"] = _check(model, width, **options)
     if check:
-        if not _is_encoder_decoder(model):
-            inputs = left_aligned(inputs)
-        lengths = _check(model, inputs, **options)
-        min_length = int(lengths.min())
+        min_length = int(_check_inputs(model, inputs, mask, method).min())
     else:
-        _check(model, np.ones((1, inputs.shape[1]), np.int32), **options)
-        nonzero = inputs != 0  # _lengths on the devices
-        lengths = jnp.where(nonzero.any(1), inputs.shape[1] - jnp.argmax(nonzero[:, ::-1], 1), 0)
-        min_length = 1  # unknown on the host: prompts are fed token by token from the start
+        _check_mask_shape(model, inputs, mask)
+        # Unknown on the host: prompts are fed token by token from the start.
+        min_length = inputs.shape[1] if mask is None else 1
     if method == "sample" and rng is None:
         raise ValueError('method="sample" needs an rng')
     if use_cache not in CACHES:
@@ -582,7 +690,7 @@ def generate(
         model,
         nn.unbox(params),
         jnp.asarray(inputs),
-        jnp.asarray(lengths, jnp.int32),
+        None if mask is None else jnp.asarray(mask),
         rng,
         **options,
         alpha=alpha,
@@ -591,11 +699,12 @@ def generate(
     )
 
 
-def lower(model, params, inputs, **options):
-    """`generate`'s jitted program lowered for abstract `params` and `inputs` (ShapeDtypeStructs
-    with shardings): compile it ahead of time for a target (`tfjax.runner.aot`) without any data.
-    `options` are generate's PROGRAM_OPTIONS, with its defaults. Prompts are taken as fed token
-    by token from the start, as in the runner's eval."""
+def lower(model, params, inputs, *, mask=None, **options):
+    """`generate`'s jitted program lowered for abstract `params`, `inputs` and `mask` (None or
+    a [B, P] bool ShapeDtypeStruct; ShapeDtypeStructs with shardings): compile it ahead of time
+    for a target (`tfjax.runner.aot`) without any data. `options` are generate's
+    PROGRAM_OPTIONS, with its defaults. With a mask the prompts are taken as fed token by token
+    from the start, as in the runner's eval."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     unknown = sorted(set(options) - set(PROGRAM_OPTIONS))
@@ -605,18 +714,18 @@ def lower(model, params, inputs, **options):
     bound.apply_defaults()
     options = {name: bound.arguments[name] for name in PROGRAM_OPTIONS}
     alpha = options.pop("alpha")
-    _check(model, np.ones((1, inputs.shape[1]), np.int32), **options)  # as generate(check=False)
+    options["eos_id"] = _check(model, inputs.shape[1], **options)  # as generate(check=False)
+    _check_mask_shape(model, inputs, mask)
     options["alpha"] = DEFAULT_ALPHA[options["beam_rules"]] if alpha is None else alpha
-    mesh = inputs.sharding.mesh
-    lengths = NamedSharding(mesh, PartitionSpec(*inputs.sharding.spec[:1]))  # as the rows
     key = jax.eval_shape(lambda: jax.random.key(0))
+    replicated = NamedSharding(inputs.sharding.mesh, PartitionSpec())
     return _generate.lower(
         model,
         params,
         inputs,
-        jax.ShapeDtypeStruct(inputs.shape[:1], jnp.int32, sharding=lengths),
-        jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
+        mask,
+        jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated),
         **options,
         use_cache=True,
-        min_length=1,
+        min_length=inputs.shape[1] if mask is None or _is_encoder_decoder(model) else 1,
     )

@@ -226,25 +226,24 @@ def check_greedy_generation(ref, path):
 
 
 def check_padded_prompts(ref, model, params, side):
-    """Prompts of 5, 2 and 4 tokens in one batch padded on `side`, with the KV cache: each row's
-    9 new tokens (an EOS no row emits: all are compared) are the reference's for that prompt
-    alone. Returns (the prompts, tfjax's output)."""
+    """Prompts of 5, 2 and 4 tokens in one batch padded on `side` (padding: the mask says, the
+    ids are an ordinary token's), with the KV cache: each row's 9 new tokens (an EOS no row
+    emits: all are compared) are the reference's for that prompt alone. Returns (the prompts,
+    their mask, tfjax's output)."""
     ids, max_new, lengths = tokens((3, 5), seed=11), 9, (5, 2, 4)
-    prompts = np.zeros_like(ids)
+    prompts, mask = np.full_like(ids, V - 1), np.zeros(ids.shape, bool)
     for row, n in enumerate(lengths):
-        if side == "right":
-            prompts[row, :n] = ids[row, :n]
-        else:
-            prompts[row, 5 - n :] = ids[row, :n]
+        columns = slice(None, n) if side == "right" else slice(5 - n, None)
+        prompts[row, columns], mask[row, columns] = ids[row, :n], True
     want = [
         greedy_reference(ref, ids[r : r + 1, :n], max_new, eos=V + 5)[0]
         for r, n in enumerate(lengths)
     ]
     eos = min(set(range(3, V)) - set(np.concatenate(want).tolist()))
-    got, _ = decode.generate(model, params, prompts, max_new_tokens=max_new, eos_id=eos)
+    got, _ = decode.generate(model, params, prompts, mask=mask, max_new_tokens=max_new, eos_id=eos)
     for row, n in enumerate(lengths):
         assert list(np.asarray(got)[row]) == list(want[row]), (row, n)
-    return prompts, np.asarray(got)
+    return prompts, mask, np.asarray(got)
 
 
 def check_seq2seq_logits(model, params, reference_logits):

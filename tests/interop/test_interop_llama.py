@@ -160,14 +160,14 @@ def test_greedy_generation_of_padded_prompts(family, scan_layers, side, request)
     own left-padded batch, with its attention mask)."""
     ref, path = request.getfixturevalue(family)
     model, params = interop.load(path, scan_layers=scan_layers)
-    prompts, got = references.check_padded_prompts(ref, model, params, side)
+    prompts, mask, got = references.check_padded_prompts(ref, model, params, side)
     # transformers' dynamic RoPE takes one length for a whole batch (its longest row's), so its
     # left-padded rows depend on each other; tfjax's rows match the reference's rows alone.
     if side == "left" and family != "llama_dynamic":
         with torch.no_grad():
             batched = ref.generate(
                 torch.tensor(prompts),
-                attention_mask=torch.tensor((prompts != 0).astype(np.int64)),
+                attention_mask=torch.tensor(mask.astype(np.int64)),
                 max_new_tokens=got.shape[1],
                 do_sample=False,
                 eos_token_id=V + 5,

@@ -98,16 +98,70 @@ def test_unchecked_generate_matches_checked(method):
         transformer.Model(variant="tiny", vocab_size=40),
         decoder.Model(variant="tiny", vocab_size=40, max_len=32),
     ):
-        inputs = rng.integers(5, 40, size=(3, 6)).astype(np.int32)
-        if method == "greedy" and not hasattr(model, "encode"):
-            inputs[1, 4:] = 0  # a shorter prompt: lengths found on the device
+        inputs = rng.integers(0, 40, size=(3, 6)).astype(np.int32)
         args = (inputs, inputs) if hasattr(model, "encode") else (inputs,)
         params = model.init(jax.random.key(1), *args)["params"]
-        kw = dict(max_new_tokens=5, eos_id=2, method=method, beam_size=2)
+        kw = dict(max_new_tokens=5, eos_id=(2, 3), method=method, beam_size=2)
+        if method == "greedy" and not hasattr(model, "encode"):
+            # A right- and a left-padded prompt: lengths and alignment found on the device.
+            kw["mask"] = np.ones(inputs.shape, bool)
+            kw["mask"][1, 4:] = kw["mask"][2, :3] = False
         want = decode.generate(model, params, inputs, **kw)
         got = decode.generate(model, params, jax.numpy.asarray(inputs), check=False, **kw)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+
+
+def test_lm_samples_take_their_prompts_from_the_weights_not_the_ids():
+    """SamplesEval's prompts: the tokens before a row's first weighted one (prompt/completion,
+    chat), or plain text's first prompt_length; id 0 is a token like any other."""
+    import types
+
+    import ml_collections
+
+    from tfjax.tasks import lm
+
+    tokens = np.array(
+        [
+            [1, 0, 7, 8, 9, 2, 0, 0],  # prompt [1, 0, 7], completion [8, 9, 2], padding
+            [1, 5, 0, 6, 7, 8, 9, 2],  # plain text
+            [1, 4, 5, 6, 7, 8, 9, 2],  # a longer prompt: its last 3 tokens
+            [1, 3, 3, 0, 0, 0, 0, 0],  # nothing weighted after position 0: dropped
+            [1, 9, 1, 8, 8, 8, 2, 0],  # packed: its first segment [1, 9], plain text
+        ]
+    )
+    weights = np.array(
+        [
+            [0, 0, 0, 1, 1, 1, 0, 0],
+            [0, 1, 1, 1, 1, 1, 1, 1],
+            [0, 0, 0, 0, 0, 0, 1, 1],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [0, 1, 0, 1, 1, 1, 1, 0],
+        ],
+        np.float32,
+    )
+    segments = np.ones_like(tokens)
+    segments[0, 6:] = segments[3, 3:] = segments[4, 7] = 0
+    segments[4, 2:7] = 2
+    rows, mask = lm.sample_prompts(tokens, weights, segments, 3)
+    assert rows.tolist() == [[1, 0, 7], [1, 5, 0], [6, 7, 8], [0, 1, 9]]
+    assert mask.tolist() == [[True] * 3] * 3 + [[False, True, True]]
+    unpacked = lm.sample_prompts(tokens[:4], weights[:4], None, 3)
+    np.testing.assert_array_equal(unpacked[0], rows[:3])
+    rows, mask = lm.sample_prompts(tokens, weights, segments, 3, equal_lengths=True)  # beam
+    assert rows.tolist() == [[0, 7], [5, 0], [7, 8], [1, 9]] and mask.all()
+
+    d = ml_collections.ConfigDict(
+        dict(num_samples=2, prompt_length=3, max_new_tokens=4, method="greedy", beam_size=4)
+    )
+    d.update(alpha=None, temperature=1.0, top_k=0, top_p=1.0)
+    exp = types.SimpleNamespace(model=types.SimpleNamespace(max_len=64), replicated=None)
+    # Without "weights" (a hand-made batch) every position is real and weighted: plain text.
+    rows, kwargs = lm.SamplesEval(d, 0).generate_args(exp, {"tokens": tokens})
+    assert rows.tolist() == [[1, 0, 7], [1, 5, 0]] and kwargs["mask"].all()
+    abstract = {"tokens": jax.ShapeDtypeStruct(tokens.shape, np.int32)}
+    rows, kwargs = lm.SamplesEval(d, 0).generate_args(exp, abstract)
+    assert rows.shape == kwargs["mask"].shape == (2, 3) and kwargs["max_new_tokens"] == 4
 
 
 def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):

@@ -36,9 +36,10 @@ class DecodeEval(abc.ABC):
     @abc.abstractmethod
     def generate_args(self, exp, batch) -> tuple[object, dict]:
         """(prompts, keyword arguments of `tfjax.decode.generate` other than eos_id, rng and
-        check) with which decode() generates from eval batch `batch` (global arrays). For an
-        abstract batch (jax.ShapeDtypeStructs with shardings, as `tfjax.runner.aot` lowers the
-        decode) the prompts are a ShapeDtypeStruct of the largest prompts decode() feeds."""
+        check; decoder prompts' `mask` among them) with which decode() generates from eval batch
+        `batch` (global arrays). For an abstract batch (jax.ShapeDtypeStructs with shardings, as
+        `tfjax.runner.aot` lowers the decode) the prompts (and mask) are ShapeDtypeStructs of
+        the largest prompts decode() feeds."""
 
     @abc.abstractmethod
     def decode(self, exp, tokenizer, params, batch, *, step: int, index: int) -> list[dict]:
@@ -48,6 +49,13 @@ class DecodeEval(abc.ABC):
     @abc.abstractmethod
     def finish(self, outputs: list[dict]) -> tuple[dict[str, float], list[dict]]:
         """(metrics to add to the eval metrics, samples to log) from the outputs of one eval."""
+
+
+def eos_ids(tokenizer) -> tuple[int, ...]:
+    """The ids that end a generated sequence: the tokenizer's `eos_ids` where it has them (a
+    chat checkpoint's tokenizer ends a turn at any of several), else its one `eos_id`."""
+    ids = getattr(tokenizer, "eos_ids", None)
+    return (tokenizer.eos_id,) if ids is None else tuple(ids)
 
 
 def gather(x) -> np.ndarray:

@@ -17,10 +17,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from tfjax import sharding
 from tfjax.tasks import losses
-from tfjax.tasks.decoding import DecodeEval, gather
+from tfjax.tasks.decoding import DecodeEval, eos_ids, gather
 
 UNIT = "tokens"
 
@@ -68,11 +69,46 @@ def units_per_batch(batch):
     return batch["tokens"].shape[0] * batch["tokens"].shape[1]
 
 
+def sample_prompts(tokens, weights, segment_ids, prompt_length: int, *, equal_lengths=False):
+    """Each row's prompt, chosen by the weights, never by token ids (id 0 may be a real token):
+    (prompts [N, W] int32, left-padded, with mask [N, W] bool true on prompt tokens) of host
+    arrays tokens [B, T], weights [B, T] (> 0 on the loss's target tokens) and segment ids
+    [B, T] (packed rows; None when unpacked), W = min(prompt_length, T).
+
+    A row's real tokens are those up to its last weighted one (of its first segment when
+    packed). Its prompt is what precedes its first weighted token after position 0 (the prompt
+    of a prompt/completion row, the turns before a chat's first answer), or, when that is
+    position 1 (plain text), its first prompt_length real tokens; a longer prompt keeps its last
+    prompt_length tokens. Rows with nothing weighted after position 0 are dropped. With
+    equal_lengths (beam search takes no padding) every prompt keeps the last tokens of the
+    shortest one's length, and W is that length.
+    """
+    tokens, weights = np.asarray(tokens), np.asarray(weights) > 0
+    if segment_ids is not None:
+        segment_ids = np.asarray(segment_ids)
+        weights = weights & (segment_ids == segment_ids[:, :1])
+    prompts = []
+    for row, weighted in zip(tokens, weights, strict=True):
+        targets = np.flatnonzero(weighted[1:]) + 1
+        if not targets.size:
+            continue
+        real = row[: targets[-1] + 1]
+        prompts.append(real[:prompt_length] if targets[0] == 1 else real[: targets[0]])
+    width = min(prompt_length, tokens.shape[1])
+    if equal_lengths and prompts:
+        width = min(width, *map(len, prompts))
+    prompts = [p[max(len(p) - width, 0) :] for p in prompts]
+    rows, mask = np.zeros((len(prompts), width), np.int32), np.zeros((len(prompts), width), bool)
+    for r, p in enumerate(prompts):
+        rows[r, width - len(p) :], mask[r, width - len(p) :] = p, True
+    return rows, mask
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplesEval(DecodeEval):
-    """Continues the first decode.num_samples rows of the first eval batch: each prompt is the
-    row's first decode.prompt_length tokens, continued with decode.method (sampling keyed by
-    the seed and the step)."""
+    """Continues the prompts of the first decode.num_samples rows of the first eval batch
+    (`sample_prompts`: at most decode.prompt_length tokens each) with decode.method (sampling
+    keyed by the seed and the step)."""
 
     decode_config: ml_collections.ConfigDict  # config.decode
     seed: int  # config.seed
@@ -84,18 +120,31 @@ class SamplesEval(DecodeEval):
         return cls(d, config.seed) if d is not None and d.num_samples else None
 
     def generate_args(self, exp, batch):
-        """The prompts, taken to the host (rows ending in padding dropped), and at most
-        decode.max_new_tokens (0: 32) new tokens each, within the model's max_len. Abstract
-        prompts are replicated, num_samples rows as decode() feeds at most."""
+        """The prompts [N, W], taken to the host, with their mask among the keyword arguments,
+        and at most decode.max_new_tokens (0: 32) new tokens each, within the model's max_len.
+        Abstract prompts are replicated, num_samples rows of decode.prompt_length as decode()
+        feeds at most.
+
+        A batch without "weights" (hand-made ones, from before the loader gave them) counts
+        every position as real and weighted: plain text, padding included."""
         d = self.decode_config
         tokens = batch["tokens"]
         if isinstance(tokens, jax.ShapeDtypeStruct):
             shape = (min(d.num_samples, tokens.shape[0]), min(d.prompt_length, tokens.shape[1]))
             rows = jax.ShapeDtypeStruct(shape, tokens.dtype, sharding=exp.replicated)
+            mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=exp.replicated)
         else:
-            rows = gather(tokens)[: d.num_samples, : d.prompt_length]
-            rows = rows[(rows != 0).all(1)]  # a prompt must not end in padding
+            n = d.num_samples
+            tokens = gather(tokens)[:n]
+            weights = batch.get("weights")
+            weights = np.ones(tokens.shape, bool) if weights is None else gather(weights)[:n]
+            segment_ids = batch.get("tokens_segment_ids")
+            segment_ids = None if segment_ids is None else gather(segment_ids)[:n]
+            rows, mask = sample_prompts(
+                tokens, weights, segment_ids, d.prompt_length, equal_lengths=d.method == "beam"
+            )
         return rows, dict(
+            mask=mask,
             max_new_tokens=min(d.max_new_tokens or 32, exp.model.max_len - rows.shape[1]),
             method=d.method,
             beam_size=d.beam_size,
@@ -106,7 +155,8 @@ class SamplesEval(DecodeEval):
         )
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):
-        """{"prompt", "output"} per prompt of the first batch (index 0); [] for the others."""
+        """{"prompt", "output"} per prompt of the first batch (index 0); [] for the others. The
+        output ends before its first EOS of any of the tokenizer's EOS ids."""
         from tfjax import decode
 
         if index:
@@ -115,14 +165,14 @@ class SamplesEval(DecodeEval):
         if not len(rows):
             return []
         rng = jax.random.fold_in(jax.random.key(self.seed), step)
+        eos = eos_ids(tokenizer)
         with sharding.logical_context(exp.mesh, exp.rules):
-            tokens, _ = decode.generate(
-                exp.model, params, rows, eos_id=tokenizer.eos_id, rng=rng, **kwargs
-            )
+            tokens, _ = decode.generate(exp.model, params, rows, eos_id=eos, rng=rng, **kwargs)
         tokens = gather(tokens)
+        ends = decode.first_eos(tokens, eos)
         return [
-            {"prompt": tokenizer.decode(r), "output": tokenizer.decode(t)}
-            for r, t in zip(rows, tokens, strict=True)
+            {"prompt": tokenizer.decode(r[m]), "output": tokenizer.decode(t[:e])}
+            for r, m, t, e in zip(rows, kwargs["mask"], tokens, ends, strict=True)
         ]
 
     def finish(self, outputs):

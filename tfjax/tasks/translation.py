@@ -15,7 +15,7 @@ import ml_collections
 
 from tfjax import sharding
 from tfjax.tasks import losses
-from tfjax.tasks.decoding import DecodeEval, gather
+from tfjax.tasks.decoding import DecodeEval, eos_ids, gather
 
 UNIT = "tokens"
 _PACKED = ("inputs_segment_ids", "targets_segment_ids", "inputs_positions", "targets_positions")
@@ -78,15 +78,17 @@ class BleuEval(DecodeEval):
         from tfjax import decode
 
         inputs, kwargs = self.generate_args(exp, batch)
+        eos = eos_ids(tokenizer)
         with sharding.logical_context(exp.mesh, exp.rules):
             tokens, _ = decode.generate(
-                exp.model, params, inputs, eos_id=tokenizer.eos_id, check=False, **kwargs
+                exp.model, params, inputs, eos_id=eos, check=False, **kwargs
             )
         tokens, targets = gather(tokens), gather(batch["targets"])
         real = (targets != 0).any(1)
+        ends = decode.first_eos(tokens, eos)
         return [
-            {"output": tokenizer.decode(t), "reference": tokenizer.decode(r)}
-            for t, r in zip(tokens[real], targets[real], strict=True)
+            {"output": tokenizer.decode(t[:e]), "reference": tokenizer.decode(r)}
+            for t, e, r in zip(tokens[real], ends[real], targets[real], strict=True)
         ]
 
     def finish(self, outputs):
