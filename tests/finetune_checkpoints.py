@@ -209,3 +209,19 @@ def build(family: str, directory, *, steps: int = 150, seed: int = 0) -> str:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return os.fspath(directory)
+
+
+def hf_generate(directory, prompts, max_new_tokens=8) -> list[str]:
+    """transformers' greedy continuations of `prompts` by the checkpoint in `directory`, up to
+    its first stop id (the generation config's), as text without special tokens."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    out = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        tokens = model.eval().generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        out.append(tokenizer.decode(tokens[0, ids.shape[1] :], skip_special_tokens=True))
+    return out

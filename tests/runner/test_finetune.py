@@ -87,6 +87,12 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
     with open(os.path.join(checkpoints[family], "generation_config.json")) as f:
         assert stops == json.load(f)["eos_token_id"]  # generate stops where the checkpoint's did
     assert os.path.exists(os.path.join(out, "tokenizer.json"))
+    # transformers' greedy generate on the export stops where the run's eval samples did
+    with open(workdir / "samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    samples = [s for s in samples if s["step"] == max(losses)]
+    assert samples
+    assert [s["output"] for s in samples] == fc.hf_generate(out, [s["prompt"] for s in samples])
 
 
 def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):
