@@ -66,15 +66,21 @@ def read_weights(directory) -> dict[str, np.ndarray]:
     return safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
 
 
+# The kernels LoRA adapts by default, as Hugging Face names them.
+ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "lora,tiny"])
 @pytest.mark.parametrize("family", fc.FAMILIES)
 def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
-    family, checkpoints, task, tmp_path
+    family, preset, checkpoints, task, tmp_path
 ):
     """The step-0 eval loss is transformers' loss of the checkpoint on the eval rows
     (completions and eos), the eval loss falls, and transformers reads the export back with the
-    last eval loss."""
+    last eval loss; with LoRA the export (adapters merged) differs from the checkpoint in the
+    adapted kernels only."""
     workdir = tmp_path / "run"
-    finetune(checkpoints[family], task, workdir)
+    finetune(checkpoints[family], task, workdir, preset)
     losses = eval_losses(workdir)
     reference = fc.hf_loss(checkpoints[family], task[2])
     assert losses[0] == pytest.approx(reference, rel=0.02)
@@ -87,6 +93,11 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
     with open(os.path.join(checkpoints[family], "generation_config.json")) as f:
         assert stops == json.load(f)["eos_token_id"]  # generate stops where the checkpoint's did
     assert os.path.exists(os.path.join(out, "tokenizer.json"))
+    if preset.startswith("lora"):
+        base, tuned = read_weights(checkpoints[family]), read_weights(out)
+        assert base.keys() == tuned.keys()
+        changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
+        assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
     # transformers' greedy generate on the export stops where the run's eval samples did
     with open(workdir / "samples.jsonl") as f:
         samples = [json.loads(line) for line in f]

@@ -61,6 +61,7 @@ def check_config(config) -> None:
     # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
     # only scales the values of the "rsqrt" schedule.
     optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
+    optim.lora_config(config)
 
 
 def loss_chunks(config) -> int:

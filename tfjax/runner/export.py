@@ -5,10 +5,11 @@
 
 writes what `transformers`' `from_pretrained` and `generate` read: config.json (the family's,
 with the special token ids), generation_config.json, the weights (model.safetensors, or shards
-with an index above 5 GB) and the tokenizer files of the checkpoint the run started from
-(`workdir/pretrained`, see `tfjax.runner.pretrained`). A run trained from scratch gets the ids
-of tfjax's own tokenizers and no tokenizer files. Everything is written into a temporary
-directory beside `output` and renamed at the end: an existing `output` is never touched.
+with an index above 5 GB; LoRA adapters merged into their kernels) and the tokenizer files of
+the checkpoint the run started from (`workdir/pretrained`, see `tfjax.runner.pretrained`). A
+run trained from scratch gets the ids of tfjax's own tokenizers and no tokenizer files.
+Everything is written into a temporary directory beside `output` and renamed at the end: an
+existing `output` is never touched.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def export_run(workdir: str, output: str, *, step: int | None = None) -> str:
         raise FileExistsError(f"--output={output!r} exists; give a new directory")
     config = workdirs.read_config(workdir)
     model, params, tokenizer = train.restore_model(
-        config, workdir, step=step, devices=jax.devices()[:1]
+        config, workdir, step=step, devices=jax.devices()[:1], merge_lora=True
     )
     state, hf_config = interop.export(model, jax.device_get(params))
     kept = os.path.join(workdir, pretrained.KEPT)

@@ -90,17 +90,30 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def trainable(optim_config):
+def trainable(optim_config, *, lora: bool = False):
     """'/'-joined parameter path -> whether it trains, from optim.freeze (a regex: the
-    parameters it matches anywhere in their path stay as they are); None: all train."""
+    parameters it matches anywhere in their path stay as they are) and, with `lora`, only the
+    LoRA adapters (`tfjax.lora.is_adapter`); None: all train."""
     pattern = optim_config.get("freeze") or ""
-    if not pattern:
+    if not pattern and not lora:
         return None
     try:
-        frozen = re.compile(pattern)
+        frozen = re.compile(pattern) if pattern else None
     except re.error as e:
         raise ValueError(f"optim.freeze={pattern!r} is not a regular expression: {e}") from None
-    return lambda path: frozen.search(path) is None
+
+    def trains(path: str) -> bool:
+        if lora and not _is_adapter(path):
+            return False
+        return frozen is None or frozen.search(path) is None
+
+    return trains
+
+
+def _is_adapter(path: str) -> bool:
+    from tfjax import lora
+
+    return lora.is_adapter(path)
 
 
 def check_trainable(optim_config, params, trainable) -> None:
@@ -108,13 +121,37 @@ def check_trainable(optim_config, params, trainable) -> None:
     would silently train all or nothing. The error lists some of the parameters' paths."""
     paths = ["/".join(k) for k in traverse_util.flatten_dict(params)]
     train = [p for p in paths if trainable(p)]
-    if not train or len(train) == len(paths):
+    pattern = optim_config.get("freeze") or ""
+    if pattern and (not train or len(train) == len(paths)):
         what = "every parameter" if not train else "no parameter"
         raise ValueError(
-            f"optim.freeze={optim_config.freeze!r} freezes {what}; it is a regex searched in "
-            f"the parameter paths, such as {', '.join(paths[:3])}, ..., {paths[-1]}"
+            f"optim.freeze={pattern!r} freezes {what} that would train; it is a regex searched "
+            f"in the parameter paths, such as {', '.join(paths[:3])}, ..., {paths[-1]}"
         )
-    logging.info("Training %d of %d parameter arrays (optim.freeze)", len(train), len(paths))
+    logging.info("Training %d of %d parameter arrays", len(train), len(paths))
+
+
+def lora_config(config):
+    """The `tfjax.lora.LoraConfig` of config.lora, None when absent or rank 0 (no LoRA)."""
+    c = config.get("lora")
+    if c is None or not c.rank:
+        return None
+    from tfjax import lora
+
+    if c.base_dtype:  # the runner does not quantize the loaded base yet
+        raise ValueError(
+            f"lora.base_dtype={c.base_dtype!r}: QLoRA runs are not supported by the runner yet "
+            "(tfjax.lora quantizes in Python; leave lora.base_dtype empty)"
+        )
+    try:
+        return lora.LoraConfig(
+            rank=c.rank,
+            alpha=float(c.alpha),
+            dropout=float(c.dropout),
+            targets=c.targets or lora.DEFAULT_TARGETS,
+        )
+    except ValueError as e:  # LoraConfig names its own field; the config's is lora.<field>
+        raise ValueError(str(e).replace("LoraConfig.", "lora.")) from None
 
 
 def make_optimizer(

@@ -200,7 +200,7 @@ def keep(pretrained: Pretrained, workdir: str) -> None:
 
 
 def load_params(pretrained: Pretrained, model, abstract_params):
-    """The checkpoint's weights as `model`'s params, placed on the shardings of
+    """The checkpoint's weights as (the base of) `model`'s params, placed on the shardings of
     `abstract_params` (ShapeDtypeStructs with shardings; it may hold more than the checkpoint,
     e.g. LoRA adapters, which come back as None). Each process builds only the shards its
     devices hold from the host arrays."""
@@ -208,7 +208,12 @@ def load_params(pretrained: Pretrained, model, abstract_params):
 
     from tfjax import interop
 
-    loaded = traverse_util.flatten_dict(interop.pretrained_params(pretrained.weights_dir, model))
+    # The checkpoint's own model in the run's layout (stacked when scanned): `model` may hold
+    # more (LoRA adapters) than the converter fills.
+    layout = interop.pretrained_model(
+        pretrained.config_dir, scan_layers=getattr(model, "scan_layers", False)
+    )
+    loaded = traverse_util.flatten_dict(interop.pretrained_params(pretrained.weights_dir, layout))
     target = traverse_util.flatten_dict(abstract_params)
     extra = sorted("/".join(k) for k in set(loaded) - set(target))
     if extra:  # a converter and the run's model disagree: a bug, still named

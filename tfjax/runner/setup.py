@@ -337,8 +337,13 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
     tx = optim.make_optimizer(
         config.optim, d_model=model.width, num_train_steps=config.num_train_steps
     )
+    lora_config = optim.lora_config(config)
+    if lora_config is not None:
+        from tfjax import lora
+
+        model = lora.apply_lora(model, lora_config)
     ema = config.optim.ema_decay > 0
-    trainable = optim.trainable(config.optim)
+    trainable = optim.trainable(config.optim, lora=lora_config is not None)
     init_fn, abstract_state, param_shardings = abstract_train_state(
         model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema, trainable=trainable
     )

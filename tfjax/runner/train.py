@@ -60,6 +60,7 @@ from tfjax.runner import (
     chips,
     evaluation,
     metrics,
+    optim,
     preemption,
     pretrained,
     profiling,
@@ -73,14 +74,21 @@ TOKENIZER_FILE = "tokenizer.model"  # in the workdir: the run's SentencePiece mo
 
 
 def restore_model(
-    config, workdir: str, *, average_last: int = 1, devices=None, step: int | None = None
+    config,
+    workdir: str,
+    *,
+    average_last: int = 1,
+    devices=None,
+    step: int | None = None,
+    merge_lora: bool = False,
 ):
     """(model, params, tokenizer) of a run's newest checkpoint (or `step`), for decoding,
     exporting and analysis.
 
-    The model is built from `config` as training built it; params land on the config's mesh
-    (over `devices`, all by default); average_last=N > 1 averages the newest N checkpoints.
-    tokenizer is None for image datasets.
+    The model is built from `config` as training built it (with its LoRA adapters when
+    config.lora has a rank; `merge_lora` folds them into the base kernels and gives the model
+    without them); params land on the config's mesh (over `devices`, all by default);
+    average_last=N > 1 averages the newest N checkpoints. tokenizer is None for image datasets.
     """
     import tfjax.data
 
@@ -98,11 +106,18 @@ def restore_model(
         num_classes=data.num_classes,
         pretrained=run.pretrained,
     )
+    base, lora_config = model, optim.lora_config(config)
+    if lora_config is not None:  # the checkpoint holds the adapters beside the base
+        from tfjax import lora
+
+        model = lora.apply_lora(model, lora_config)
     spec = tfjax.data.element_spec(data, 1)
     target, _ = setup.abstract_params(model, run.task, spec, mesh=run.mesh, rules=run.rules)
     params = checkpoint.restore_params(
         workdir, target, average_last=average_last, what="workdir", step=step
     )
+    if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
+        model, params = base, lora.merge(params, lora_config)
     return model, params, tokenizer
 
 
