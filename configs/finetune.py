@@ -58,6 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def _lora(config, rank=16):
     config.lora.update(rank=rank, alpha=2.0 * rank)
     config.optim.learning_rate = 2e-4  # adapters start at zero: a larger rate than full tuning
+    return config
 
 
 def _tiny(config):
@@ -85,6 +86,7 @@ def _sized(config, variant, *, batch_size, seq_len, mesh, chunks, remat_policy="
     config.update(batch_size=batch_size, eval_batch_size=batch_size, dtype="bfloat16")
     config.loss.chunks = chunks
     config.mesh.update(mesh)
+    return config
 
 
 _PRESETS = {
@@ -95,5 +97,17 @@ _PRESETS = {
     # logits in 8 slices
     "qwen3-0.6b-v5e": lambda c: _sized(
         c, "qwen3-0.6b", batch_size=8, seq_len=1024, mesh=dict(data=1, fsdp=1), chunks=8
+    ),
+    # v5e:1x1: LoRA on Gemma 3 1B (a 262,144-token vocabulary: the logits in 8 slices)
+    "gemma-3-1b-lora-v5e": lambda c: _lora(
+        _sized(c, "gemma-3-1b", batch_size=8, seq_len=1024, mesh=dict(data=1, fsdp=1), chunks=8)
+    ),
+    # v5e:2x2: LoRA on Llama 3.1 8B, the frozen base sharded over the 4 chips (FSDP)
+    "llama-3.1-8b-lora-v5e": lambda c: _lora(
+        _sized(c, "llama-3.1-8b", batch_size=8, seq_len=2048, mesh=dict(data=1, fsdp=-1), chunks=8)
+    ),
+    # one H100: LoRA on Llama 3.1 8B
+    "llama-3.1-8b-lora-h100": lambda c: _lora(
+        _sized(c, "llama-3.1-8b", batch_size=4, seq_len=2048, mesh=dict(data=1, fsdp=1), chunks=8)
     ),
 }
