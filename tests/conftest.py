@@ -71,12 +71,45 @@ def data_dir(tmp_path_factory):
     return str(_session_root(tmp_path_factory) / "tfjax_data")
 
 
+# A size limit turns on the cache's file lock (no limit in practice): a process never reads an
+# entry that another is still writing (a torn read is a warning, which the suite makes an error).
+CACHE_MAX_BYTES = 1 << 40
+
+
+def _cache_dir(tmp_path_factory) -> str:
+    return str(_session_root(tmp_path_factory) / "jax_cache")
+
+
 @pytest.fixture(scope="session")
 def runner_env(tmp_path_factory):
     """The environment of runner subprocesses: a compilation cache shared by every worker's
     runs makes restarts, and the same config run by another test, quick."""
-    cache = str(_session_root(tmp_path_factory) / "jax_cache")
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=ROOT)
+    return dict(
+        os.environ,
+        JAX_COMPILATION_CACHE_DIR=_cache_dir(tmp_path_factory),
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(CACHE_MAX_BYTES),
+        PYTHONPATH=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def compilation_cache(tmp_path_factory):
+    """JAX's persistent compilation cache in this process while a test module runs, in the
+    directory runner_env gives the runner's subprocesses: a run that compiles what an earlier
+    one compiled (a resumed run, the same config in another test, worker or subprocess) loads
+    the program instead. Modules that train through the runner ask for it (pytestmark); the
+    others, ahead-of-time TPU and GPU compiles among them, keep compiling every program."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    names = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size")
+    before = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", _cache_dir(tmp_path_factory))
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    cc.reset_cache()  # JAX decides whether to use the cache once, at its first compile
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    cc.reset_cache()
 
 
 @pytest.fixture(scope="session")

@@ -13,15 +13,21 @@ from jax.sharding import PartitionSpec as P
 
 from tfjax.runner import metrics, train
 
+# A resumed run, and the same programs in other tests, load them from the compilation cache.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 
 def lm_config(data_dir, **overrides):
     """The tiny causal-LM config (tensor parallelism has heads, MLP and vocab to split) with
-    dropout on, so that the test also covers per-step randomness across meshes."""
+    dropout on, so that the test also covers per-step randomness across meshes. Evaluation
+    writes no samples (what it decodes is tested in tests/runner/test_decode_runner.py): no
+    run here reads them, and each would compile a generation program for its mesh."""
     config = train.load_config(os.path.join(ROOT, "configs/lm.py:tiny"))
     config.data_dir = data_dir
     config.model.dropout_rate = 0.1
     config.update(num_train_steps=10, log_every=1, eval_every=0, eval_steps=1)
     config.checkpoint.every = 0
+    config.decode.num_samples = 0
     return set_fields(config, overrides)
 
 
@@ -48,15 +54,23 @@ MESHES = {
 }
 
 
+def mesh_config(data_dir, name):
+    """lm_config on mesh MESHES[name], with a moving average of the parameters in the state
+    (test_resume_continues_exactly resumes the data=8 run's config: the average is part of
+    the state a resumed run must restore)."""
+    mesh, _ = MESHES[name]
+    config = lm_config(data_dir, **{f"mesh.{k}": v for k, v in mesh.items()})
+    config.optim.ema_decay = 0.9
+    return config
+
+
 @pytest.fixture(scope="module")
 def mesh_runs(data_dir, tmp_path_factory):
     runs = {}
-    for name, (mesh, n) in MESHES.items():
+    for name, (_, n) in MESHES.items():
         workdir = str(tmp_path_factory.mktemp("mesh"))
         result = train.train_and_evaluate(
-            lm_config(data_dir, **{f"mesh.{k}": v for k, v in mesh.items()}),
-            workdir,
-            devices=jax.devices()[:n],
+            mesh_config(data_dir, name), workdir, devices=jax.devices()[:n]
         )
         runs[name] = (workdir, result)
     return runs
@@ -95,21 +109,20 @@ def test_parameters_are_sharded_by_the_rules(mesh_runs, name, spec, shard_shape)
     assert mu and all(m.sharding.spec == spec for m in mu)
 
 
-def test_resume_continues_exactly(data_dir, tmp_path):
-    config = lm_config(data_dir, num_train_steps=20)
-    config.checkpoint.every = 10
-    config.optim.ema_decay = 0.9  # the average is part of the state that must resume
-    straight = str(tmp_path / "straight")
-    expected = train.train_and_evaluate(config, straight)
-
+def test_resume_continues_exactly(data_dir, mesh_runs, tmp_path):
+    """Stopped after step 5 and run again, a run ends as the straight run of the same config
+    on the same mesh (mesh_runs' data=8, whose programs the compilation cache holds)."""
+    straight, expected = mesh_runs["data=8"]
+    config = mesh_config(data_dir, "data=8")
+    config.checkpoint.every = 5
     resumed = str(tmp_path / "resumed")
-    first = train.train_and_evaluate(config, resumed, stop_after_step=10)
-    assert first["step"] == 10 and [s for s, _ in losses(resumed)] == list(range(1, 11))
+    first = train.train_and_evaluate(config, resumed, stop_after_step=5)
+    assert first["step"] == 5 and [s for s, _ in losses(resumed)] == list(range(1, 6))
     second = train.train_and_evaluate(config, resumed)  # the same command again
-    assert second["step"] == 20
+    assert second["step"] == 10
 
-    assert losses(resumed) == losses(straight)  # steps 1-10 from the first run, 11-20 resumed
-    for name in ("params", "ema_params"):
+    assert losses(resumed) == losses(straight)  # steps 1-5 from the first run, 6-10 resumed
+    for name in ("params", "ema_params"):  # the average is part of the state that must resume
         same = jax.tree.map(
             lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
             getattr(expected["state"], name),
@@ -117,7 +130,7 @@ def test_resume_continues_exactly(data_dir, tmp_path):
         )
         assert all(jax.tree.leaves(same)), name
     with open(os.path.join(resumed, "config.json")) as f:
-        assert json.load(f)["num_train_steps"] == 20
+        assert json.load(f)["num_train_steps"] == 10
 
 
 def test_gradient_accumulation_matches_one_batch():
@@ -184,6 +197,11 @@ def finished_run(mesh_runs):
     return mesh_runs["data=8"]
 
 
+def rerun_config(data_dir, **overrides):
+    """The finished run's config (moving average included), 4 steps, with `overrides`."""
+    return lm_config(data_dir, num_train_steps=4, **{"optim.ema_decay": 0.9, **overrides})
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -201,7 +219,7 @@ def test_bad_input_stops_before_training_and_changes_nothing(
 ):
     finished_run, _ = finished_run
     before = snapshot(finished_run)
-    config = lm_config(data_dir, num_train_steps=4, **{"mesh.data": -1, **overrides})
+    config = rerun_config(data_dir, **{"mesh.data": -1, **overrides})
     with pytest.raises(ValueError, match=message):
         train.train_and_evaluate(config, finished_run)
     assert snapshot(finished_run) == before
@@ -210,10 +228,10 @@ def test_bad_input_stops_before_training_and_changes_nothing(
 def test_incompatible_checkpoint_names_the_parameter(data_dir, finished_run):
     finished_run, _ = finished_run
     before = snapshot(finished_run)
-    config = lm_config(data_dir, num_train_steps=4, **{"model.mlp_dim": 128})
+    config = rerun_config(data_dir, **{"model.mlp_dim": 128})
     with pytest.raises(ValueError, match=r"'decoder/layers_0/mlp/wi/(bias|kernel)'.*\(128"):
         train.train_and_evaluate(config, finished_run)
-    config = lm_config(data_dir, num_train_steps=4, **{"model.num_layers": 3})
+    config = rerun_config(data_dir, **{"model.num_layers": 3})
     with pytest.raises(ValueError, match="'decoder/layers_2/.*' .* is not in it"):
         train.train_and_evaluate(config, finished_run)
     assert snapshot(finished_run) == before
