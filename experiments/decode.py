@@ -134,8 +134,10 @@ def _decode(argv):
     ids = [tokenizer.encode(t) for t in texts]
     if encoder_decoder:
         ids = [np.append(x, tokenizer.eos_id) for x in ids]  # sources end with eos, as in training
-    else:
-        ids = [np.insert(x, 0, tokenizer.bos_id) for x in ids]  # rows start with bos
+    elif getattr(
+        tokenizer, "add_bos", True
+    ):  # rows start with bos (a checkpoint's: if it adds one)
+        ids = [np.insert(x, 0, tokenizer.bos_id) for x in ids]
     for x, w in zip(ids, where, strict=True):
         # Training cut every row to seq_len tokens: later positions were never learned from.
         if len(x) > config.dataset.seq_len:

@@ -104,6 +104,24 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
     samples = [s for s in samples if s["step"] == max(losses)]
     assert samples
     assert [s["output"] for s in samples] == fc.hf_generate(out, [s["prompt"] for s in samples])
+    if family == "qwen3" and preset == "tiny":  # the decode CLI on the workdir alone
+        proc = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "experiments", "decode.py"),
+                f"--config={FINETUNE}:tiny",
+                f"--workdir={workdir}",
+                *(f"--input={s['prompt']}" for s in samples),
+            ],
+            cwd=ROOT,
+            env=plain_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        printed = [line.split("\t", 1) for line in proc.stdout.splitlines()]
+        assert printed == [[s["prompt"], s["output"]] for s in samples]
 
 
 def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):

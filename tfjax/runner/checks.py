@@ -164,6 +164,12 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
         if catalog.is_files(data.name):
             from tfjax.data import files
 
+            if not data.eval_files.strip():  # decoding and exporting need no files
+                raise ValueError(
+                    "dataset.eval_files is empty: a run evaluates the held-out loss (the first "
+                    "time before training); give held-out files as a path, a glob or a "
+                    "comma-separated list"
+                )
             files.check(data)
 
 

@@ -116,8 +116,7 @@ def dataset_spec(config, workdir: str | None):
     """The run's dataset (`tfjax.data.dataset_spec(config)`), with the "files" dataset's
     tokenizer, when dataset.tokenizer is unset, the checkpoint's: its copy in `workdir` once
     the run keeps one (`keep`), else config.init_from's (a loader's saved position knows the
-    tokenizer by its files' bytes, so both are the same to it). A "files" run evaluates on
-    dataset.eval_files, which must be given."""
+    tokenizer by its files' bytes, so both are the same to it)."""
     import dataclasses as dc
 
     from tfjax.data import catalog
@@ -125,11 +124,6 @@ def dataset_spec(config, workdir: str | None):
     data = catalog.dataset_spec(config)
     if not catalog.is_files(data.name):
         return data
-    if not data.eval_files.strip():
-        raise ValueError(
-            "dataset.eval_files is empty: a run evaluates the held-out loss (the first time "
-            "before training); give held-out files as a path, a glob or a comma-separated list"
-        )
     if not data.tokenizer:
         kept = os.path.join(workdir, KEPT) if workdir else None
         init_from = os.path.expanduser(config.get("init_from") or "")
