@@ -318,8 +318,15 @@ def test_train_files_switch_a_dataset_config_to_files(data):
         td.resolve_config({"name": "lm1b", "vocab_size": 100, "train_files": "x.jsonl"})
     with pytest.raises(ValueError, match="task='mlm' is not available"):
         td.resolve_config({"name": "files", "task": "mlm", "train_files": "x", "tokenizer": "t"})
-    with pytest.raises(ValueError, match="tokenizer='' must name the directory"):
-        td.resolve_config({"train_files": "x.jsonl"})
+    # The tokenizer may be left unset (a fine-tune's is its checkpoint's); without a checkpoint
+    # to take it from, the run's dataset names the field.
+    assert td.resolve_config({"train_files": "x.jsonl"}).tokenizer == ""
+    from tfjax.runner import pretrained
+
+    config = ml_collections.ConfigDict({"task": "lm", "init_from": "", "dataset": dataset})
+    config.dataset.tokenizer = ""
+    with pytest.raises(ValueError, match="dataset.tokenizer is unset and config.init_from is not"):
+        pretrained.dataset_spec(config, None)
 
 
 # ----------------------------------------------------------------------------------- bad input
@@ -490,6 +497,9 @@ def test_a_run_checks_the_files_before_any_work(data, tmp_path):
     config.data_dir = str(tmp_path)
     config.dataset.train_files = str(data / "text.jsonl")
     config.dataset.tokenizer = str(data / "tok")
+    with pytest.raises(ValueError, match="dataset.eval_files is empty: a run evaluates"):
+        checks.check_paths(config, str(tmp_path / "run"))
+    config.dataset.eval_files = str(data / "text.jsonl")
     checks.check_paths(config, str(tmp_path / "run"))
     assert td.dataset_spec(config).name == "files"
     config.dataset.eval_files = str(data / "nothing*.parquet")
