@@ -129,11 +129,9 @@ def _failure(block: Block, result: subprocess.CompletedProcess) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfjax_data"))
-
-
+# The blocks share the session's prepared datasets (conftest's data_dir); a stand-in trained in
+# this process (the translation run) loads programs other tests compiled from the cache.
+@pytest.mark.usefixtures("compilation_cache")
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
 def test_readme_block_runs_as_written(block, tmp_path, data_dir, monkeypatch):
     cwd = tmp_path / "cwd"

@@ -38,15 +38,26 @@ def optim_config():
     )
 
 
-def make_state(mesh, *, width=32, steps=0):
-    """A tiny decoder's TrainState on `mesh`, after `steps` updates on random tokens."""
+def _set_up(mesh, width):
     model = decoder.Model("tiny", vocab_size=128, width=width)
     tx = optim.make_optimizer(optim_config(), d_model=width, num_train_steps=10)
     task = tasks.get("lm")
-    rules = sharding.DEFAULT_RULES
     init_fn, abstract, _ = setup.abstract_train_state(
-        model, tx, task, SPEC, mesh=mesh, rules=rules, ema=False
+        model, tx, task, SPEC, mesh=mesh, rules=sharding.DEFAULT_RULES, ema=False
     )
+    return model, tx, task, init_fn, abstract
+
+
+def abstract_state(mesh, *, width=32):
+    """The abstract TrainState (shapes and shardings) of make_state's decoder on `mesh`: what a
+    restore needs, without compiling the initialisation."""
+    return _set_up(mesh, width)[-1]
+
+
+def make_state(mesh, *, steps):
+    """A tiny decoder's TrainState on `mesh`, after `steps` updates on random tokens."""
+    model, tx, task, init_fn, abstract = _set_up(mesh, width=32)
+    rules = sharding.DEFAULT_RULES
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(1))
     step_fn = jax.jit(
@@ -58,7 +69,7 @@ def make_state(mesh, *, width=32, steps=0):
         batch = {"tokens": np.asarray(tokens), "weights": np.ones(tokens.shape, np.float32)}
         batch = sharding.shard_batch(batch, mesh, rules)
         state, _ = step_fn(state, batch, jax.random.key(7))
-    return state, abstract
+    return state
 
 
 def ckpt_state(state, rng):
@@ -81,7 +92,7 @@ def leaves_equal(a, b):
 def saved(tmp_path_factory):
     """A checkpoint written from 8 devices (data=2, fsdp=2, tensor=2) after 2 updates."""
     mesh = sharding.make_mesh(dict(data=2, fsdp=2, tensor=2))
-    state, _ = make_state(mesh, steps=2)
+    state = make_state(mesh, steps=2)
     rng = np.array([3, 4], np.uint32)
     directory = str(tmp_path_factory.mktemp("ckpt") / "checkpoints")
     config = ml_collections.ConfigDict(
@@ -105,7 +116,7 @@ def saved(tmp_path_factory):
 def test_restores_on_another_mesh_with_identical_values(saved, mesh_config, n, kernel_shard):
     directory, state, rng = saved
     mesh = sharding.make_mesh(mesh_config, jax.devices()[:n])
-    _, abstract = make_state(mesh)
+    abstract = abstract_state(mesh)
     manager = checkpoint.make_manager(directory, read_only=True)
     restored = checkpoint.restore(
         manager,
@@ -129,7 +140,7 @@ def test_mismatched_model_names_the_parameter_and_deletes_nothing(saved):
     directory, _, _ = saved
     before = sorted(os.walk(directory))
     mesh = sharding.make_mesh(dict(data=-1))
-    _, abstract = make_state(mesh, width=64)
+    abstract = abstract_state(mesh, width=64)
     manager = checkpoint.make_manager(directory, read_only=True)
     with pytest.raises(ValueError, match=r"parameter 'decoder/final_norm/bias' has shape \(32,\)"):
         checkpoint.restore(

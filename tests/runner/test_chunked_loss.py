@@ -208,7 +208,7 @@ def test_sharded_train_step_with_chunks_equals_full_logits():
     """Through setup.set_up on a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices: one SGD
     step (its update is linear in the gradient) from the same state, chunks 1 and 4."""
     devices = jax.devices()[:8]
-    results = {}
+    results, initial = {}, None
     for chunks in (1, 4):
         config = _config(
             "lm.py:tiny",
@@ -225,7 +225,10 @@ def test_sharded_train_step_with_chunks_equals_full_logits():
             np.array([[1] * 20 + [2] * 12], np.int32), spec["tokens"].shape[0], 0
         )
         batch = sharding.shard_batch(batch, mesh, exp.rules)
-        state, stats = exp.train_step(exp.init(jax.random.key(0)), batch, jax.random.key(1))
+        if initial is None:  # the chunks do not change the state: one initialisation for both
+            initial = jax.device_get(exp.init(jax.random.key(0)))
+        state = jax.device_put(initial, exp.state_shardings)  # (each step donates its own)
+        state, stats = exp.train_step(state, batch, jax.random.key(1))
         evals = exp.eval_step(state.params, batch)
         results[chunks] = jax.device_get((state.params, stats, evals))
     (p1, s1, e1), (p4, s4, e4) = results[1], results[4]

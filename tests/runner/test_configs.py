@@ -16,6 +16,10 @@ import tfjax.data
 from tfjax.data import catalog
 from tfjax.runner import checks, metrics, train
 
+# The tiny presets' programs are those of other tests' runs (tests/runner/test_train.py's ViT,
+# the README's translation run): whichever compiles them first leaves them in the cache.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
 NAMES = [os.path.splitext(os.path.basename(p))[0] for p in CONFIGS]
 

@@ -3,8 +3,10 @@ to the same losses as one process with 8 devices, and resume cooperatively from 
 checkpoint they wrote together."""
 
 import os
+import shutil
 
 import numpy as np
+import pytest
 from conftest import VIT_TINY, free_port, run_command, set_fields, start_process
 
 from tfjax.runner import metrics, train
@@ -20,8 +22,10 @@ OVERRIDES = {
 }
 
 
-def run_two_processes(workdir, data_dir, steps):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+def run_two_processes(workdir, data_dir, runner_env, steps):
+    """Both processes' outputs. With the runner's compilation cache: every launch here runs
+    the same programs (the schedule is constant), so only the first compiles them."""
+    env = dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     command = [
         *run_command(workdir, data_dir, {"num_train_steps": steps, **OVERRIDES}),
         f"--coordinator_address=127.0.0.1:{free_port()}",
@@ -34,7 +38,18 @@ def run_two_processes(workdir, data_dir, steps):
     return outputs
 
 
-def test_two_processes_match_one_and_resume(data_dir, tmp_path):
+@pytest.fixture(scope="module")
+def two_process_run(data_dir, runner_env, tmp_path_factory):
+    """Two processes train 3 steps, then the same command with 6 steps resumes them: (the
+    workdir, with checkpoints 3 and 6, and the outputs of the first and second launch)."""
+    workdir = str(tmp_path_factory.mktemp("two") / "run")
+    first = run_two_processes(workdir, data_dir, runner_env, steps=3)
+    data = os.listdir(os.path.join(workdir, "checkpoints", "3", "data"))
+    second = run_two_processes(workdir, data_dir, runner_env, steps=6)  # resumes from step 3
+    return workdir, first, data, second
+
+
+def test_two_processes_match_one_and_resume(data_dir, tmp_path, two_process_run):
     # The reference: this process, 8 devices, the same mesh (data=8), 6 steps straight.
     config = train.load_config(VIT_TINY)
     config.update(data_dir=data_dir, num_train_steps=6)
@@ -42,13 +57,10 @@ def test_two_processes_match_one_and_resume(data_dir, tmp_path):
     one = str(tmp_path / "one")
     train.train_and_evaluate(config, one)
 
-    two = str(tmp_path / "two")
-    outputs = run_two_processes(two, data_dir, steps=3)
-    assert "Process 1 of 2; 4 local devices of 8" in outputs[1]
-    data = os.listdir(os.path.join(two, "checkpoints", "3", "data"))
+    two, first, data, second = two_process_run
+    assert "Process 1 of 2; 4 local devices of 8" in first[1]
     assert {"process_0-of-2.json", "process_1-of-2.json"} <= set(data)  # one position each
-    outputs = run_two_processes(two, data_dir, steps=6)  # resumes from step 3
-    assert "Resumed from" in outputs[0] and "/checkpoints/3" in outputs[0]
+    assert "Resumed from" in second[0] and "/checkpoints/3" in second[0]
 
     for split in ("train", "eval"):
         a = [(r["step"], r["loss"]) for r in metrics.read_metrics(one, split)]
@@ -57,15 +69,17 @@ def test_two_processes_match_one_and_resume(data_dir, tmp_path):
         np.testing.assert_allclose([v for _, v in b], [v for _, v in a], rtol=1e-5)
 
 
-def test_a_step_one_process_cannot_read_is_given_up_by_both(data_dir, tmp_path):
+def test_a_step_one_process_cannot_read_is_given_up_by_both(
+    data_dir, runner_env, tmp_path, two_process_run
+):
     """Process 1's data position of the newest step is damaged: both processes fall back to the
     older step together (a step that fails on one process fails on all) and set it aside."""
     workdir = str(tmp_path / "two")
-    run_two_processes(workdir, data_dir, steps=6)  # checkpoints 3 and 6
+    shutil.copytree(two_process_run[0], workdir)  # checkpoints 3 and 6
     damaged = os.path.join(workdir, "checkpoints", "6", "data", "process_1-of-2.json")
     with open(damaged, "w") as f:
         f.write("{bad")
-    outputs = run_two_processes(workdir, data_dir, steps=7)
+    outputs = run_two_processes(workdir, data_dir, runner_env, steps=7)
     assert f"{damaged}: not valid JSON" in outputs[1]
     assert "/checkpoints/6: process(es) [1] could not restore it" in outputs[0]
     for out in outputs:

@@ -36,6 +36,10 @@ from conftest import (
 
 from tfjax.runner import checkpoint, checks, evaluation, metrics, setup, train
 
+# Runs in this process that compile what an earlier one compiled (the same config, another
+# fault) load the programs from the compilation cache.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 # Runs experiments/run.py after replacing tfjax.runner.checkpoint.save with one that SIGKILLs this
 # process as soon as the save of step $KILL_AFTER_SAVE is complete on disk.
 KILL_AFTER_SAVE = textwrap.dedent("""
@@ -340,7 +344,7 @@ def test_signal_during_eval_or_set_up_stops_with_a_checkpoint(data_dir, tmp_path
     previous = signal.getsignal(signal.SIGTERM)
     config = vit_config(
         data_dir,
-        num_train_steps=50,
+        num_train_steps=6,
         log_every=5,
         eval_every=3,
         **{"checkpoint.every": 0, "checkpoint.best_metric": ""},
@@ -375,7 +379,7 @@ def test_signal_during_eval_or_set_up_stops_with_a_checkpoint(data_dir, tmp_path
     # The step that ran is logged although log_every=5 (the plot needs it, too).
     assert [r["step"] for r in metrics.read_metrics(workdir, "train")] == [1]
     result = train.train_and_evaluate(config.copy_and_resolve_references(), workdir)
-    assert result["stopped_by"] is None and result["step"] == 50  # resumes and finishes
+    assert result["stopped_by"] is None and result["step"] == 6  # resumes and finishes
 
 
 # --------------------------------------------------------------- 5. non-finite values
