@@ -156,6 +156,14 @@ def pretrained_params(directory, model):
     return convert.import_params(family, model, read_state_dict(directory))
 
 
+def stream_pretrained_params(directory, model):
+    """`pretrained_params` one parameter at a time, for placing each on its devices as it is
+    read: (path in `model`'s layout, numpy array), every key and shape checked first, the
+    safetensors files read tensor by tensor (memory-mapped); see `convert.stream_params`."""
+    family, _ = family_of(directory)
+    return convert.stream_params(family, model, read_state_dict(directory, lazy=True))
+
+
 def export(model, params):
     """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
     return REGISTRY.exporter(model).export(model, params)
@@ -206,6 +214,7 @@ __all__ = [
     "pretrained_params",
     "read_config",
     "read_state_dict",
+    "stream_pretrained_params",
     "resample_posemb",
     "save",
     "tfjax_to_marian_ids",

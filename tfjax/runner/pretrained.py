@@ -22,7 +22,6 @@ import shutil
 import tempfile
 
 import jax
-import numpy as np
 
 KEPT = "pretrained"  # the workdir's copy of the checkpoint's small files
 # Model fields a run may set on a loaded checkpoint: none changes what the weights compute.
@@ -196,8 +195,11 @@ def keep(pretrained: Pretrained, workdir: str) -> None:
 def load_params(pretrained: Pretrained, model, abstract_params):
     """The checkpoint's weights as (the base of) `model`'s params, placed on the shardings of
     `abstract_params` (ShapeDtypeStructs with shardings; it may hold more than the checkpoint,
-    e.g. LoRA adapters, which come back as None). Each process builds only the shards its
-    devices hold from the host arrays."""
+    e.g. LoRA adapters, which come back as None). Streamed: the weights are read tensor by
+    tensor and each parameter placed as soon as it is converted (stacked layer by layer when
+    scanned), so the host holds the placed shards plus one parameter, never a second copy of
+    the model (benchmarks/load_memory.py). Each process builds only the shards its devices
+    hold."""
     from flax import traverse_util
 
     from tfjax import interop
@@ -207,17 +209,18 @@ def load_params(pretrained: Pretrained, model, abstract_params):
     layout = interop.pretrained_model(
         pretrained.config_dir, scan_layers=getattr(model, "scan_layers", False)
     )
-    loaded = traverse_util.flatten_dict(interop.pretrained_params(pretrained.weights_dir, layout))
     target = traverse_util.flatten_dict(abstract_params)
-    extra = sorted("/".join(k) for k in set(loaded) - set(target))
-    if extra:  # a converter and the run's model disagree: a bug, still named
-        raise ValueError(f"the checkpoint's params {extra[:4]} are not in the run's model")
-
-    def place(array, abstract):
-        array = np.asarray(array).astype(abstract.dtype)
+    placed = dict.fromkeys(target)
+    for path, array in interop.stream_pretrained_params(pretrained.weights_dir, layout):
+        abstract = target.get(path)
+        if abstract is None:  # a converter and the run's model disagree: a bug, still named
+            raise ValueError(f"the checkpoint's param {'/'.join(path)} is not in the run's model")
         if array.shape != abstract.shape:
-            raise ValueError(f"checkpoint array {array.shape} != the model's {abstract.shape}")
-        return jax.make_array_from_callback(abstract.shape, abstract.sharding, lambda i: array[i])
-
-    placed = {k: place(loaded[k], target[k]) if k in loaded else None for k in target}
+            raise ValueError(
+                f"checkpoint array {'/'.join(path)} {array.shape} != the model's {abstract.shape}"
+            )
+        array = array.astype(abstract.dtype, copy=False)
+        placed[path] = jax.make_array_from_callback(
+            abstract.shape, abstract.sharding, lambda index, a=array: a[index]
+        )
     return traverse_util.unflatten_dict(placed)
