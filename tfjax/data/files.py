@@ -152,6 +152,8 @@ def split_files(spec, split: str) -> list[tuple[epath.Path, str]]:
             f"(dataset.eval_files); got split={split!r}"
         )
     field = f"{split}_files"
+    if split == "train" and spec.mixture.strip():
+        raise ValueError("dataset.mixture is set: the train split is its sources (mixture_files)")
     if not spec[field].strip():
         raise ValueError(
             f"dataset.{field} is empty: dataset 'files' has no {split} split; set "
@@ -160,11 +162,29 @@ def split_files(spec, split: str) -> list[tuple[epath.Path, str]]:
     return expand(spec[field], f"dataset.{field}")
 
 
+def mixture_files(spec) -> list[tuple[float, str, list[tuple[epath.Path, str]]]]:
+    """The sources of dataset.mixture of a resolved "files" DatasetSpec: [(weight, entry,
+    files)] in the order given, the weights normalised to sum to 1, `entry` the text naming the
+    source, its files expanded as `split_files` does train_files; errors name dataset.mixture
+    and the entry."""
+    from tfjax.data import catalog
+
+    entries = catalog.mixture_entries(spec.mixture)
+    total = sum(weight for weight, _, _ in entries)
+    return [
+        (weight / total, entry, expand(files, f"dataset.mixture: entry {i} {entry!r}"))
+        for i, (weight, files, entry) in enumerate(entries, start=1)
+    ]
+
+
 def check(spec) -> None:
     """The checks of a "files" DatasetSpec that touch the file system but read no data: the
-    train and eval files exist and are of a kind tfjax reads, the tokenizer directory holds a
-    tokenizer. Each error names its field."""
-    split_files(spec, "train")
+    train files (or the mixture's) and eval files exist and are of a kind tfjax reads, the
+    tokenizer directory holds a tokenizer. Each error names its field."""
+    if spec.mixture.strip():
+        mixture_files(spec)
+    else:
+        split_files(spec, "train")
     if spec.eval_files.strip():
         split_files(spec, "eval")
     _check_tokenizer_dir(spec.tokenizer)
