@@ -24,6 +24,22 @@ list of them (so a path cannot hold a comma), local or `gs://` (read through `et
                     memory-mapped (a gs:// one is read into memory); the saved directory itself
                     is accepted and reads its files in the order its state.json lists.
 
+`dataset.mixture` trains on several sources instead of train_files (which must then be empty),
+each drawn at its weight: "WEIGHT:FILES;WEIGHT:FILES...", FILES as in train_files (gs:// paths
+and comma lists of files included: an entry is split at its first ':', entries at ';'), weights
+positive numbers, relative (normalised to sum to 1; Grain draws them to 1/100 of the smallest):
+
+    --config.dataset.mixture="3:data/chat/*.jsonl;1:gs://bucket/web.parquet"
+
+trains on 3 rows of the chat files for each row of web.parquet. Each source goes through
+shuffled epochs of its own (a small source repeats more often than a large one), each process
+reads its share of every source, and the sources are mixed before packing by Grain's
+`MapDataset.mix`, in a fixed interleave (3:1 is AAAB AAAB ...); the loader's saved position
+resumes it exactly, and is refused by another mixture. A mixture has no epochs: its loader
+repeats forever (num_epochs=None). The eval split stays dataset.eval_files. A malformed entry, a
+weight that is not a positive number, an entry that matches no file: a ValueError (or
+FileNotFoundError) naming dataset.mixture and the entry, before any file is read.
+
 Each row is one of (`tfjax.data.checkpoint_tokenizer.row_format` tells them apart by their
 keys; one dataset may mix them, each row is encoded by its own format):
 
