@@ -59,7 +59,8 @@ config):
                     the rows from the chat files); "" (default): train_files alone
   eval_files        the evaluation files, the same way; "" (default): no eval split
   train_split, eval_split   "train" and "eval", the loader split names of train_files and
-                    eval_files (fixed: make_loader(split="train") reads train_files)
+                    eval_files (fixed: make_loader(split="train") reads train_files or the
+                    mixture)
   tokenizer         the directory of the checkpoint's tokenizer files (tokenizer.json or
                     tokenizer.model), loaded with tfjax.data.checkpoint_tokenizer
   seq_len, packing  as above; packing defaults to True

@@ -27,7 +27,8 @@ list of them (so a path cannot hold a comma), local or `gs://` (read through `et
 `dataset.mixture` trains on several sources instead of train_files (which must then be empty),
 each drawn at its weight: "WEIGHT:FILES;WEIGHT:FILES...", FILES as in train_files (gs:// paths
 and comma lists of files included: an entry is split at its first ':', entries at ';'), weights
-positive numbers, relative (normalised to sum to 1; Grain draws them to 1/100 of the smallest):
+positive numbers, relative (normalised to sum to 1; drawn as Grain's integer proportions, each
+weight over the smallest to 1/100):
 
     --config.dataset.mixture="3:data/chat/*.jsonl;1:gs://bucket/web.parquet"
 
