@@ -373,7 +373,8 @@ def test_a_mixture_draws_its_sources_at_their_weights(data, tokenizer):
         draws = sum(counts.values())
         assert set(counts) == set(range(len(source)))
         assert set(counts.values()) <= {draws // len(source), draws // len(source) + 1}
-    # Weights are relative: 0.3:0.1 is 3:1; and no longer a fixed order of the rows (shuffled).
+    # Weights are relative: 0.3:0.1 is exactly 3:1 (Grain's own truncation of 0.7499...:0.25
+    # would make it 299:100, another pattern from row 398 on); the rows of a source are shuffled.
     same = {**cfg, "mixture": mixture(data, 0.3, 0.1)}
     with loader(same, seed=5, shuffle=True, num_epochs=None) as ld:
         assert drawn(tokenizer, [next(ld) for _ in range(rows // 4)], seq_len) == got
