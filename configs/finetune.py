@@ -4,6 +4,8 @@ r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral) on 
         --config.init_from=CHECKPOINT_DIR \
         --config.dataset.train_files=train.jsonl --config.dataset.eval_files=eval.jsonl \
         [--config.lora.rank=8] [--config.optim.freeze=REGEX] [--config.num_train_steps=N]
+    # several sources at weights, instead of train_files (tfjax.data.files):
+    #   --config.dataset.mixture="3:data/chat/*.jsonl;1:gs://bucket/web.parquet"
     python experiments/run.py --config=configs/finetune.py:lora --workdir=W ...  # the preset
     python experiments/export.py --workdir=W --output=OUT_DIR
 

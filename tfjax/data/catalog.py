@@ -46,15 +46,21 @@ text:
   mlm_probability   fraction of tokens picked for prediction when task == "mlm"
   source_lang, target_lang   translation: the feature names of source and target text
   num_classes       classification of text: number of labels
-the user's files (name "files"; also chosen by setting train_files on any dataset config):
+the user's files (name "files"; also chosen by setting train_files or mixture on any dataset
+config):
   train_files       the training files: a path, a glob or a comma-separated list of them, of
                     .txt (one row per non-empty line), .jsonl / .json (JSON lines), .parquet and
                     .arrow files, or the directory a Hugging Face dataset was saved to
                     (`save_to_disk`); local or gs:// (`tfjax.data.files`). Rows are
                     {"text"}, {"prompt", "completion"} or {"messages": [{"role", "content"}]}
+  mixture           instead of train_files (which must then be empty): several training
+                    sources drawn at weights, "WEIGHT:FILES;WEIGHT:FILES..." with FILES as in
+                    train_files, e.g. "3:data/chat/*.jsonl;1:gs://bucket/web.parquet" (3/4 of
+                    the rows from the chat files); "" (default): train_files alone
   eval_files        the evaluation files, the same way; "" (default): no eval split
   train_split, eval_split   "train" and "eval", the loader split names of train_files and
-                    eval_files (fixed: make_loader(split="train") reads train_files)
+                    eval_files (fixed: make_loader(split="train") reads train_files or the
+                    mixture)
   tokenizer         the directory of the checkpoint's tokenizer files (tokenizer.json or
                     tokenizer.model), loaded with tfjax.data.checkpoint_tokenizer
   seq_len, packing  as above; packing defaults to True
@@ -168,6 +174,7 @@ def _files():
             train_split="train",
             eval_split="eval",
             train_files="",
+            mixture="",
             eval_files="",
             tokenizer="",
             seq_len=1024,
@@ -179,8 +186,8 @@ def _files():
 
 
 # The fields that read the user's files; every dataset config of an "lm" dataset gets them as
-# placeholders (`with_placeholders`), so that setting train_files switches to "files".
-FILES_FIELDS = ("train_files", "eval_files", "skip_bad_rows")
+# placeholders (`with_placeholders`), so that setting train_files or mixture switches to "files".
+FILES_FIELDS = ("train_files", "mixture", "eval_files", "skip_bad_rows")
 
 
 # name -> how to read it and its default config:
@@ -295,6 +302,7 @@ class DatasetSpec(Mapping):
     source_lang: str | None = None
     target_lang: str | None = None
     train_files: str | None = None
+    mixture: str | None = None
     eval_files: str | None = None
     skip_bad_rows: bool | None = None
 
@@ -340,18 +348,19 @@ def resolve_config(dataset_config) -> DatasetSpec:
 
     Accepts a ConfigDict or plain dict with at least `name` (fields that are None take the
     default), or a DatasetSpec (returned as it is: resolved already). A non-empty `train_files`
-    makes it the "files" dataset whatever the name (the fields given must then be fields of
-    "files"). An unknown field, a value of the wrong type or out of range is a ValueError naming
-    the field.
+    or `mixture` makes it the "files" dataset whatever the name (the fields given must then be
+    fields of "files"). An unknown field, a value of the wrong type or out of range is a
+    ValueError naming the field.
     """
     if isinstance(dataset_config, DatasetSpec):
         return dataset_config
     given = {key: value for key, value in dict(dataset_config).items() if value is not None}
     switched = ""
-    if given.get("train_files") and given.get("name") != "files":
+    field = next((f for f in ("train_files", "mixture") if given.get(f)), None)
+    if field and given.get("name") != "files":
         if given.get("name"):
             switched = (
-                f" (train_files reads the user's files: dataset {given['name']!r} became 'files')"
+                f" ({field} reads the user's files: dataset {given['name']!r} became 'files')"
             )
         given["name"] = "files"
     if "name" not in given:
@@ -435,6 +444,51 @@ def _check_files(spec: DatasetSpec, fail) -> None:
         fail("seq_len", "cannot hold one token with its bos/eos; use seq_len >= 2")
     if spec.long_examples not in ("split", "truncate"):
         fail("long_examples", "must be 'split' (text rows) or 'truncate'")
+    if spec.mixture.strip():
+        if spec.train_files.strip():
+            raise ValueError(
+                f"dataset.mixture={spec.mixture!r} and dataset.train_files="
+                f"{spec.train_files!r} are both set: a mixture names all the training files; "
+                "leave dataset.train_files empty (its files can be one more mixture entry)"
+            )
+        mixture_entries(spec.mixture)
+
+
+MIXTURE_FORMAT = (
+    "dataset.mixture is 'WEIGHT:FILES;WEIGHT:FILES...', each WEIGHT a positive number and "
+    "FILES as in dataset.train_files, e.g. '3:data/chat/*.jsonl;1:gs://bucket/web.parquet'"
+)
+
+
+def mixture_entries(mixture: str) -> list[tuple[float, str, str]]:
+    """The sources of a dataset.mixture string: [(weight, files, entry)], `files` a path, a glob
+    or a comma-separated list of them as train_files is, `entry` the text that named them (for
+    errors). An entry is WEIGHT:FILES, split at its first ':' (so FILES may be gs:// paths);
+    entries are separated by ';' (so a path cannot hold one). A malformed entry or a weight that
+    is not a positive number is a ValueError naming dataset.mixture and the entry."""
+    out = []
+    for entry in (e.strip() for e in mixture.split(";")):
+        if not entry:
+            continue
+        weight, colon, files = entry.partition(":")
+        where = f"dataset.mixture: entry {len(out) + 1} {entry!r}"
+        if not colon:
+            raise ValueError(f"{where} has no WEIGHT: ({MIXTURE_FORMAT})")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise ValueError(
+                f"{where}: its weight {weight.strip()!r} is not a positive number "
+                f"({MIXTURE_FORMAT})"
+            )
+        if not any(p.strip() for p in files.split(",")):
+            raise ValueError(f"{where} names no files ({MIXTURE_FORMAT})")
+        out.append((value, files.strip(), entry))
+    if not out:
+        raise ValueError(f"dataset.mixture={mixture!r} names no source ({MIXTURE_FORMAT})")
+    return out
 
 
 def element_spec(dataset_config, batch_size: int) -> dict:
