@@ -124,6 +124,33 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert printed == [[s["prompt"], s["output"]] for s in samples]
 
 
+def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tmp_path):
+    """lora.base_dtype=int8: the run stores the adapted kernels as int8 (loaded, then quantized),
+    starts near transformers' loss, learns, and exports the adapters merged into the base they
+    were trained on (dequantized): every other tensor is the checkpoint's, bit for bit."""
+    from tfjax.runner import workdirs
+
+    workdir = tmp_path / "run"
+    finetune(checkpoints["llama"], task, workdir, "lora,tiny", **{"lora.base_dtype": "int8"})
+    losses = eval_losses(workdir)
+    assert losses[0] == pytest.approx(fc.hf_loss(checkpoints["llama"], task[2]), rel=0.02)
+    last = losses[max(losses)]
+    assert last < 0.8 * losses[0]
+    config = workdirs.read_config(str(workdir))
+    _, params, _ = train.restore_model(config, str(workdir), devices=jax.devices()[:1])
+    quantized = [
+        x.array.qvalue.dtype
+        for x in jax.tree.leaves(params, is_leaf=lambda x: hasattr(x, "array"))
+        if hasattr(x, "array")
+    ]
+    assert quantized and set(quantized) == {np.dtype("int8")}
+    out = export.export_run(str(workdir), str(tmp_path / "hf"))
+    assert fc.hf_loss(out, task[2]) == pytest.approx(last, rel=0.02)
+    base, tuned = read_weights(checkpoints["llama"]), read_weights(out)
+    changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
+    assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
+
+
 def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):
     workdir = tmp_path / "run"
     finetune(

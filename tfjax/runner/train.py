@@ -117,6 +117,9 @@ def restore_model(
         workdir, target, average_last=average_last, what="workdir", step=step
     )
     if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
+        if lora_config.base_dtype:  # QLoRA: into the base the adapters were trained on
+            like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
+            params = lora.dequantized(params, like)
         model, params = base, lora.merge(params, lora_config)
     return model, params, tokenizer
 
@@ -422,6 +425,22 @@ def _initial_params(exp, fresh):
     config = exp.config
     if exp.pretrained is None:
         return checkpoint.restore_params(config.init_from, exp.abstract_state.params)
+    lora_config = optim.lora_config(config)
+    if lora_config is not None and lora_config.base_dtype:  # QLoRA: loaded, then quantized
+        from tfjax import lora
+
+        abstract, quantize = setup.quantize_base_fn(exp)
+        floats = pretrained.load_params(exp.pretrained, exp.base_model, abstract)
+        logging.info(
+            "Loaded the %s weights of %s; the targeted kernels are stored as %s",
+            exp.pretrained.architecture,
+            config.init_from,
+            lora_config.base_dtype,
+        )
+        # The adapters as initialised (`fresh`), the base as loaded and quantized.
+        base, _ = lora.split(quantize(floats, jax.random.key(config.seed)))
+        _, adapters = lora.split(fresh)
+        return lora.combine(base, adapters)
     loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
     logging.info("Loaded the %s weights of %s", exp.pretrained.architecture, config.init_from)
     return jax.tree.map(
