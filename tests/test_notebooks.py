@@ -215,8 +215,9 @@ def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch, re
         for when in (r"before fine-tuning \(step 0\)", r"after fine-tuning \(step [1-9]\d*\)"):
             assert re.search(rf"--- {when}\n'user\\nWrite \d+ in words\.' -> ", printed), printed
         assert re.search(r"transformers: 'Write \d+ in words\.' -> ", printed), printed
-        diff = _printed_number(printed, "max |tfjax - transformers| = ")
-        assert diff <= 1e-3 * _printed_number(printed, "(largest |logit| "), printed
+        # float32 rounding only: the notebook allows 1e-3 of the largest logit for any
+        # checkpoint; this small one agrees as closely as tests/interop's references do.
+        assert _printed_number(printed, "max |tfjax - transformers| = ") <= 1e-5, printed
         _assert_png(str(tmp_path / "work" / "finetune" / "plots" / "curves.png"))
         assert "curves.png: " in printed, printed
         export = tmp_path / "work" / "finetuned_hf"
