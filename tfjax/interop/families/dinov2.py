@@ -33,7 +33,9 @@ into mlp_dim and back. Position embeddings are resampled to another `image_size`
 (`core.towers`; with registers antialiased, as that model does).
 """
 
-from tfjax.interop.core import files, tables, towers
+import dataclasses
+
+from tfjax.interop.core import tables, towers
 from tfjax.interop.core.registry import Converts, Exporter
 from tfjax.interop.core.rules import (
     Rule,
@@ -221,12 +223,13 @@ def from_dinov2_registers(source, config=None, *, image_size=None, **overrides):
 
 def from_dinov2_classifier(source, config=None, *, image_size=None, **overrides):
     """(tfjax ViT with pool="cls_gap" and a head of num_labels, params) from a
-    Dinov2ForImageClassification (or Dinov2WithRegistersForImageClassification) directory or
-    (state dict, config)."""
-    c = files.as_config(source if config is None else config)
-    registers = c.get("model_type") == DINOV2_REGISTERS_CLASSIFIER.model_type
-    tower = REGISTERS_CLASSIFIER_TOWER if registers else CLASSIFIER_TOWER
-    return towers.load(tower, source, config, image_size, overrides)
+    Dinov2ForImageClassification directory or (state dict, config)."""
+    return towers.load(CLASSIFIER_TOWER, source, config, image_size, overrides)
+
+
+def from_dinov2_registers_classifier(source, config=None, *, image_size=None, **overrides):
+    """As from_dinov2_classifier, for Dinov2WithRegistersForImageClassification."""
+    return towers.load(REGISTERS_CLASSIFIER_TOWER, source, config, image_size, overrides)
 
 
 def to_dinov2(model, params):
@@ -242,9 +245,24 @@ def to_dinov2_classifier(model, params):
     return towers.save(tower, model, params)
 
 
-# The run's backbone of each architecture (`tfjax.runner.pretrained`): the bare tower.
-from_dinov2.tower = TOWER
-from_dinov2_registers.tower = REGISTERS_TOWER
+def _backbone(tower: towers.Tower, classifier: towers.Tower) -> towers.Tower:
+    """The bare tower read from a ...ForImageClassification checkpoint: its keys under the
+    classifier's prefix, the classifier itself skipped (a run gives the tower a new head)."""
+    family = dataclasses.replace(
+        tower.family,
+        architecture=classifier.family.architecture,
+        prefix=classifier.family.prefix,
+        ignore=(*tower.family.ignore, "classifier.*"),
+    )
+    return dataclasses.replace(tower, family=family)
+
+
+# What a run starting from each architecture loads (`tfjax.runner.pretrained`): the bare tower,
+# to which the run adds its own head.
+from_dinov2.backbone = TOWER
+from_dinov2_registers.backbone = REGISTERS_TOWER
+from_dinov2_classifier.backbone = _backbone(TOWER, CLASSIFIER_TOWER)
+from_dinov2_registers_classifier.backbone = _backbone(REGISTERS_TOWER, REGISTERS_CLASSIFIER_TOWER)
 
 
 def _is_dinov2(m: vit.VisionTransformer) -> bool:
@@ -262,7 +280,7 @@ CONVERTS = Converts(
         DINOV2.architecture: from_dinov2,
         DINOV2_REGISTERS.architecture: from_dinov2_registers,
         DINOV2_CLASSIFIER.architecture: from_dinov2_classifier,
-        DINOV2_REGISTERS_CLASSIFIER.architecture: from_dinov2_classifier,
+        DINOV2_REGISTERS_CLASSIFIER.architecture: from_dinov2_registers_classifier,
     },
     exports=(
         Exporter(
