@@ -32,7 +32,7 @@ eval_dir folders among them (tfjax.data.image_folders); images are resized and n
 the checkpoint's preprocessor_config.json says. The run logs that the head was initialised for
 N classes; the export of a DINOv2 run is a Dinov2ForImageClassification (id2label: the class
 names); the other towers with a linear head have no Hugging Face class, and their export is
-refused. "vision-tiny" is the test's (a few hundred steps of a small checkpoint on CPU).
+refused. "vision-tiny" is the test's (200 steps of a small checkpoint on CPU).
 """
 
 import ml_collections
@@ -117,9 +117,9 @@ def _vision_tiny(config):
     """ "vision" for tests: a small checkpoint on small images, on CPU in seconds."""
     _vision(config)
     config.update(batch_size=32, eval_batch_size=64, log_every=50, eval_steps=0)
-    config.update(num_train_steps=300, eval_every=300)
+    config.update(num_train_steps=200, eval_every=200)
     config.optim.update(learning_rate=2e-3, warmup_steps=20)
-    config.checkpoint.update(every=300, replica_parallel=False)
+    config.checkpoint.update(every=200, replica_parallel=False)
 
 
 def _sized(config, variant, *, batch_size, seq_len, mesh, chunks, remat_policy="full"):

@@ -24,6 +24,7 @@ from tfjax.runner import export, pretrained, setup, train
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 SIZE = 16  # the checkpoint's image processor: shortest edge 16, center crop 16 (4x4 patches)
+PRETRAIN_STEPS = 400  # transformers' training of the checkpoint's tower (see `checkpoint`)
 
 
 def write_digits(root):
@@ -48,9 +49,17 @@ def processor():
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A random Dinov2Model whose position embeddings were made for 32 px (the run resamples
-    them to its 16 px), with its preprocessor_config.json."""
+def digits(tmp_path_factory):
+    return write_digits(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(digits, tmp_path_factory):
+    """A small Dinov2Model whose position embeddings were made for 32 px (the run resamples
+    them to its 16 px), with its preprocessor_config.json. A random tower of this size does not
+    reach 0.95 in a CPU test's few hundred steps (0.40 after 300), so transformers pre-trains it
+    first: a few seconds of Dinov2ForImageClassification on the training digits at 16 px, of
+    which the tower alone is saved (the run then starts from a tower and a new head)."""
     directory = tmp_path_factory.mktemp("dinov2")
     torch.manual_seed(0)
     config = transformers.Dinov2Config(
@@ -60,15 +69,34 @@ def checkpoint(tmp_path_factory):
         mlp_ratio=2,
         patch_size=4,
         image_size=32,
+        num_labels=10,
     )
-    save_pretrained(transformers.Dinov2Model(config).eval(), directory)
+    model = transformers.Dinov2ForImageClassification(config)
     processor().save_pretrained(directory)
+    # the images as the processor makes them (test_images_are_what_... checks the equality)
+    preprocess = image_folders.Preprocessor.read(str(directory))
+    source = image_folders.open_split(
+        tfjax.data.resolve_config({"name": "image_folders", "train_files": digits[0]}), "train"
+    )
+    records = source.read(range(len(source)))
+    images = [preprocess(image_folders.decode(r["path"])) for r in records]
+    pixels = torch.from_numpy(np.moveaxis(np.stack(images), -1, 1).copy())
+    labels = torch.tensor([r["label"] for r in records])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a small model: more threads only contend (2x slower on 2 cores)
+    try:
+        for _ in range(PRETRAIN_STEPS):
+            rows = torch.randint(0, len(labels), (64,), generator=generator)
+            loss = model(pixels[rows], labels=labels[rows]).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    save_pretrained(model.dinov2.eval(), directory)
     return str(directory)
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    return write_digits(tmp_path_factory.mktemp("digits"))
 
 
 def vision_config(checkpoint, digits, **overrides):
@@ -148,10 +176,11 @@ def test_step_0_features_equal_transformers_and_the_head_is_new(run, checkpoint)
     config, workdir, _, lines = run
     data = pretrained.dataset_spec(config, workdir)
     exp = setup.build(setup.prepare(config), setup.planned_inputs(config, data))
-    fresh = exp.init(jax.random.key(0)).params
     loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
     assert loaded["head"] == {"kernel": None, "bias": None}  # the new head: not in the checkpoint
-    params = {**loaded, "head": fresh["head"]}
+    # the run initialises it with zeros (its step-0 loss below is ln 10)
+    zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), exp.abstract_state.params["head"])
+    params = {**loaded, "head": zeros}
     batch, _ = eval_batch(config, workdir)
     logits, aux = exp.model.apply({"params": params}, batch["image"])
     reference = transformers.Dinov2Model.from_pretrained(checkpoint).eval()
