@@ -21,6 +21,20 @@ Presets (comma-separated, applied in order): "full" (the default: every paramete
 "lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen), "tiny" (tests),
 and the sized ones below, each compiled for its target with experiments/compile.py (sizes only,
 no weights needed; figures in the README's fine-tuning table).
+
+"vision": a vision checkpoint (DINOv2 with or without registers or its classifier, CLIP or
+SigLIP vision towers; tfjax.runner.pretrained) with a new head for the classes of your images:
+
+    python experiments/run.py --config=configs/finetune.py:vision --workdir=W \
+        --config.init_from=CHECKPOINT_DIR \
+        --config.dataset.train_files=train_dir --config.dataset.eval_files=eval_dir
+
+train_dir holds one folder of images per class (the sorted folder names are the classes),
+eval_dir folders among them (tfjax.data.image_folders); images are resized and normalised as
+the checkpoint's preprocessor_config.json says. The run logs that the head was initialised for
+N classes; the export of a DINOv2 run is a Dinov2ForImageClassification (id2label: the class
+names); the other towers with a linear head have no Hugging Face class, and their export is
+refused. "vision-tiny" is the test's (200 steps of a small checkpoint on CPU).
 """
 
 import ml_collections
@@ -79,6 +93,37 @@ def _tiny(config):
     config.decode.update(num_samples=2, prompt_length=16, max_new_tokens=8)
 
 
+def _vision(config):
+    """Classification of images in class folders from a vision checkpoint (its bare tower and
+    a new, zero-initialised head): every parameter trains, the best eval accuracy is kept."""
+    config.task = "classification"
+    config.update(batch_size=32, eval_batch_size=64, num_train_steps=2000, eval_every=500)
+    config.model = ml_collections.ConfigDict()  # the checkpoint's; only how it runs is set here
+    config.model.name = "vit"
+    config.model.variant = config_dict.placeholder(str)
+    config.model.scan_layers = False
+    config.model.remat_policy = "none"
+    config.model.implementation = config_dict.placeholder(str)
+    config.model.dropout_rate = config_dict.placeholder(float)
+    config.dataset = ml_collections.ConfigDict()
+    config.dataset.name = "image_folders"  # the user's images (tfjax.data.image_folders)
+    config.dataset.train_files = config_dict.placeholder(str)  # one folder per class
+    config.dataset.eval_files = config_dict.placeholder(str)
+    config.optim.update(learning_rate=1e-4, warmup_steps=100, weight_decay=0.05)
+    config.loss = defaults.loss(vocabulary=False)
+    del config.decode  # nothing to generate
+    config.checkpoint.update(every=500, best_metric="accuracy", best_mode="max")
+
+
+def _vision_tiny(config):
+    """ "vision" for tests: a small checkpoint on small images, on CPU in seconds."""
+    _vision(config)
+    config.update(batch_size=32, eval_batch_size=64, log_every=50, eval_steps=0)
+    config.update(num_train_steps=200, eval_every=200)
+    config.optim.update(learning_rate=2e-3, warmup_steps=20)
+    config.checkpoint.update(every=200, replica_parallel=False)
+
+
 def _sized(config, variant, *, batch_size, seq_len, mesh, chunks, remat_policy="full"):
     """A published size in bf16 with scanned layers, for compiling its fit without weights
     (with the checkpoint in init_from the variant must match it: an error names a field that
@@ -95,6 +140,8 @@ _PRESETS = {
     "full": defaults.unchanged,
     "lora": _lora,
     "tiny": _tiny,
+    "vision": _vision,
+    "vision-tiny": _vision_tiny,
     # Colab's TPU (v5e:1x1): every parameter of Qwen3-0.6B, its 151,936-token vocabulary's
     # logits in 8 slices
     "qwen3-0.6b-v5e": lambda c: _sized(

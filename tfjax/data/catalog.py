@@ -4,8 +4,10 @@ Every dataset but one is a TFDS builder prepared as ArrayRecord and read as a ra
 `tfds` data source (`tfjax.data.sources`). The embedded ones (`digits`, `pydoc`,
 `numbers_translate`, see `tfjax.data.embedded`) are built from files on the machine; the
 catalog ones are the public TFDS datasets for users who have them prepared or can download them.
-The one other, `files`, reads the user's own text files as they are (`tfjax.data.files`), for
-fine-tuning a Hugging Face checkpoint with its tokenizer.
+Two others read the user's own data as it is, for fine-tuning a Hugging Face checkpoint:
+`files` text files, with the checkpoint's tokenizer (`tfjax.data.files`), and `image_folders`
+labelled images in one folder per class, with the checkpoint's image processing
+(`tfjax.data.image_folders`).
 
 This module is plain data and checks: it imports neither TFDS nor Grain, so that configs can
 import it (`with_placeholders`) and stay light.
@@ -70,6 +72,19 @@ config):
   skip_bad_rows     False: a bad row (a line that is not JSON, a row of unknown format or
                     without its fields) stops the loader with file:line; True: skipped, and
                     the number skipped is logged per file
+the user's images (name "image_folders"; also chosen by setting train_files on a dataset
+config of task "classification"):
+  train_files       a directory with one folder of images per class (the sorted folder names
+                    are the classes)
+  eval_files        a directory of the same kind, its folders among the training classes
+  train_split, eval_split   "train" and "eval" (fixed, as for "files")
+  preprocessor      the directory of the checkpoint's preprocessor_config.json (image size,
+                    resizing, normalisation)
+  image_size        the side of the square images the preprocessor makes
+  num_channels      3 (images are made RGB)
+  num_classes       the class folders of train_files
+  (a run from a checkpoint fills preprocessor, image_size and num_classes:
+  `tfjax.runner.pretrained.dataset_spec`)
 """
 
 from __future__ import annotations
@@ -185,6 +200,25 @@ def _files():
     )
 
 
+def _image_folders():
+    """The catalog entry of the user's images in class folders (`tfjax.data.image_folders`)."""
+    return dict(
+        image_folders=True,
+        features=dict(image="image", label="label"),
+        tasks=("classification",),
+        config=dict(
+            train_split="train",
+            eval_split="eval",
+            train_files="",
+            eval_files="",
+            preprocessor="",
+            image_size=224,
+            num_channels=3,
+            num_classes=0,
+        ),
+    )
+
+
 # The fields that read the user's files; every dataset config of an "lm" dataset gets them as
 # placeholders (`with_placeholders`), so that setting train_files or mixture switches to "files".
 FILES_FIELDS = ("train_files", "mixture", "eval_files", "skip_bad_rows")
@@ -196,6 +230,7 @@ FILES_FIELDS = ("train_files", "mixture", "eval_files", "skip_bad_rows")
 #   embedded  the `tfjax.data.embedded` builder class (offline); else a TFDS dataset
 #   module    TFDS module to import so that its builder is registered
 #   files     the user's files (`tfjax.data.files`), not TFDS
+#   image_folders  the user's images in class folders (`tfjax.data.image_folders`), not TFDS
 CATALOG: dict[str, dict] = {
     "digits": _images(8, 1, 10, crop_padding=1, random_flip=False, embedded="Digits"),
     "mnist": _images(28, 1, 10, crop_padding=2, random_flip=False),
@@ -228,6 +263,7 @@ CATALOG: dict[str, dict] = {
         ),
     ),
     "files": _files(),
+    "image_folders": _image_folders(),
 }
 
 
@@ -245,6 +281,12 @@ def is_embedded(name: str) -> bool:
 def is_files(name: str) -> bool:
     """Whether dataset `name` reads the user's own files (`tfjax.data.files`), not TFDS."""
     return bool(_entry(name).get("files"))
+
+
+def is_image_folders(name: str) -> bool:
+    """Whether dataset `name` reads the user's images in class folders
+    (`tfjax.data.image_folders`), not TFDS."""
+    return bool(_entry(name).get("image_folders"))
 
 
 def default_dataset_config(name: str) -> ml_collections.ConfigDict:
@@ -305,6 +347,7 @@ class DatasetSpec(Mapping):
     mixture: str | None = None
     eval_files: str | None = None
     skip_bad_rows: bool | None = None
+    preprocessor: str | None = None
 
     @property
     def images(self) -> bool:
@@ -348,21 +391,22 @@ def resolve_config(dataset_config) -> DatasetSpec:
 
     Accepts a ConfigDict or plain dict with at least `name` (fields that are None take the
     default), or a DatasetSpec (returned as it is: resolved already). A non-empty `train_files`
-    or `mixture` makes it the "files" dataset whatever the name (the fields given must then be
-    fields of "files"). An unknown field, a value of the wrong type or out of range is a
-    ValueError naming the field.
+    or `mixture` makes it the "files" dataset whatever the name, or "image_folders" for task
+    "classification" (the fields given must then be fields of that dataset). An unknown field,
+    a value of the wrong type or out of range is a ValueError naming the field.
     """
     if isinstance(dataset_config, DatasetSpec):
         return dataset_config
     given = {key: value for key, value in dict(dataset_config).items() if value is not None}
     switched = ""
+    user_data = "image_folders" if given.get("task") == "classification" else "files"
     field = next((f for f in ("train_files", "mixture") if given.get(f)), None)
-    if field and given.get("name") != "files":
+    if field and given.get("name") not in ("files", "image_folders"):
         if given.get("name"):
             switched = (
-                f" ({field} reads the user's files: dataset {given['name']!r} became 'files')"
+                f" ({field} reads the user's files: dataset {given['name']!r} became {user_data!r})"
             )
-        given["name"] = "files"
+        given["name"] = user_data
     if "name" not in given:
         raise ValueError("dataset config needs a 'name', e.g. {'name': 'digits'}")
     cfg = default_dataset_config(given["name"])
@@ -409,6 +453,15 @@ def _check(spec: DatasetSpec) -> None:
             fail(field, "must be >= 0")
     if is_files(spec.name):
         _check_files(spec, fail)
+        return
+    if is_image_folders(spec.name):
+        for field, split in (("train_split", "train"), ("eval_split", "eval")):
+            if spec[field] != split:
+                fail(field, f"is fixed for dataset 'image_folders': {split!r} names {split}_files")
+        if spec.num_channels != 3:
+            fail("num_channels", "must be 3: images are made RGB")
+        if spec.image_size < 1:
+            fail("image_size", "must be >= 1")
         return
     if spec.images:
         if spec.image_size < 1:

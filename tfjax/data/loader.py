@@ -371,8 +371,13 @@ def make_loader(
     if augment is None:
         augment = shuffle
 
-    tokenizer = file_lists = mixture = None
-    if catalog.is_files(cfg.name):
+    tokenizer = file_lists = mixture = preprocessor = None
+    if catalog.is_image_folders(cfg.name):
+        from tfjax.data import image_folders
+
+        preprocessor = image_folders.Preprocessor.read(cfg.preprocessor)
+        opened = [image_folders.open_split(cfg, split)]
+    elif catalog.is_files(cfg.name):
         from tfjax.data import files
 
         # The cheap checks (paths, extensions, the tokenizer) before the files are scanned.
@@ -429,6 +434,13 @@ def make_loader(
             seed=_seed(seed, 1),
             batch_size=batch_size,
         )
+        if preprocessor is not None:  # the checkpoint's image processing, no augmentation
+            make_batch = functools.partial(
+                image_folders.image_batch,
+                source=source,
+                preprocessor=preprocessor,
+                batch_size=batch_size,
+            )
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
         tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)

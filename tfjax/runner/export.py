@@ -7,7 +7,10 @@ writes what `transformers`' `from_pretrained` and `generate` read: config.json (
 with the special token ids), generation_config.json, the weights (model.safetensors, or shards
 with an index above 5 GB; LoRA adapters merged into their kernels) and the tokenizer files of
 the checkpoint the run started from (`workdir/pretrained`, see `tfjax.runner.pretrained`). A
-run trained from scratch gets the ids of tfjax's own tokenizers and no tokenizer files.
+run trained from scratch gets the ids of tfjax's own tokenizers and no tokenizer files. A
+vision run's export holds its head's class names as id2label / label2id and the checkpoint's
+preprocessor_config.json, and no generation_config.json; a model Hugging Face has no class for
+(a CLIP or SigLIP tower with a linear head) is refused, naming what each class needs.
 Everything is written into a temporary directory beside `output` and renamed at the end: an
 existing `output` is never touched.
 """
@@ -45,6 +48,12 @@ def export_run(workdir: str, output: str, *, step: int | None = None) -> str:
     kept = os.path.join(workdir, pretrained.KEPT)
     ids = _special_ids(kept, tokenizer)
     hf_config.update({k: v for k, v in ids.items() if v is not None})
+    classes = os.path.join(workdir, pretrained.CLASSES)
+    if os.path.isfile(classes):  # the head's labels by name
+        with open(classes) as f:
+            names = json.load(f)
+        hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        hf_config["label2id"] = {name: i for i, name in enumerate(names)}
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}-", dir=parent)
@@ -54,7 +63,7 @@ def export_run(workdir: str, output: str, *, step: int | None = None) -> str:
             path = os.path.join(kept, name)
             if name != "config.json" and os.path.isfile(path):
                 shutil.copy2(path, os.path.join(tmp, name))
-        if not os.path.exists(os.path.join(tmp, GENERATION_CONFIG)):
+        if tokenizer is not None and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG)):
             with open(os.path.join(tmp, GENERATION_CONFIG), "w") as f:
                 json.dump({k: v for k, v in ids.items() if v is not None}, f, indent=2)
         os.replace(tmp, output)

@@ -129,9 +129,11 @@ def build_model(
     config.dtype. Fields that are None take the model's default, except vocab_size (the
     tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's).
     From a `pretrained` checkpoint: its model, with what config.model may set on it
-    (`tfjax.runner.pretrained.model_fields`), and its vocabulary as it is."""
+    (`tfjax.runner.pretrained.model_fields`), and its vocabulary as it is; a vision tower gets
+    a new head of num_classes (`tfjax.runner.pretrained.with_head`)."""
     if pretrained is not None:
         fields = pretrained_lib.model_fields(pretrained, config.model)
+        fields = pretrained_lib.with_head(pretrained, fields, num_classes)
         if vocab_size is not None and vocab_size > fields["vocab_size"]:
             raise ValueError(
                 f"the tokenizer has {vocab_size} ids, more than the {fields['vocab_size']} "

@@ -406,6 +406,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     workdirs.record_config(workdir, config, step)
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
         pretrained.keep(exp.pretrained, workdir)
+    pretrained.keep_classes(pretrained.dataset_spec(config, workdir), workdir)
     stored = os.path.join(workdir, TOKENIZER_FILE)
     # SentencePiece only (bytes need no file, a checkpoint's tokenizer is kept in pretrained/);
     # a stored one was checked equal above.
@@ -443,6 +444,13 @@ def _initial_params(exp, fresh):
         return lora.combine(base, adapters)
     loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
     logging.info("Loaded the %s weights of %s", exp.pretrained.architecture, config.init_from)
+    if exp.pretrained.vision and getattr(exp.model, "num_classes", None) is not None:
+        logging.info(
+            "A new head for %d classes (pool=%r) initialised; everything else loaded from %s",
+            exp.model.num_classes,
+            exp.model.pool,
+            config.init_from,
+        )
     return jax.tree.map(
         lambda new, old: old if new is None else new, loaded, fresh, is_leaf=lambda x: x is None
     )
