@@ -71,8 +71,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return defaults.apply_presets(config, arg, _PRESETS, default="full", file="configs/finetune.py")
 
 
-def _lora(config, rank=16):
-    config.lora.update(rank=rank, alpha=2.0 * rank)
+def _lora(config, rank=16, base_dtype=""):
+    config.lora.update(rank=rank, alpha=2.0 * rank, base_dtype=base_dtype)
+    if base_dtype == "nf4":
+        config.lora.tile_size = 64  # QLoRA's NF4 block: one scale per 64 inputs
     config.optim.learning_rate = 2e-4  # adapters start at zero: a larger rate than full tuning
     return config
 
@@ -158,5 +160,17 @@ _PRESETS = {
     # one H100: LoRA on Llama 3.1 8B
     "llama-3.1-8b-lora-h100": lambda c: _lora(
         _sized(c, "llama-3.1-8b", batch_size=4, seq_len=2048, mesh=dict(data=1, fsdp=1), chunks=8)
+    ),
+    # one H100: QLoRA (the adapted kernels stored as NF4) on Llama 3.1 8B, the same rows
+    "llama-3.1-8b-qlora-h100": lambda c: _lora(
+        _sized(c, "llama-3.1-8b", batch_size=4, seq_len=2048, mesh=dict(data=1, fsdp=1), chunks=8),
+        base_dtype="nf4",
+    ),
+    # v5p:2x2x2: QLoRA on Llama 3.1 70B, the NF4 base sharded over the 8 chips (FSDP)
+    "llama-3.1-70b-qlora-v5p": lambda c: _lora(
+        _sized(
+            c, "llama-3.1-70b", batch_size=8, seq_len=2048, mesh=dict(data=1, fsdp=-1), chunks=8
+        ),
+        base_dtype="nf4",
     ),
 }

@@ -138,11 +138,6 @@ def lora_config(config):
         return None
     from tfjax import lora
 
-    if c.base_dtype and not config.get("init_from"):
-        raise ValueError(
-            f"lora.base_dtype={c.base_dtype!r} (QLoRA) quantizes the weights of a checkpoint: "
-            "set config.init_from to the checkpoint, or leave lora.base_dtype empty"
-        )
     try:
         return lora.LoraConfig(
             rank=c.rank,
