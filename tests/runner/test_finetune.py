@@ -21,6 +21,10 @@ from tfjax.runner import export, metrics, train
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
+# The resume test's three runs (and other tests' evaluations and decoding of one family) compile
+# the same programs: the later ones load them from the cache.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
