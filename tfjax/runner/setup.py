@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from flax import traverse_util
 
 from tfjax import sharding, tasks
 from tfjax.runner import checkpoint, checks, chips, optim
@@ -211,9 +212,13 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
     """(init_fn, abstract TrainState with shardings, param shardings), without allocating.
 
     init_fn(rng) creates the state; jit it with out_shardings=the abstract state's shardings.
-    The optimizer state is made from the boxed parameters, so Adam's moments (and the EMA)
-    carry the parameters' logical names through `tx.init` and shard as they do; what has no
-    name (step counts) is replicated. With `trainable` (see steps.make_train_step) it holds
+    init_fn(rng, known) takes the parameters `known` gives (a tree of the params' paths, None
+    where a parameter is to be initialised: a checkpoint's weights beside new adapters or a new
+    head) instead of initialising them: their random values are dead code the compiler drops,
+    so a run from a checkpoint never holds a random copy of what it loads. The optimizer state
+    is made from the boxed parameters, so Adam's moments (and the EMA) carry the parameters'
+    logical names through `tx.init` and shard as they do; what has no name (step counts) is
+    replicated. With `trainable` (see steps.make_train_step) it holds
     the moments of the trainable parameters only.
     """
     init_variables = _init_variables_fn(model, task, element_spec, mesh=mesh, rules=rules)
@@ -235,8 +240,16 @@ def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: boo
     abstract = nn.unbox(boxed)
     sharding.check_divisible(abstract.params, shardings.params)
 
-    def init_fn(rng):
-        return nn.unbox(boxed_state(rng))
+    def init_fn(rng, known=None):
+        state = nn.unbox(boxed_state(rng))  # the moments depend on the params' shapes only
+        if known is None:
+            return state
+        flat = traverse_util.flatten_dict(state.params)
+        for path, value in traverse_util.flatten_dict(known).items():
+            if value is not None:
+                flat[path] = value
+        params = traverse_util.unflatten_dict(flat)
+        return state.replace(params=params, ema_params=params if ema else None)
 
     return init_fn, checkpoint.abstract_like(abstract, shardings), shardings.params
 
@@ -247,7 +260,9 @@ class Experiment:
     """Everything `set_up` builds; no array is allocated until `init` is called.
 
     The jitted steps (one signature each, so each compiles once):
-      init(rng) -> TrainState                      created directly in its shards
+      init(rng, known=None) -> TrainState          created directly in its shards (`known`:
+                                                   parameters given, donated; see
+                                                   abstract_train_state)
       train_step(state, batch, rng) -> (state, stats)   donates `state`
       eval_step(params, batch) -> stats
     `train_batch` / `eval_batch` are the global batches' ShapeDtypeStructs with their
@@ -424,7 +439,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         param_shardings=param_shardings,
         train_batch=train_batch,
         eval_batch=eval_batch,
-        init=jax.jit(init_fn, out_shardings=state_shardings),
+        init=jax.jit(init_fn, out_shardings=state_shardings, donate_argnums=1),
         train_step=train_step,
         eval_step=eval_step,
         flops_per_step=flops,

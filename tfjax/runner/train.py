@@ -383,12 +383,9 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         exp.abstract_rng,
         restore_step=config.checkpoint.get("restore_step"),
     )
-    if resumed is None:
-        state, step = exp.init(init_key), None
-        if config.init_from:
-            params = _initial_params(exp, state.params)
-            ema_params = None if state.ema_params is None else params
-            state = state.replace(params=params, ema_params=ema_params)
+    if resumed is None:  # config.init_from's parameters, the rest initialised
+        known = _initial_params(exp) if config.init_from else None
+        state, step = exp.init(init_key, known), None
     else:
         state, dropout_key, step = resumed.state, resumed.rng, resumed.step
         # Newer steps (unusable, or passed over by restore_step) would collide with this run's
@@ -419,10 +416,10 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     return manager, state, dropout_key, step
 
 
-def _initial_params(exp, fresh):
-    """config.init_from's parameters in place of the `fresh` ones: a Hugging Face checkpoint's
-    weights (what the model has beyond them, LoRA adapters, stays as initialised) or another
-    run's newest parameters."""
+def _initial_params(exp):
+    """config.init_from's parameters, placed on the run's shardings, for `exp.init`: a Hugging
+    Face checkpoint's weights (None where the run's model has more: LoRA adapters, a new head)
+    or another run's newest parameters."""
     config = exp.config
     if exp.pretrained is None:
         return checkpoint.restore_params(config.init_from, exp.abstract_state.params)
@@ -438,10 +435,8 @@ def _initial_params(exp, fresh):
             config.init_from,
             lora_config.base_dtype,
         )
-        # The adapters as initialised (`fresh`), the base as loaded and quantized.
-        base, _ = lora.split(quantize(floats, jax.random.key(config.seed)))
-        _, adapters = lora.split(fresh)
-        return lora.combine(base, adapters)
+        base, adapters = lora.split(quantize(floats, jax.random.key(config.seed)))
+        return lora.combine(base, jax.tree.map(lambda _: None, adapters))  # initialised by init
     loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
     logging.info("Loaded the %s weights of %s", exp.pretrained.architecture, config.init_from)
     if exp.pretrained.vision and getattr(exp.model, "num_classes", None) is not None:
@@ -451,9 +446,7 @@ def _initial_params(exp, fresh):
             exp.model.pool,
             config.init_from,
         )
-    return jax.tree.map(
-        lambda new, old: old if new is None else new, loaded, fresh, is_leaf=lambda x: x is None
-    )
+    return loaded
 
 
 def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
