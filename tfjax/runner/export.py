@@ -198,11 +198,12 @@ def _linear_key(name, rule, shape, a, b, family) -> str:
     where = f"--adapters_only: the adapted kernel {name}"
     if rule is None:
         raise ValueError(f"{where} has no key in the {family.architecture} converter")
+    instead = "export without the flag (adapters merged) or leave it out of lora.targets"
     if len(rule.keys) != 1 or len(rule.paths) != 1:
+        others = ", ".join("/".join(p) for p in rule.paths if p != tuple(name.split("/")))
         raise ValueError(
-            f"{where} is written with {', '.join('/'.join(p) for p in rule.paths)} as "
-            f"{', '.join(rule.keys)}: not one Linear layer of its own, which peft's LoRA adapts; "
-            "export the merged model without the flag (or leave it out of lora.targets)"
+            f"{where} is written together with {others or 'other tensors'} as "
+            f"{', '.join(rule.keys)}: no Linear layer of its own for peft's LoRA; {instead}"
         )
     (key,) = rule.keys
     fan_in, fan_out = math.prod(a.shape[:-1]), math.prod(b.shape[1:])
@@ -219,9 +220,9 @@ def _linear_key(name, rule, shape, a, b, family) -> str:
         and np.array_equal(np.asarray(written), matmul.T)
     ):
         raise ValueError(
-            f"{where} is written as {key} {tuple(np.shape(written))}, which is not a Linear "
-            f"weight [out, in] = [{fan_out}, {fan_in}] of its matmul (e.g. a Conv1D [in, out]); "
-            "export the merged model without the flag (or leave it out of lora.targets)"
+            f"{where} is written as {key} {tuple(np.shape(written))}, not as a Linear weight "
+            f"[out, in] = [{fan_out}, {fan_in}] (its matmul's [in, out] transposed; a Conv1D "
+            f"is [in, out]): peft's LoRA adapts Linear layers; {instead}"
         )
     return key
 
