@@ -22,14 +22,17 @@ started from,
     model = peft.PeftModel.from_pretrained(base, "/tmp/ft_lora")
 
 it computes what the full export computes. Each adapted kernel maps to the Linear layer its
-converter writes it as (`tfjax.interop`'s key rules): the matmul x W + (x A) B alpha / r of the
-kernel in its matmul layout W [in, out] (tfjax's attention kernels [D, N, H] as [D, N H]) is
-peft's W.T x + lora_B(lora_A(x)) alpha / r, so lora_A.weight is A.T [r, in] and lora_B.weight
-B.T [out, r]. Refused by name, before anything is written: a run without LoRA (lora.rank 0),
-a config.init_from that is not the Hugging Face checkpoint directory the run started from
-(from scratch, from another run's workdir, or moved), a checkpoint that is not a causal LM, and
-a kernel that is not one whole Linear layer of the checkpoint (GPT-2's fused query, key and
-value; its Conv1D layers).
+converter writes it as (`tfjax.interop`'s key rules): the kernel's x W + (x A) B alpha / r,
+with W in its matmul layout [in, out] (the attention kernels [D, N, H] as [D, N H]), is the
+layer's x V.T + lora_B(lora_A(x)) lora_alpha / r with V = W.T [out, in] the converter's
+weight, so lora_A.weight = A.T [r, in] and lora_B.weight = B.T [out, r] (peft's scale is
+tfjax's: lora_alpha / r, no rsLoRA).
+
+Refused by name before anything is written (all but the last before the checkpoint is read):
+a run without LoRA (lora.rank 0), a config.init_from that is not the Hugging Face checkpoint
+directory the run started from (from scratch, from another run's workdir, or moved), a
+checkpoint that is not a causal LM, and a kernel that is not one whole Linear layer of the
+checkpoint (GPT-2's fused query, key and value; its Conv1D layers).
 
 Everything is written into a temporary directory beside `output` and renamed at the end: an
 existing `output` is never touched.
@@ -62,8 +65,9 @@ def export_run(
 ) -> str:
     """Writes the run's parameters (newest checkpoint, or `step`) to `output` as a Hugging Face
     checkpoint directory, or with `adapters_only` its LoRA adapters as a peft adapter directory
-    (see the module docstring); returns `output`. Refuses an existing `output`, and what
-    `adapters_only` cannot write, before any work."""
+    (see the module docstring); returns `output`. Refuses an existing `output` and a run
+    without LoRA or Hugging Face base (`adapters_only`) before any work, and adapters peft
+    cannot load before writing."""
     from tfjax import interop
     from tfjax.runner import train
 
@@ -167,13 +171,13 @@ def adapter_state(model, params, family) -> tuple[dict[str, np.ndarray], list[st
     for path in sorted(flat):
         if not path[-1].endswith(suffix_a):
             continue
-        kernel_path = (*path[:-1], path[-1][: -len(suffix_a)])
-        a, b = (
-            np.asarray(flat[path]),
-            np.asarray(flat[(*kernel_path[:-1], kernel_path[-1] + suffix_b)]),
+        *module_path, kernel = (*path[:-1], path[-1][: -len(suffix_a)])
+        a = np.asarray(flat[path])
+        b = np.asarray(flat[(*module_path, kernel + suffix_b)])
+        kernel_path = (*module_path, kernel)
+        key = _linear_key(
+            "/".join(kernel_path), by_path.get(kernel_path), flat[kernel_path].shape, a, b, family
         )
-        name = "/".join(kernel_path)
-        key = _linear_key(name, by_path.get(kernel_path), np.shape(flat[kernel_path]), a, b, family)
         module = key[: -len(".weight")]
         rank = a.shape[-1]
         state[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.reshape(-1, rank).T
