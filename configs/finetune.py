@@ -4,6 +4,8 @@ r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral) on 
         --config.init_from=CHECKPOINT_DIR \
         --config.dataset.train_files=train.jsonl --config.dataset.eval_files=eval.jsonl \
         [--config.lora.rank=8] [--config.optim.freeze=REGEX] [--config.num_train_steps=N]
+    # several sources at weights, instead of train_files (tfjax.data.files):
+    #   --config.dataset.mixture="3:data/chat/*.jsonl;1:gs://bucket/web.parquet"
     python experiments/run.py --config=configs/finetune.py:lora --workdir=W ...  # the preset
     python experiments/export.py --workdir=W --output=OUT_DIR
 
@@ -19,6 +21,20 @@ Presets (comma-separated, applied in order): "full" (the default: every paramete
 "lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen), "tiny" (tests),
 and the sized ones below, each compiled for its target with experiments/compile.py (sizes only,
 no weights needed; figures in the README's fine-tuning table).
+
+"vision": a vision checkpoint (DINOv2 with or without registers or its classifier, CLIP or
+SigLIP vision towers; tfjax.runner.pretrained) with a new head for the classes of your images:
+
+    python experiments/run.py --config=configs/finetune.py:vision --workdir=W \
+        --config.init_from=CHECKPOINT_DIR \
+        --config.dataset.train_files=train_dir --config.dataset.eval_files=eval_dir
+
+train_dir holds one folder of images per class (the sorted folder names are the classes),
+eval_dir folders among them (tfjax.data.image_folders); images are resized and normalised as
+the checkpoint's preprocessor_config.json says. The run logs that the head was initialised for
+N classes; the export of a DINOv2 run is a Dinov2ForImageClassification (id2label: the class
+names); the other towers with a linear head have no Hugging Face class, and their export is
+refused. "vision-tiny" is the test's (200 steps of a small checkpoint on CPU).
 """
 
 import ml_collections
@@ -55,8 +71,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return defaults.apply_presets(config, arg, _PRESETS, default="full", file="configs/finetune.py")
 
 
-def _lora(config, rank=16):
-    config.lora.update(rank=rank, alpha=2.0 * rank)
+def _lora(config, rank=16, base_dtype=""):
+    config.lora.update(rank=rank, alpha=2.0 * rank, base_dtype=base_dtype)
+    if base_dtype == "nf4":
+        config.lora.tile_size = 64  # QLoRA's NF4 block: one scale per 64 inputs
     config.optim.learning_rate = 2e-4  # adapters start at zero: a larger rate than full tuning
     return config
 
@@ -77,6 +95,37 @@ def _tiny(config):
     config.decode.update(num_samples=2, prompt_length=16, max_new_tokens=8)
 
 
+def _vision(config):
+    """Classification of images in class folders from a vision checkpoint (its bare tower and
+    a new, zero-initialised head): every parameter trains, the best eval accuracy is kept."""
+    config.task = "classification"
+    config.update(batch_size=32, eval_batch_size=64, num_train_steps=2000, eval_every=500)
+    config.model = ml_collections.ConfigDict()  # the checkpoint's; only how it runs is set here
+    config.model.name = "vit"
+    config.model.variant = config_dict.placeholder(str)
+    config.model.scan_layers = False
+    config.model.remat_policy = "none"
+    config.model.implementation = config_dict.placeholder(str)
+    config.model.dropout_rate = config_dict.placeholder(float)
+    config.dataset = ml_collections.ConfigDict()
+    config.dataset.name = "image_folders"  # the user's images (tfjax.data.image_folders)
+    config.dataset.train_files = config_dict.placeholder(str)  # one folder per class
+    config.dataset.eval_files = config_dict.placeholder(str)
+    config.optim.update(learning_rate=1e-4, warmup_steps=100, weight_decay=0.05)
+    config.loss = defaults.loss(vocabulary=False)
+    del config.decode  # nothing to generate
+    config.checkpoint.update(every=500, best_metric="accuracy", best_mode="max")
+
+
+def _vision_tiny(config):
+    """ "vision" for tests: a small checkpoint on small images, on CPU in seconds."""
+    _vision(config)
+    config.update(batch_size=32, eval_batch_size=64, log_every=50, eval_steps=0)
+    config.update(num_train_steps=200, eval_every=200)
+    config.optim.update(learning_rate=2e-3, warmup_steps=20)
+    config.checkpoint.update(every=200, replica_parallel=False)
+
+
 def _sized(config, variant, *, batch_size, seq_len, mesh, chunks, remat_policy="full"):
     """A published size in bf16 with scanned layers, for compiling its fit without weights
     (with the checkpoint in init_from the variant must match it: an error names a field that
@@ -93,6 +142,8 @@ _PRESETS = {
     "full": defaults.unchanged,
     "lora": _lora,
     "tiny": _tiny,
+    "vision": _vision,
+    "vision-tiny": _vision_tiny,
     # Colab's TPU (v5e:1x1): every parameter of Qwen3-0.6B, its 151,936-token vocabulary's
     # logits in 8 slices
     "qwen3-0.6b-v5e": lambda c: _sized(
@@ -109,5 +160,17 @@ _PRESETS = {
     # one H100: LoRA on Llama 3.1 8B
     "llama-3.1-8b-lora-h100": lambda c: _lora(
         _sized(c, "llama-3.1-8b", batch_size=4, seq_len=2048, mesh=dict(data=1, fsdp=1), chunks=8)
+    ),
+    # one H100: QLoRA (the adapted kernels stored as NF4) on Llama 3.1 8B, the same rows
+    "llama-3.1-8b-qlora-h100": lambda c: _lora(
+        _sized(c, "llama-3.1-8b", batch_size=4, seq_len=2048, mesh=dict(data=1, fsdp=1), chunks=8),
+        base_dtype="nf4",
+    ),
+    # v5p:2x2x2: QLoRA on Llama 3.1 70B, the NF4 base sharded over the 8 chips (FSDP)
+    "llama-3.1-70b-qlora-v5p": lambda c: _lora(
+        _sized(
+            c, "llama-3.1-70b", batch_size=8, seq_len=2048, mesh=dict(data=1, fsdp=-1), chunks=8
+        ),
+        base_dtype="nf4",
     ),
 }

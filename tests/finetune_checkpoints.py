@@ -172,8 +172,9 @@ def hf_loss(directory, rows) -> float:
 
 
 def build(family: str, directory, *, steps: int = 150, seed: int = 0) -> str:
-    """Trains a small `family` decoder on "copy" with transformers and saves it, its tokenizer
-    and a generation config with the family's eos ids into `directory`."""
+    """Trains a small `family` decoder on "copy" with transformers for `steps` steps (0: saved
+    untrained) and saves it, its tokenizer and a generation config with the family's eos ids
+    into `directory`."""
     import torch
 
     torch.manual_seed(seed)

@@ -98,3 +98,14 @@ def test_host_memory_tiny(tmp_path):
     row = result["results"]["decoder"]
     assert row["ratio keep/glibc"] > 0
     assert all(row[s]["max_rss_gib"] > 0 and len(row[s]["step_s"]) == 2 for s in ("glibc", "keep"))
+
+
+@pytest.mark.slow
+def test_load_memory_tiny(tmp_path):
+    out, result = _run("load_memory.py", tmp_path / "load_memory.json", "--scan_layers")
+    assert "ratio extra copies streamed = " in out
+    assert "ratio load peak growth streamed/whole = " in out
+    rows = result["rows"]
+    assert set(rows) == {"whole", "streamed"}
+    # Both ways placed the same parameters: the checkpoint's, whole.
+    assert rows["whole"]["placed"] == rows["streamed"]["placed"] == result["checkpoint_bytes"]

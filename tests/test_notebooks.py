@@ -22,15 +22,22 @@ Both inherit the environment (JAX_PLATFORMS from conftest.py) plus:
   TFJAX_NOTEBOOK_TINY=1     notebooks shrink their runs to a handful of steps
   TFJAX_NOTEBOOK_WORKDIR    where notebooks write their runs (a temporary folder)
   TFJAX_DATA_DIR            prepared datasets (the session's temporary data folder)
+
+and finetune.ipynb, instead of downloading its checkpoint from the Hugging Face Hub:
+
+  TFJAX_NOTEBOOK_CHECKPOINT a small untrained Qwen3 with its tokenizer and chat template, as
+                            transformers saves it (tests/finetune_checkpoints.py)
 """
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 
+import finetune_checkpoints as fc
 import nbformat
 import pytest
 from conftest import ROOT
@@ -141,19 +148,36 @@ def _assert_png(path):
     assert os.path.getsize(path) > 1000, f"{path} is (nearly) empty"
 
 
+def _printed_number(printed, label):
+    """The number printed after `label` (e.g. "max |tfjax - transformers| = ")."""
+    match = re.search(re.escape(label) + r"([-+0-9.e]+)", printed)
+    assert match, f"{label!r} was not printed: {printed}"
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def untrained_qwen3(tmp_path_factory):
+    """finetune.ipynb's checkpoint: transformers' files of a small Qwen3, untrained (cheaper; the
+    notebook's checks hold for any weights)."""
+    return fc.build("qwen3", tmp_path_factory.mktemp("checkpoint") / "qwen3", steps=0)
+
+
 def test_notebooks_are_found():
-    assert set(NOTEBOOKS) >= {"quickstart.ipynb", "reuse_in_flax.ipynb"}
+    assert set(NOTEBOOKS) >= {"quickstart.ipynb", "reuse_in_flax.ipynb", "finetune.ipynb"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch):
+def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch, request):
     python = _fresh_runtime(tmp_path / "runtime")
     _kernel_spec(tmp_path / "kernels", python)
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))  # finds kernels/<COLAB_KERNEL>
     content = tmp_path / "content"
     _clone(content / "tfjax")
     xla_flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    checkpoint = {}
+    if name == "finetune.ipynb":
+        checkpoint["TFJAX_NOTEBOOK_CHECKPOINT"] = request.getfixturevalue("untrained_qwen3")
     env = _env(
         tmp_path / "work",
         data_dir,
@@ -162,6 +186,7 @@ def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch):
         PIP_NO_BUILD_ISOLATION="0",  # sic: "0" turns build isolation off (no setuptools download)
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         PIP_CACHE_DIR=str(tmp_path / "pip-cache"),
+        **checkpoint,
     )
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
@@ -181,6 +206,22 @@ def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch):
     if name == "reuse_in_flax.ipynb":
         # The notebook asked for 8 CPU devices itself and split the model over them.
         assert "mesh: {'data': 4, 'model': 2}" in printed, printed
+    if name == "finetune.ipynb":
+        # The eval loss fell, the samples of both evaluations were shown, and transformers'
+        # logits of the export equal tfjax's (the notebook asserts this too).
+        before = _printed_number(printed, "eval loss: ")
+        after = _printed_number(printed, "at step 0 (the checkpoint's own), ")
+        assert after < before, printed
+        for when in (r"before fine-tuning \(step 0\)", r"after fine-tuning \(step [1-9]\d*\)"):
+            assert re.search(rf"--- {when}\n'user\\nWrite \d+ in words\.' -> ", printed), printed
+        assert re.search(r"transformers: 'Write \d+ in words\.' -> ", printed), printed
+        # float32 rounding only: the notebook allows 1e-3 of the largest logit for any
+        # checkpoint; this small one agrees as closely as tests/interop's references do.
+        assert _printed_number(printed, "max |tfjax - transformers| = ") <= 1e-5, printed
+        _assert_png(str(tmp_path / "work" / "finetune" / "plots" / "curves.png"))
+        assert "curves.png: " in printed, printed
+        export = tmp_path / "work" / "finetuned_hf"
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(export))
 
     # Runtime > Restart session, then the first cell again: tfjax is found, not installed again.
     record = os.path.join(site, next(n for n in installed if n.endswith(".dist-info")), "RECORD")

@@ -103,6 +103,7 @@ __all__ = [
     "adapter_mask",
     "apply_lora",
     "combine",
+    "dequantized",
     "init_params",
     "is_adapter",
     "merge",
@@ -241,8 +242,8 @@ def merge(params, config: LoraConfig) -> dict:
     """The base params with each kernel's adapters folded in, W + (A B) alpha / rank in W's
     layout and dtype (computed in float32): the params of the model without LoRA, which
     computes what the LoRA model computes. Every other parameter is passed through as it is.
-    Boxed parameters stay boxed. QLoRA: merge into the float base (`combine(float_base,
-    adapters)`), the quantized kernels are refused."""
+    Boxed parameters stay boxed. QLoRA: merge into a float base (`dequantized(params, like)`,
+    or `combine(float_base, adapters)`), the quantized kernels are refused."""
     flat = _flat(params)
     out = {}
     for path, leaf in flat.items():
@@ -264,6 +265,21 @@ def merge(params, config: LoraConfig) -> dict:
         delta = _delta(a, b, kernel.shape, config.rank, name)
         merged = (kernel.astype(jnp.float32) + config.scale * delta).astype(kernel.dtype)
         out[path] = leaf.replace_boxed(merged) if isinstance(leaf, nn.meta.AxisMetadata) else merged
+    return flax.traverse_util.unflatten_dict(out)
+
+
+def dequantized(params, like) -> dict:
+    """QLoRA's params with each quantized kernel dequantized into the layout and dtype of its
+    float kernel in `like` (the base model's params or their ShapeDtypeStructs): the base the
+    adapters were trained on, which `merge` can fold them into. Other leaves pass through."""
+    flat, shapes = _flat(params), _flat(like)
+    out = {}
+    for path, leaf in flat.items():
+        kernel = nn.unbox(leaf)
+        if isinstance(kernel, _ptq.WithAux):
+            want = nn.unbox(shapes[path])
+            leaf = _qarray.dequantize(kernel.array).reshape(want.shape).astype(want.dtype)
+        out[path] = leaf
     return flax.traverse_util.unflatten_dict(out)
 
 

@@ -329,6 +329,163 @@ def test_train_files_switch_a_dataset_config_to_files(data):
         pretrained.dataset_spec(config, None)
 
 
+# ------------------------------------------------------------------------------------ mixtures
+# Source A: the text rows; source B, a comma list of two files: the prompt, chat and .txt rows.
+MIX_A = TEXT_ROWS
+MIX_B = PROMPT_ROWS + CHAT_ROWS + [{"text": line} for line in TXT_LINES if line.strip()]
+
+
+def mixture(root, weight_a=3, weight_b=1):
+    return (
+        f"{weight_a}:{root / 'text.jsonl'}; {weight_b}:{root / 'chat.jsonl'},{root / 'notes.txt'}"
+    )
+
+
+def mixture_config(root, **fields):
+    return config(root, train_files="", mixture=mixture(root), **fields)
+
+
+def drawn(tokenizer, batches, seq_len):
+    """The rows of unpacked batches, each as (source "A" or "B", its index in the source)."""
+    where = {}
+    for name, rows in (("A", MIX_A), ("B", MIX_B)):
+        for i, row in enumerate(rows):
+            e = ct.encode_row(tokenizer, row)
+            key = (tuple(e["tokens"][:seq_len].tolist()), tuple(e["weights"][:seq_len].tolist()))
+            assert key not in where  # every row tells its source
+            where[key] = (name, i)
+    return [where[row] for row in unpacked_rows(batches)]
+
+
+def test_a_mixture_draws_its_sources_at_their_weights(data, tokenizer):
+    seq_len, rows = 64, 400
+    cfg = mixture_config(data, seq_len=seq_len, packing=False)
+    with loader(cfg, seed=5, shuffle=True, num_epochs=None) as ld:
+        got = drawn(tokenizer, [next(ld) for _ in range(rows // 4)], seq_len)
+    assert len(got) == rows
+    share = sum(name == "A" for name, _ in got) / rows
+    # Grain's mix interleaves in a fixed pattern (no randomness): 3:1 is AAAB AAAB ...
+    assert abs(share - 0.75) <= 0.01, share
+    # Each source goes through whole shuffled epochs of its own: every row of it is drawn
+    # equally often, to one (a partial last epoch).
+    for name, source in (("A", MIX_A), ("B", MIX_B)):
+        counts = collections.Counter(i for n, i in got if n == name)
+        draws = sum(counts.values())
+        assert set(counts) == set(range(len(source)))
+        assert set(counts.values()) <= {draws // len(source), draws // len(source) + 1}
+    # Weights are relative: 0.3:0.1 is exactly 3:1 (Grain's own truncation of 0.7499...:0.25
+    # would make it 299:100, another pattern from row 398 on); the rows of a source are shuffled.
+    same = {**cfg, "mixture": mixture(data, 0.3, 0.1)}
+    with loader(same, seed=5, shuffle=True, num_epochs=None) as ld:
+        assert drawn(tokenizer, [next(ld) for _ in range(rows // 4)], seq_len) == got
+    in_order = [(n, i) for n, i in got if n == "A"][: len(MIX_A)]
+    assert in_order != [("A", i) for i in range(len(MIX_A))]
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_a_mixture_resumes_exactly(data, tokenizer, packing):
+    del tokenizer
+    cfg = mixture_config(data, seq_len=32, packing=packing)
+
+    def make(cfg=cfg):
+        return loader(cfg, seed=3, shuffle=True, num_epochs=None)
+
+    with make() as first:
+        reference = [next(first) for _ in range(30)]  # several epochs of each source
+    with make() as first:
+        for _ in range(7):
+            next(first)
+        state = json.loads(json.dumps(first.get_state()))
+    with make() as second:
+        second.set_state(state)
+        rest = [next(second) for _ in range(23)]
+    for x, y in zip(rest, reference[7:], strict=True):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    with make({**cfg, "mixture": mixture(data, 1, 1)}) as other:  # the mixture is its identity
+        with pytest.raises(ValueError, match=r"saved with mixture=\[0.75, 0.25\]"):
+            other.set_state(state)
+
+
+def test_each_process_mixes_its_own_share_of_every_source(data, tokenizer):
+    seq_len = 64
+    cfg = mixture_config(data, seq_len=seq_len, packing=False)
+    firsts = collections.defaultdict(list)  # source -> each process's first epoch of it
+    for index in (0, 1):
+        with loader(
+            cfg, shuffle=True, seed=1, process_index=index, process_count=2, num_epochs=None
+        ) as ld:
+            got = drawn(tokenizer, [next(ld) for _ in range(50)], seq_len)
+        assert sum(name == "A" for name, _ in got) == 3 * len(got) // 4  # 3:1 in each process
+        for name, source in (("A", MIX_A), ("B", MIX_B)):
+            share = len(range(index, len(source), 2))  # its rows of every epoch of the source
+            firsts[name].append([i for n, i in got if n == name][:share])
+    for name, source in (("A", MIX_A), ("B", MIX_B)):  # disjoint shares covering the source
+        first, second = firsts[name]
+        assert sorted(first + second) == list(range(len(source))), name
+
+
+def test_mixture_errors_name_the_entry_before_any_work(data, tmp_path):
+    a, b = data / "text.jsonl", data / "chat.jsonl"
+    fmt = r"\(dataset.mixture is 'WEIGHT:FILES;WEIGHT:FILES...'"
+    malformed = [
+        (f"3:{a};{b}", rf"dataset.mixture: entry 2 '{b}' has no WEIGHT: {fmt}"),
+        (f"3:{a};0:{b}", rf"entry 2 '0:{b}': its weight '0' is not a positive number {fmt}"),
+        (f"-1:{a}", r"entry 1 '-1:.*': its weight '-1' is not a positive number"),
+        (f"nan:{a}", r"entry 1 'nan:.*': its weight 'nan' is not a positive number"),
+        (f"inf:{a}", r"its weight 'inf' is not a positive number"),
+        ("gs://bucket/x.parquet", r"entry 1 'gs://bucket/x.parquet': its weight 'gs' is not"),
+        (f"1:{a};2: , ", r"dataset.mixture: entry 2 '2: ,' names no files"),
+        (" ; ", r"dataset.mixture=' ; ' names no source"),
+    ]
+    for value, error in malformed:  # when the config is resolved: no file is looked at
+        with pytest.raises(ValueError, match=error):
+            td.resolve_config(config(data, train_files="", mixture=value))
+    with pytest.raises(
+        ValueError, match=r"dataset.mixture='1:.*' and dataset.train_files='.*' are both set"
+    ):
+        td.resolve_config(config(data, mixture=f"1:{a}"))
+    # the files, when they are checked (the run's path checks) or the loader opens them
+    missing = td.resolve_config(
+        config(data, train_files="", mixture=f"3:{a};1:{b},{data}/none*.txt")
+    )
+    for run in (tf_files.check, lambda spec: loader(spec, num_epochs=None)):
+        with pytest.raises(
+            FileNotFoundError,
+            match=rf"dataset.mixture: entry 2 '1:{b},{data}/none\*.txt': '.*none\*.txt' matches no",
+        ):
+            run(missing)
+    with pytest.raises(ValueError, match=r"dataset.mixture=.* num_epochs must be None, got 1"):
+        loader(mixture_config(data), num_epochs=1)
+    one_row = write_jsonl(tmp_path / "one.jsonl", TEXT_ROWS[:1])
+    cfg = config(data, train_files="", mixture=f"1:{a};1:{one_row}")
+    with pytest.raises(ValueError, match=r"entry 2 '1:.*one.jsonl' has 1 examples, fewer than"):
+        loader(cfg, process_count=2, process_index=0, num_epochs=None)
+
+
+def test_a_mixture_on_the_command_line_and_its_eval_files(data, tmp_path, tokenizer):
+    """--config.dataset.mixture on the finetune config: the run's path checks name a bad entry
+    before a workdir exists; the eval split stays dataset.eval_files."""
+    from conftest import ROOT
+
+    from tfjax.runner import checks, train
+
+    config = train.load_config(f"{ROOT}/configs/finetune.py:tiny")
+    config.dataset.mixture = f"3:{data / 'text.jsonl'};1:{data}/none*.jsonl"
+    config.dataset.eval_files = str(data / "notes.txt")
+    config.dataset.tokenizer = str(data / "tok")
+    with pytest.raises(FileNotFoundError, match=r"dataset.mixture: entry 2 .* matches no file"):
+        checks.check_paths(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    config.dataset.mixture = mixture(data)
+    checks.check_paths(config, str(tmp_path / "run"))
+    spec = td.dataset_spec(config)
+    with loader(spec, split="eval") as ld:
+        got = packed_segments(list(ld))
+    rows = [{"text": line} for line in TXT_LINES if line.strip()]
+    assert collections.Counter(got) == expected_examples(tokenizer, rows, spec.seq_len)
+
+
 # ----------------------------------------------------------------------------------- bad input
 @pytest.fixture
 def bad_dir(data, tmp_path):

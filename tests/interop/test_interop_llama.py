@@ -2,6 +2,8 @@
 (tfjax.interop.families.llama), against transformers: logits, greedy generation (also of
 padded prompts, with the KV cache), every RoPE scaling kind, round trips, and refusals."""
 
+import json
+
 import interop_references as references
 import jax.numpy as jnp
 import numpy as np
@@ -271,3 +273,47 @@ def test_config_with_wrong_kv_heads(llama):
 def test_config_values_tfjax_lacks_are_errors(family, changes, message, request):
     """Each refusal names the key, its value and what tfjax supports."""
     references.check_config_refused(request.getfixturevalue(family)[1], changes, message)
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming: what a run's init_from reads (tfjax.runner.pretrained.load_params).
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_streamed_params_are_the_loaded_ones_read_one_tensor_at_a_time(
+    llama, scan_layers, monkeypatch
+):
+    from flax import traverse_util
+
+    from tfjax.interop.core import files
+
+    _, path = llama
+    model = interop.pretrained_model(path, scan_layers=scan_layers)
+    loaded = traverse_util.flatten_dict(interop.pretrained_params(path, model))
+    reads = []
+    read = files.LazyStateDict.__getitem__
+    monkeypatch.setattr(
+        files.LazyStateDict, "__getitem__", lambda self, k: reads.append(k) or read(self, k)
+    )
+    stream = interop.stream_pretrained_params(path, model)
+    first, array = next(stream)
+    assert len(reads) <= 4, reads  # the first parameter's tensors (and none before the checks)
+    streamed = {first: array, **dict(stream)}
+    assert sorted(streamed) == sorted(loaded)
+    for key, value in loaded.items():
+        assert streamed[key].dtype == value.dtype and np.array_equal(streamed[key], value), key
+    assert len(reads) == len(set(reads)) == len(interop.read_state_dict(path)), "each read once"
+
+
+def test_streaming_checks_every_shape_before_reading_a_tensor(llama, monkeypatch, tmp_path):
+    from tfjax.interop.core import files
+
+    _, path = llama
+    config = interop.read_config(path)
+    config["intermediate_size"] = 64  # the last layer's MLP is checked before the first is read
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(f"{path}/model.safetensors")
+    model = interop.pretrained_model(tmp_path)
+    monkeypatch.setattr(files.LazyStateDict, "__getitem__", lambda self, k: pytest.fail(k))
+    with pytest.raises(ValueError, match=r"gate_proj\.weight' in .*has shape \(48, 32\)"):
+        next(interop.stream_pretrained_params(tmp_path, model))

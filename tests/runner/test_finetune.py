@@ -22,6 +22,10 @@ from tfjax.runner import export, metrics, train
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
+# The resume test's three runs (and other tests' evaluations and decoding of one family) compile
+# the same programs: the later ones load them from the cache.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
@@ -242,6 +246,41 @@ def test_adapters_of_no_linear_layer_are_refused(targets, message, tmp_path):
     family, _ = interop.family_of(tmp_path)
     with pytest.raises(ValueError, match=f"^--adapters_only: the adapted kernel .*{message}"):
         export.adapter_state(model, params, family)
+
+
+def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tmp_path):
+    """lora.base_dtype=int8: the run stores the adapted kernels as int8 (loaded, then quantized),
+    starts near transformers' loss, learns, and exports the adapters merged into the base they
+    were trained on (dequantized): every other tensor is the checkpoint's, bit for bit."""
+    from tfjax.runner import workdirs
+
+    workdir = tmp_path / "run"
+    finetune(checkpoints["llama"], task, workdir, "lora,tiny", **{"lora.base_dtype": "int8"})
+    losses = eval_losses(workdir)
+    assert losses[0] == pytest.approx(fc.hf_loss(checkpoints["llama"], task[2]), rel=0.02)
+    last = losses[max(losses)]
+    assert last < 0.8 * losses[0]
+    config = workdirs.read_config(str(workdir))
+    _, params, _ = train.restore_model(config, str(workdir), devices=jax.devices()[:1])
+    quantized = [
+        x.array.qvalue.dtype
+        for x in jax.tree.leaves(params, is_leaf=lambda x: hasattr(x, "array"))
+        if hasattr(x, "array")
+    ]
+    assert quantized and set(quantized) == {np.dtype("int8")}
+    out = export.export_run(str(workdir), str(tmp_path / "hf"))
+    assert fc.hf_loss(out, task[2]) == pytest.approx(last, rel=0.02)
+    base, tuned = read_weights(checkpoints["llama"]), read_weights(out)
+    changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
+    assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
+    # The adapters alone, for peft on the float checkpoint (as QLoRA adapters are used).
+    adapters = export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
+    tensors = safetensors.numpy.load_file(os.path.join(adapters, "adapter_model.safetensors"))
+    assert set(tensors) == {
+        f"base_model.model.{k.removesuffix('.weight')}.lora_{ab}.weight"
+        for k in changed
+        for ab in "AB"
+    }
 
 
 def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):

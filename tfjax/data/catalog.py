@@ -4,8 +4,10 @@ Every dataset but one is a TFDS builder prepared as ArrayRecord and read as a ra
 `tfds` data source (`tfjax.data.sources`). The embedded ones (`digits`, `pydoc`,
 `numbers_translate`, see `tfjax.data.embedded`) are built from files on the machine; the
 catalog ones are the public TFDS datasets for users who have them prepared or can download them.
-The one other, `files`, reads the user's own text files as they are (`tfjax.data.files`), for
-fine-tuning a Hugging Face checkpoint with its tokenizer.
+Two others read the user's own data as it is, for fine-tuning a Hugging Face checkpoint:
+`files` text files, with the checkpoint's tokenizer (`tfjax.data.files`), and `image_folders`
+labelled images in one folder per class, with the checkpoint's image processing
+(`tfjax.data.image_folders`).
 
 This module is plain data and checks: it imports neither TFDS nor Grain, so that configs can
 import it (`with_placeholders`) and stay light.
@@ -46,15 +48,21 @@ text:
   mlm_probability   fraction of tokens picked for prediction when task == "mlm"
   source_lang, target_lang   translation: the feature names of source and target text
   num_classes       classification of text: number of labels
-the user's files (name "files"; also chosen by setting train_files on any dataset config):
+the user's files (name "files"; also chosen by setting train_files or mixture on any dataset
+config):
   train_files       the training files: a path, a glob or a comma-separated list of them, of
                     .txt (one row per non-empty line), .jsonl / .json (JSON lines), .parquet and
                     .arrow files, or the directory a Hugging Face dataset was saved to
                     (`save_to_disk`); local or gs:// (`tfjax.data.files`). Rows are
                     {"text"}, {"prompt", "completion"} or {"messages": [{"role", "content"}]}
+  mixture           instead of train_files (which must then be empty): several training
+                    sources drawn at weights, "WEIGHT:FILES;WEIGHT:FILES..." with FILES as in
+                    train_files, e.g. "3:data/chat/*.jsonl;1:gs://bucket/web.parquet" (3/4 of
+                    the rows from the chat files); "" (default): train_files alone
   eval_files        the evaluation files, the same way; "" (default): no eval split
   train_split, eval_split   "train" and "eval", the loader split names of train_files and
-                    eval_files (fixed: make_loader(split="train") reads train_files)
+                    eval_files (fixed: make_loader(split="train") reads train_files or the
+                    mixture)
   tokenizer         the directory of the checkpoint's tokenizer files (tokenizer.json or
                     tokenizer.model), loaded with tfjax.data.checkpoint_tokenizer
   seq_len, packing  as above; packing defaults to True
@@ -64,6 +72,19 @@ the user's files (name "files"; also chosen by setting train_files on any datase
   skip_bad_rows     False: a bad row (a line that is not JSON, a row of unknown format or
                     without its fields) stops the loader with file:line; True: skipped, and
                     the number skipped is logged per file
+the user's images (name "image_folders"; also chosen by setting train_files on a dataset
+config of task "classification"):
+  train_files       a directory with one folder of images per class (the sorted folder names
+                    are the classes)
+  eval_files        a directory of the same kind, its folders among the training classes
+  train_split, eval_split   "train" and "eval" (fixed, as for "files")
+  preprocessor      the directory of the checkpoint's preprocessor_config.json (image size,
+                    resizing, normalisation)
+  image_size        the side of the square images the preprocessor makes
+  num_channels      3 (images are made RGB)
+  num_classes       the class folders of train_files
+  (a run from a checkpoint fills preprocessor, image_size and num_classes:
+  `tfjax.runner.pretrained.dataset_spec`)
 """
 
 from __future__ import annotations
@@ -168,6 +189,7 @@ def _files():
             train_split="train",
             eval_split="eval",
             train_files="",
+            mixture="",
             eval_files="",
             tokenizer="",
             seq_len=1024,
@@ -178,9 +200,28 @@ def _files():
     )
 
 
+def _image_folders():
+    """The catalog entry of the user's images in class folders (`tfjax.data.image_folders`)."""
+    return dict(
+        image_folders=True,
+        features=dict(image="image", label="label"),
+        tasks=("classification",),
+        config=dict(
+            train_split="train",
+            eval_split="eval",
+            train_files="",
+            eval_files="",
+            preprocessor="",
+            image_size=224,
+            num_channels=3,
+            num_classes=0,
+        ),
+    )
+
+
 # The fields that read the user's files; every dataset config of an "lm" dataset gets them as
-# placeholders (`with_placeholders`), so that setting train_files switches to "files".
-FILES_FIELDS = ("train_files", "eval_files", "skip_bad_rows")
+# placeholders (`with_placeholders`), so that setting train_files or mixture switches to "files".
+FILES_FIELDS = ("train_files", "mixture", "eval_files", "skip_bad_rows")
 
 
 # name -> how to read it and its default config:
@@ -189,6 +230,7 @@ FILES_FIELDS = ("train_files", "eval_files", "skip_bad_rows")
 #   embedded  the `tfjax.data.embedded` builder class (offline); else a TFDS dataset
 #   module    TFDS module to import so that its builder is registered
 #   files     the user's files (`tfjax.data.files`), not TFDS
+#   image_folders  the user's images in class folders (`tfjax.data.image_folders`), not TFDS
 CATALOG: dict[str, dict] = {
     "digits": _images(8, 1, 10, crop_padding=1, random_flip=False, embedded="Digits"),
     "mnist": _images(28, 1, 10, crop_padding=2, random_flip=False),
@@ -221,6 +263,7 @@ CATALOG: dict[str, dict] = {
         ),
     ),
     "files": _files(),
+    "image_folders": _image_folders(),
 }
 
 
@@ -238,6 +281,12 @@ def is_embedded(name: str) -> bool:
 def is_files(name: str) -> bool:
     """Whether dataset `name` reads the user's own files (`tfjax.data.files`), not TFDS."""
     return bool(_entry(name).get("files"))
+
+
+def is_image_folders(name: str) -> bool:
+    """Whether dataset `name` reads the user's images in class folders
+    (`tfjax.data.image_folders`), not TFDS."""
+    return bool(_entry(name).get("image_folders"))
 
 
 def default_dataset_config(name: str) -> ml_collections.ConfigDict:
@@ -295,8 +344,10 @@ class DatasetSpec(Mapping):
     source_lang: str | None = None
     target_lang: str | None = None
     train_files: str | None = None
+    mixture: str | None = None
     eval_files: str | None = None
     skip_bad_rows: bool | None = None
+    preprocessor: str | None = None
 
     @property
     def images(self) -> bool:
@@ -340,20 +391,22 @@ def resolve_config(dataset_config) -> DatasetSpec:
 
     Accepts a ConfigDict or plain dict with at least `name` (fields that are None take the
     default), or a DatasetSpec (returned as it is: resolved already). A non-empty `train_files`
-    makes it the "files" dataset whatever the name (the fields given must then be fields of
-    "files"). An unknown field, a value of the wrong type or out of range is a ValueError naming
-    the field.
+    or `mixture` makes it the "files" dataset whatever the name, or "image_folders" for task
+    "classification" (the fields given must then be fields of that dataset). An unknown field,
+    a value of the wrong type or out of range is a ValueError naming the field.
     """
     if isinstance(dataset_config, DatasetSpec):
         return dataset_config
     given = {key: value for key, value in dict(dataset_config).items() if value is not None}
     switched = ""
-    if given.get("train_files") and given.get("name") != "files":
+    user_data = "image_folders" if given.get("task") == "classification" else "files"
+    field = next((f for f in ("train_files", "mixture") if given.get(f)), None)
+    if field and given.get("name") not in ("files", "image_folders"):
         if given.get("name"):
             switched = (
-                f" (train_files reads the user's files: dataset {given['name']!r} became 'files')"
+                f" ({field} reads the user's files: dataset {given['name']!r} became {user_data!r})"
             )
-        given["name"] = "files"
+        given["name"] = user_data
     if "name" not in given:
         raise ValueError("dataset config needs a 'name', e.g. {'name': 'digits'}")
     cfg = default_dataset_config(given["name"])
@@ -401,6 +454,15 @@ def _check(spec: DatasetSpec) -> None:
     if is_files(spec.name):
         _check_files(spec, fail)
         return
+    if is_image_folders(spec.name):
+        for field, split in (("train_split", "train"), ("eval_split", "eval")):
+            if spec[field] != split:
+                fail(field, f"is fixed for dataset 'image_folders': {split!r} names {split}_files")
+        if spec.num_channels != 3:
+            fail("num_channels", "must be 3: images are made RGB")
+        if spec.image_size < 1:
+            fail("image_size", "must be >= 1")
+        return
     if spec.images:
         if spec.image_size < 1:
             fail("image_size", "must be >= 1")
@@ -435,6 +497,51 @@ def _check_files(spec: DatasetSpec, fail) -> None:
         fail("seq_len", "cannot hold one token with its bos/eos; use seq_len >= 2")
     if spec.long_examples not in ("split", "truncate"):
         fail("long_examples", "must be 'split' (text rows) or 'truncate'")
+    if spec.mixture.strip():
+        if spec.train_files.strip():
+            raise ValueError(
+                f"dataset.mixture={spec.mixture!r} and dataset.train_files="
+                f"{spec.train_files!r} are both set: a mixture names all the training files; "
+                "leave dataset.train_files empty (its files can be one more mixture entry)"
+            )
+        mixture_entries(spec.mixture)
+
+
+MIXTURE_FORMAT = (
+    "dataset.mixture is 'WEIGHT:FILES;WEIGHT:FILES...', each WEIGHT a positive number and "
+    "FILES as in dataset.train_files, e.g. '3:data/chat/*.jsonl;1:gs://bucket/web.parquet'"
+)
+
+
+def mixture_entries(mixture: str) -> list[tuple[float, str, str]]:
+    """The sources of a dataset.mixture string: [(weight, files, entry)], `files` a path, a glob
+    or a comma-separated list of them as train_files is, `entry` the text that named them (for
+    errors). An entry is WEIGHT:FILES, split at its first ':' (so FILES may be gs:// paths);
+    entries are separated by ';' (so a path cannot hold one). A malformed entry or a weight that
+    is not a positive number is a ValueError naming dataset.mixture and the entry."""
+    out = []
+    for entry in (e.strip() for e in mixture.split(";")):
+        if not entry:
+            continue
+        weight, colon, files = entry.partition(":")
+        where = f"dataset.mixture: entry {len(out) + 1} {entry!r}"
+        if not colon:
+            raise ValueError(f"{where} has no WEIGHT: ({MIXTURE_FORMAT})")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise ValueError(
+                f"{where}: its weight {weight.strip()!r} is not a positive number "
+                f"({MIXTURE_FORMAT})"
+            )
+        if not any(p.strip() for p in files.split(",")):
+            raise ValueError(f"{where} names no files ({MIXTURE_FORMAT})")
+        out.append((value, files.strip(), entry))
+    if not out:
+        raise ValueError(f"dataset.mixture={mixture!r} names no source ({MIXTURE_FORMAT})")
+    return out
 
 
 def element_spec(dataset_config, batch_size: int) -> dict:

@@ -24,6 +24,23 @@ list of them (so a path cannot hold a comma), local or `gs://` (read through `et
                     memory-mapped (a gs:// one is read into memory); the saved directory itself
                     is accepted and reads its files in the order its state.json lists.
 
+`dataset.mixture` trains on several sources instead of train_files (which must then be empty),
+each drawn at its weight: "WEIGHT:FILES;WEIGHT:FILES...", FILES as in train_files (gs:// paths
+and comma lists of files included: an entry is split at its first ':', entries at ';'), weights
+positive numbers, relative (normalised to sum to 1; drawn as Grain's integer proportions, each
+weight over the smallest to 1/100):
+
+    --config.dataset.mixture="3:data/chat/*.jsonl;1:gs://bucket/web.parquet"
+
+trains on 3 rows of the chat files for each row of web.parquet. Each source goes through
+shuffled epochs of its own (a small source repeats more often than a large one), each process
+reads its share of every source, and the sources are mixed before packing by Grain's
+`MapDataset.mix`, in a fixed interleave (3:1 is AAAB AAAB ...); the loader's saved position
+resumes it exactly, and is refused by another mixture. A mixture has no epochs: its loader
+repeats forever (num_epochs=None). The eval split stays dataset.eval_files. A malformed entry, a
+weight that is not a positive number, an entry that matches no file: a ValueError (or
+FileNotFoundError) naming dataset.mixture and the entry, before any file is read.
+
 Each row is one of (`tfjax.data.checkpoint_tokenizer.row_format` tells them apart by their
 keys; one dataset may mix them, each row is encoded by its own format):
 
@@ -152,6 +169,8 @@ def split_files(spec, split: str) -> list[tuple[epath.Path, str]]:
             f"(dataset.eval_files); got split={split!r}"
         )
     field = f"{split}_files"
+    if split == "train" and spec.mixture.strip():
+        raise ValueError("dataset.mixture is set: the train split is its sources (mixture_files)")
     if not spec[field].strip():
         raise ValueError(
             f"dataset.{field} is empty: dataset 'files' has no {split} split; set "
@@ -160,11 +179,29 @@ def split_files(spec, split: str) -> list[tuple[epath.Path, str]]:
     return expand(spec[field], f"dataset.{field}")
 
 
+def mixture_files(spec) -> list[tuple[float, str, list[tuple[epath.Path, str]]]]:
+    """The sources of dataset.mixture of a resolved "files" DatasetSpec: [(weight, entry,
+    files)] in the order given, the weights normalised to sum to 1, `entry` the text naming the
+    source, its files expanded as `split_files` does train_files; errors name dataset.mixture
+    and the entry."""
+    from tfjax.data import catalog
+
+    entries = catalog.mixture_entries(spec.mixture)
+    total = sum(weight for weight, _, _ in entries)
+    return [
+        (weight / total, entry, expand(files, f"dataset.mixture: entry {i} {entry!r}"))
+        for i, (weight, files, entry) in enumerate(entries, start=1)
+    ]
+
+
 def check(spec) -> None:
     """The checks of a "files" DatasetSpec that touch the file system but read no data: the
-    train and eval files exist and are of a kind tfjax reads, the tokenizer directory holds a
-    tokenizer. Each error names its field."""
-    split_files(spec, "train")
+    train files (or the mixture's) and eval files exist and are of a kind tfjax reads, the
+    tokenizer directory holds a tokenizer. Each error names its field."""
+    if spec.mixture.strip():
+        mixture_files(spec)
+    else:
+        split_files(spec, "train")
     if spec.eval_files.strip():
         split_files(spec, "eval")
     _check_tokenizer_dir(spec.tokenizer)

@@ -17,7 +17,11 @@ Text is variable-length, so it goes example by example through packing:
     -> pack (segment ids, positions) or not -> batch(pad rows to seq_len)
 
 The user's own files (`tfjax.data.files`) take the same path: their rows are the records,
-tokenised with the checkpoint's tokenizer into "tokens" and "weights".
+tokenised with the checkpoint's tokenizer into "tokens" and "weights". A mixture of several
+sources of them (dataset.mixture) mixes the sources at their weights before packing:
+
+  each source: records -> tokenise -> shuffle per epoch of its own, shard, repeat forever
+  the sources -> mix (Grain's MapDataset.mix) -> split or truncate -> pack or not -> batch
 
 Every batch has the same shapes: the last partial batch is padded with zero rows. Worker
 processes (num_workers) each build whole batches: image batches are cut before the workers and
@@ -286,9 +290,17 @@ def _shuffle(ds: grain.MapDataset, seed: int) -> grain.MapDataset:
     return _EpochShuffle(ds, seed) if len(ds) <= 1 << 24 else ds.shuffle(seed=seed)
 
 
-def _seed(seed: int, purpose: int) -> int:
-    """Independent 32-bit seeds for shuffling and for per-example randomness."""
-    return int(np.random.SeedSequence([seed, purpose]).generate_state(1)[0])
+def _seed(seed: int, *purpose: int) -> int:
+    """Independent 32-bit seeds for shuffling and for per-example randomness (of each source of
+    a mixture)."""
+    return int(np.random.SeedSequence([seed, *purpose]).generate_state(1)[0])
+
+
+def _proportions(weights) -> list[int]:
+    """Mixture weights as the integers Grain's mix draws by: each over the smallest, x 100.
+    Rounded here: Grain truncates, which makes 0.75:0.25 of floats a little under 300:100."""
+    smallest = min(weights)
+    return [round(100 * weight / smallest) for weight in weights]
 
 
 def _text_batches(it, cfg, spec, batch_size):
@@ -335,11 +347,12 @@ def make_loader(
       dataset_config: a DatasetSpec, or a ConfigDict or dict with `name` and any fields to
         override (see `tfjax.data.catalog`), resolved here.
       split: TFDS split, e.g. "train", "test", "train[:90%]"; for the "files" dataset "train"
-        (its train_files) or "eval" (its eval_files).
+        (its train_files, or its mixture) or "eval" (its eval_files).
       batch_size: per-process batch size B.
       seed: fixes the shuffle order, augmentation and masking.
       shuffle: reshuffle every epoch.
-      num_epochs: passes over the split; None repeats forever.
+      num_epochs: passes over the split; None repeats forever (a mixture's only choice: its
+        sources are drawn at their weights, each through epochs of its own).
       process_index, process_count: this process's shard; default jax.process_index/count().
       data_dir: where prepared datasets live; default $TFJAX_DATA_DIR or ~/tensorflow_datasets.
       augment: random crops/flips (images); default: the same as `shuffle` (training).
@@ -358,37 +371,60 @@ def make_loader(
     if augment is None:
         augment = shuffle
 
-    tokenizer = file_list = None
-    if catalog.is_files(cfg.name):
+    tokenizer = file_lists = mixture = preprocessor = None
+    if catalog.is_image_folders(cfg.name):
+        from tfjax.data import image_folders
+
+        preprocessor = image_folders.Preprocessor.read(cfg.preprocessor)
+        opened = [image_folders.open_split(cfg, split)]
+    elif catalog.is_files(cfg.name):
         from tfjax.data import files
 
         # The cheap checks (paths, extensions, the tokenizer) before the files are scanned.
-        file_list = files.split_files(cfg, split)
+        if split == "train" and cfg.mixture.strip():
+            if num_epochs is not None:
+                raise ValueError(
+                    f"dataset.mixture={cfg.mixture!r} draws its sources at their weights, each "
+                    f"through epochs of its own, forever: num_epochs must be None, got "
+                    f"{num_epochs}"
+                )
+            mixture = files.mixture_files(cfg)
+            file_lists = [file_list for _, _, file_list in mixture]
+        else:
+            file_lists = [files.split_files(cfg, split)]
         tokenizer = sources.get_tokenizer(cfg, data_dir)
-        source = files.open_files(file_list, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
+        opened = [
+            files.open_files(f, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
+            for f in file_lists
+        ]
     else:
-        source = sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)
-    if len(source) < process_count:
-        raise ValueError(
-            f"split {split!r} of dataset {cfg.name!r} has {len(source)} examples, fewer than the "
-            f"{process_count} processes reading it"
-        )
+        opened = [sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)]
+    for i, source in enumerate(opened):
+        if len(source) < process_count:  # each process reads a share of every source
+            what = f"split {split!r} of dataset {cfg.name!r}"
+            if mixture:
+                what = f"dataset.mixture: entry {i + 1} {mixture[i][1]!r}"
+            raise ValueError(
+                f"{what} has {len(source)} examples, fewer than the {process_count} processes "
+                "reading it"
+            )
+    source = opened[0]
     fields = cfg.features
     spec = catalog.element_spec(cfg, batch_size)
     read_options = grain.ReadOptions(
         num_threads=cfg.read_threads, prefetch_buffer_size=4 * batch_size
     )
 
-    def order(ds):
+    def order(ds, shuffle_seed):
         # Elements of `ds` are indexed epoch * n + record below this point, so the random
         # maps above it see (epoch, record) whatever the shard.
         if shuffle:
-            ds = _shuffle(ds, _seed(seed, 0))
+            ds = _shuffle(ds, shuffle_seed)
         return ds[process_index::process_count].repeat(num_epochs)
 
     if cfg.images:
         # Whole batches from the start: one Python step per image, the rest vectorised.
-        positions = order(_Positions(len(source)))
+        positions = order(_Positions(len(source)), _seed(seed, 0))
         make_batch = functools.partial(
             _image_batch,
             source=source,
@@ -398,13 +434,35 @@ def make_loader(
             seed=_seed(seed, 1),
             batch_size=batch_size,
         )
+        if preprocessor is not None:  # the checkpoint's image processing, no augmentation
+            make_batch = functools.partial(
+                image_folders.image_batch,
+                source=source,
+                preprocessor=preprocessor,
+                batch_size=batch_size,
+            )
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
         tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)
-        records = grain.MapDataset.source(source).random_map(
-            _text_transform(cfg, fields, tokenizer), seed=_seed(seed, 1)
-        )
-        it = _text_batches(order(records).to_iter_dataset(read_options), cfg, spec, batch_size)
+        transform = _text_transform(cfg, fields, tokenizer)
+        if mixture is None:
+            records = grain.MapDataset.source(source).random_map(transform, seed=_seed(seed, 1))
+            records = order(records, _seed(seed, 0))
+        else:
+            # Each process draws from its own share of every source, at the weights; Grain
+            # interleaves the sources in a fixed pattern (3:1 is AAAB AAAB ...), so the saved
+            # position is one index as without a mixture.
+            records = grain.MapDataset.mix(
+                [
+                    order(
+                        grain.MapDataset.source(s).random_map(transform, seed=_seed(seed, 1, i)),
+                        _seed(seed, 0, i),
+                    )
+                    for i, s in enumerate(opened)
+                ],
+                _proportions([weight for weight, _, _ in mixture]),
+            )
+        it = _text_batches(records.to_iter_dataset(read_options), cfg, spec, batch_size)
     if cfg.num_workers:
         _allow_grain_flags_defaults()
         # Workers build whole batches (shipping single examples costs more than making them).
@@ -424,9 +482,9 @@ def make_loader(
         num_batches = _batches_of(examples, workers, batch_size)
     # Everything that changes which batches come out (speed-only fields may change on resume).
     speed_only = ("read_threads", "prefetch_batches", "cache", "train_split", "eval_split")
-    if file_list is not None:  # the files of this split and their rows, not the file patterns;
+    if file_lists is not None:  # the files of this split and their rows, not the file patterns;
         # the tokenizer by its files' bytes, not its directory (a run's copy of it is the same)
-        speed_only += ("train_files", "eval_files", "tokenizer")
+        speed_only += ("train_files", "mixture", "eval_files", "tokenizer")
     identity = dict(
         split=split,
         seed=seed,
@@ -438,12 +496,16 @@ def make_loader(
         process_count=process_count,
         **{f"config.{k}": v for k, v in cfg.items() if k not in speed_only},
     )
-    if file_list is not None:
-        identity.update(
-            files=files.fingerprint(file_list),
-            rows=len(source),
-            tokenizer=files.tokenizer_fingerprint(tokenizer),
-        )
+    if file_lists is not None:
+        identity["tokenizer"] = files.tokenizer_fingerprint(tokenizer)
+        if mixture is None:
+            identity.update(files=files.fingerprint(file_lists[0]), rows=len(source))
+        else:  # lists, as they come back from the JSON of a saved position
+            identity.update(
+                mixture=[weight for weight, _, _ in mixture],
+                files=[files.fingerprint(f) for f in file_lists],
+                rows=[len(s) for s in opened],
+            )
     return Loader(
         it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
     )

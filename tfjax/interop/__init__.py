@@ -9,14 +9,14 @@ One module per Hugging Face family converts its architectures both ways (`famili
 llama, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn), each also from a state dict plus
 a config (`from_gpt2(state, cfg)`). Each architecture is a `core.tables.Family` (GPT2, LLAMA,
 MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, BERT_MLM, BERT_CLASSIFIER, HF_VIT, DINOV2,
-DINOV2_REGISTERS, CLIP_VISION, SIGLIP_VISION, CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN,
-T5): one table of config.json keys <-> model fields and one function of key rules, which
-import and export both read. Each family module declares what it loads (architecture ->
-loader) and exports (tfjax model class and a predicate on its fields -> exporter); `load`
-picks the loader from the config's "architectures" (the keys of ARCHITECTURES) and `export`
-the one exporter that takes the model (`core.registry`). Every converter checks every key and
-shape before returning: nothing is loaded half-way. Parameters come back as the plain
-"params" collection, stacked when the model has `scan_layers=True`.
+DINOV2_REGISTERS, DINOV2_CLASSIFIER, DINOV2_REGISTERS_CLASSIFIER, CLIP_VISION, SIGLIP_VISION,
+CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN, T5): one table of config.json keys <-> model
+fields and one function of key rules, which import and export both read. Each family module
+declares what it loads (architecture -> loader) and exports (tfjax model class and a predicate
+on its fields -> exporter); `load` picks the loader from the config's "architectures" (the keys
+of ARCHITECTURES) and `export` the one exporter that takes the model (`core.registry`). Every
+converter checks every key and shape before returning: nothing is loaded half-way. Parameters
+come back as the plain "params" collection, stacked when the model has `scan_layers=True`.
 
 What loads (every row also exports, `to_*`, and round trips bit for bit; a whole CLIPModel or
 SiglipModel exports its vision tower as the vision-only architecture):
@@ -40,6 +40,10 @@ SiglipModel exports its vision tower as the vision-only architecture):
                                                              (layer_scale, mask_token,
                                                              swiglu for giant)
   DINOv2 + registers                      from_dinov2_registers  models.vit (num_registers)
+  DINOv2 + classifier                     from_dinov2_classifier  models.vit, pool="cls_gap"
+    (Dinov2ForImageClassification; with   (from_dinov2_registers_classifier) and a head (the
+    registers: Dinov2WithRegisters...)                       class token and the mean of the
+                                                             patch tokens, as its classifier)
   CLIP vision (CLIPVisionModel)           from_clip_vision   models.vit (quick_gelu, pre_norm,
                                                              final_norm="pooled")
   SigLIP vision (SiglipVisionModel)       from_siglip_vision models.vit (pool="map")
@@ -65,8 +69,12 @@ Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `trans
 
 import os
 
+import flax
+import jax
+import numpy as np
+
 from tfjax.interop import core, families
-from tfjax.interop.core import convert, tables
+from tfjax.interop.core import convert, tables, towers
 from tfjax.interop.core.files import CONFIG, read_config, read_state_dict, write_safetensors
 from tfjax.interop.core.posemb import resample_posemb
 from tfjax.interop.core.registry import Registry
@@ -81,7 +89,14 @@ from tfjax.interop.families.clip import (
     to_clip_vision_projection,
     to_siglip_vision,
 )
-from tfjax.interop.families.dinov2 import from_dinov2, from_dinov2_registers, to_dinov2
+from tfjax.interop.families.dinov2 import (
+    from_dinov2,
+    from_dinov2_classifier,
+    from_dinov2_registers,
+    from_dinov2_registers_classifier,
+    to_dinov2,
+    to_dinov2_classifier,
+)
 from tfjax.interop.families.gemma import from_gemma2, from_gemma3, to_gemma2, to_gemma3
 from tfjax.interop.families.gpt2 import from_gpt2, to_gpt2
 from tfjax.interop.families.llama import (
@@ -124,20 +139,33 @@ def load(directory, **overrides):
     return REGISTRY.loader(config, where)(directory, config, **overrides)
 
 
-def family_of(directory):
-    """The `core.tables.Family` a checkpoint directory's config.json names (read alone, no
-    weights), for starting a run from it; a ValueError names an architecture that has no
-    converter or whose loader is not table-driven (the vision towers with their own loaders)."""
+def _run_loader(directory):
+    """(family, vision tower or None, config dict) a run starts from: a table-driven family, or
+    a vision tower's backbone (the bare tower, without the checkpoint's own head)."""
     config = read_config(directory)
     where = os.path.join(os.fspath(directory), CONFIG)
     loader = REGISTRY.loader(config, where)
-    family = getattr(loader, "family", None)
+    tower = getattr(loader, "backbone", None)
+    family = tower.family if tower is not None else getattr(loader, "family", None)
     if family is None:
         raise ValueError(
             f"{where}: {config.get('architectures')} loads with interop.load, but a run cannot "
             "start from it yet; loadable by a run: "
-            + ", ".join(a for a, f in ARCHITECTURES.items() if hasattr(f, "family"))
+            + ", ".join(a for a, f in ARCHITECTURES.items() if _runnable(f))
         )
+    return family, tower, config
+
+
+def _runnable(loader) -> bool:
+    return hasattr(loader, "family") or hasattr(loader, "backbone")
+
+
+def family_of(directory):
+    """(the `core.tables.Family`, config dict) a checkpoint directory's config.json names (read
+    alone, no weights), for starting a run from it: for a vision checkpoint the bare tower's
+    (DINOv2, CLIP, SigLIP: a run gives it its own head); a ValueError names an architecture
+    that has no converter or that a run cannot start from (ViTForImageClassification)."""
+    family, _, config = _run_loader(directory)
     return family, config
 
 
@@ -148,12 +176,30 @@ def pretrained_model(directory, **overrides):
     return tables.build(family, config, **overrides)
 
 
-def pretrained_params(directory, model):
+def pretrained_params(directory, model, *, image_size=None):
     """The weights of a checkpoint directory as `model`'s params (its layout: stacked when
     scan_layers), every key and shape checked; `model` as `pretrained_model` gives it (other
-    fields that do not change the parameters may differ)."""
-    family, _ = family_of(directory)
-    return convert.import_params(family, model, read_state_dict(directory))
+    fields that do not change the parameters may differ). A vision tower's position embeddings
+    are resampled to `image_size` (int or (H, W); None: the config's image_size)."""
+    family, tower, config = _run_loader(directory)
+    state = read_state_dict(directory)
+    if tower is not None:
+        return towers.import_params(tower, model, state, config, image_size)
+    return convert.import_params(family, model, state)
+
+
+def stream_pretrained_params(directory, model, *, image_size=None):
+    """`pretrained_params` one parameter at a time, for placing each on its devices as it is
+    read: (path in `model`'s layout, numpy array), every key and shape checked first, the
+    safetensors files read tensor by tensor (memory-mapped); see `convert.stream_params`. A
+    vision tower (at most a few GB; its position embeddings resampled as a whole) is read
+    whole, then given a parameter at a time."""
+    family, tower, config = _run_loader(directory)
+    if tower is not None:
+        params = towers.import_params(tower, model, read_state_dict(directory), config, image_size)
+        flat = flax.traverse_util.flatten_dict(jax.device_get(params))
+        return ((path, np.asarray(array)) for path, array in flat.items())
+    return convert.stream_params(family, model, read_state_dict(directory, lazy=True))
 
 
 def export(model, params):
@@ -183,7 +229,9 @@ __all__ = [
     "from_clip_vision",
     "from_clip_vision_projection",
     "from_dinov2",
+    "from_dinov2_classifier",
     "from_dinov2_registers",
+    "from_dinov2_registers_classifier",
     "from_gemma2",
     "from_gemma3",
     "from_gpt2",
@@ -206,6 +254,7 @@ __all__ = [
     "pretrained_params",
     "read_config",
     "read_state_dict",
+    "stream_pretrained_params",
     "resample_posemb",
     "save",
     "tfjax_to_marian_ids",
@@ -213,6 +262,7 @@ __all__ = [
     "to_clip_vision",
     "to_clip_vision_projection",
     "to_dinov2",
+    "to_dinov2_classifier",
     "to_gemma2",
     "to_gemma3",
     "to_gpt2",

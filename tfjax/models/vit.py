@@ -6,7 +6,9 @@ the patch grid's rows and columns (H/p, W/p) and I, J a pixel's row and column w
 (p each). The head gives num_classes logits.
 
 Patches embedded by a strided convolution (computed as a matmul), a class token (pool="cls"),
-mean pooling (pool="gap") or a multihead-attention pooling head with a learned probe
+mean pooling (pool="gap"), both side by side (pool="cls_gap": the class token and the mean of
+the patch tokens concatenated, [B, 2 D], what Hugging Face's Dinov2ForImageClassification
+feeds its classifier) or a multihead-attention pooling head with a learned probe
 (pool="map", big_vision's MAPHead, SigLIP), learned or 2-D sin-cos position embeddings,
 optional register tokens (DINOv2 with registers), an optional LayerNorm before the blocks
 (CLIP), pre-LN blocks with exact GELU by default (or quick_gelu, gelu_tanh, swiglu) and an
@@ -106,7 +108,7 @@ TRAINED_IMAGE_SIZES = {
     "clip-L/14": 224,
     "siglip-so400m/14": 384,
 }
-POOLS = ("cls", "gap", "map")
+POOLS = ("cls", "gap", "cls_gap", "map")
 POSEMBS = ("learned", "sincos2d")
 FINAL_NORMS = ("tokens", "pooled")
 
@@ -194,7 +196,8 @@ class VisionTransformer(nn.Module):
     num_layers: int = 12  # L
     mlp_dim: int = 3072  # 4 D
     num_heads: int = 12  # N
-    pool: str = "cls"  # "cls" (class token), "gap" (mean of patch tokens) or "map" (MapHead)
+    pool: str = "cls"  # "cls" (class token), "gap" (mean of patch tokens), "cls_gap" (both,
+    # concatenated: [B, 2 D]) or "map" (MapHead)
     posemb: str = "learned"  # "learned" or "sincos2d"
     activation: str = "gelu"  # FFN: see tfjax.nn.blocks.Block ("quick_gelu" CLIP, "gelu_tanh"
     # SigLIP, "swiglu" DINOv2 giant)
@@ -258,9 +261,9 @@ class VisionTransformer(nn.Module):
             replaced by the mask token (needs mask_token=True).
         Returns:
           ([B, num_classes] logits, or the [B, D] pooled features without a head, aux) with
-          aux["pre_logits"] [B, D] (the pooled features) and aux["encoded"] [B, 1 + R + P, D]
-          (every token after the blocks and, with final_norm="tokens", the final norm; no
-          class token with pool "gap" or "map").
+          aux["pre_logits"] [B, D] (the pooled features; [B, 2 D] with pool "cls_gap") and
+          aux["encoded"] [B, 1 + R + P, D] (every token after the blocks and, with
+          final_norm="tokens", the final norm; no class token with pool "gap" or "map").
         """
         # [B, 1 + R + P, D]
         x = self._tokens(images, mask)
@@ -276,6 +279,9 @@ class VisionTransformer(nn.Module):
             pre_logits = x[:, 0]
         elif self.pool == "gap":  # the patch tokens (not the registers)
             pre_logits = x[:, self.num_registers :].mean(axis=1)
+        elif self.pool == "cls_gap":  # [B, 2 D]: the class token, then the patches' mean
+            patches = x[:, 1 + self.num_registers :]
+            pre_logits = jnp.concatenate([x[:, 0], patches.mean(axis=1)], axis=-1)
         else:
             pre_logits = MapHead(
                 self.block_config(), self.dtype, self.param_dtype, name="map_head"
@@ -332,7 +338,7 @@ class VisionTransformer(nn.Module):
                 x = jnp.where(mask[..., None], token.astype(x.dtype), x)
         elif mask is not None:
             raise ValueError("a mask needs a model with mask_token=True")
-        if self.pool == "cls":
+        if self.pool in ("cls", "cls_gap"):
             cls = self._embedding("cls", (1, 1, d))
             # [B, 1 + P, D]
             x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)

@@ -3,7 +3,13 @@ objects (AttentionConfig, MlpConfig, BlockConfig). No mesh: logical axis names o
 
 from tfjax.nn import attention, axes, blocks, embed, ffn, norms, position
 from tfjax.nn.attention import MultiHeadAttention, attention_weights, dot_product_attention
-from tfjax.nn.blocks import Block, Stack, scanned_to_unrolled, unrolled_to_scanned
+from tfjax.nn.blocks import (
+    Block,
+    Stack,
+    scanned_path,
+    scanned_to_unrolled,
+    unrolled_to_scanned,
+)
 from tfjax.nn.embed import Embed
 from tfjax.nn.ffn import GatedMlp, Mlp, gelu, make_mlp
 from tfjax.nn.norms import RMSNormPlusOne, make_norm, rms_norm_plus_one
@@ -56,6 +62,7 @@ __all__ = [
     "position",
     "rms_norm_plus_one",
     "rope",
+    "scanned_path",
     "scanned_to_unrolled",
     "segment_mask",
     "sincos_2d",

@@ -305,6 +305,17 @@ def unrolled_to_scanned(params):
     return out
 
 
+def scanned_path(path: tuple[str, ...]) -> tuple[tuple[str, ...], int | None]:
+    """A parameter's path in the unrolled layout -> (its path once stacked, its layer), the
+    mapping `unrolled_to_scanned` applies to a whole tree ("layers_3" -> "layers", 3); layer
+    None for a parameter outside the stack."""
+    for i, key in enumerate(path):
+        m = _LAYER.match(key)
+        if m:
+            return (*path[:i], "layers", *path[i + 1 :]), int(m.group(1))
+    return path, None
+
+
 def scanned_to_unrolled(params):
     """The inverse of `unrolled_to_scanned`: {"layers": stacked} -> {"layers_i": slice i}."""
     if not isinstance(params, dict):

@@ -161,6 +161,11 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
         from tfjax.data import catalog
 
         data = pretrained.dataset_spec(config, workdir)
+        if catalog.is_image_folders(data.name):  # every folder and file listed, none decoded
+            from tfjax.data import image_folders
+
+            for split in ("train", "eval"):
+                image_folders.open_split(data, split)
         if catalog.is_files(data.name):
             from tfjax.data import files
 

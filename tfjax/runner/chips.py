@@ -179,7 +179,7 @@ def training_flops_per_example(model, params, example: dict) -> float:
         _, h, w, c = example["image"]
         p = model.patch_size
         n = (h // p) * (w // p)
-        t = n + (1 if model.pool == "cls" else 0)
+        t = n + (1 if model.pool in ("cls", "cls_gap") else 0)
         dense = _count(params["encoder"]) * t + d * c * p * p * n
         dense += _count(params.get("head", {}))
         attention = layers * t * t * d_attention

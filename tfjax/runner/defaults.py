@@ -115,6 +115,7 @@ def lora() -> ml_collections.ConfigDict:
     c.dropout = 0.0  # on the adapters' input, in training
     c.targets = ""  # regex of the kernels that get adapters ("": attention and MLP kernels)
     c.base_dtype = ""  # QLoRA: the frozen base stored as "int8" or "nf4" ("": as trained)
+    c.tile_size = 0  # QLoRA: one scale per this many inputs (QLoRA's NF4: 64); 0: per channel
     return c
 
 

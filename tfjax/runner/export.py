@@ -10,7 +10,11 @@ The full export writes what `transformers`' `from_pretrained` and `generate` rea
 (model.safetensors, or shards with an index above 5 GB; LoRA adapters merged into their
 kernels) and the tokenizer files of the checkpoint the run started from (`workdir/pretrained`,
 see `tfjax.runner.pretrained`). A run trained from scratch gets the ids of tfjax's own
-tokenizers and no tokenizer files.
+tokenizers and no tokenizer files. A vision run's export holds its head's class names as
+id2label / label2id and the checkpoint's preprocessor_config.json, and no
+generation_config.json; a model Hugging Face has no class for (a CLIP or SigLIP tower with a
+linear head) is refused, naming what each class needs. A QLoRA run's adapters are merged into
+(or, adapters only, exported for) the dequantized kernels they were trained on.
 
 `adapters_only=True` writes a LoRA run's adapters alone, as `peft` saves them:
 adapter_config.json (LORA, CAUSAL_LM, r, lora_alpha, lora_dropout, the Hugging Face names of
@@ -78,7 +82,12 @@ def export_run(
     kept = os.path.join(workdir, pretrained.KEPT)
     base = _adapter_base(config, kept) if adapters_only else None
     model, params, tokenizer = train.restore_model(
-        config, workdir, step=step, devices=jax.devices()[:1], merge_lora=not adapters_only
+        config,
+        workdir,
+        step=step,
+        devices=jax.devices()[:1],
+        merge_lora=not adapters_only,
+        float_base=adapters_only,
     )
     params = jax.device_get(params)
     if adapters_only:
@@ -88,6 +97,12 @@ def export_run(
         state, hf_config = interop.export(model, params)
         ids = _special_ids(kept, tokenizer)
         hf_config.update({k: v for k, v in ids.items() if v is not None})
+        classes = os.path.join(workdir, pretrained.CLASSES)
+        if os.path.isfile(classes):  # the head's labels by name
+            with open(classes) as f:
+                names = json.load(f)
+            hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
+            hf_config["label2id"] = {name: i for i, name in enumerate(names)}
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}-", dir=parent)
@@ -102,7 +117,11 @@ def export_run(
             path = os.path.join(kept, name)
             if name not in skip and os.path.isfile(path):
                 shutil.copy2(path, os.path.join(tmp, name))
-        if not adapters_only and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG)):
+        if (
+            not adapters_only
+            and tokenizer is not None
+            and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG))
+        ):
             with open(os.path.join(tmp, GENERATION_CONFIG), "w") as f:
                 json.dump({k: v for k, v in ids.items() if v is not None}, f, indent=2)
         os.replace(tmp, output)

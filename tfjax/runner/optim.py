@@ -138,17 +138,14 @@ def lora_config(config):
         return None
     from tfjax import lora
 
-    if c.base_dtype:  # the runner does not quantize the loaded base yet
-        raise ValueError(
-            f"lora.base_dtype={c.base_dtype!r}: QLoRA runs are not supported by the runner yet "
-            "(tfjax.lora quantizes in Python; leave lora.base_dtype empty)"
-        )
     try:
         return lora.LoraConfig(
             rank=c.rank,
             alpha=float(c.alpha),
             dropout=float(c.dropout),
             targets=c.targets or lora.DEFAULT_TARGETS,
+            base_dtype=c.base_dtype or None,
+            tile_size=c.get("tile_size") or None,
         )
     except ValueError as e:  # LoraConfig names its own field; the config's is lora.<field>
         raise ValueError(str(e).replace("LoraConfig.", "lora.")) from None

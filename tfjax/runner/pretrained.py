@@ -9,22 +9,35 @@ changes the maths come from config.json through the converters' tables (`tfjax.i
 config.model may set only what does not change the maths (SAME_MATHS: scan_layers, remat,
 attention backend, dropout); a size it sets must equal the checkpoint's (an error names both).
 
+A vision checkpoint (DINOv2, CLIP, SigLIP; `tfjax.interop.family_of` gives its bare tower)
+gets a new head for the run's classes (`with_head`): the class folders of
+dataset.train_files (`tfjax.data.image_folders`), kept in the workdir's classes.json. Its
+images are made as its preprocessor_config.json says, at the image size it gives, to which the
+tower's position embeddings are resampled when loaded.
+
 The run keeps what it needs of the checkpoint in its workdir (`pretrained/`: config.json, the
-tokenizer and generation files), so resuming, decoding and exporting need only the workdir,
-even after the checkpoint directory is gone.
+tokenizer, generation and image processor files), so resuming, decoding and exporting need only
+the workdir, even after the checkpoint directory is gone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
 
 import jax
-import numpy as np
 
 KEPT = "pretrained"  # the workdir's copy of the checkpoint's small files
+CLASSES = "classes.json"  # in the workdir: the class names of a run's head, in label order
+# The pooling of a vision checkpoint's new head, by model_type: what Hugging Face's classifier
+# of that tower reads, so that the fine-tuned model exports as it (DINOv2:
+# Dinov2ForImageClassification's class token and mean of the patch tokens). The others keep the
+# tower's own pooling (CLIP: the normed class token, SigLIP: its attention pooling head); no
+# Hugging Face class holds those with a linear head, so their export is refused.
+HEAD_POOLS = {"dinov2": "cls_gap", "dinov2_with_registers": "cls_gap"}
 # Model fields a run may set on a loaded checkpoint: none changes what the weights compute.
 SAME_MATHS = (
     "scan_layers",
@@ -47,6 +60,7 @@ SMALL_FILES = (
     "chat_template.json",
     "vocab.json",
     "merges.txt",
+    "preprocessor_config.json",
 )
 
 
@@ -70,6 +84,7 @@ class Pretrained:
     model_name: the tfjax.models module of its family ("decoder").
     fields: the model fields its config.json means.
     architecture: config.json's architecture, for messages.
+    model_type: config.json's model_type ("dinov2").
     """
 
     config_dir: str
@@ -77,6 +92,12 @@ class Pretrained:
     model_name: str
     fields: dict
     architecture: str
+    model_type: str
+
+    @property
+    def vision(self) -> bool:
+        """A vision tower (a ViT): its images are made as its preprocessor_config.json says."""
+        return self.model_name == "vit"
 
     @classmethod
     def read(cls, config_dir: str, weights_dir: str | None) -> Pretrained:
@@ -93,6 +114,7 @@ class Pretrained:
             model_name=module.rsplit(".", 1)[-1],
             fields=fields,
             architecture=family.architecture,
+            model_type=family.model_type,
         )
 
 
@@ -112,33 +134,111 @@ def find(config, workdir: str | None) -> Pretrained | None:
     return None
 
 
+def _checkpoint_dir(config, workdir: str | None, what: str) -> str:
+    """Where the run reads the checkpoint's small files: the workdir's copy once the run keeps
+    one (`keep`), else config.init_from; a ValueError says `what` needs them otherwise."""
+    kept = os.path.join(workdir, KEPT) if workdir else None
+    init_from = os.path.expanduser(config.get("init_from") or "")
+    if kept and os.path.isdir(kept):
+        return kept
+    if init_from and is_checkpoint_dir(init_from):
+        return os.path.abspath(init_from)
+    raise ValueError(what)
+
+
 def dataset_spec(config, workdir: str | None):
-    """The run's dataset (`tfjax.data.dataset_spec(config)`), with the "files" dataset's
-    tokenizer, when dataset.tokenizer is unset, the checkpoint's: its copy in `workdir` once
-    the run keeps one (`keep`), else config.init_from's (a loader's saved position knows the
-    tokenizer by its files' bytes, so both are the same to it)."""
+    """The run's dataset (`tfjax.data.dataset_spec(config)`) with what the checkpoint gives it
+    (its copy in `workdir` once the run keeps one, `keep`, else config.init_from's):
+    the "files" dataset's tokenizer when dataset.tokenizer is unset (a loader's saved position
+    knows the tokenizer by its files' bytes, so both are the same to it); the "image_folders"
+    dataset's preprocessor, its image size and the number of classes (`classes`)."""
     import dataclasses as dc
 
     from tfjax.data import catalog
 
     data = catalog.dataset_spec(config)
+    if catalog.is_image_folders(data.name):
+        from tfjax.data import image_folders
+
+        if not data.preprocessor:
+            data = dc.replace(
+                data,
+                preprocessor=_checkpoint_dir(
+                    config,
+                    workdir,
+                    "dataset.preprocessor is unset and config.init_from is not a Hugging Face "
+                    "checkpoint directory: give the directory of the checkpoint's "
+                    "preprocessor_config.json as dataset.preprocessor",
+                ),
+            )
+        size = image_folders.Preprocessor.read(data.preprocessor).image_size
+        given = config.dataset.get("image_size")
+        if given is not None and given != size:
+            raise ValueError(
+                f"dataset.image_size={given}, but the checkpoint's image processor makes "
+                f"{size} px images ({data.preprocessor}/{image_folders.PREPROCESSOR}); leave "
+                "dataset.image_size unset"
+            )
+        return dc.replace(data, image_size=size, num_classes=len(classes(data, workdir)))
     if not catalog.is_files(data.name):
         return data
     if not data.tokenizer:
-        kept = os.path.join(workdir, KEPT) if workdir else None
-        init_from = os.path.expanduser(config.get("init_from") or "")
-        if kept and os.path.isdir(kept):
-            directory = kept
-        elif init_from and is_checkpoint_dir(init_from):
-            directory = os.path.abspath(init_from)
-        else:
-            raise ValueError(
-                "dataset.tokenizer is unset and config.init_from is not a Hugging Face "
-                "checkpoint directory: give the directory of the tokenizer files "
-                "(tokenizer.json or tokenizer.model) as dataset.tokenizer"
-            )
+        directory = _checkpoint_dir(
+            config,
+            workdir,
+            "dataset.tokenizer is unset and config.init_from is not a Hugging Face "
+            "checkpoint directory: give the directory of the tokenizer files "
+            "(tokenizer.json or tokenizer.model) as dataset.tokenizer",
+        )
         data = dc.replace(data, tokenizer=directory)
     return data
+
+
+def classes(data, workdir: str | None) -> list[str]:
+    """The class names of an "image_folders" run, in label order: the class folders of
+    dataset.train_files, which must be those of workdir/classes.json once the run keeps it
+    (`keep_classes`); the kept ones alone when train_files is gone (exporting a workdir)."""
+    from tfjax.data import image_folders
+
+    path = os.path.join(workdir, CLASSES) if workdir else None
+    kept = None
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            kept = json.load(f)
+        if not os.path.isdir(os.path.expanduser(data.train_files or "")):
+            return kept
+    found = image_folders.class_names(data)
+    if kept is not None and kept != found:
+        raise ValueError(
+            f"dataset.train_files={data.train_files!r} has the class folders {found}, but the "
+            f"run in {workdir} trained its head on {kept} ({path}): a label would mean another "
+            "class; give the folders it was trained on or use a new workdir"
+        )
+    return found
+
+
+def keep_classes(data, workdir: str) -> None:
+    """Writes the class names of an "image_folders" run to workdir/classes.json (process 0,
+    once, atomically); nothing for other datasets."""
+    from tfjax.data import catalog
+
+    path = os.path.join(workdir, CLASSES)
+    if not catalog.is_image_folders(data.name) or os.path.isfile(path) or jax.process_index() != 0:
+        return
+    names = classes(data, workdir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{CLASSES}-", dir=workdir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(names, f, indent=1)
+    os.replace(tmp, path)
+
+
+def with_head(pretrained: Pretrained, fields: dict, num_classes: int | None) -> dict:
+    """The fields of a vision checkpoint's model with a new head of `num_classes` (the run's
+    classes), pooled as HEAD_POOLS says; `fields` as they are for other checkpoints."""
+    if not pretrained.vision or num_classes is None:
+        return fields
+    pool = HEAD_POOLS.get(pretrained.model_type, fields["pool"])
+    return {**fields, "num_classes": num_classes, "pool": pool}
 
 
 def model_fields(pretrained: Pretrained, config_model) -> dict:
@@ -196,8 +296,11 @@ def keep(pretrained: Pretrained, workdir: str) -> None:
 def load_params(pretrained: Pretrained, model, abstract_params):
     """The checkpoint's weights as (the base of) `model`'s params, placed on the shardings of
     `abstract_params` (ShapeDtypeStructs with shardings; it may hold more than the checkpoint,
-    e.g. LoRA adapters, which come back as None). Each process builds only the shards its
-    devices hold from the host arrays."""
+    e.g. LoRA adapters or a vision tower's new head, which come back as None). Streamed: the
+    weights are read tensor by tensor and each parameter placed as soon as it is converted
+    (stacked layer by layer when scanned), so the host holds the placed shards plus one
+    parameter, never a second copy of the model (benchmarks/load_memory.py). Each process
+    builds only the shards its devices hold."""
     from flax import traverse_util
 
     from tfjax import interop
@@ -207,17 +310,26 @@ def load_params(pretrained: Pretrained, model, abstract_params):
     layout = interop.pretrained_model(
         pretrained.config_dir, scan_layers=getattr(model, "scan_layers", False)
     )
-    loaded = traverse_util.flatten_dict(interop.pretrained_params(pretrained.weights_dir, layout))
+    image_size = None
+    if pretrained.vision:  # the tower's position embeddings resampled to the run's images
+        from tfjax.data import image_folders
+
+        image_size = image_folders.Preprocessor.read(pretrained.config_dir).image_size
     target = traverse_util.flatten_dict(abstract_params)
-    extra = sorted("/".join(k) for k in set(loaded) - set(target))
-    if extra:  # a converter and the run's model disagree: a bug, still named
-        raise ValueError(f"the checkpoint's params {extra[:4]} are not in the run's model")
-
-    def place(array, abstract):
-        array = np.asarray(array).astype(abstract.dtype)
+    placed = dict.fromkeys(target)
+    streamed = interop.stream_pretrained_params(
+        pretrained.weights_dir, layout, image_size=image_size
+    )
+    for path, array in streamed:
+        abstract = target.get(path)
+        if abstract is None:  # a converter and the run's model disagree: a bug, still named
+            raise ValueError(f"the checkpoint's param {'/'.join(path)} is not in the run's model")
         if array.shape != abstract.shape:
-            raise ValueError(f"checkpoint array {array.shape} != the model's {abstract.shape}")
-        return jax.make_array_from_callback(abstract.shape, abstract.sharding, lambda i: array[i])
-
-    placed = {k: place(loaded[k], target[k]) if k in loaded else None for k in target}
+            raise ValueError(
+                f"checkpoint array {'/'.join(path)} {array.shape} != the model's {abstract.shape}"
+            )
+        array = array.astype(abstract.dtype, copy=False)
+        placed[path] = jax.make_array_from_callback(
+            abstract.shape, abstract.sharding, lambda index, a=array: a[index]
+        )
     return traverse_util.unflatten_dict(placed)

@@ -129,9 +129,11 @@ def build_model(
     config.dtype. Fields that are None take the model's default, except vocab_size (the
     tokenizer's, padded to a multiple of VOCAB_MULTIPLE) and num_classes (the dataset's).
     From a `pretrained` checkpoint: its model, with what config.model may set on it
-    (`tfjax.runner.pretrained.model_fields`), and its vocabulary as it is."""
+    (`tfjax.runner.pretrained.model_fields`), and its vocabulary as it is; a vision tower gets
+    a new head of num_classes (`tfjax.runner.pretrained.with_head`)."""
     if pretrained is not None:
         fields = pretrained_lib.model_fields(pretrained, config.model)
+        fields = pretrained_lib.with_head(pretrained, fields, num_classes)
         if vocab_size is not None and vocab_size > fields["vocab_size"]:
             raise ValueError(
                 f"the tokenizer has {vocab_size} ids, more than the {fields['vocab_size']} "
@@ -183,6 +185,26 @@ def abstract_params(model, task, element_spec, *, mesh, rules):
     params = nn.unbox(boxed)
     sharding.check_divisible(params, param_shardings)
     return checkpoint.abstract_like(params, param_shardings), param_shardings
+
+
+def quantize_base_fn(exp: Experiment):
+    """QLoRA (lora.base_dtype): (the base model's abstract float params with their shardings,
+    fn(float params, rng) -> the LoRA model's params, jitted onto their shardings): the
+    adapters made and the targeted kernels quantized by the model itself
+    (`tfjax.lora.init_params`), from float weights loaded into the first."""
+    from tfjax import lora
+
+    abstract, _ = abstract_params(
+        exp.base_model, exp.task, exp.inputs.train, mesh=exp.mesh, rules=exp.rules
+    )
+    rows = sharding.data_parallel_size(exp.mesh, exp.rules)
+
+    def quantize(params, rng):
+        with sharding.logical_context(exp.mesh, exp.rules):
+            args, kwargs = exp.task.model_inputs(_dummy_batch(exp.inputs.train, rows))
+            return lora.init_params(exp.model, params, rng, *args, **kwargs, train=False)
+
+    return abstract, jax.jit(quantize, out_shardings=exp.param_shardings, donate_argnums=0)
 
 
 def abstract_train_state(model, tx, task, element_spec, *, mesh, rules, ema: bool, trainable=None):
@@ -250,6 +272,7 @@ class Experiment:
     eval_step: Callable
     flops_per_step: float  # model FLOPs of one train step (tfjax.runner.chips' count)
     pretrained: pretrained_lib.Pretrained | None = None  # the checkpoint the run starts from
+    base_model: nn.Module | None = None  # with LoRA: `model` without its adapters
 
     @property
     def state_shardings(self):
@@ -337,7 +360,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
     tx = optim.make_optimizer(
         config.optim, d_model=model.width, num_train_steps=config.num_train_steps
     )
-    lora_config = optim.lora_config(config)
+    base_model, lora_config = model, optim.lora_config(config)
     if lora_config is not None:
         from tfjax import lora
 
@@ -406,4 +429,5 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         eval_step=eval_step,
         flops_per_step=flops,
         pretrained=prepared.pretrained,
+        base_model=base_model if lora_config is not None else None,
     )

@@ -81,14 +81,17 @@ def restore_model(
     devices=None,
     step: int | None = None,
     merge_lora: bool = False,
+    float_base: bool = False,
 ):
     """(model, params, tokenizer) of a run's newest checkpoint (or `step`), for decoding,
     exporting and analysis.
 
     The model is built from `config` as training built it (with its LoRA adapters when
     config.lora has a rank; `merge_lora` folds them into the base kernels and gives the model
-    without them); params land on the config's mesh (over `devices`, all by default);
-    average_last=N > 1 averages the newest N checkpoints. tokenizer is None for image datasets.
+    without them; `float_base`: a QLoRA run's quantized kernels dequantized into their float
+    layout, as `merge_lora` does before merging); params land on the config's mesh (over
+    `devices`, all by default); average_last=N > 1 averages the newest N checkpoints.
+    tokenizer is None for image datasets.
     """
     import tfjax.data
 
@@ -116,6 +119,10 @@ def restore_model(
     params = checkpoint.restore_params(
         workdir, target, average_last=average_last, what="workdir", step=step
     )
+    if lora_config is not None and lora_config.base_dtype and (merge_lora or float_base):
+        # QLoRA: the kernels the adapters were trained on, in the float layout
+        like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
+        params = lora.dequantized(params, like)
     if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
         model, params = base, lora.merge(params, lora_config)
     return model, params, tokenizer
@@ -403,6 +410,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     workdirs.record_config(workdir, config, step)
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
         pretrained.keep(exp.pretrained, workdir)
+    pretrained.keep_classes(pretrained.dataset_spec(config, workdir), workdir)
     stored = os.path.join(workdir, TOKENIZER_FILE)
     # SentencePiece only (bytes need no file, a checkpoint's tokenizer is kept in pretrained/);
     # a stored one was checked equal above.
@@ -422,8 +430,31 @@ def _initial_params(exp, fresh):
     config = exp.config
     if exp.pretrained is None:
         return checkpoint.restore_params(config.init_from, exp.abstract_state.params)
+    lora_config = optim.lora_config(config)
+    if lora_config is not None and lora_config.base_dtype:  # QLoRA: loaded, then quantized
+        from tfjax import lora
+
+        abstract, quantize = setup.quantize_base_fn(exp)
+        floats = pretrained.load_params(exp.pretrained, exp.base_model, abstract)
+        logging.info(
+            "Loaded the %s weights of %s; the targeted kernels are stored as %s",
+            exp.pretrained.architecture,
+            config.init_from,
+            lora_config.base_dtype,
+        )
+        # The adapters as initialised (`fresh`), the base as loaded and quantized.
+        base, _ = lora.split(quantize(floats, jax.random.key(config.seed)))
+        _, adapters = lora.split(fresh)
+        return lora.combine(base, adapters)
     loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
     logging.info("Loaded the %s weights of %s", exp.pretrained.architecture, config.init_from)
+    if exp.pretrained.vision and getattr(exp.model, "num_classes", None) is not None:
+        logging.info(
+            "A new head for %d classes (pool=%r) initialised; everything else loaded from %s",
+            exp.model.num_classes,
+            exp.model.pool,
+            config.init_from,
+        )
     return jax.tree.map(
         lambda new, old: old if new is None else new, loaded, fresh, is_leaf=lambda x: x is None
     )

@@ -6,11 +6,22 @@ its rules (`import_params`); `to_hf` writes both back. `converters` makes the pu
 `from_x` / `to_x` of a family that needs nothing else.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import numpy as np
 
 from tfjax.interop.core.files import StateDict, load_source
-from tfjax.interop.core.rules import export_state, finish, import_state, param_shapes, unrolled
+from tfjax.interop.core.rules import (
+    check_state,
+    convert_rules,
+    export_state,
+    finish,
+    import_state,
+    param_shapes,
+    unrolled,
+)
 from tfjax.interop.core.tables import Family, build, hf_config
+from tfjax.nn import scanned_path
 
 
 def key_prefix(family: Family, state: StateDict) -> str:
@@ -34,6 +45,53 @@ def import_params(family: Family, model, state: StateDict, *, inputs=None, rules
         tied=family.tied(model, prefix),
     )
     return finish(model, params)
+
+
+def stream_params(family: Family, model, state: StateDict) -> Iterator[tuple[tuple, np.ndarray]]:
+    """`import_params` one parameter at a time: (path in `model`'s layout, numpy array), every
+    key and shape checked before the first is read (from the headers of a LazyStateDict). A
+    scanned model's stacked parameter is filled layer by layer and given when complete, the
+    rules ordered so that one stacked parameter is being filled at a time: the caller can place
+    each array and drop it, holding at most one parameter of the model on the host."""
+    prefix = key_prefix(family, state)
+    rules = family.rules(model, prefix)
+    expected = param_shapes(model, *family.inputs)
+    check_state(
+        state,
+        rules,
+        expected,
+        what=family.architecture,
+        ignore=family.ignore,
+        tied=family.tied(model, prefix),
+    )
+    if not getattr(model, "scan_layers", False):
+        yield from convert_rules(state, rules, expected)
+        return
+
+    def order(rule):  # a stacked parameter's layers one after another
+        where = [scanned_path(p) for p in rule.paths]
+        return [p for p, _ in where], max(layer if layer is not None else -1 for _, layer in where)
+
+    rules = sorted(rules, key=order)
+    depth = {}  # stacked path -> number of layers
+    for rule in rules:
+        for path in rule.paths:
+            stacked, layer = scanned_path(path)
+            if layer is not None:
+                depth[stacked] = depth.get(stacked, 0) + 1
+    filling, filled = {}, {}
+    for path, array in convert_rules(state, rules, expected):
+        stacked, layer = scanned_path(path)
+        if layer is None:
+            yield path, array
+            continue
+        if stacked not in filling:
+            filling[stacked] = np.empty((depth[stacked], *array.shape), array.dtype)
+            filled[stacked] = 0
+        filling[stacked][layer] = array
+        filled[stacked] += 1
+        if filled[stacked] == depth[stacked]:
+            yield stacked, filling.pop(stacked)
 
 
 def from_hf(family: Family, source, config=None, **overrides):

@@ -2,7 +2,10 @@
 safetensors.
 
 A `StateDict` maps each PyTorch key to a numpy array and remembers the file it came from, so the
-checks in `rules.import_state` can name the file of any key they refuse. `load_source` gives
+checks in `rules.import_state` can name the file of any key they refuse. `read_state_dict(d,
+lazy=True)` gives a `LazyStateDict` of safetensors files instead: keys and shapes from the
+files' headers, each array read (memory-mapped) only when asked for, so a run can convert and
+place a checkpoint tensor by tensor without holding it all. `load_source` gives
 (state dict, config dict) from what every `from_*` accepts: a checkpoint directory, or a state
 dict (torch tensors or numpy arrays) with its config (a dict, a transformers config or a path).
 """
@@ -30,6 +33,40 @@ class StateDict(dict):
 
     def where(self, key: str) -> str:
         return self.files.get(key, self.origin)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self[key].shape)
+
+
+class LazyStateDict(StateDict):
+    """A StateDict of safetensors files whose arrays are read when indexed, one at a time (its
+    values are read from disk on each access; nothing is cached). `shape` reads the header."""
+
+    def __init__(self, files: dict[str, str], origin: str):
+        from safetensors import safe_open  # noqa: PLC0415 (an optional dependency)
+
+        self._open = {path: safe_open(path, framework="numpy") for path in set(files.values())}
+        super().__init__(dict.fromkeys(files), files, origin)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self:
+            raise KeyError(key)
+        return self._open[self.files[key]].get_tensor(key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._open[self.files[key]].get_slice(key).get_shape())
+
+    def __iter__(self):  # (also makes dict(lazy) and StateDict(lazy) read through __getitem__)
+        return iter(self.files)
+
+    def values(self):
+        return (self[k] for k in self)
+
+    def items(self):
+        return ((k, self[k]) for k in self)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
 
 
 def as_state_dict(state, origin="<state dict>") -> StateDict:
@@ -62,6 +99,18 @@ def _read_safetensors(path):
     return load_file(path)
 
 
+def _safetensors_keys(directory, shards) -> dict[str, str]:
+    """key -> the shard file holding it, from the files' headers (no tensor is read)."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    files = {}
+    for shard in shards:
+        path = os.path.join(directory, shard)
+        with safe_open(path, framework="numpy") as f:
+            files.update(dict.fromkeys(f.keys(), path))
+    return files
+
+
 def _read_torch(path):
     try:
         import torch  # noqa: PLC0415
@@ -71,11 +120,12 @@ def _read_torch(path):
     return {k: _to_numpy(v) for k, v in state.items()}
 
 
-def read_state_dict(directory) -> StateDict:
+def read_state_dict(directory, *, lazy: bool = False) -> StateDict:
     """All weights in a local checkpoint directory (safetensors first, then torch files).
 
     Reads model.safetensors, a sharded model.safetensors.index.json, pytorch_model.bin or its
-    index. Raises FileNotFoundError naming the directory and the files looked for.
+    index. Raises FileNotFoundError naming the directory and the files looked for. `lazy`: a
+    LazyStateDict for safetensors (torch files are read whole: torch.load has no lazy read).
     """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
@@ -95,11 +145,14 @@ def read_state_dict(directory) -> StateDict:
             shards = sorted(set(weight_map.values()))
         else:
             shards = [name]
+        for shard in shards:
+            if not os.path.isfile(os.path.join(directory, shard)):
+                raise FileNotFoundError(f"{path} lists the shard {shard!r}, which is missing")
+        if lazy and reader is _read_safetensors:
+            return LazyStateDict(_safetensors_keys(directory, shards), origin=path)
         state = StateDict(origin=path)
         for shard in shards:
             shard_path = os.path.join(directory, shard)
-            if not os.path.isfile(shard_path):
-                raise FileNotFoundError(f"{path} lists the shard {shard!r}, which is missing")
             for key, value in reader(shard_path).items():
                 state[key] = value
                 state.files[key] = shard_path

@@ -275,7 +275,21 @@ def import_state(
       ValueError naming every missing or unexpected key, or the first key whose shape does not
       match, and the file it is in.
     """
-    used = set()
+    check_state(state, rules, expected, what=what, ignore=ignore, tied=tied)
+    return unflatten(dict(convert_rules(state, rules, expected)))
+
+
+def check_state(
+    state: StateDict,
+    rules: Sequence[Rule],
+    expected: dict[Path, jax.ShapeDtypeStruct],
+    *,
+    what: str,
+    ignore: Sequence[str] = (),
+    tied: dict[str, str] | None = None,
+) -> None:
+    """`import_state`'s checks, without converting: every key and shape (from `state.shape`,
+    which a LazyStateDict reads from the files' headers), the tied keys (read two at a time)."""
     missing = [k for r in rules for k in r.keys if k not in state]
     if missing:
         sample = listing(state)
@@ -284,26 +298,20 @@ def import_state(
             f"The checkpoint holds {len(state)} keys such as {sample}; is it a {what} checkpoint "
             "of the configured size?"
         )
-    flat = {}
     for rule in rules:
         for path in rule.paths:
             if path not in expected:  # a converter bug, not a user error; still say what
                 raise ValueError(f"{what}: the model has no parameter {_fmt(path)}")
-        structs = [expected[p] for p in rule.paths]
-        want = jax.eval_shape(rule.to_torch, *structs)
-        arrays = [state[k] for k in rule.keys]
-        for key, arr, w in zip(rule.keys, arrays, want, strict=True):
-            if tuple(arr.shape) != tuple(w.shape):
+        want = jax.eval_shape(rule.to_torch, *(expected[p] for p in rule.paths))
+        for key, w in zip(rule.keys, want, strict=True):
+            if state.shape(key) != tuple(w.shape):
                 raise ValueError(
-                    f"{what}: {key!r} in {state.where(key)} has shape {tuple(arr.shape)}, but the "
-                    f"model built from the config expects {tuple(w.shape)} (for "
+                    f"{what}: {key!r} in {state.where(key)} has shape {state.shape(key)}, but "
+                    f"the model built from the config expects {tuple(w.shape)} (for "
                     f"{', '.join(_fmt(p) for p in rule.paths)}); do the config and the weights "
                     "belong together?"
                 )
-        outs = rule.to_jax(*arrays, [s.shape for s in structs])
-        for path, out, s in zip(rule.paths, outs, structs, strict=True):
-            flat[path] = np.asarray(out).astype(s.dtype)
-        used.update(rule.keys)
+    used = {k for rule in rules for k in rule.keys}
     for key, source in (tied or {}).items():
         if key in state:
             used.add(key)
@@ -322,12 +330,21 @@ def import_state(
             f"{listing(unexpected)}; the checkpoint holds weights this model has no place for "
             "(another architecture or head?)"
         )
-    absent = sorted(set(expected) - set(flat))
+    absent = sorted(set(expected) - {p for rule in rules for p in rule.paths})
     if absent:
         raise ValueError(
             f"{what}: no weights for the model's parameters {listing(map(_fmt, absent))}"
         )
-    return unflatten(flat)
+
+
+def convert_rules(state: StateDict, rules: Sequence[Rule], expected: dict):
+    """(unrolled path, numpy array in the expected dtype) for each rule's outputs, in the rules'
+    order, reading each rule's keys when it is applied (`check_state` first)."""
+    for rule in rules:
+        structs = [expected[p] for p in rule.paths]
+        outs = rule.to_jax(*(state[k] for k in rule.keys), [s.shape for s in structs])
+        for path, out, s in zip(rule.paths, outs, structs, strict=True):
+            yield path, np.asarray(out).astype(s.dtype)
 
 
 def export_state(params, rules: Sequence[Rule]) -> dict[str, np.ndarray]:

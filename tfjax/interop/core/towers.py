@@ -44,9 +44,15 @@ class Tower:
 def load(tower: Tower, source, config, image_size, overrides):
     """(tfjax ViT, params) from a directory or (state dict, config); image_size: int or (H, W)
     the model will see (the position embeddings resampled from the config's image_size)."""
-    family = tower.family
     state, c = files.load_source(source, config)
-    model = tables.build(family, c, **overrides)
+    model = tables.build(tower.family, c, **overrides)
+    return model, import_params(tower, model, state, c, image_size)
+
+
+def import_params(tower: Tower, model, state, c: dict, image_size):
+    """`model`'s params from the state dict of a checkpoint with config dict `c`, its position
+    embeddings resampled to `image_size` (int or (H, W); None: the config's image_size)."""
+    family = tower.family
     what = family.architecture
     vision = (c.get("vision_config") or {}) if tower.nested else c
     size_key = "vision_config.image_size" if tower.nested else "image_size"
@@ -77,7 +83,7 @@ def load(tower: Tower, source, config, image_size, overrides):
         state = files.StateDict(state, state.files, state.origin)
         state[key] = resampled.reshape(*table.shape[:-2], -1, table.shape[-1])
     images = jnp.zeros((1, *size, vision.get("num_channels") or 3), jnp.float32)
-    return model, convert.import_params(family, model, state, inputs=(images,))
+    return convert.import_params(family, model, state, inputs=(images,))
 
 
 def save(tower: Tower, model, params):

@@ -303,6 +303,15 @@ def to_siglip_vision(model, params):
     return towers.save(SIGLIP_VISION_TOWER, model, params)
 
 
+# What a run starting from each architecture loads (`tfjax.runner.pretrained`): the bare tower
+# (CLIP's without its projection), to which the run adds its own head.
+from_clip_vision.backbone = CLIP_VISION_TOWER
+from_siglip_vision.backbone = SIGLIP_VISION_TOWER
+from_clip_vision_projection.backbone = _projection_choice(CLIP_VISION_PROJECTION_TOWER, False)
+from_clip.backbone = _projection_choice(CLIP_TOWER, False)
+from_siglip.backbone = SIGLIP_TOWER
+
+
 def _clip_tower(model: vit.VisionTransformer) -> towers.Tower:
     """With a head (a bias-free one) CLIP's projection, without one the bare tower."""
     return CLIP_VISION_TOWER if model.num_classes is None else CLIP_VISION_PROJECTION_TOWER

@@ -210,11 +210,11 @@ CONVERTS = Converts(
     exports=(
         Exporter(
             vit.VisionTransformer,
-            when=lambda m: m.num_classes is not None and m.head_bias,
+            when=lambda m: m.num_classes is not None and m.head_bias and m.layer_scale is None,
             export=to_hf_vit,
             family=lambda model: HF_VIT,
             needs="ViTForImageClassification: a classification head with a bias (num_classes, "
-            "head_bias=True)",
+            "head_bias=True), no layer_scale",
         ),
     ),
 )
