@@ -1,11 +1,22 @@
-r"""Writes a run as a Hugging Face checkpoint directory that `transformers` loads.
+r"""Writes a run as a Hugging Face checkpoint directory that `transformers` loads, or a LoRA
+run's adapters as a directory that `peft` loads onto the checkpoint the run started from.
 
     python experiments/export.py --workdir=/tmp/ft --output=/tmp/ft_hf [--step=N]
+    python experiments/export.py --workdir=/tmp/ft --output=/tmp/ft_lora --adapters_only
 
 The run's config is read from the workdir (config.json), the newest checkpoint (or --step) is
 exported with its family's converter (`tfjax.interop`): config.json with the special token ids,
-generation_config.json, model.safetensors (sharded with an index above 5 GB) and the tokenizer
-files of the checkpoint the run started from. --output must not exist.
+generation_config.json, model.safetensors (sharded with an index above 5 GB; LoRA adapters
+merged) and the tokenizer files of the checkpoint the run started from. With --adapters_only:
+adapter_config.json and adapter_model.safetensors (peft's LoRA format, base_model_name_or_path
+= the run's config.init_from) and the tokenizer files, for
+
+    peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(init_from), "/tmp/ft_lora")
+
+which computes what the full export does; refused (status 1, one line) for a run without LoRA,
+one that did not start from a Hugging Face checkpoint directory (or whose init_from has moved),
+and an adapted kernel that is not one Linear layer of the checkpoint (GPT-2's fused c_attn).
+--output must not exist.
 """
 
 import os
@@ -18,6 +29,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
 _OUTPUT = flags.DEFINE_string("output", None, "The Hugging Face directory to write (new).")
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint step to export (default: newest).")
+_ADAPTERS_ONLY = flags.DEFINE_bool(
+    "adapters_only",
+    False,
+    "A LoRA run's adapters alone, as a peft adapter directory for the Hugging Face checkpoint "
+    "in the run's config.init_from (default: the whole model, adapters merged).",
+)
 flags.mark_flags_as_required(["workdir", "output"])
 
 
@@ -28,7 +45,9 @@ def main(argv):
         print(f"export.py: unexpected arguments: {argv[1:]}", file=sys.stderr)
         return 2
     try:
-        path = export.export_run(_WORKDIR.value, _OUTPUT.value, step=_STEP.value)
+        path = export.export_run(
+            _WORKDIR.value, _OUTPUT.value, step=_STEP.value, adapters_only=_ADAPTERS_ONLY.value
+        )
     except (
         ValueError,
         FileNotFoundError,

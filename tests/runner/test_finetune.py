@@ -2,7 +2,7 @@
 decoders that transformers trained on one task ("copy", tests/finetune_checkpoints.py), saved
 with their tokenizer.json, chat template and generation config, fine-tuned on another
 ("reverse") given as prompt / completion JSON lines, then exported and read back by
-transformers."""
+transformers (and a LoRA run's adapters by peft)."""
 
 import json
 import os
@@ -17,6 +17,7 @@ import pytest
 import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
+from tfjax import interop, lora
 from tfjax.runner import export, metrics, train
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
@@ -72,6 +73,49 @@ def read_weights(directory) -> dict[str, np.ndarray]:
 
 # The kernels LoRA adapts by default, as Hugging Face names them.
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+EXPORT = os.path.join(ROOT, "experiments", "export.py")
+
+
+def hf_logits(model, tokenizer, rows) -> list[np.ndarray]:
+    """transformers' logits of each row ([bos] + prompt + completion + eos) by `model`."""
+    import torch
+
+    with torch.no_grad():
+        return [
+            model(torch.tensor([ids])).logits[0].numpy() for ids, _ in fc.encode(tokenizer, rows)
+        ]
+
+
+def check_adapters(workdir, merged, base, rows, output):
+    """export_run(adapters_only=True) of a LoRA run: peft loads it onto its base (the adapter
+    config's base_model_name_or_path) and computes the merged export's logits; the file holds
+    lora_A and lora_B of each adapted Linear layer and nothing else."""
+    import peft
+    import torch
+    import transformers
+
+    out = export.export_run(str(workdir), str(output), adapters_only=True)
+    with open(os.path.join(out, "adapter_config.json")) as f:
+        config = json.load(f)
+    assert config["base_model_name_or_path"] == base
+    assert (config["r"], config["lora_alpha"]) == (16, 32.0)  # the lora preset's
+    assert sorted(config["target_modules"]) == sorted(ADAPTED)
+    layers = [k.removesuffix(".weight") for k in read_weights(base) if k.split(".")[-2] in ADAPTED]
+    tensors = safetensors.numpy.load_file(os.path.join(out, "adapter_model.safetensors"))
+    assert set(tensors) == {
+        f"base_model.model.{layer}.lora_{ab}.weight" for layer in layers for ab in "AB"
+    }
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    tuned = peft.PeftModel.from_pretrained(
+        load(config["base_model_name_or_path"], dtype=torch.float32), out
+    ).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)  # the run's tokenizer files
+    rows = rows[:4]
+    want = hf_logits(load(merged, dtype=torch.float32).eval(), tokenizer, rows)
+    untuned = hf_logits(load(base, dtype=torch.float32).eval(), tokenizer, rows)
+    for got, expected, before in zip(hf_logits(tuned, tokenizer, rows), want, untuned, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+        assert np.abs(expected - before).max() > 0.1  # the adapters change the model
 
 
 @pytest.mark.parametrize("preset", ["tiny", "lora,tiny"])
@@ -102,6 +146,13 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert base.keys() == tuned.keys()
         changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
         assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
+        check_adapters(workdir, out, checkpoints[family], task[2], tmp_path / "adapters")
+        if family == "llama":
+            check_adapter_refusals(workdir, checkpoints, tmp_path)
+    else:
+        with pytest.raises(ValueError, match=r"^--adapters_only: the run has no LoRA adapters"):
+            export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
+        assert not (tmp_path / "adapters").exists()
     # transformers' greedy generate on the export stops where the run's eval samples did
     with open(workdir / "samples.jsonl") as f:
         samples = [json.loads(line) for line in f]
@@ -126,6 +177,75 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert proc.returncode == 0, proc.stderr[-2000:]
         printed = [line.split("\t", 1) for line in proc.stdout.splitlines()]
         assert printed == [[s["prompt"], s["output"]] for s in samples]
+        # the export CLI refuses --adapters_only on a run without LoRA: status 1, one line
+        output = tmp_path / "adapters"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                EXPORT,
+                f"--workdir={workdir}",
+                f"--output={output}",
+                "--adapters_only",
+            ],
+            cwd=ROOT,
+            env=plain_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("export.py:")]
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+        assert "--adapters_only: the run has no LoRA adapters" in lines[0]
+        assert not output.exists()
+
+
+def check_adapter_refusals(workdir, checkpoints, tmp_path):
+    """--adapters_only needs the Hugging Face checkpoint the run started from: a run from
+    scratch, from another run's workdir, or whose init_from is now another checkpoint (the
+    config.json a resumed run records) is refused by name, nothing written."""
+    cases = [
+        ("", "the run trained from scratch"),
+        (str(workdir), "is not a Hugging Face checkpoint directory"),
+        (checkpoints["qwen3"], "differs from the one the run started from"),
+    ]
+    for i, (init_from, message) in enumerate(cases):
+        copy = tmp_path / f"refused_{i}"
+        shutil.copytree(workdir, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, "init_from": init_from}))
+        output = tmp_path / f"refused_{i}_adapters"
+        with pytest.raises(ValueError, match=f"^--adapters_only: .*{message}"):
+            export.export_run(str(copy), str(output), adapters_only=True)
+        assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "targets, message",
+    [
+        (".*/query_kernel", "is written together with .* as transformer.h.0.attn.c_attn.weight"),
+        (
+            ".*/out_kernel",
+            r"is written as transformer.h.0.attn.c_proj.weight \(16, 16\), not as a Linear",
+        ),
+    ],
+)
+def test_adapters_of_no_linear_layer_are_refused(targets, message, tmp_path):
+    """GPT-2 has no Linear layer for the query kernel (c_attn fuses q, k and v) nor for the
+    output kernel (a Conv1D [in, out]): adapter_state names the kernel and what it is written
+    as."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    base = interop.pretrained_model(tmp_path)
+    model = lora.apply_lora(base, lora.LoraConfig(rank=2, targets=targets))
+    tokens = np.zeros((1, 4), np.int32)
+    params = lora.init_params(
+        model, interop.pretrained_params(tmp_path, base), jax.random.key(0), tokens
+    )
+    family, _ = interop.family_of(tmp_path)
+    with pytest.raises(ValueError, match=f"^--adapters_only: the adapted kernel .*{message}"):
+        export.adapter_state(model, params, family)
 
 
 def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tmp_path):
@@ -153,6 +273,14 @@ def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tm
     base, tuned = read_weights(checkpoints["llama"]), read_weights(out)
     changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
     assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
+    # The adapters alone, for peft on the float checkpoint (as QLoRA adapters are used).
+    adapters = export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
+    tensors = safetensors.numpy.load_file(os.path.join(adapters, "adapter_model.safetensors"))
+    assert set(tensors) == {
+        f"base_model.model.{k.removesuffix('.weight')}.lora_{ab}.weight"
+        for k in changed
+        for ab in "AB"
+    }
 
 
 def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):

@@ -1,16 +1,43 @@
-"""A run's parameters as a Hugging Face checkpoint directory (`experiments/export.py`).
+"""A run's parameters as a Hugging Face checkpoint directory, or its LoRA adapters as a peft
+adapter directory (`experiments/export.py`).
 
     from tfjax.runner import export
     export.export_run("/tmp/ft", "/tmp/ft_hf")          # the newest checkpoint; step=N for another
+    export.export_run("/tmp/ft", "/tmp/ft_lora", adapters_only=True)   # a LoRA run's adapters
 
-writes what `transformers`' `from_pretrained` and `generate` read: config.json (the family's,
-with the special token ids), generation_config.json, the weights (model.safetensors, or shards
-with an index above 5 GB; LoRA adapters merged into their kernels) and the tokenizer files of
-the checkpoint the run started from (`workdir/pretrained`, see `tfjax.runner.pretrained`). A
-run trained from scratch gets the ids of tfjax's own tokenizers and no tokenizer files. A
-vision run's export holds its head's class names as id2label / label2id and the checkpoint's
-preprocessor_config.json, and no generation_config.json; a model Hugging Face has no class for
-(a CLIP or SigLIP tower with a linear head) is refused, naming what each class needs.
+The full export writes what `transformers`' `from_pretrained` and `generate` read: config.json
+(the family's, with the special token ids), generation_config.json, the weights
+(model.safetensors, or shards with an index above 5 GB; LoRA adapters merged into their
+kernels) and the tokenizer files of the checkpoint the run started from (`workdir/pretrained`,
+see `tfjax.runner.pretrained`). A run trained from scratch gets the ids of tfjax's own
+tokenizers and no tokenizer files. A vision run's export holds its head's class names as
+id2label / label2id and the checkpoint's preprocessor_config.json, and no
+generation_config.json; a model Hugging Face has no class for (a CLIP or SigLIP tower with a
+linear head) is refused, naming what each class needs. A QLoRA run's adapters are merged into
+(or, adapters only, exported for) the dequantized kernels they were trained on.
+
+`adapters_only=True` writes a LoRA run's adapters alone, as `peft` saves them:
+adapter_config.json (LORA, CAUSAL_LM, r, lora_alpha, lora_dropout, the Hugging Face names of
+the adapted Linear layers as target_modules, base_model_name_or_path = config.init_from) and
+adapter_model.safetensors, beside the same tokenizer files. Loaded onto the checkpoint the run
+started from,
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(init_from)
+    model = peft.PeftModel.from_pretrained(base, "/tmp/ft_lora")
+
+it computes what the full export computes. Each adapted kernel maps to the Linear layer its
+converter writes it as (`tfjax.interop`'s key rules): the kernel's x W + (x A) B alpha / r,
+with W in its matmul layout [in, out] (the attention kernels [D, N, H] as [D, N H]), is the
+layer's x V.T + lora_B(lora_A(x)) lora_alpha / r with V = W.T [out, in] the converter's
+weight, so lora_A.weight = A.T [r, in] and lora_B.weight = B.T [out, r] (peft's scale is
+tfjax's: lora_alpha / r, no rsLoRA).
+
+Refused by name before anything is written (all but the last before the checkpoint is read):
+a run without LoRA (lora.rank 0), a config.init_from that is not the Hugging Face checkpoint
+directory the run started from (from scratch, from another run's workdir, or moved), a
+checkpoint that is not a causal LM, and a kernel that is not one whole Linear layer of the
+checkpoint (GPT-2's fused query, key and value; its Conv1D layers).
+
 Everything is written into a temporary directory beside `output` and renamed at the end: an
 existing `output` is never touched.
 """
@@ -18,6 +45,7 @@ existing `output` is never touched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -29,11 +57,21 @@ from tfjax.runner import pretrained, workdirs
 
 GENERATION_CONFIG = "generation_config.json"
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# peft's file names (peft.utils.constants CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME) and the prefix
+# of its LoRA tensors' keys: PeftModelForCausalLM.base_model (LoraModel).model (the base).
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
 
 
-def export_run(workdir: str, output: str, *, step: int | None = None) -> str:
+def export_run(
+    workdir: str, output: str, *, step: int | None = None, adapters_only: bool = False
+) -> str:
     """Writes the run's parameters (newest checkpoint, or `step`) to `output` as a Hugging Face
-    checkpoint directory; returns `output`. Refuses an existing `output` before any work."""
+    checkpoint directory, or with `adapters_only` its LoRA adapters as a peft adapter directory
+    (see the module docstring); returns `output`. Refuses an existing `output` and a run
+    without LoRA or Hugging Face base (`adapters_only`) before any work, and adapters peft
+    cannot load before writing."""
     from tfjax import interop
     from tfjax.runner import train
 
@@ -41,29 +79,49 @@ def export_run(workdir: str, output: str, *, step: int | None = None) -> str:
     if os.path.lexists(output):
         raise FileExistsError(f"--output={output!r} exists; give a new directory")
     config = workdirs.read_config(workdir)
-    model, params, tokenizer = train.restore_model(
-        config, workdir, step=step, devices=jax.devices()[:1], merge_lora=True
-    )
-    state, hf_config = interop.export(model, jax.device_get(params))
     kept = os.path.join(workdir, pretrained.KEPT)
-    ids = _special_ids(kept, tokenizer)
-    hf_config.update({k: v for k, v in ids.items() if v is not None})
-    classes = os.path.join(workdir, pretrained.CLASSES)
-    if os.path.isfile(classes):  # the head's labels by name
-        with open(classes) as f:
-            names = json.load(f)
-        hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
-        hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+    base = _adapter_base(config, kept) if adapters_only else None
+    model, params, tokenizer = train.restore_model(
+        config,
+        workdir,
+        step=step,
+        devices=jax.devices()[:1],
+        merge_lora=not adapters_only,
+        float_base=adapters_only,
+    )
+    params = jax.device_get(params)
+    if adapters_only:
+        state, targets = adapter_state(model, params, interop.family_of(base)[0])
+        adapter_config = _adapter_config(config, base, targets)
+    else:
+        state, hf_config = interop.export(model, params)
+        ids = _special_ids(kept, tokenizer)
+        hf_config.update({k: v for k, v in ids.items() if v is not None})
+        classes = os.path.join(workdir, pretrained.CLASSES)
+        if os.path.isfile(classes):  # the head's labels by name
+            with open(classes) as f:
+                names = json.load(f)
+            hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
+            hf_config["label2id"] = {name: i for i, name in enumerate(names)}
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}-", dir=parent)
     try:
-        interop.write_safetensors(state, tmp, hf_config)
+        if adapters_only:  # the tokenizer files; the model's config is the base's
+            _write_adapters(state, adapter_config, tmp)
+            skip = ("config.json", GENERATION_CONFIG)
+        else:
+            interop.write_safetensors(state, tmp, hf_config)
+            skip = ("config.json",)
         for name in pretrained.SMALL_FILES:
             path = os.path.join(kept, name)
-            if name != "config.json" and os.path.isfile(path):
+            if name not in skip and os.path.isfile(path):
                 shutil.copy2(path, os.path.join(tmp, name))
-        if tokenizer is not None and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG)):
+        if (
+            not adapters_only
+            and tokenizer is not None
+            and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG))
+        ):
             with open(os.path.join(tmp, GENERATION_CONFIG), "w") as f:
                 json.dump({k: v for k, v in ids.items() if v is not None}, f, indent=2)
         os.replace(tmp, output)
@@ -71,6 +129,159 @@ def export_run(workdir: str, output: str, *, step: int | None = None) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
+
+
+def _adapter_base(config, kept: str) -> str:
+    """The checkpoint directory a LoRA run started from (config.init_from, absolute), which
+    peft loads the adapters onto; a ValueError naming --adapters_only when there is none."""
+    from tfjax import interop
+
+    flag = "--adapters_only"
+    if not config.get("lora") or not config.lora.get("rank"):
+        raise ValueError(
+            f"{flag}: the run has no LoRA adapters (lora.rank=0: every parameter trained); "
+            "export the whole model without the flag"
+        )
+    init_from = config.get("init_from") or ""
+    if not init_from:
+        raise ValueError(
+            f"{flag}: the run trained from scratch (config.init_from is empty), so there is no "
+            "Hugging Face checkpoint to load the adapters onto; export without the flag"
+        )
+    base = os.path.abspath(os.path.expanduser(init_from))
+    if not pretrained.is_checkpoint_dir(base):
+        raise ValueError(
+            f"{flag}: config.init_from={init_from!r} is not a Hugging Face checkpoint directory "
+            "(config.json and weights), so peft has no base to load the adapters onto (a run's "
+            "workdir, or a checkpoint moved since the run); export without the flag"
+        )
+    started = os.path.join(kept, "config.json")
+    if os.path.isfile(started) and interop.read_config(base) != interop.read_config(kept):
+        raise ValueError(
+            f"{flag}: the config.json of config.init_from={init_from!r} differs from the one "
+            f"the run started from ({started}): the adapters belong to another base"
+        )
+    family, _ = interop.family_of(base)
+    if not family.architecture.endswith("ForCausalLM"):
+        raise ValueError(
+            f"{flag}: config.init_from={init_from!r} is a {family.architecture}; peft adapters "
+            "are written for causal LMs (task_type CAUSAL_LM) only"
+        )
+    return base
+
+
+def adapter_state(model, params, family) -> tuple[dict[str, np.ndarray], list[str]]:
+    """({peft key: array}, target_modules) of the LoRA adapters in `params` (the LoRA `model`'s,
+    unboxed on the host), named by `family`'s key rules (`tfjax.interop.core.tables.Family`):
+    for each adapted kernel, the Linear layer whose weight [out, in] is the kernel's matmul
+    layout [in, out] transposed gets lora_A.weight [r, in] and lora_B.weight [out, r].
+    target_modules: the layers' last names ("q_proj") when they name exactly the adapted
+    layers, else their full names. A kernel with no such layer is a ValueError naming it."""
+    import flax.linen as nn
+
+    from tfjax import lora
+    from tfjax.interop.core import rules as key_rules
+
+    flat = key_rules.flatten(key_rules.unrolled(model, nn.unbox(params)))
+    rules = family.rules(model, family.prefix)
+    by_path = {path: rule for rule in rules for path in rule.paths}
+    suffix_a, suffix_b = lora.ADAPTER_SUFFIXES
+    state, modules = {}, []
+    for path in sorted(flat):
+        if not path[-1].endswith(suffix_a):
+            continue
+        *module_path, kernel = (*path[:-1], path[-1][: -len(suffix_a)])
+        a = np.asarray(flat[path])
+        b = np.asarray(flat[(*module_path, kernel + suffix_b)])
+        kernel_path = (*module_path, kernel)
+        key = _linear_key(
+            "/".join(kernel_path), by_path.get(kernel_path), flat[kernel_path].shape, a, b, family
+        )
+        module = key[: -len(".weight")]
+        rank = a.shape[-1]
+        state[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.reshape(-1, rank).T
+        state[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.reshape(rank, -1).T
+        modules.append(module)
+    if not modules:
+        raise ValueError("the params hold no LoRA adapters")
+    last = {m.rsplit(".", 1)[-1] for m in modules}
+    named = {
+        k[: -len(".weight")]
+        for rule in rules
+        for k in rule.keys
+        if k.endswith(".weight") and k[: -len(".weight")].rsplit(".", 1)[-1] in last
+    }
+    return state, sorted(last) if named == set(modules) else sorted(modules)
+
+
+def _linear_key(name, rule, shape, a, b, family) -> str:
+    """The Hugging Face key of the Linear weight that the kernel `name` (of `shape`, adapters
+    A [in..., r] and B [r, out...]) is written as by `rule`, checked on an index probe: the
+    rule must write the kernel's matmul layout [in, out] transposed, and nothing else with it."""
+    where = f"--adapters_only: the adapted kernel {name}"
+    if rule is None:
+        raise ValueError(f"{where} has no key in the {family.architecture} converter")
+    instead = "export without the flag (adapters merged) or leave it out of lora.targets"
+    if len(rule.keys) != 1 or len(rule.paths) != 1:
+        others = ", ".join("/".join(p) for p in rule.paths if p != tuple(name.split("/")))
+        raise ValueError(
+            f"{where} is written together with {others or 'other tensors'} as "
+            f"{', '.join(rule.keys)}: no Linear layer of its own for peft's LoRA; {instead}"
+        )
+    (key,) = rule.keys
+    fan_in, fan_out = math.prod(a.shape[:-1]), math.prod(b.shape[1:])
+    if fan_in * fan_out != math.prod(shape):
+        raise ValueError(
+            f"{where}: its adapters A {a.shape} and B {b.shape} do not fit its shape {shape}"
+        )
+    probe = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
+    (written,) = rule.to_torch(probe)
+    matmul = probe.reshape(fan_in, fan_out)
+    if not (
+        key.endswith(".weight")
+        and np.shape(written) == (fan_out, fan_in)
+        and np.array_equal(np.asarray(written), matmul.T)
+    ):
+        raise ValueError(
+            f"{where} is written as {key} {tuple(np.shape(written))}, not as a Linear weight "
+            f"[out, in] = [{fan_out}, {fan_in}] (its matmul's [in, out] transposed; a Conv1D "
+            f"is [in, out]): peft's LoRA adapts Linear layers; {instead}"
+        )
+    return key
+
+
+def _adapter_config(config, base: str, targets: list[str]) -> dict:
+    """peft's LoraConfig of the run's adapters: tfjax's scale alpha / rank is peft's without
+    rsLoRA; the adapters' dropout is on their input, as peft's."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": int(config.lora.rank),
+        "lora_alpha": float(config.lora.alpha),
+        "lora_dropout": float(config.lora.dropout),
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+
+
+def _write_adapters(state: dict, adapter_config: dict, directory: str) -> None:
+    from safetensors.numpy import save_file
+
+    arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
+    save_file(arrays, os.path.join(directory, ADAPTER_WEIGHTS), {"format": "pt"})
+    with open(os.path.join(directory, ADAPTER_CONFIG), "w") as f:
+        json.dump(adapter_config, f, indent=2, sort_keys=True)
 
 
 def _special_ids(kept: str, tokenizer) -> dict:

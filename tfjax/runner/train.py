@@ -81,14 +81,17 @@ def restore_model(
     devices=None,
     step: int | None = None,
     merge_lora: bool = False,
+    float_base: bool = False,
 ):
     """(model, params, tokenizer) of a run's newest checkpoint (or `step`), for decoding,
     exporting and analysis.
 
     The model is built from `config` as training built it (with its LoRA adapters when
     config.lora has a rank; `merge_lora` folds them into the base kernels and gives the model
-    without them); params land on the config's mesh (over `devices`, all by default);
-    average_last=N > 1 averages the newest N checkpoints. tokenizer is None for image datasets.
+    without them; `float_base`: a QLoRA run's quantized kernels dequantized into their float
+    layout, as `merge_lora` does before merging); params land on the config's mesh (over
+    `devices`, all by default); average_last=N > 1 averages the newest N checkpoints.
+    tokenizer is None for image datasets.
     """
     import tfjax.data
 
@@ -116,10 +119,11 @@ def restore_model(
     params = checkpoint.restore_params(
         workdir, target, average_last=average_last, what="workdir", step=step
     )
+    if lora_config is not None and lora_config.base_dtype and (merge_lora or float_base):
+        # QLoRA: the kernels the adapters were trained on, in the float layout
+        like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
+        params = lora.dequantized(params, like)
     if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
-        if lora_config.base_dtype:  # QLoRA: into the base the adapters were trained on
-            like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
-            params = lora.dequantized(params, like)
         model, params = base, lora.merge(params, lora_config)
     return model, params, tokenizer
 
