@@ -41,7 +41,6 @@ import shutil
 import time
 
 import jax
-import numpy as np
 from jax.experimental import topologies
 
 from tfjax import sharding, tasks
@@ -272,8 +271,13 @@ def _shard_bytes(tree) -> int:
     total = 0
     for leaf in jax.tree.leaves(tree):
         shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+        total += _nbytes(shape, leaf.dtype)
     return total
+
+
+def _nbytes(shape, dtype) -> int:
+    """Bytes of an array; sub-byte dtypes (QLoRA's NF4 / int4 codes) at their bit width."""
+    return math.prod(shape) * jax.dtypes.itemsize_bits(dtype) // 8
 
 
 def compile_experiment(
@@ -435,7 +439,7 @@ def _state_warnings(exp) -> list[str]:
         return out
     flat = jax.tree_util.tree_flatten_with_path(exp.abstract_state)[0]
     for path, leaf in flat:
-        size = math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+        size = _nbytes(leaf.shape, leaf.dtype)
         if size > LARGE_REPLICATED_BYTES and leaf.sharding.is_fully_replicated:
             name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
             out.append(
