@@ -7,7 +7,7 @@ r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral) on 
     # several sources at weights, instead of train_files (tfjax.data.files):
     #   --config.dataset.mixture="3:data/chat/*.jsonl;1:gs://bucket/web.parquet"
     python experiments/run.py --config=configs/finetune.py:lora --workdir=W ...  # the preset
-    python experiments/export.py --workdir=W --output=OUT_DIR
+    python experiments/export.py --workdir=W --output=OUT_DIR [--adapters_only]  # peft adapters
 
 CHECKPOINT_DIR is a Hugging Face directory (config.json, safetensors, tokenizer.json or
 tokenizer.model): the model, its sizes and its tokenizer come from it (tfjax.runner.pretrained);
