@@ -48,18 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         task="lm", batch_size=16, eval_batch_size=16, num_train_steps=500, eval_every=100
     )
     config.init_from = config_dict.placeholder(str)  # the checkpoint directory (required)
-    config.model = ml_collections.ConfigDict()  # the checkpoint's; only how it runs is set here
-    config.model.name = "decoder"
-    config.model.variant = config_dict.placeholder(str)  # for compiling without the weights
-    config.model.scan_layers = False
-    config.model.remat_policy = "none"
-    config.model.implementation = config_dict.placeholder(str)
-    config.model.dropout_rate = config_dict.placeholder(float)
-
-    config.dataset = ml_collections.ConfigDict()
-    config.dataset.name = "files"  # the user's files (tfjax.data.files)
-    config.dataset.train_files = config_dict.placeholder(str)
-    config.dataset.eval_files = config_dict.placeholder(str)
+    config.model = _model("decoder")
+    config.dataset = _user_data("files")  # the user's files (tfjax.data.files)
     config.dataset.seq_len = 512  # T: rows are packed to this many tokens
     config.dataset.packing = True
 
@@ -69,6 +59,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.decode = defaults.decode(method="greedy", max_new_tokens=64, prompt_length=64)
     config.checkpoint = defaults.checkpoint(every=100)
     return defaults.apply_presets(config, arg, _PRESETS, default="full", file="configs/finetune.py")
+
+
+def _model(name: str) -> ml_collections.ConfigDict:
+    """The checkpoint's model: only how it runs is set here (and a variant, for compiling a
+    preset's size without the weights)."""
+    model = ml_collections.ConfigDict()
+    model.name = name
+    model.variant = config_dict.placeholder(str)
+    model.scan_layers = False
+    model.remat_policy = "none"
+    model.implementation = config_dict.placeholder(str)
+    model.dropout_rate = config_dict.placeholder(float)
+    return model
+
+
+def _user_data(name: str) -> ml_collections.ConfigDict:
+    """The user's training and held-out files (tfjax.data.files, tfjax.data.image_folders)."""
+    dataset = ml_collections.ConfigDict()
+    dataset.name = name
+    dataset.train_files = config_dict.placeholder(str)
+    dataset.eval_files = config_dict.placeholder(str)
+    return dataset
 
 
 def _lora(config, rank=16, base_dtype=""):
@@ -100,17 +112,8 @@ def _vision(config):
     a new, zero-initialised head): every parameter trains, the best eval accuracy is kept."""
     config.task = "classification"
     config.update(batch_size=32, eval_batch_size=64, num_train_steps=2000, eval_every=500)
-    config.model = ml_collections.ConfigDict()  # the checkpoint's; only how it runs is set here
-    config.model.name = "vit"
-    config.model.variant = config_dict.placeholder(str)
-    config.model.scan_layers = False
-    config.model.remat_policy = "none"
-    config.model.implementation = config_dict.placeholder(str)
-    config.model.dropout_rate = config_dict.placeholder(float)
-    config.dataset = ml_collections.ConfigDict()
-    config.dataset.name = "image_folders"  # the user's images (tfjax.data.image_folders)
-    config.dataset.train_files = config_dict.placeholder(str)  # one folder per class
-    config.dataset.eval_files = config_dict.placeholder(str)
+    config.model = _model("vit")
+    config.dataset = _user_data("image_folders")  # one folder of images per class
     config.optim.update(learning_rate=1e-4, warmup_steps=100, weight_decay=0.05)
     config.loss = defaults.loss(vocabulary=False)
     del config.decode  # nothing to generate

@@ -254,6 +254,24 @@ def test_split_cuts_text_rows_and_truncates_the_others(data, tokenizer):
     assert got == expected
 
 
+def check_resumes_exactly(make, batches=30, saved_at=7):
+    """A loader from `make()` restored from the (JSON) state saved after `saved_at` batches
+    gives the batches a loader that never stopped gives; returns that state."""
+    with make() as first:
+        reference = [next(first) for _ in range(batches)]
+    with make() as first:
+        for _ in range(saved_at):
+            next(first)
+        state = json.loads(json.dumps(first.get_state()))
+    with make() as second:
+        second.set_state(state)
+        rest = [next(second) for _ in range(batches - saved_at)]
+    for x, y in zip(rest, reference[saved_at:], strict=True):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    return state
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_restored_state_continues_exactly(data, tokenizer, packing):
     cfg = config(data, seq_len=32, packing=packing)
@@ -261,18 +279,7 @@ def test_restored_state_continues_exactly(data, tokenizer, packing):
     def make():
         return loader(cfg, seed=3, shuffle=True, num_epochs=None)
 
-    with make() as first:
-        reference = [next(first) for _ in range(30)]  # several epochs
-    with make() as first:
-        for _ in range(7):
-            next(first)
-        state = json.loads(json.dumps(first.get_state()))
-    with make() as second:
-        second.set_state(state)
-        rest = [next(second) for _ in range(23)]
-    for x, y in zip(rest, reference[7:], strict=True):
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    state = check_resumes_exactly(make)
     other = {**cfg, "train_files": str(data / "text.jsonl")}
     with loader(other, seed=3, shuffle=True, num_epochs=None) as third:
         with pytest.raises(ValueError, match="saved with files='5 files"):
@@ -390,18 +397,7 @@ def test_a_mixture_resumes_exactly(data, tokenizer, packing):
     def make(cfg=cfg):
         return loader(cfg, seed=3, shuffle=True, num_epochs=None)
 
-    with make() as first:
-        reference = [next(first) for _ in range(30)]  # several epochs of each source
-    with make() as first:
-        for _ in range(7):
-            next(first)
-        state = json.loads(json.dumps(first.get_state()))
-    with make() as second:
-        second.set_state(state)
-        rest = [next(second) for _ in range(23)]
-    for x, y in zip(rest, reference[7:], strict=True):
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    state = check_resumes_exactly(make)  # over several epochs of each source
     with make({**cfg, "mixture": mixture(data, 1, 1)}) as other:  # the mixture is its identity
         with pytest.raises(ValueError, match=r"saved with mixture=\[0.75, 0.25\]"):
             other.set_state(state)
