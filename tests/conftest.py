@@ -112,18 +112,6 @@ def compilation_cache(tmp_path_factory):
     cc.reset_cache()
 
 
-# Test folders that compile for this host's CPU only: each module loads what it compiles again
-# (the same model in another test, file or worker) from the compilation cache. test_splash.py
-# also compiles for a v5e slice (libtpu): not there.
-CACHED_FOLDERS = ("models", "nn", "interop")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cached_folders(request):
-    if request.path.parent.name in CACHED_FOLDERS and request.path.name != "test_splash.py":
-        request.getfixturevalue("compilation_cache")
-
-
 @pytest.fixture(scope="session")
 def v5e():
     """Compile-only devices of a v5e:2x2 slice (libtpu's compiler on this host)."""
