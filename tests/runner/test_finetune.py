@@ -18,7 +18,7 @@ import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
 from tfjax import interop, lora
-from tfjax.runner import export, metrics, train
+from tfjax.runner import checkpoint, export, metrics, train
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
@@ -147,8 +147,10 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
         assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
         check_adapters(workdir, out, checkpoints[family], task[2], tmp_path / "adapters")
+        assert_adapters_only_checkpoint(workdir)
         if family == "llama":
             check_adapter_refusals(workdir, checkpoints, tmp_path)
+            check_base_needed(workdir, checkpoints, tmp_path)
     else:
         with pytest.raises(ValueError, match=r"^--adapters_only: the run has no LoRA adapters"):
             export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
@@ -197,6 +199,32 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
         assert "--adapters_only: the run has no LoRA adapters" in lines[0]
         assert not output.exists()
+
+
+def assert_adapters_only_checkpoint(workdir):
+    """A LoRA run's checkpoints hold its adapters, not the checkpoint's frozen base."""
+    manager = checkpoint.make_manager(str(workdir / "checkpoints"), read_only=True)
+    try:
+        stored = checkpoint.stored_param_shapes(manager, max(manager.all_steps()))
+    finally:
+        manager.close()
+    assert stored and all(lora.is_adapter(name) for name in stored), sorted(stored)[:4]
+
+
+def check_base_needed(workdir, checkpoints, tmp_path):
+    """Exporting (as resuming and decoding) a LoRA run loads its base again from
+    config.init_from: gone, or another checkpoint, is one error naming both."""
+    cases = [
+        (str(tmp_path / "gone"), "holds no Hugging Face checkpoint, and this LoRA run's"),
+        (checkpoints["qwen3"], "its weights are not the base this LoRA run's adapters"),
+    ]
+    for i, (init_from, message) in enumerate(cases):
+        copy = tmp_path / f"no_base_{i}"
+        shutil.copytree(workdir, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, "init_from": init_from}))
+        with pytest.raises(checkpoint.CheckpointMismatchError, match=message):
+            export.export_run(str(copy), str(tmp_path / f"no_base_{i}_hf"))
 
 
 def check_adapter_refusals(workdir, checkpoints, tmp_path):
@@ -255,7 +283,28 @@ def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tm
     from tfjax.runner import workdirs
 
     workdir = tmp_path / "run"
-    finetune(checkpoints["llama"], task, workdir, "lora,tiny", **{"lora.base_dtype": "int8"})
+    qlora = {"lora.base_dtype": "int8"}
+    straight = finetune(checkpoints["llama"], task, workdir, "lora,tiny", **qlora)
+    # Stopped at step 6 and resumed: the checkpoint holds the adapters, the base is loaded and
+    # quantized again; the run ends where the straight one did.
+    config = train.load_config(f"{FINETUNE}:lora,tiny")
+    set_fields(
+        config,
+        {
+            "init_from": checkpoints["llama"],
+            "dataset.train_files": task[0],
+            "dataset.eval_files": task[1],
+            **qlora,
+        },
+    )
+    train.train_and_evaluate(config, str(tmp_path / "stopped"), stop_after_step=6)
+    resumed = train.train_and_evaluate(config, str(tmp_path / "stopped"))
+    for a, b in zip(
+        jax.tree.leaves(straight["state"].params),
+        jax.tree.leaves(resumed["state"].params),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     losses = eval_losses(workdir)
     assert losses[0] == pytest.approx(fc.hf_loss(checkpoints["llama"], task[2]), rel=0.02)
     last = losses[max(losses)]
@@ -362,10 +411,10 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
         (good, task[0], ["--config.model.variant=llama-3.2-1b"], "differs from the checkpoint's"),
         (unknown, task[0], [], "architectures=['FooForCausalLM'] has no converter"),
     ]
-    for checkpoint, train_files, extra, message in cases:
+    for init_from, train_files, extra, message in cases:
         status, stderr, workdir = _run_cli(
             tmp_path,
-            f"--config.init_from={checkpoint}",
+            f"--config.init_from={init_from}",
             f"--config.dataset.train_files={train_files}",
             f"--config.dataset.eval_files={task[1]}",
             *extra,

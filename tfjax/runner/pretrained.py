@@ -280,8 +280,10 @@ def model_fields(pretrained: Pretrained, config_model) -> dict:
 
 
 def keep(pretrained: Pretrained, workdir: str) -> None:
-    """Copies the checkpoint's small files (SMALL_FILES) into workdir/pretrained, once, whole:
-    written to a temporary directory and renamed, so a crash leaves no half copy."""
+    """Copies the checkpoint's small files (SMALL_FILES) into workdir/pretrained, once, whole,
+    with BASE_FILE naming the checkpoint's weights (a LoRA run's checkpoints hold only its
+    adapters: `check_base`): written to a temporary directory and renamed, so a crash leaves
+    no half copy."""
     kept = os.path.join(workdir, KEPT)
     if os.path.isdir(kept) or jax.process_index() != 0:
         return
@@ -290,7 +292,58 @@ def keep(pretrained: Pretrained, workdir: str) -> None:
         path = os.path.join(pretrained.config_dir, name)
         if os.path.isfile(path):
             shutil.copy2(path, os.path.join(tmp, name))
+    if pretrained.weights_dir:
+        base = os.path.abspath(os.path.expanduser(pretrained.weights_dir))
+        with open(os.path.join(tmp, BASE_FILE), "w") as f:
+            json.dump({"init_from": base, "weights": weights_fingerprint(base)}, f, indent=1)
     os.replace(tmp, kept)
+
+
+BASE_FILE = "base.json"  # in workdir/pretrained: the checkpoint's path and weights' fingerprint
+
+
+def weights_fingerprint(directory: str) -> str:
+    """A short name of a checkpoint's weights: each weight file's name, size and (safetensors)
+    header, which lists every tensor's name, dtype, shape and offsets: read in milliseconds,
+    changed by any re-save of other weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not name.endswith((".safetensors", ".bin")) or not os.path.isfile(path):
+            continue
+        digest.update(f"{name}:{os.path.getsize(path)}:".encode())
+        if name.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                digest.update(f.read(size))
+    return digest.hexdigest()[:16]
+
+
+def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
+    """A LoRA run's checkpoints hold only its adapters: their base must be the checkpoint the
+    run started from (BASE_FILE), still at config.init_from: else a CheckpointMismatchError
+    (one line: the runner's scripts print it alone) says which."""
+    from tfjax.runner.checkpoint import CheckpointMismatchError
+
+    recorded = os.path.join(workdir, KEPT, BASE_FILE)
+    with open(recorded) as f:
+        base = json.load(f)
+    init_from = config.get("init_from") or ""
+    if pretrained is None or not pretrained.weights_dir:
+        raise CheckpointMismatchError(
+            f"config.init_from={init_from!r} holds no Hugging Face checkpoint, and this LoRA "
+            f"run's checkpoints hold only its adapters: their base was {base['init_from']} "
+            f"({recorded}); put it back, or give its new place as --config.init_from"
+        )
+    found = weights_fingerprint(os.path.abspath(os.path.expanduser(pretrained.weights_dir)))
+    if found != base["weights"]:
+        raise CheckpointMismatchError(
+            f"config.init_from={init_from!r}: its weights are not the base this LoRA run's "
+            f"adapters were trained on ({base['init_from']}, fingerprint {base['weights']} in "
+            f"{recorded}; found {found})"
+        )
 
 
 def load_params(pretrained: Pretrained, model, abstract_params):

@@ -49,6 +49,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -110,15 +111,22 @@ def restore_model(
         pretrained=run.pretrained,
     )
     base, lora_config = model, optim.lora_config(config)
-    if lora_config is not None:  # the checkpoint holds the adapters beside the base
+    if lora_config is not None:
         from tfjax import lora
 
         model = lora.apply_lora(model, lora_config)
     spec = tfjax.data.element_spec(data, 1)
     target, _ = setup.abstract_params(model, run.task, spec, mesh=run.mesh, rules=run.rules)
+    adapters_only = lora_config is not None and run.pretrained is not None
+    if adapters_only:  # the checkpoints hold the adapters; the base is config.init_from's
+        exp = setup.build(run, setup.planned_inputs(config, data))
+        pretrained.check_base(run.pretrained, run.workdir, config)
+        target = lora.split(target)[1]
     params = checkpoint.restore_params(
         workdir, target, average_last=average_last, what="workdir", step=step
     )
+    if adapters_only:
+        params = lora.combine(lora.split(_initial_params(exp))[0], params)
     if lora_config is not None and lora_config.base_dtype and (merge_lora or float_base):
         # QLoRA: the kernels the adapters were trained on, in the float layout
         like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
@@ -347,9 +355,16 @@ class Saver:
     """The loop's checkpoints: never one after a step that must stop the run (the non-finite
     guard is checked first). `saved_step` is the newest step saved (or resumed from)."""
 
-    def __init__(self, manager, train_loader, guard: NonFiniteGuard, saved_step: int | None):
+    def __init__(
+        self,
+        manager,
+        train_loader,
+        guard: NonFiniteGuard,
+        saved_step: int | None,
+        adapters_only: bool = False,
+    ):
         self.manager, self.train_loader, self.guard = manager, train_loader, guard
-        self.saved_step = saved_step
+        self.saved_step, self.adapters_only = saved_step, adapters_only
 
     def save(self, step: int, state, rng, eval_result: dict | None = None) -> None:
         self.guard.check(self.saved_step)
@@ -358,7 +373,7 @@ class Saver:
         checkpoint.save_train_state(
             self.manager,
             step,
-            state,
+            _checkpointed(state, self.adapters_only),
             rng,
             data_state=self.train_loader.get_state(),
             metrics=finite or None,
@@ -381,9 +396,10 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         lambda: tuple(jax.random.split(jax.random.key(config.seed))),
         out_shardings=(exp.replicated, exp.replicated),
     )()
+    adapters_only = _adapters_only(exp)
     resumed = checkpoint.restore_train_state(
         manager,
-        exp.abstract_state,
+        _checkpointed(exp.abstract_state, adapters_only),
         exp.abstract_rng,
         restore_step=config.checkpoint.get("restore_step"),
     )
@@ -392,6 +408,9 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         state, step = exp.init(init_key, known), None
     else:
         state, dropout_key, step = resumed.state, resumed.rng, resumed.step
+        if adapters_only:  # the adapters on their base, loaded again from config.init_from
+            pretrained.check_base(exp.pretrained, workdir, config)
+            state = _with_base(state, _initial_params(exp))
         # Newer steps (unusable, or passed over by restore_step) would collide with this run's
         # next saves: moved aside, files unchanged.
         checkpoint.set_aside(manager, [k for k in manager.all_steps() if k > step])
@@ -418,6 +437,39 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     ):
         tokenizer.save(stored)
     return manager, state, dropout_key, step
+
+
+def _adapters_only(exp) -> bool:
+    """Whether the run's checkpoints hold only its LoRA adapters: a LoRA run from a Hugging Face
+    checkpoint, whose base is that checkpoint's (named in workdir/pretrained, see
+    `pretrained.check_base`), loaded again on resume, decoding and export."""
+    return exp.base_model is not None and exp.pretrained is not None
+
+
+def _checkpointed(state, adapters_only: bool):
+    """What a checkpoint holds of a TrainState (or its abstract): with `adapters_only`, the
+    params and their EMA without the frozen base."""
+    if not adapters_only:
+        return state
+    from tfjax import lora
+
+    def adapters(params):
+        return None if params is None else lora.split(params)[1]
+
+    return state.replace(params=adapters(state.params), ema_params=adapters(state.ema_params))
+
+
+def _with_base(state, known):
+    """A restored adapters-only TrainState with the base parameters of `known` (`_initial_params`:
+    None at the adapters) under its params and EMA (a copy: the step donates both)."""
+    from tfjax import lora
+
+    base = lora.split(known)[0]
+    params = lora.combine(base, state.params)
+    ema = state.ema_params
+    if ema is not None:
+        ema = lora.combine(jax.tree.map(jnp.copy, base), ema)
+    return state.replace(params=params, ema_params=ema)
 
 
 def _initial_params(exp):
@@ -466,7 +518,7 @@ def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
     cleanup.callback(writer.close)
     evaluate = evaluation.make_evaluator(exp, eval_loader, tokenizer, workdir)
     guard = NonFiniteGuard(config)
-    saver = Saver(manager, train_loader, guard, saved_step=resumed_step)
+    saver = Saver(manager, train_loader, guard, resumed_step, _adapters_only(exp))
     meter = TrainMeter(exp, start_step=start_step)
     # The profiler window (config.profile): a trace of whole steps and the step's HLO.
     window = profiling.Window(config, workdir, first_step=start_step + 1, last_step=last_step)
