@@ -201,6 +201,15 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert not output.exists()
 
 
+def copy_with_init_from(workdir, copy, init_from):
+    """A copy of a run's workdir whose recorded config names another init_from (as a resumed
+    run with another --config.init_from records it)."""
+    shutil.copytree(workdir, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "init_from": init_from}))
+    return copy
+
+
 def assert_adapters_only_checkpoint(workdir):
     """A LoRA run's checkpoints hold its adapters, not the checkpoint's frozen base."""
     manager = checkpoint.make_manager(str(workdir / "checkpoints"), read_only=True)
@@ -219,10 +228,7 @@ def check_base_needed(workdir, checkpoints, tmp_path):
         (checkpoints["qwen3"], "its weights are not the base this LoRA run's adapters"),
     ]
     for i, (init_from, message) in enumerate(cases):
-        copy = tmp_path / f"no_base_{i}"
-        shutil.copytree(workdir, copy)
-        config = json.loads((copy / "config.json").read_text())
-        (copy / "config.json").write_text(json.dumps({**config, "init_from": init_from}))
+        copy = copy_with_init_from(workdir, tmp_path / f"no_base_{i}", init_from)
         with pytest.raises(checkpoint.CheckpointMismatchError, match=message):
             export.export_run(str(copy), str(tmp_path / f"no_base_{i}_hf"))
 
@@ -237,10 +243,7 @@ def check_adapter_refusals(workdir, checkpoints, tmp_path):
         (checkpoints["qwen3"], "differs from the one the run started from"),
     ]
     for i, (init_from, message) in enumerate(cases):
-        copy = tmp_path / f"refused_{i}"
-        shutil.copytree(workdir, copy)
-        config = json.loads((copy / "config.json").read_text())
-        (copy / "config.json").write_text(json.dumps({**config, "init_from": init_from}))
+        copy = copy_with_init_from(workdir, tmp_path / f"refused_{i}", init_from)
         output = tmp_path / f"refused_{i}_adapters"
         with pytest.raises(ValueError, match=f"^--adapters_only: .*{message}"):
             export.export_run(str(copy), str(output), adapters_only=True)
