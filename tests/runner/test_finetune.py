@@ -18,7 +18,7 @@ import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
 from tfjax import interop, lora
-from tfjax.runner import checkpoint, export, metrics, train
+from tfjax.runner import checkpoint, checks, export, metrics, train
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
@@ -151,6 +151,10 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         if family == "llama":
             check_adapter_refusals(workdir, checkpoints, tmp_path)
             check_base_needed(workdir, checkpoints, tmp_path)
+            config = train.load_config(f"{FINETUNE}:tiny")  # a run from this LoRA run
+            set_fields(config, {"init_from": str(workdir), "dataset.train_files": task[0]})
+            with pytest.raises(ValueError, match="is a LoRA run's workdir: its checkpoints hold"):
+                checks.check_paths(config, str(tmp_path / "next"))
     else:
         with pytest.raises(ValueError, match=r"^--adapters_only: the run has no LoRA adapters"):
             export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)

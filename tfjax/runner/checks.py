@@ -150,6 +150,13 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
         init_from = os.path.expanduser(config.init_from)
         if pretrained.is_checkpoint_dir(init_from):  # its architecture and the sizes set
             pretrained.model_fields(pretrained.Pretrained.read(init_from, init_from), config.model)
+        elif _adapters_only_workdir(init_from):
+            raise ValueError(
+                f"config.init_from={config.init_from!r} is a LoRA run's workdir: its checkpoints "
+                "hold only the adapters, not a model to start from; start from its export: "
+                f"python experiments/export.py --workdir={config.init_from} --output=DIR, then "
+                "--config.init_from=DIR"
+            )
         elif not _has_checkpoint(init_from):
             raise FileNotFoundError(
                 f"config.init_from={config.init_from!r} holds no checkpoint: neither a run's "
@@ -196,6 +203,18 @@ def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool
             raise NotADirectoryError(f"{what} cannot be created: {nearest} is not a directory")
     if writable and not os.access(nearest, os.W_OK | os.X_OK):
         raise PermissionError(f"{what}: {nearest} is not writable")
+
+
+def _adapters_only_workdir(path: str) -> bool:
+    """A LoRA run from a Hugging Face checkpoint: its checkpoints hold only the adapters (see
+    tfjax.runner.train's Saver)."""
+    from tfjax.runner import workdirs
+
+    base = os.path.join(path, pretrained.KEPT, pretrained.BASE_FILE)
+    if not (os.path.isfile(base) and os.path.isfile(os.path.join(path, workdirs.CONFIG_FILE))):
+        return False
+    lora = workdirs.read_config(path).get("lora")
+    return bool(lora and lora.get("rank"))
 
 
 def _has_checkpoint(path: str) -> bool:
