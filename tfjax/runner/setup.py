@@ -167,12 +167,17 @@ def _dummy_batch(element_spec: dict, rows: int) -> dict:
     return {k: jnp.zeros((rows, *s.shape[1:]), s.dtype) for k, s in element_spec.items()}
 
 
-def _init_variables_fn(model, task, element_spec, *, mesh, rules):
-    rows = sharding.data_parallel_size(mesh, rules)  # smallest batch that shards evenly
+def _example_inputs(task, element_spec, mesh, rules):
+    """(args, kwargs) of the model on the smallest dummy batch that shards evenly (call it
+    inside the traced function, under the logical axis rules)."""
+    rows = sharding.data_parallel_size(mesh, rules)
+    return task.model_inputs(_dummy_batch(element_spec, rows))
 
+
+def _init_variables_fn(model, task, element_spec, *, mesh, rules):
     def init_variables(rng):
         with sharding.logical_context(mesh, rules):
-            args, kwargs = task.model_inputs(_dummy_batch(element_spec, rows))
+            args, kwargs = _example_inputs(task, element_spec, mesh, rules)
             return model.init({"params": rng}, *args, **kwargs, train=False)
 
     return init_variables
@@ -198,11 +203,10 @@ def quantize_base_fn(exp: Experiment):
     abstract, _ = abstract_params(
         exp.base_model, exp.task, exp.inputs.train, mesh=exp.mesh, rules=exp.rules
     )
-    rows = sharding.data_parallel_size(exp.mesh, exp.rules)
 
     def quantize(params, rng):
         with sharding.logical_context(exp.mesh, exp.rules):
-            args, kwargs = exp.task.model_inputs(_dummy_batch(exp.inputs.train, rows))
+            args, kwargs = _example_inputs(exp.task, exp.inputs.train, exp.mesh, exp.rules)
             return lora.init_params(exp.model, params, rng, *args, **kwargs, train=False)
 
     return abstract, jax.jit(quantize, out_shardings=exp.param_shardings, donate_argnums=0)
