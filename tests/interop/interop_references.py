@@ -246,13 +246,16 @@ def check_padded_prompts(ref, model, params, side):
     return prompts, mask, np.asarray(got)
 
 
-def check_seq2seq_logits(model, params, reference_logits):
+def check_seq2seq_logits(model, params, reference_logits, *, jit=True):
     """The model's logits on seq2seq_batch() are `reference_logits(inputs, decoder_inputs)`
     where the targets are not padding (padded target rows differ by design: tfjax masks them
-    fully)."""
+    fully). `jit=False` runs op by op: quicker for many small models, whose ops compile once."""
     inputs, targets, decoder_inputs = seq2seq_batch()
     want = reference_logits(inputs, decoder_inputs)
-    got = apply(model, params, jnp.asarray(inputs), jnp.asarray(targets))
+    if jit:
+        got = apply(model, params, jnp.asarray(inputs), jnp.asarray(targets))
+    else:
+        got = np.asarray(model.apply({"params": params}, inputs, targets)[0])
     assert got.shape == want.shape == (2, 7, V)
     mask = targets != 0
     np.testing.assert_allclose(got[mask], want[mask], atol=ATOL, rtol=0)

@@ -1,17 +1,30 @@
 """Plain PyTorch modules <-> tfjax: `torch.nn.Transformer` with embeddings <->
 `tfjax.models.transformer`, and `torch.nn.MultiheadAttention` <-> `tfjax.nn.MultiHeadAttention`.
 
-    model, params = from_torch_transformer(module, num_heads=8)   # or a state dict / directory
+    model, params = from_torch_transformer(module)            # or a state dict / directory
     logits, _ = model.apply({"params": params}, inputs, targets)  # [B, S], [B, T] -> [B, T, V]
     state = to_torch_transformer(model, params)
     mha, params = from_torch_mha(torch_module)               # or (state_dict, num_heads=...)
     y = mha.apply({"params": params}, x)                     # self-attention, x [B, T, D]
     y = mha.apply({"params": params}, x, context, mask=m)    # cross-attention, one context
 
-torch.nn.Transformer is the paper's layout (`core.encoder_decoder`): post-LN blocks,
-sinusoidal positions added to token embeddings scaled by sqrt(d_model), a FFN with one
-activation (ReLU in the paper); its own stacks end in a LayerNorm each (`final_norm=True`).
-Positions are the paper's interleaved sinusoids (as PyTorch's tutorial), tfjax's own.
+torch.nn.Transformer is the paper's layout (`core.encoder_decoder`): sinusoidal positions added
+to token embeddings scaled by sqrt(d_model), LayerNorms placed after each sub-layer
+(norm_first=False, the paper's post-LN) or before it (norm_first=True: tfjax's pre-LN), an FFN
+with one activation (ReLU in the paper); its own stacks end in a LayerNorm each
+(`final_norm=True`). Positions are the paper's interleaved sinusoids (as PyTorch's tutorial),
+tfjax's own.
+
+A module's attributes decide what its weights do not say, and the converter reads every one that
+changes the outputs (`_read_module`): nhead, norm_first, activation, layer_norm_eps, the final
+norms; the dropout rates become the model's (they change training, not the outputs). What tfjax
+cannot compute the same way is refused by name: bias=False (tfjax's LayerNorms have biases),
+an activation other than relu / gelu / gelu_tanh / silu, add_bias_kv, add_zero_attn, kdim or
+vdim in the layers, a pre-LN stack without its final norm, layers that differ from each other,
+an Embedding with max_norm, and any module that is not torch's own (a subclass with its own
+forward) where the converter expects one. batch_first only decides the layout of the tensors a
+module takes; tfjax's are batch-first. A state dict or a directory holds none of these: pass
+num_heads (and activation, norm_eps, norm_first where they are not torch's defaults).
 
 Key mapping, torch.nn.Transformer (under `prefix`), layer i:
   {en,de}coder.layers.i.self_attn.in_proj_weight [3D, D] (rows q, k, v)
@@ -56,8 +69,10 @@ from tfjax.interop.core.rules import (
 from tfjax.interop.core.tables import TOKENS
 from tfjax.models import transformer
 from tfjax.nn import AttentionConfig, MultiHeadAttention
+from tfjax.ops import ACTIVATIONS
 
 TORCH = "torch.nn.Transformer"
+MHA = "torch.nn.MultiheadAttention"
 TORCH_LAYOUT = Layout(
     fused_qkv=True,
     cross_attn="multihead_attn",
@@ -68,16 +83,25 @@ TORCH_LAYOUT = Layout(
 )
 
 
+# Fields whose value a caller may choose over the module's: they change training, not outputs.
+DROPOUT_FIELDS = ("dropout_rate", "attention_dropout_rate", "mlp_dropout_rate")
+
+
+def _final_norms(model) -> bool:
+    """Whether the model's stacks end in a norm (pre-LN stacks always do)."""
+    return model.final_norm or model.norm_position == "pre"
+
+
 def _check_model(model, what: str):
     if not isinstance(model, transformer.Transformer):
         raise ValueError(f"{what}: expected a tfjax.models.transformer model, got {type(model)}")
     have = {k: getattr(model, k) for k in PAPER_LAYOUT}
     if have != PAPER_LAYOUT:
         raise ValueError(f"{what} is the paper's layout: it needs {PAPER_LAYOUT}; got {have}")
-    if model.norm_position != "post":
+    if model.norm_position not in ("post", "pre"):
         raise ValueError(
-            f"{what} is post-LN; the model has norm_position={model.norm_position!r} (its "
-            "pre-LN stacks end in a final norm the reference has no key for)"
+            f"{what} places its norms after (norm_first=False) or before (norm_first=True) "
+            f"each sub-layer; the model has norm_position={model.norm_position!r}"
         )
 
 
@@ -92,6 +116,202 @@ def _torch_state(source) -> files.StateDict:
     if hasattr(source, "state_dict"):
         return files.as_state_dict(source.state_dict(), origin=type(source).__name__)
     return files.read_state_dict(source)
+
+
+# ----------------------------------------------------------------------------------------------
+# What a torch module's attributes decide (its state dict does not hold them).
+
+
+def _own(module, cls, where: str, what: str):
+    """Refuses anything but torch's own `cls` (a subclass that keeps its forward is fine): the
+    converter knows the maths of torch's modules only."""
+    if isinstance(module, cls) and type(module).forward is cls.forward:
+        return
+    kind = "a subclass with its own forward" if isinstance(module, cls) else "not one"
+    raise ValueError(
+        f"{what}: {where} is a {type(module).__name__}, {kind} of torch.nn.{cls.__name__}; the "
+        "converter reads torch's own modules only, whose maths it knows"
+    )
+
+
+def _activation(fn, where: str) -> str:
+    """The tfjax name of a torch layer's activation (a name or a callable), else a refusal."""
+    import torch  # noqa: PLC0415 (torch is optional; a module or a name from it is here)
+
+    functional, nn = torch.nn.functional, torch.nn
+    if isinstance(fn, str):
+        if fn in ACTIVATIONS:  # torch's "relu" and "gelu" and tfjax's other names
+            return fn
+    elif fn in (functional.relu, torch.relu) or type(fn) is nn.ReLU:
+        return "relu"
+    elif fn is functional.gelu or (type(fn) is nn.GELU and fn.approximate == "none"):
+        return "gelu"
+    elif type(fn) is nn.GELU and fn.approximate == "tanh":
+        return "gelu_tanh"
+    elif fn is functional.silu or type(fn) is nn.SiLU:
+        return "silu"
+    raise ValueError(
+        f"{TORCH}: {where} is {fn!r}, which tfjax's transformer cannot compute; it takes relu "
+        "(F.relu, nn.ReLU), gelu (F.gelu, nn.GELU()), gelu_tanh (nn.GELU(approximate='tanh')) "
+        "or silu (F.silu, nn.SiLU)"
+    )
+
+
+def _check_mha(mha, where: str, what: str):
+    """What neither converter can honour in a torch.nn.MultiheadAttention, by name."""
+    import torch  # noqa: PLC0415
+
+    _own(mha, torch.nn.MultiheadAttention, where, what)
+    if mha.bias_k is not None:
+        raise ValueError(f"{what}: {where} has add_bias_kv=True, which tfjax has no bias_k for")
+    if mha.add_zero_attn:
+        raise ValueError(f"{what}: {where} has add_zero_attn=True, which tfjax does not compute")
+    if mha.kdim != mha.vdim:
+        raise ValueError(
+            f"{what}: {where} has kdim={mha.kdim} != vdim={mha.vdim}; tfjax's cross-attention "
+            "takes one context for keys and values"
+        )
+
+
+class _Attributes:
+    """The value of each torch attribute across a module's layers and the first module with it:
+    a model has one value of each, so modules that differ are refused by name."""
+
+    def __init__(self):
+        self._seen: dict[str, dict] = {}
+
+    def add(self, name: str, value, where: str):
+        self._seen.setdefault(name, {}).setdefault(value, where)
+
+    def where(self, name: str) -> str:
+        return next(iter(self._seen[name].values()))
+
+    def __getitem__(self, name: str):
+        seen = self._seen[name]
+        if len(seen) > 1:
+            values = ", ".join(f"{where}: {value!r}" for value, where in seen.items())
+            raise ValueError(
+                f"{TORCH}: its modules differ in {name} ({values}); tfjax's transformer has one "
+                f"{name} for every layer"
+            )
+        return next(iter(seen))
+
+
+def _read_module(source, prefix: str, embeddings) -> _Attributes:
+    """The attributes of `source` that decide its outputs (its nn.Transformer under `prefix`,
+    its stacks, layers, attentions, norms and `embeddings`' modules), each read or refused by
+    name."""
+    import torch  # noqa: PLC0415
+
+    nn, what = torch.nn, TORCH
+    name = prefix.rstrip(".")
+    try:
+        core = source.get_submodule(name) if name else source
+    except AttributeError:
+        raise ValueError(
+            f"{what}: {type(source).__name__} has no submodule {name!r}; the converter reads a "
+            "module holding a torch.nn.Transformer (under prefix=, its path and a '.') and its "
+            "token embeddings (embed=, target_embed=, output=)"
+        ) from None
+    _own(core, nn.Transformer, name or type(source).__name__, what)
+    seen = _Attributes()
+    seen.add("batch_first", core.batch_first, name)
+
+    def no_bias(where):
+        return ValueError(
+            f"{what}: {where} has no bias (bias=False); tfjax's transformer has biases in its "
+            "LayerNorms, attentions and FFNs"
+        )
+
+    def layer_norm(module, where):
+        _own(module, nn.LayerNorm, where, what)
+        if not module.elementwise_affine:
+            raise ValueError(
+                f"{what}: {where} has elementwise_affine=False; tfjax's LayerNorm has a scale "
+                "and a bias"
+            )
+        if module.bias is None:
+            raise no_bias(where)
+        seen.add("layer_norm_eps", module.eps, where)
+
+    def dropout(module, where):
+        if type(module) is nn.Identity:
+            return 0.0
+        _own(module, nn.Dropout, where, what)
+        return module.p
+
+    stacks = (
+        ("encoder", nn.TransformerEncoder, nn.TransformerEncoderLayer, ("self_attn",)),
+        (
+            "decoder",
+            nn.TransformerDecoder,
+            nn.TransformerDecoderLayer,
+            ("self_attn", "multihead_attn"),
+        ),
+    )
+    for side, stack_cls, layer_cls, attentions in stacks:
+        path = f"{prefix}{side}"
+        stack = getattr(core, side)
+        _own(stack, stack_cls, path, what)
+        if stack.norm is not None:
+            layer_norm(stack.norm, f"{path}.norm")
+        for i, layer in enumerate(stack.layers):
+            at = f"{path}.layers.{i}"
+            _own(layer, layer_cls, at, what)
+            seen.add("norm_first", bool(layer.norm_first), at)
+            seen.add("activation", _activation(layer.activation, f"{at}.activation"), at)
+            for attention in attentions:
+                where, mha = f"{at}.{attention}", getattr(layer, attention)
+                _check_mha(mha, where, what)
+                if not mha._qkv_same_embed_dim:  # noqa: SLF001 (torch's own kdim/vdim flag)
+                    raise ValueError(
+                        f"{what}: {where} has kdim={mha.kdim}, vdim={mha.vdim} for embed_dim="
+                        f"{mha.embed_dim}; a layer's attention reads the model width"
+                    )
+                if mha.in_proj_bias is None:
+                    raise no_bias(where)
+                seen.add("nhead", mha.num_heads, where)
+                seen.add("batch_first", mha.batch_first, where)
+                seen.add("attention dropout", mha.dropout, where)
+            for fc in ("linear1", "linear2"):
+                _own(getattr(layer, fc), nn.Linear, f"{at}.{fc}", what)
+                if getattr(layer, fc).bias is None:
+                    raise no_bias(f"{at}.{fc}")
+            for norm_name in ("norm1", "norm2", "norm3")[: len(attentions) + 1]:
+                layer_norm(getattr(layer, norm_name), f"{at}.{norm_name}")
+            seen.add("FFN dropout", dropout(layer.dropout, f"{at}.dropout"), at)
+            for residual in ("dropout1", "dropout2", "dropout3")[: len(attentions) + 1]:
+                seen.add("dropout", dropout(getattr(layer, residual), f"{at}.{residual}"), at)
+    for key in embeddings:
+        try:
+            module = source.get_submodule(key.rsplit(".", 1)[0])
+        except AttributeError:
+            continue  # no such module (a key the weights may still hold)
+        if isinstance(module, nn.Embedding) and module.max_norm is not None:
+            raise ValueError(
+                f"{what}: {key.rsplit('.', 1)[0]} has max_norm={module.max_norm}, which rescales "
+                "its rows as they are looked up; tfjax's embedding does not"
+            )
+    seen["batch_first"]  # raises unless every layer takes the layout its wrapper feeds
+    return seen
+
+
+# The tfjax field each torch attribute decides, and the explicit argument that can name it.
+_DECIDED = (  # (field, attribute, argument)
+    ("num_heads", "nhead", "num_heads"),
+    ("activation", "activation", "activation"),
+    ("norm_eps", "layer_norm_eps", "norm_eps"),
+    ("norm_position", "norm_first", "norm_first"),
+)
+_DROPOUTS = (  # (field, attribute): the module's values unless the caller sets the field
+    ("dropout_rate", "dropout"),
+    ("attention_dropout_rate", "attention dropout"),
+    ("mlp_dropout_rate", "FFN dropout"),
+)
+
+
+def _position(norm_first) -> str:
+    return "pre" if norm_first else "post"
 
 
 def torch_transformer_rules(
@@ -109,7 +329,7 @@ def torch_transformer_rules(
             linear(output, ("output_proj", "kernel")),
         ]
     rules += stack_rules(model.num_layers, TORCH_LAYOUT, prefix)
-    if model.final_norm:
+    if _final_norms(model):
         for side in ("encoder", "decoder"):
             rules += norm(f"{prefix}{side}.norm", (side, "final_norm"))
     return rules
@@ -118,35 +338,72 @@ def torch_transformer_rules(
 def from_torch_transformer(
     source,
     *,
-    num_heads: int,
+    num_heads: int | None = None,
+    activation=None,
+    norm_eps: float | None = None,
+    norm_first: bool | None = None,
     prefix: str = "transformer.",
     embed: str = "embed.weight",
     target_embed: str = "target_embed.weight",
     output: str = "output.weight",
-    activation: str = "relu",
-    norm_eps: float = 1e-5,
     ignore=(),
     **overrides,
 ):
-    """(tfjax transformer, params) from a module holding a post-LN `torch.nn.Transformer` and
-    its embeddings, its state dict, or a directory with its weights.
+    """(tfjax transformer, params) from a module holding a `torch.nn.Transformer` and its
+    embeddings, its state dict, or a directory with its weights.
 
     The nn.Transformer's keys are under `prefix`; `embed` is the [V, D] token embedding (the
     source's, and the target's and the output projection's when `target_embed` is absent);
     with `target_embed` present, `output` is the nn.Linear(D, V, bias=False) output projection.
-    A tied `output` equal to `embed` is accepted. Sizes come from the weights; `num_heads`,
-    `activation` and `norm_eps` (nn.Transformer's defaults: relu, 1e-5) are not stored in a
-    state dict. Positions are the paper's interleaved sinusoids added to embeddings scaled by
-    sqrt(D). `ignore`: fnmatch patterns of keys that hold no parameters (buffers).
+    A tied `output` equal to `embed` is accepted. Sizes come from the weights. A module's
+    attributes give the heads, activation, norm eps and placement and the dropout rates (see
+    the module docstring); `num_heads`, `activation` (a name or torch's callable), `norm_eps`
+    and `norm_first` are for weights without a module, which do not hold them (defaults:
+    nn.Transformer's relu, 1e-5, post-LN); given with a module they must agree with it.
+    Positions are the paper's interleaved sinusoids added to embeddings scaled by sqrt(D).
+    `ignore`: fnmatch patterns of keys that hold no parameters (buffers). `overrides`: fields
+    that leave the outputs as they are (scan_layers, dtype, implementation, dropout rates).
     """
     what = TORCH
+    if activation is not None:
+        activation = _activation(activation, f"activation={activation!r}")
+    given = dict(num_heads=num_heads, activation=activation, norm_eps=norm_eps)
+    given["norm_first"] = norm_first
     state = _torch_state(source)
+    if isinstance(source, dict) or not hasattr(source, "state_dict"):  # weights alone
+        if num_heads is None:
+            raise ValueError(
+                f"{what}: weights alone ({state.origin}) do not hold the number of heads: pass "
+                "num_heads= (nn.Transformer's nhead)"
+            )
+        decided = dict(
+            num_heads=num_heads,
+            activation=activation or "relu",
+            norm_eps=1e-5 if norm_eps is None else norm_eps,
+            norm_position=_position(norm_first),
+        )
+        decider = "the arguments (num_heads=, activation=, norm_eps=, norm_first=)"
+    else:
+        seen = _read_module(source, prefix, (embed, target_embed))
+        decided = {}
+        for field, attribute, argument in _DECIDED:
+            value = seen[attribute]
+            if given[argument] is not None and given[argument] != value:
+                raise ValueError(
+                    f"{what}: {argument}={given[argument]!r}, but {seen.where(attribute)} has "
+                    f"{attribute}={value!r}; leave {argument} out: the module decides it"
+                )
+            decided[field] = _position(value) if attribute == "norm_first" else value
+        for field, attribute in _DROPOUTS:
+            if field not in overrides:
+                decided[field] = seen[attribute]
+        decider = f"the module's attributes ({type(source).__name__})"
     if embed not in state:
         raise ValueError(
             f"{what}: no token embedding {embed!r} in {state.origin} (it holds {len(state)} keys "
             f"such as {files.listing(state, 4)}); pass embed= the key of the [V, D] embedding"
         )
-    vocab, width = state[embed].shape
+    vocab, width = state.shape(embed)
     layers = _count_layers(state, f"{prefix}encoder.layers.")
     if not layers:
         raise ValueError(
@@ -167,10 +424,16 @@ def from_torch_transformer(
             f"({prefix}encoder.norm: {final_norms[0]}, {prefix}decoder.norm: {final_norms[1]}); "
             "tfjax's transformer has both or neither"
         )
-    if width % num_heads:
+    if decided["norm_position"] == "pre" and not final_norms[0]:
         raise ValueError(
-            f"{what}: num_heads={num_heads} does not divide the width {width} of {embed!r} in "
-            f"{state.where(embed)}"
+            f"{what}: norm_first=True stacks without final norms (no {prefix}encoder.norm or "
+            f"{prefix}decoder.norm in {state.origin}); tfjax's pre-LN stacks end in a LayerNorm, "
+            "so it takes them with their final norms only (nn.Transformer's own stacks have them)"
+        )
+    if width % decided["num_heads"]:
+        raise ValueError(
+            f"{what}: num_heads={decided['num_heads']} does not divide the width {width} of "
+            f"{embed!r} in {state.where(embed)}"
         )
     share = target_embed not in state
     tied = None
@@ -183,19 +446,27 @@ def from_torch_transformer(
         tied = {output: embed}
     mlp_key = f"{prefix}encoder.layers.0.linear1.weight"
     if mlp_key not in state:
-        raise ValueError(f"{what}: {mlp_key!r} is missing from {state.origin}")
+        raise ValueError(
+            f"{what}: {mlp_key!r} is missing from {state.origin}; a torch.nn.Transformer's "
+            "layers each hold linear1 and linear2 (the FFN)"
+        )
     fields = dict(
         vocab_size=vocab,
         width=width,
         num_layers=layers,
-        num_heads=num_heads,
-        mlp_dim=state[mlp_key].shape[0],
-        activation=activation,
-        norm_position="post",
-        norm_eps=norm_eps,
+        mlp_dim=state.shape(mlp_key)[0],
         share_embeddings=share,
         final_norm=final_norms[0],
+        **decided,
     )
+    for field, value in overrides.items():
+        if field in fields and field not in DROPOUT_FIELDS and value != fields[field]:
+            where = "the weights" if field not in decided else decider
+            raise ValueError(
+                f"{what}: {field}={value!r} would change the outputs: {where} give "
+                f"{field}={fields[field]!r}; overrides set only what leaves them unchanged "
+                "(scan_layers, dtype, implementation, dropout rates, ...)"
+            )
     model = transformer.Model(**{**fields, **overrides})
     names = dict(prefix=prefix, embed=embed, target_embed=target_embed, output=output)
     params = import_state(
@@ -219,7 +490,9 @@ def to_torch_transformer(
     output: str = "output.weight",
 ) -> dict:
     """{torch key: numpy array} for a module like the one `from_torch_transformer` reads (the
-    output projection is left out when embeddings are shared)."""
+    output projection is left out when embeddings are shared). The module is built with the
+    model's activation, norm_eps and norm_first=(norm_position == "pre"): weights do not hold
+    them."""
     _check_model(model, TORCH)
     if model.logits_bias:
         raise ValueError(f"{TORCH}'s output projection has no bias; the model has logits_bias")
@@ -254,35 +527,52 @@ def mha_rules(separate: bool, use_bias: bool) -> list[Rule]:
 def from_torch_mha(source, num_heads: int | None = None, **overrides):
     """(tfjax MultiHeadAttention, params) from a torch.nn.MultiheadAttention or its state dict.
 
-    `num_heads` is required for a state dict (a module knows it); `overrides` set module fields
-    (dtype, implementation, ...).
+    A module gives its heads and its dropout rate; `num_heads` is required for a state dict
+    (given with a module it must agree). `overrides` set module fields (dtype, implementation,
+    dropout_rate, ...). tfjax's inputs are [B, T, D] whatever the module's batch_first.
     """
-    what = "torch.nn.MultiheadAttention"
+    what = MHA
     if isinstance(source, dict):
         state = files.as_state_dict(source)
         if num_heads is None:
-            raise ValueError(f"{what}: a state dict needs num_heads")
-    else:
-        if getattr(source, "bias_k", None) is not None or getattr(source, "add_zero_attn", False):
-            raise ValueError(f"{what}: add_bias_kv / add_zero_attn have no tfjax counterpart")
-        if source.kdim != source.vdim:
             raise ValueError(
-                f"{what}: kdim={source.kdim} != vdim={source.vdim}; tfjax's cross-attention "
-                "takes one context for keys and values"
+                f"{what}: a state dict does not hold the number of heads: pass num_heads="
             )
-        num_heads = source.num_heads if num_heads is None else num_heads
+    else:
+        _check_mha(source, type(source).__name__, what)
+        if num_heads is not None and num_heads != source.num_heads:
+            raise ValueError(
+                f"{what}: num_heads={num_heads}, but the module has num_heads="
+                f"{source.num_heads}; leave num_heads out: the module decides it"
+            )
+        num_heads = source.num_heads
+        overrides = {"dropout_rate": source.dropout, **overrides}
         state = files.as_state_dict(source.state_dict(), origin=what)
     for key in ("bias_k", "bias_v"):
         if key in state:
             raise ValueError(f"{what}: {key!r} (add_bias_kv) has no tfjax counterpart")
     separate = "in_proj_weight" not in state and "q_proj_weight" in state
+    projections = [f"{t}_proj_weight" for t in "qkv"] if separate else ["in_proj_weight"]
+    missing = [k for k in (*projections, "out_proj.weight") if k not in state]
+    if missing:
+        raise ValueError(
+            f"{what}: {files.listing(missing)} missing from {state.origin}, which holds "
+            f"{files.listing(state, 6) or 'no keys'}; expected in_proj_weight [3D, D] (or "
+            "q_proj_weight, k_proj_weight, v_proj_weight when kdim = vdim != embed_dim), "
+            "out_proj.weight [D, D], and with bias=True in_proj_bias and out_proj.bias"
+        )
+    for key in projections:
+        if len(state.shape(key)) != 2:
+            raise ValueError(
+                f"{what}: {key!r} in {state.where(key)} has shape {state.shape(key)}; expected "
+                "a matrix [out, in]"
+            )
     use_bias = "in_proj_bias" in state or "out_proj.bias" in state
-    query = state["q_proj_weight" if separate else "in_proj_weight"]
-    width = query.shape[1]
-    context_width = state["k_proj_weight"].shape[1] if separate else width
-    if separate and state["v_proj_weight"].shape[1] != context_width:
+    width = state.shape(projections[0])[1]
+    context_width = state.shape("k_proj_weight")[1] if separate else width
+    if separate and state.shape("v_proj_weight")[1] != context_width:
         raise ValueError(f"{what}: k_proj_weight and v_proj_weight differ in input width")
-    if query.shape[1] % num_heads:
+    if width % num_heads:
         raise ValueError(f"{what}: num_heads={num_heads} does not divide embed_dim={width}")
     model = mha_module(num_heads, use_bias, **overrides)
     x = jnp.zeros((1, 1, width), jnp.float32)
