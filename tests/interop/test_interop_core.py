@@ -2,8 +2,13 @@
 the loader by architecture, export picking the one exporter that takes a model, and the
 errors of weights read as another architecture's."""
 
+import json
+import os
+
 import interop_references as references
+import numpy as np
 import pytest
+from interop_references import torch
 
 from tfjax import interop
 from tfjax.models import decoder, encoder, transformer, vit
@@ -21,6 +26,84 @@ def test_directory_without_weights(tmp_path, gpt2):
     _, path = gpt2
     with pytest.raises(FileNotFoundError, match="does not exist"):
         interop.from_gpt2(tmp_path / "nope", interop.read_config(path))
+
+
+def _truncate(path, keep):
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[:keep])
+
+
+def test_damaged_files_are_named(tmp_path):
+    """Each damaged file a checkpoint directory holds is one ValueError naming it, what is
+    wrong and what to do; eager and lazy reads alike."""
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}
+    state = {f"w{i}": np.full((64, 64), i, np.float32) for i in range(3)}  # 16 kB each
+
+    # config.json: not JSON, or JSON but not an object.
+    single = tmp_path / "single"
+    interop.write_safetensors(state, single, config)
+    for text, wrong in (("{bad", r"is not valid JSON \(Expecting"), ("[1]", "holds a JSON list")):
+        (single / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=rf"^{single}/config\.json {wrong}.*write it again$"):
+            interop.load(single)
+    # A truncated model.safetensors: its header, then its data.
+    weights = single / "model.safetensors"
+    size = os.path.getsize(weights)
+    for keep in (5, size - 100):
+        _truncate(weights, keep)
+        for lazy in (False, True):
+            with pytest.raises(
+                ValueError,
+                match=rf"^{weights} cannot be read as safetensors \(SafetensorError: .*\): the "
+                "file is truncated or damaged; download or write it again$",
+            ):
+                interop.read_state_dict(single, lazy=lazy)
+
+    # Shards: an index without weight_map, an index that is not JSON, a truncated shard.
+    sharded = tmp_path / "sharded"
+    index = interop.write_safetensors(state, sharded, config, max_shard_bytes=20_000)
+    with open(index) as f:
+        listed = json.load(f)
+    shard = sharded / sorted(set(listed["weight_map"].values()))[1]
+    with open(index, "w") as f:
+        json.dump({"metadata": listed["metadata"]}, f)
+    with pytest.raises(
+        ValueError,
+        match=rf"^{index} has no weight_map of tensor name -> shard file \(found none\); the "
+        "index is damaged",
+    ):
+        interop.read_state_dict(sharded)
+    with open(index, "w") as f:
+        f.write('{"weight_map": ')
+    with pytest.raises(ValueError, match=rf"^{index} is not valid JSON"):
+        interop.read_state_dict(sharded, lazy=True)
+    with open(index, "w") as f:
+        json.dump(listed, f)
+    _truncate(shard, 100)
+    for lazy in (False, True):
+        with pytest.raises(ValueError, match=rf"^{shard} cannot be read as safetensors"):
+            interop.read_state_dict(sharded, lazy=lazy)
+
+    # pytorch_model.bin: truncated, not torch.save's, or holding more than tensors (refused:
+    # unpickling runs code).
+    torch_dir = tmp_path / "torch"
+    os.makedirs(torch_dir)
+    bin_path = torch_dir / "pytorch_model.bin"
+    for content, wrong in (
+        ({"w": torch.zeros(64, 64)}, r"cannot be read by torch\.load \(\w+Error: "),
+        (b"garbage", r"cannot be read by torch\.load \(UnpicklingError: Unsupported operand"),
+        ({"w": torch.zeros(2), "step": np.int64(3)}, r"holds objects other than tensors \("),
+    ):
+        if isinstance(content, bytes):
+            bin_path.write_bytes(content)
+        else:
+            torch.save(content, bin_path)
+            if "step" not in content:
+                _truncate(bin_path, os.path.getsize(bin_path) // 2)
+        with pytest.raises(ValueError, match=rf"^{bin_path} {wrong}"):
+            interop.read_state_dict(torch_dir)
 
 
 def test_unknown_architecture(tmp_path, gpt2):

@@ -8,10 +8,14 @@ files' headers, each array read (memory-mapped) only when asked for, so a run ca
 place a checkpoint tensor by tensor without holding it all. `load_source` gives
 (state dict, config dict) from what every `from_*` accepts: a checkpoint directory, or a state
 dict (torch tensors or numpy arrays) with its config (a dict, a transformers config or a path).
+A file that cannot be read (truncated, not JSON, without the table it must hold) is a ValueError
+naming it, what is wrong and what to do.
 """
 
+import contextlib
 import json
 import os
+import re
 
 import numpy as np
 
@@ -43,15 +47,15 @@ class LazyStateDict(StateDict):
     values are read from disk on each access; nothing is cached). `shape` reads the header."""
 
     def __init__(self, files: dict[str, str], origin: str):
-        from safetensors import safe_open  # noqa: PLC0415 (an optional dependency)
-
-        self._open = {path: safe_open(path, framework="numpy") for path in set(files.values())}
+        self._open = {path: _open_safetensors(path) for path in set(files.values())}
         super().__init__(dict.fromkeys(files), files, origin)
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self:
             raise KeyError(key)
-        return self._open[self.files[key]].get_tensor(key)
+        path = self.files[key]
+        with _damaged(path):
+            return self._open[path].get_tensor(key)
 
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._open[self.files[key]].get_slice(key).get_shape())
@@ -93,20 +97,47 @@ def _to_numpy(x):
     return np.asarray(x)
 
 
-def _read_safetensors(path):
-    from safetensors.numpy import load_file  # noqa: PLC0415 (an optional dependency)
+def _one_line(error: BaseException, prefer=()) -> str:
+    """The error's type and first sentence (of its first line starting with one of `prefer`)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+    line = next((x for x in lines if x.startswith(tuple(prefer))), lines[0])
+    return f"{type(error).__name__}: {line.split('. ')[0]}"
 
-    return load_file(path)
+
+@contextlib.contextmanager
+def _damaged(path: str):
+    """A safetensors file the library cannot read, as one line naming it and what to do."""
+    from safetensors import SafetensorError  # noqa: PLC0415 (an optional dependency)
+
+    try:
+        yield
+    except (SafetensorError, OSError) as e:
+        raise ValueError(
+            f"{path} cannot be read as safetensors ({_one_line(e)}): the file is truncated or "
+            "damaged; download or write it again"
+        ) from None
+
+
+def _open_safetensors(path):
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with _damaged(path):
+        return safe_open(path, framework="numpy")
+
+
+def _read_safetensors(path):
+    from safetensors.numpy import load_file  # noqa: PLC0415
+
+    with _damaged(path):
+        return load_file(path)
 
 
 def _safetensors_keys(directory, shards) -> dict[str, str]:
     """key -> the shard file holding it, from the files' headers (no tensor is read)."""
-    from safetensors import safe_open  # noqa: PLC0415
-
     files = {}
     for shard in shards:
         path = os.path.join(directory, shard)
-        with safe_open(path, framework="numpy") as f:
+        with _open_safetensors(path) as f:
             files.update(dict.fromkeys(f.keys(), path))
     return files
 
@@ -116,8 +147,57 @@ def _read_torch(path):
         import torch  # noqa: PLC0415
     except ImportError as e:
         raise ImportError(f"reading {path} needs torch; or convert it to safetensors") from e
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises several kinds for a bad file
+        other = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if other:
+            raise ValueError(
+                f"{path} holds objects other than tensors ({other.group(1)}), which tfjax does "
+                "not unpickle (torch.load's weights_only=True: unpickling runs code); convert it "
+                "to safetensors where it was made"
+            ) from None
+        raise ValueError(
+            f"{path} cannot be read by torch.load ({_one_line(e, ['Unsupported'])}): the file "
+            "is truncated, damaged or not written by torch.save; download or write it again"
+        ) from None
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"{path} holds a {type(state).__name__}, not a state dict (tensor name -> tensor)"
+        )
     return {k: _to_numpy(v) for k, v in state.items()}
+
+
+def read_json(path: str, what: str) -> dict:
+    """The JSON object in file `path` (`what` it is, for messages), else one line naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path} is not valid JSON ({e}); {what} is a JSON object: download or write it again"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(value).__name__}; {what} is a JSON object: download or "
+            "write it again"
+        )
+    return value
+
+
+def _shards(path: str) -> list[str]:
+    """The shard files a sharded checkpoint's index lists (its weight_map's values)."""
+    index = read_json(path, "a sharded checkpoint's index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        found = "none" if weight_map is None else f"a {type(weight_map).__name__}"
+        raise ValueError(
+            f"{path} has no weight_map of tensor name -> shard file (found {found}); the index "
+            "is damaged: download or write it again"
+        )
+    return sorted(set(weight_map.values()))
 
 
 def read_state_dict(directory, *, lazy: bool = False) -> StateDict:
@@ -139,12 +219,7 @@ def read_state_dict(directory, *, lazy: bool = False) -> StateDict:
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             continue
-        if name.endswith(".index.json"):
-            with open(path) as f:
-                weight_map = json.load(f)["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        else:
-            shards = [name]
+        shards = _shards(path) if name.endswith(".index.json") else [name]
         for shard in shards:
             if not os.path.isfile(os.path.join(directory, shard)):
                 raise FileNotFoundError(f"{path} lists the shard {shard!r}, which is missing")
@@ -168,8 +243,7 @@ def read_config(directory) -> dict:
     path = os.path.join(os.fspath(directory), CONFIG)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no {CONFIG} in {os.fspath(directory)!r}")
-    with open(path) as f:
-        return json.load(f)
+    return read_json(path, "a checkpoint's config.json")
 
 
 def as_config(config) -> dict:
