@@ -123,10 +123,27 @@ def open_split(spec, split: str) -> FolderSource:
 
 
 # ------------------------------------------------------------------------------- preprocessing
+def _number(value, kind, what: str):
+    """int or float `value`, else a ValueError naming `what` (a file and its field)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{what}={value!r}: must be a number")
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{what}={value!r}: must be a number") from None
+
+
+def _listed(value) -> list:
+    """A per-channel list, or one value for the three channels."""
+    return value if isinstance(value, list) else [value] * 3
+
+
 def _pair(size: dict, what: str) -> tuple[int, int]:
     if not isinstance(size, dict) or not {"height", "width"} <= set(size):
         raise ValueError(f"{what}={size!r}: needs 'height' and 'width'")
-    return int(size["height"]), int(size["width"])
+    return _number(size["height"], int, f"{what}.height"), _number(
+        size["width"], int, f"{what}.width"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +168,19 @@ class Preprocessor:
                 f"{path} does not exist: the image size and normalisation of a vision "
                 "checkpoint come from its preprocessor_config.json"
             )
-        with open(path) as f:
-            c = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                c = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(
+                f"{path} is not valid JSON ({e}); download or write the checkpoint's "
+                "preprocessor_config.json again"
+            ) from None
+        if not isinstance(c, dict):
+            raise ValueError(
+                f"{path} holds a JSON {type(c).__name__}, not the JSON object of an image "
+                "processor's config"
+            )
 
         def need(key):
             if key not in c:
@@ -163,19 +191,24 @@ class Preprocessor:
         if c.get("do_resize"):
             given = need("size")
             if isinstance(given, dict) and set(given) == {"shortest_edge"}:
-                shortest_edge = int(given["shortest_edge"])
+                shortest_edge = _number(given["shortest_edge"], int, f"{path}: size.shortest_edge")
             else:
                 size = _pair(given, f"{path}: size")
-            resample = int(need("resample"))
+            resample = _number(need("resample"), int, f"{path}: resample")
+            if resample not in {int(r) for r in PIL.Image.Resampling}:
+                raise ValueError(f"{path}: resample={resample} is not one of PIL's filters (0-5)")
         else:
             resample = int(PIL.Image.Resampling.BILINEAR)  # unused
         crop = _pair(need("crop_size"), f"{path}: crop_size") if c.get("do_center_crop") else None
-        scale = float(need("rescale_factor")) if c.get("do_rescale") else 1.0
+        scale = 1.0
+        if c.get("do_rescale"):
+            scale = _number(need("rescale_factor"), float, f"{path}: rescale_factor")
         mean, std = (0.0,) * 3, (1.0,) * 3
         if c.get("do_normalize"):
             mean, std = need("image_mean"), need("image_std")
-            mean = tuple(float(m) for m in (mean if isinstance(mean, list) else [mean] * 3))
-            std = tuple(float(s) for s in (std if isinstance(std, list) else [std] * 3))
+            mean = [_number(m, float, f"{path}: image_mean") for m in _listed(mean)]
+            std = [_number(s, float, f"{path}: image_std") for s in _listed(std)]
+            mean, std = tuple(mean), tuple(std)
             if len(mean) != 3 or len(std) != 3:
                 raise ValueError(f"{path}: image_mean and image_std need 3 channels (RGB)")
         if crop is None and size is None:

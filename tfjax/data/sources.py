@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import glob
 import importlib
 import itertools
 import os
+import re
 import time
 
 import numpy as np
@@ -38,12 +41,40 @@ def _prepare_hint(name: str, data_dir: str, *, damaged: bool = False) -> str:
     return hint
 
 
+class DamagedInfoError(ValueError):
+    """A prepared dataset whose dataset_info.json tfds cannot read (`infos`: the version folders'
+    info files; `reason`: tfds's error)."""
+
+    def __init__(self, name: str, data_dir: str, infos: list[str], reason: str):
+        super().__init__(
+            f"dataset {name!r}: {' or '.join(infos)} cannot be read by tfds ({reason}); the "
+            f"prepared folder is damaged: {_prepare_hint(name, data_dir, damaged=True)}"
+        )
+        self.infos, self.reason = infos, reason
+
+
 def _builder(name: str, data_dir: str, **kwargs) -> tfds.core.DatasetBuilder:
     if catalog.is_embedded(name):  # (an unknown name fails here, listing the known ones)
-        return getattr(embedded, catalog.CATALOG[name]["embedded"])(data_dir=data_dir, **kwargs)
-    if "module" in catalog.CATALOG[name]:  # these modules fail to auto-register without TensorFlow
-        importlib.import_module(catalog.CATALOG[name]["module"])
-    return tfds.builder(name, data_dir=data_dir, **kwargs)
+        make = getattr(embedded, catalog.CATALOG[name]["embedded"])
+    else:
+        if "module" in catalog.CATALOG[name]:  # these fail to auto-register without TensorFlow
+            importlib.import_module(catalog.CATALOG[name]["module"])
+        make = functools.partial(tfds.builder, name)
+    try:
+        return make(data_dir=data_dir, **kwargs)
+    except Exception as e:  # noqa: BLE001 - tfds raises several kinds for a bad info file
+        # A builder reads nothing but a prepared version's dataset_info.json (in a folder named
+        # as a version, not one set aside or still being built).
+        pattern = os.path.join(glob.escape(data_dir), *name.split("/"), "**", "dataset_info.json")
+        infos = [
+            path
+            for path in sorted(glob.glob(pattern, recursive=True))
+            if re.fullmatch(r"\d+\.\d+\.\d+", os.path.basename(os.path.dirname(path)))
+        ]
+        if not infos:
+            raise
+        lines = str(e).strip().splitlines() or [""]
+        raise DamagedInfoError(name, data_dir, infos, f"{type(e).__name__}: {lines[0]}") from e
 
 
 def prepare(name: str, data_dir: str | os.PathLike | None = None) -> str:
@@ -75,7 +106,21 @@ def _preparing(data_dir: str, name: str):
 
 
 def _prepare(name: str, data_dir: str) -> str:
-    builder = _builder(name, data_dir, file_format="array_record")
+    try:
+        builder = _builder(name, data_dir, file_format="array_record")
+    except DamagedInfoError as e:
+        if len(e.infos) > 1:  # which version is damaged is not known: touch none
+            raise
+        aside = _move_aside(os.path.dirname(e.infos[0]))
+        logging.warning(
+            "%s cannot be read by tfds (%s), the folder is damaged: moved it to %s; preparing "
+            "%r again",
+            e.infos[0],
+            e.reason,
+            aside,
+            name,
+        )
+        builder = _builder(name, data_dir, file_format="array_record")
     if builder.is_prepared():
         if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
             raise ValueError(_wrong_format(name, builder))
