@@ -16,8 +16,10 @@ a large replicated array, float32 matmuls under a bf16 config, and a peak above 
 
 Exit status: 0 when every step fits, 1 when one does not ("DOES NOT FIT: needs X GiB, the chip
 has Y", with what to change), 2 for bad input (an unknown topology, a mesh that does not match
-the devices, a config error), reported before anything is compiled; 3 when the compiler itself
-fails on a step (its first line is printed).
+the devices, a config error, a --json path that cannot be written), reported before anything
+is compiled; 3 when the compiler itself fails on a step (its first line is printed).
+
+A slice smaller than a host compiles too: v5e:1x1 and v6e:1x1 (Colab's TPU is a v5e:1x1).
 """
 
 import json
@@ -58,6 +60,9 @@ def main(argv):
     if unknown:
         print(f"--steps: unknown {unknown}; allowed: train, eval, decode", file=sys.stderr)
         return 2
+    if _JSON.value and (problem := _unwritable(_JSON.value)):
+        print(f"--json={_JSON.value}: {problem}", file=sys.stderr)
+        return 2
     config = _CONFIG.value
     spec = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
@@ -83,6 +88,20 @@ def main(argv):
         with open(_JSON.value, "w") as f:
             json.dump(report.as_dict(), f, indent=2)
     return 0 if report.fits else 1
+
+
+def _unwritable(path: str) -> str | None:
+    """Why `path` cannot be written (None: it can), found by opening it to append, which
+    changes nothing in a file that exists; one this creates is removed again."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return f"cannot be written ({e.strerror})"
+    if not existed:
+        os.remove(path)
+    return None
 
 
 if __name__ == "__main__":

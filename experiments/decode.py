@@ -3,18 +3,28 @@ r"""Generates with a trained run: translations or continuations of the given tex
     python experiments/decode.py --config=configs/translate.py:demo --workdir=/tmp/translate_demo \
         --input="4021" [--input="17" ...]
     python experiments/decode.py --config=configs/lm.py:pydoc --workdir=/tmp/lm_pydoc \
-        --input_file=prompts.txt --method=sample --temperature=0.7
+        --input_file=prompts.txt --method=sample --temperature=0.7 --format=jsonl
     echo "def main(" | python experiments/decode.py --config=configs/lm.py:pydoc --workdir=...
 
-Give the same --config (and overrides) the run was trained with. The newest checkpoint is
-loaded (--average_last=N averages the newest N, as the paper does with 5). Decoding options
-default to the config's `decode` section; flags override them. One input per --input flag, per
-line of --input_file, or per line of stdin when neither is given, as UTF-8. Prints one line per
-input: `input<TAB>output`; an input longer than the rows the model was trained on
-(dataset.seq_len tokens) is decoded with a warning.
+Give the same --config (and overrides) the run was trained with. The newest checkpoint that
+restores and verifies is loaded, as a resumed run would take it: a damaged newer one is named
+and passed over, and left as it is (decoding writes nothing to the workdir). --step=N loads
+step N (or fails naming it); --average_last=N averages the N steps up to it, as the paper does
+with 5. Decoding options default to the config's `decode` section; flags override them. Every
+option is checked before anything is loaded (a bad one: a line naming it, exit status 2).
+
+One input per --input flag, per line of --input_file, or per line of stdin when neither is
+given, as UTF-8. Prints one line per input, in order: with --format=text (the default)
+`input<TAB>output`, where a backslash, a tab, a newline and every other control or
+line-separating character is written as in a Python string (\\, \t, \n, \x0c, \u2028), so
+that generated text never breaks the line; with --format=jsonl a JSON object
+{"input": ..., "output": ...} (ASCII, everything else escaped). An input longer than the rows
+the model was trained on (dataset.seq_len tokens) is decoded with a warning.
 """
 
+import json
 import os
+import re
 import sys
 import time
 
@@ -22,6 +32,10 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tfjax.runner import startup  # noqa: E402 - imports no JAX
+
+startup.choose_platform()  # before anything imports JAX
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "The run's config file (configs/<family>.py[:preset,...]).", lock_config=True
@@ -36,8 +50,20 @@ _TEMPERATURE = flags.DEFINE_float("temperature", None, "Softmax temperature (met
 _TOP_K = flags.DEFINE_integer("top_k", None, "Keep the k most likely tokens (0: off).")
 _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus: the smallest set of mass p (1: off).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per input.")
-_AVERAGE = flags.DEFINE_integer("average_last", None, "Average the newest N checkpoints.")
+_AVERAGE = flags.DEFINE_integer(
+    "average_last", None, "Average the N checkpoints up to the one decoded with."
+)
+_STEP = flags.DEFINE_integer(
+    "step", None, "The checkpoint step to decode with (default: the newest that verifies)."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_FORMAT = flags.DEFINE_enum(
+    "format",
+    "text",
+    ["text", "jsonl"],
+    "text: input<TAB>output per line, control characters escaped; jsonl: a JSON object "
+    '{"input", "output"} per line.',
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -54,6 +80,11 @@ def _utf8(data: bytes, where: str) -> str:
         ) from None
 
 
+def _lines(text: str) -> list[str]:
+    """Lines end at a newline ("\r\n" too), nowhere else: a form feed is part of its line."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def _inputs() -> tuple[list[str], list[str]]:
     """The non-empty inputs, and where each comes from ("line 3 of FILE") for messages."""
     if _INPUT.value and _INPUT_FILE.value:
@@ -63,14 +94,14 @@ def _inputs() -> tuple[list[str], list[str]]:
         if not os.path.isfile(path):
             raise app.UsageError(f"--input_file={path!r} does not exist")
         with open(path, "rb") as f:
-            lines = _utf8(f.read(), f"--input_file={path!r}").splitlines()
+            lines = _lines(_utf8(f.read(), f"--input_file={path!r}"))
         where = [f"line {i} of {path}" for i in range(1, len(lines) + 1)]
     elif _INPUT.value:
         # Python decodes argv with surrogateescape; os.fsencode gives back the bytes typed.
         lines = [_utf8(os.fsencode(x), f"--input #{i}") for i, x in enumerate(_INPUT.value, 1)]
         where = [f"--input #{i}" for i in range(1, len(lines) + 1)]
     else:
-        lines = _utf8(sys.stdin.buffer.read(), "stdin").splitlines()
+        lines = _lines(_utf8(sys.stdin.buffer.read(), "stdin"))
         where = [f"stdin line {i}" for i in range(1, len(lines) + 1)]
     keep = [i for i, line in enumerate(lines) if line.strip()]
     if not keep:
@@ -78,13 +109,32 @@ def _inputs() -> tuple[list[str], list[str]]:
     return [lines[i] for i in keep], [where[i] for i in keep]
 
 
-def _option(flag, config_value):
-    return config_value if flag.value is None else flag.value
+# What --format=text escapes: a backslash, C0 and C1 controls (tab, newline, ...), and the
+# separators that str.splitlines() also breaks lines at.
+_ESCAPED = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SHORT = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _one_line(text: str) -> str:
+    """`text` with the characters of _ESCAPED written as in a Python string literal."""
+
+    def escape(m):
+        c = m.group()
+        return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+    return _ESCAPED.sub(escape, text)
+
+
+def _output_line(text: str, output: str) -> str:
+    if _FORMAT.value == "jsonl":
+        return json.dumps({"input": text, "output": output})  # ASCII: nothing to break a line
+    return f"{_one_line(text)}\t{_one_line(output)}"
 
 
 def main(argv):
     from tfjax.runner import checkpoint
 
+    startup.show_own_info_only()
     try:
         _decode(argv)
     except app.UsageError as e:  # a few lines naming the flag or input, not absl's whole help
@@ -101,6 +151,32 @@ def main(argv):
         return 1
 
 
+# --flag -> the field of the config's decode section that it overrides
+_OVERRIDES = {
+    "method": _METHOD,
+    "beam_size": _BEAM_SIZE,
+    "alpha": _ALPHA,
+    "temperature": _TEMPERATURE,
+    "top_k": _TOP_K,
+    "top_p": _TOP_P,
+    "max_new_tokens": _MAX_NEW,
+    "average_last": _AVERAGE,
+}
+
+
+def _named(option: str) -> str:
+    """Where an option's value comes from: "--top_p=1.5", or "decode.top_p=1.5 (the config)"."""
+    flag = _OVERRIDES[option]
+    if flag.value is not None:
+        return f"--{option}={flag.value}"
+    return f"decode.{option}={_CONFIG.value.decode[option]} (the config)"
+
+
+def _option(name: str):
+    flag = _OVERRIDES[name]
+    return _CONFIG.value.decode[name] if flag.value is None else flag.value
+
+
 def _decode(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -111,26 +187,18 @@ def _decode(argv):
         )
     encoder_decoder = config.task == "translation"
     default_new = config.dataset.seq_len + 50 if encoder_decoder else 32  # the paper: input + 50
-    if _MAX_NEW.value is not None and _MAX_NEW.value < 0:
-        raise app.UsageError(
-            f"--max_new_tokens={_MAX_NEW.value}: give the number of tokens to generate per input "
-            f"(at least 1), or 0 for the default ({default_new})"
-        )
+    options, max_new = _checked_options(default_new)
     texts, where = _inputs()
-    d = config.decode
-    method = _option(_METHOD, d.method)
-    average_last = _option(_AVERAGE, d.average_last)
+    average_last = _option("average_last")
+    kept = _checked_steps(average_last)
 
     import jax
     import numpy as np
 
     from tfjax import decode, progress
-    from tfjax.runner import train
     from tfjax.tasks.decoding import eos_ids
 
-    model, params, tokenizer = train.restore_model(
-        config, _WORKDIR.value, average_last=average_last
-    )
+    model, params, tokenizer = _restore(config, kept, average_last)
     ids = [tokenizer.encode(t) for t in texts]
     if encoder_decoder:
         ids = [np.append(x, tokenizer.eos_id) for x in ids]  # sources end with eos, as in training
@@ -148,7 +216,6 @@ def _decode(argv):
                 len(x),
                 config.dataset.seq_len,
             )
-    max_new = _option(_MAX_NEW, d.max_new_tokens) or default_new
     if not encoder_decoder:
         max_new = min(max_new, model.max_len - max(len(x) for x in ids))
         if max_new < 1:
@@ -156,14 +223,7 @@ def _decode(argv):
                 f"the longest prompt has {max(len(x) for x in ids)} tokens; the model's "
                 f"max_len={model.max_len} leaves no room to generate"
             )
-    options = dict(
-        method=method,
-        beam_size=_option(_BEAM_SIZE, d.beam_size),
-        alpha=_option(_ALPHA, d.alpha),
-        temperature=_option(_TEMPERATURE, d.temperature),
-        top_k=_option(_TOP_K, d.top_k),
-        top_p=_option(_TOP_P, d.top_p),
-    )
+    method = options["method"]
     # Beam search over prompts needs equal lengths: decode groups of equal length together.
     groups = {}
     for i, x in enumerate(ids):
@@ -202,7 +262,96 @@ def _decode(argv):
         progress.throughput(generated, "tokens", time.perf_counter() - start),
     )
     for text, out in zip(texts, outputs, strict=True):
-        print(f"{text}\t{out}", flush=True)
+        print(_output_line(text, out), flush=True)
+
+
+def _checked_options(default_new: int) -> tuple[dict, int]:
+    """The generation options (flags over the config's decode section) and max_new_tokens,
+    checked as `tfjax.decode.generate` checks them, before anything is loaded."""
+    from tfjax import decode
+
+    if _MAX_NEW.value is not None and _MAX_NEW.value < 0:
+        raise app.UsageError(
+            f"--max_new_tokens={_MAX_NEW.value}: give the number of tokens to generate per input "
+            f"(at least 1), or 0 for the default ({default_new})"
+        )
+    max_new = _option("max_new_tokens") or default_new
+    names = ("method", "beam_size", "alpha", "temperature", "top_k", "top_p")
+    options = {name: _option(name) for name in names}
+    checked = {k: v for k, v in options.items() if k != "alpha"}  # alpha: any number
+    try:
+        decode.check_options(max_new_tokens=max_new, **checked)
+    except decode.OptionError as e:
+        raise app.UsageError(f"{_named(e.option)}: {e}") from None
+    return options, max_new
+
+
+def _checked_steps(average_last: int) -> list[int]:
+    """The workdir's kept steps, with --step and average_last checked against them ([] when
+    it keeps none: restoring then says so)."""
+    from tfjax.runner import checkpoint
+
+    if average_last < 1:
+        raise app.UsageError(f"{_named('average_last')}: average at least 1 checkpoint")
+    if _STEP.value is not None and _STEP.value < 0:
+        raise app.UsageError(f"--step={_STEP.value}: steps are numbered from 0")
+    directory = checkpoint.checkpoints_dir(_WORKDIR.value)
+    if not os.path.isdir(directory):
+        return []
+    manager = checkpoint.make_manager(directory, read_only=True)
+    try:
+        kept = sorted(manager.all_steps())
+    finally:
+        manager.close()
+    if not kept:
+        return []
+    end = kept[-1] if _STEP.value is None else _STEP.value
+    if end not in kept:
+        raise app.UsageError(f"--step={end}: {directory} keeps steps {kept}")
+    window = kept[: kept.index(end) + 1]
+    if len(window) < average_last:
+        raise app.UsageError(
+            f"{_named('average_last')}: {directory} keeps {len(window)} checkpoints up to step "
+            f"{end} ({window}); average fewer, or keep more when training (checkpoint.keep)"
+        )
+    return kept
+
+
+def _restore(config, kept: list[int], average_last: int):
+    """(model, params, tokenizer) of --step, or of the newest step that restores and verifies
+    (the one a resumed run takes): a step that fails is named, left as it is, and the next
+    older one tried. With average_last=N, the N kept steps up to the step."""
+    from tfjax.runner import checkpoint, train
+
+    if _STEP.value is not None or not kept:  # that step or nothing: its error is the answer
+        return train.restore_model(
+            config, _WORKDIR.value, average_last=average_last, step=_STEP.value
+        )
+    directory = checkpoint.checkpoints_dir(_WORKDIR.value)
+    tried = []
+    for i in range(len(kept) - 1, average_last - 2, -1):
+        step = kept[i]
+        try:
+            restored = train.restore_model(
+                config, _WORKDIR.value, average_last=average_last, step=step
+            )
+        except checkpoint.UnusableCheckpointError as e:
+            logging.error(
+                "Checkpoint unusable: %s. Its files are left as they are; trying an older step.",
+                e,
+            )
+            tried.append(step)
+            continue
+        if tried:
+            logging.warning(
+                "Decoding with checkpoint %s/%d, the newest that verifies.", directory, step
+            )
+        return restored
+    each = f" (each averaged with the {average_last - 1} before it)" if average_last > 1 else ""
+    raise checkpoint.UnusableCheckpointError(
+        f"no checkpoint in {directory} restores and verifies: tried steps {tried}{each}, each "
+        "named above; nothing was moved or deleted"
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tfjax.runner import startup  # noqa: E402 - imports no JAX
+
+startup.choose_platform()  # before anything imports JAX
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
 _OUTPUT = flags.DEFINE_string("output", None, "The Hugging Face directory to write (new).")
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint step to export (default: newest).")
@@ -41,6 +45,7 @@ flags.mark_flags_as_required(["workdir", "output"])
 def main(argv):
     from tfjax.runner import checkpoint, export
 
+    startup.show_own_info_only()
     if len(argv) > 1:
         print(f"export.py: unexpected arguments: {argv[1:]}", file=sys.stderr)
         return 2

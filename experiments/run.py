@@ -30,7 +30,6 @@ config.checkpoint.timeout_s for the other processes.
 """
 
 import difflib
-import logging as std_logging
 import os
 import signal
 import sys
@@ -41,6 +40,10 @@ from ml_collections import config_flags
 
 # The checkout's root, so that `python experiments/run.py` finds tfjax without installing it.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tfjax.runner import startup  # noqa: E402 - imports no JAX
+
+startup.choose_platform()  # before anything imports JAX (the config files' loading may)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/<family>.py[:preset,...]).", lock_config=True
@@ -93,17 +96,6 @@ def _want_distributed() -> bool:
     if _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS"):
         return True
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ
-
-
-class _OwnInfoOnly(std_logging.Filter):
-    """Below WARNING, only tfjax's and this file's lines (Orbax logs every file it writes)."""
-
-    def filter(self, record):
-        return (
-            record.levelno >= std_logging.WARNING
-            or f"{os.sep}tfjax{os.sep}" in record.pathname
-            or record.pathname == os.path.abspath(__file__)
-        )
 
 
 def _usage_error(message: str):
@@ -198,14 +190,9 @@ def main(argv):
         checks.check_paths(_CONFIG.value, _WORKDIR.value)
     except (ValueError, OSError) as e:
         _usage_error(str(e))
-    if logging.get_verbosity() <= logging.INFO:  # --verbosity=1 shows everything
-        logging.get_absl_handler().addFilter(_OwnInfoOnly())
+    startup.show_own_info_only()
     from tfjax.runner import host_memory
 
-    if not host_memory.accelerator_attached():
-        # An installed libtpu or CUDA plugin without its device (a CPU host that compiles for
-        # TPUs) would have JAX try, and fail noisily, to start that backend first.
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if _KEEP_FREED_MEMORY.value:  # before JAX starts its backend threads
         logging.info("Keep freed host memory: %s", host_memory.keep_freed_memory())
     import jax

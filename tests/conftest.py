@@ -4,6 +4,7 @@ processes (the runner, Python, two processes on one host) and reading a run's ch
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,11 +16,10 @@ if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
 # libtpu is installed for the ahead-of-time compile tests; without a TPU attached, JAX must not
-# try to start a TPU backend (slow, noisy): the suite computes on the CPU.
-from tfjax.runner import host_memory  # noqa: E402
+# try to start a TPU backend (slow, noisy): the suite computes on the CPU, as the runner does.
+from tfjax.runner import startup  # noqa: E402
 
-if not host_memory.accelerator_attached():
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+startup.choose_platform()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -133,6 +133,17 @@ def run_python(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def own_info_lines(stderr: str) -> list[str]:
+    """The INFO lines Python logged on an entry point's stderr, each asserted to come from tfjax
+    or the entry point (Orbax's come from files of its own: checkpoint_manager.py, ...)."""
+    own = {name for _, _, files in os.walk(os.path.join(ROOT, "tfjax")) for name in files}
+    own |= set(os.listdir(os.path.join(ROOT, "experiments")))
+    lines = [re.match(r"I\d{4} [\d:.]+ +\d+ (\S+\.py):\d+\] ", x) for x in stderr.splitlines()]
+    for m in filter(None, lines):
+        assert m.group(1) in own, m.string
+    return [m.string for m in lines if m]
 
 
 def run_command(workdir, data_dir, overrides, *, config=VIT_TINY) -> list[str]:

@@ -78,6 +78,61 @@ def _eos_ids(eos_id, vocab: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(e) for e in ids))  # in order, each once
 
 
+class OptionError(ValueError):
+    """A decoding option outside what it allows; `option` is its keyword ("top_p")."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
+def check_options(
+    *,
+    method,
+    max_new_tokens,
+    beam_size=4,
+    beam_rules="gnmt",
+    early_stopping=False,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+) -> None:
+    """The checks of `generate`'s options that need no model or inputs (a command line makes
+    them before loading anything): OptionError naming the option and what it allows."""
+    if method not in METHODS:
+        raise OptionError("method", f"method={method!r} is unknown; allowed: {METHODS}")
+    if beam_rules not in BEAM_RULES:
+        raise OptionError(
+            "beam_rules", f"beam_rules={beam_rules!r} is unknown; allowed: {BEAM_RULES}"
+        )
+    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
+        raise OptionError(
+            "early_stopping",
+            f"early_stopping={early_stopping!r} is unknown; allowed: {EARLY_STOPPING}",
+        )
+    if method == "beam" and beam_rules == "gnmt" and early_stopping is not False:
+        raise OptionError(
+            "early_stopping",
+            f"early_stopping={early_stopping!r} applies to beam_rules='hf' only (the 'gnmt' "
+            "rules stop once no live beam can beat the worst finished one)",
+        )
+    if max_new_tokens < 1:
+        raise OptionError(
+            "max_new_tokens", f"max_new_tokens must be at least 1, got {max_new_tokens}"
+        )
+    if method == "beam" and beam_size < 1:
+        raise OptionError("beam_size", f"beam_size must be at least 1, got {beam_size}")
+    if method == "sample":
+        if not temperature > 0:  # NaN too
+            raise OptionError(
+                "temperature", f"temperature must be > 0 for sampling, got {temperature}"
+            )
+        if top_k < 0:
+            raise OptionError("top_k", f"top_k must be >= 0 (0 = off), got {top_k}")
+        if not 0.0 < top_p <= 1.0:
+            raise OptionError("top_p", f"top_p must be in (0, 1], got {top_p}")
+
+
 def _check(
     model,
     width,
@@ -95,32 +150,20 @@ def _check(
 ):
     """Host-side validation of the options, for prompts of `width` columns: every message names
     the option and what is allowed. Returns eos_id as a tuple of ids."""
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is unknown; allowed: {METHODS}")
-    if beam_rules not in BEAM_RULES:
-        raise ValueError(f"beam_rules={beam_rules!r} is unknown; allowed: {BEAM_RULES}")
-    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
-        raise ValueError(f"early_stopping={early_stopping!r} is unknown; allowed: {EARLY_STOPPING}")
-    if method == "beam" and beam_rules == "gnmt" and early_stopping is not False:
-        raise ValueError(
-            f"early_stopping={early_stopping!r} applies to beam_rules='hf' only (the 'gnmt' "
-            "rules stop once no live beam can beat the worst finished one)"
-        )
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    check_options(
+        method=method,
+        max_new_tokens=max_new_tokens,
+        beam_size=beam_size,
+        beam_rules=beam_rules,
+        early_stopping=early_stopping,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
     vocab = model.vocab_size
     eos_ids = _eos_ids(eos_id, vocab)
     if not (isinstance(pad_id, (int, np.integer)) and 0 <= pad_id < vocab):
         raise ValueError(f"pad_id={pad_id!r} is not an id in [0, {vocab})")
-    if method == "beam" and beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if method == "sample":
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-        if top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if not _is_encoder_decoder(model):
         total = width + max_new_tokens
         # A learned position table ends at max_len (RoPE goes on; a model without the field: as

@@ -8,6 +8,7 @@ GPUs; two slices join on the data axis; one GPU node; bad input is refused befor
 compiles.
 """
 
+import json
 import time
 
 import jax
@@ -116,6 +117,10 @@ def test_too_big_does_not_fit_and_exits_non_zero():
             "has 8 devices but there are 4",
         ),
         (["--topology=v5e:2x2", "--config.model.variant=nope"], "variant"),
+        (
+            ["--topology=v5e:2x2", "--json=/nonexistent/report.json"],
+            "--json=/nonexistent/report.json: cannot be written (No such file or directory)",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_compiling(args, message):
@@ -123,6 +128,22 @@ def test_bad_input_is_refused_before_compiling(args, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "train:" not in proc.stdout
+
+
+def test_single_chip_slices_compile(tmp_path):
+    """Slices smaller than libtpu's default host of 2x2 chips: v5e:1x1 (Colab's TPU), v6e:1x1.
+    libtpu loads without its start-up errors (it finds no TPU slice on this host)."""
+    config = tiny("lm.py:tiny", **{"mesh.fsdp": 1, "mesh.tensor": 1})
+    report = aot.compile_experiment(config, aot.topology_devices("v6e:1x1"), steps=("eval",))
+    assert report.devices.startswith("1 x TPU v6 lite") and report.fits
+    path = tmp_path / "report.json"
+    proc, _ = compile_cli(
+        "--config=configs/lm.py:tiny", "--topology=v5e:1x1", "--steps=eval", f"--json={path}"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    written = json.loads(path.read_text())
+    assert written["num_devices"] == 1 and written["fits"] and written["steps"][0]["name"] == "eval"
+    assert "TPU_WORKER_HOSTNAMES" not in proc.stderr and "host bounds" not in proc.stderr
 
 
 def test_a_misspelt_key_names_the_key():

@@ -2,13 +2,15 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import unicodedata
 
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, own_info_lines
 
 import tfjax.data
 from tfjax import decode
@@ -188,7 +190,7 @@ def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):
         train.restore_model(config, workdir, average_last=4, devices=jax.devices()[:4])
 
 
-def decode_cli(workdir, data_dir, *args, stdin=None, config="configs/translate.py:tiny"):
+def decode_cli(workdir, data_dir, *args, stdin=None, config="configs/translate.py:tiny", env=None):
     return subprocess.run(
         [
             sys.executable,
@@ -202,7 +204,57 @@ def decode_cli(workdir, data_dir, *args, stdin=None, config="configs/translate.p
         text=not isinstance(stdin, bytes),
         input=stdin,
         timeout=300,
+        env=env,
     )
+
+
+def one_line(text: str) -> str:
+    """decode.py's --format=text field: a backslash, C0 and C1 controls, U+2028 and U+2029
+    written as in a Python string."""
+    short = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+    return "".join(
+        short.get(c)
+        or (f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else None)
+        or (f"\\u{ord(c):04x}" if c in "\u2028\u2029" else c)
+        for c in text
+    )
+
+
+def test_decode_cli_translates_each_input(translate_run, data_dir, tmp_path):
+    """One output line per input whatever the text holds (a tab, a form feed, a generated
+    newline); --step picks the checkpoint. As a user runs it: no JAX_PLATFORMS set, so the
+    CUDA plugin and libtpu installed here must not be started (and fail noisily)."""
+    _, workdir = translate_run
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    args = ("--input=4021", "--input=x\ty", "--max_new_tokens=6", "--step=2")
+    out = decode_cli(workdir, data_dir, *args, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["4021", "x\\ty"]
+    assert all(line.count("\t") == 1 for line in lines)
+    info = own_info_lines(out.stderr)
+    assert any(f"Restored the parameters of {workdir}/checkpoints/2" in line for line in info)
+    for noise in ("Jax plugin configuration error", "TPU_WORKER_HOSTNAMES", "host bounds"):
+        assert noise not in out.stderr
+
+    # Sampled at a high temperature, outputs hold every byte: newlines, tabs, controls.
+    inputs = ["5", "12", "a\x0cb"] + [str(n) for n in range(30)]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("5\n\n12\na\x0cb\n" + "".join(f"{n}\n" for n in range(30)))
+    sample = ("--method=sample", "--temperature=1000", "--max_new_tokens=100")
+    out = decode_cli(workdir, data_dir, f"--input_file={prompts}", *sample)
+    assert out.returncode == 0, out.stderr
+    text = [line.split("\t") for line in out.stdout.splitlines()]
+    assert [len(fields) for fields in text] == [2] * len(inputs)
+    assert [fields[0] for fields in text] == [one_line(x) for x in inputs]
+
+    # The same from stdin as JSON lines: the text form is these outputs, escaped.
+    out = decode_cli(workdir, data_dir, *sample, "--format=jsonl", stdin=prompts.read_text())
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["input"] for r in rows] == inputs
+    assert [one_line(r["output"]) for r in rows] == [fields[1] for fields in text]
+    assert any("\n" in r["output"] for r in rows) and any("\t" in r["output"] for r in rows)
 
 
 def assert_short_error(out, message):
@@ -212,34 +264,86 @@ def assert_short_error(out, message):
     assert message in stderr and "Traceback" not in stderr and "--top_p" not in stderr, stderr
 
 
-def test_decode_cli_translates_each_input(translate_run, data_dir, tmp_path):
-    _, workdir = translate_run
-    out = decode_cli(workdir, data_dir, "--input=4021", "--input=17", "--max_new_tokens=6")
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert [line.split("\t")[0] for line in lines] == ["4021", "17"]
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("5\n\n12\n")
-    out = decode_cli(workdir, data_dir, f"--input_file={prompts}", "--method=sample")
-    assert out.returncode == 0, out.stderr
-    assert [line.split("\t")[0] for line in out.stdout.splitlines()] == ["5", "12"]
-    out = decode_cli(workdir, data_dir, stdin="99\n")
-    assert out.returncode == 0 and out.stdout.startswith("99\t"), out.stderr
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--input=1", "--method=sample", "--config.decode.top_p=1.5"],
+            "decode.top_p=1.5 (the config): top_p must be in (0, 1], got 1.5",
+        ),
+        (
+            ["--input=1", "--method=beam", "--beam_size=0"],
+            "--beam_size=0: beam_size must be at least 1, got 0",
+        ),
+        (["--input_file=/nonexistent.txt"], "--input_file='/nonexistent.txt' does not exist"),
+        (["--input=1", "--step=-1"], "--step=-1: steps are numbered from 0"),
+    ],
+)
+def test_decode_cli_checks_options_before_loading(data_dir, tmp_path, args, message):
+    """An empty workdir: the option, not the missing checkpoint, is what is reported."""
+    assert_short_error(decode_cli(tmp_path, data_dir, *args), message)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--input=1", "--method=sample", "--top_p=1.5"], "top_p must be in"),
-        (["--input=1", "--method=beam", "--beam_size=0"], "beam_size must be at least 1"),
-        (["--input_file=/nonexistent.txt"], "--input_file='/nonexistent.txt' does not exist"),
-        (["--input=1", "--average_last=9"], "average_last=9"),
+        (["--step=7"], "--step=7: {checkpoints} keeps steps [2, 3, 4]"),
+        (
+            ["--step=3", "--average_last=3"],
+            "--average_last=3: {checkpoints} keeps 2 checkpoints up to step 3 ([2, 3]); "
+            "average fewer",
+        ),
     ],
 )
-def test_decode_cli_bad_input_names_the_option(translate_run, data_dir, args, message):
-    out = decode_cli(translate_run[1], data_dir, *args)
-    assert out.returncode != 0
-    assert message in out.stderr and "Traceback" not in out.stderr
+def test_decode_cli_checks_steps_against_the_workdir(translate_run, data_dir, args, message):
+    workdir = translate_run[1]
+    out = decode_cli(workdir, data_dir, "--input=1", *args)
+    assert_short_error(out, message.format(checkpoints=os.path.join(workdir, "checkpoints")))
+    assert "Restored" not in out.stderr
+
+
+def test_options_a_command_line_checks_first():
+    """decode.check_options needs no model; a NaN temperature is refused like a negative one."""
+    with pytest.raises(decode.OptionError, match="temperature must be > 0") as e:
+        decode.check_options(method="sample", max_new_tokens=1, temperature=float("nan"))
+    assert e.value.option == "temperature"
+
+
+def _files(directory) -> dict:
+    """Every file and folder under `directory`: path -> its bytes (None for a folder)."""
+    out = {}
+    for root, dirs, files in os.walk(directory):
+        for d in dirs:
+            out[os.path.relpath(os.path.join(root, d), directory)] = None
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(root, f), directory)] = fh.read()
+    return out
+
+
+def test_decode_cli_passes_over_a_damaged_newest_step_and_changes_nothing(
+    translate_run, data_dir, tmp_path
+):
+    """The newest step that verifies, as a resumed run takes it; the damaged one is named and
+    left where it is (a decode moves and deletes nothing). Asked for by --step, it is an error."""
+    workdir = str(tmp_path / "run")
+    shutil.copytree(translate_run[1], workdir)
+    damaged = os.path.join(workdir, "checkpoints", "4")
+    with open(os.path.join(damaged, "params", "_METADATA"), "w") as f:
+        f.write("{")
+    before = _files(workdir)
+    out = decode_cli(workdir, data_dir, "--input=17", "--max_new_tokens=4")
+    assert out.returncode == 0 and out.stdout.startswith("17\t"), out.stderr
+    assert f"Checkpoint unusable: {damaged}/params/_METADATA: not valid JSON" in out.stderr
+    assert f"Decoding with checkpoint {workdir}/checkpoints/3, the newest that verifies" in (
+        out.stderr
+    )
+    out = decode_cli(workdir, data_dir, "--input=17", "--step=4")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"decode.py: UnusableCheckpointError: {damaged}/params/_METADATA: not valid" in (
+        out.stderr
+    )
+    assert _files(workdir) == before
 
 
 def test_decode_cli_without_checkpoint_names_the_workdir(data_dir, tmp_path):

@@ -18,6 +18,7 @@
   workdirs    who owns a workdir (the run lock), the config history
   preemption  stopping on SIGTERM / SIGINT after a saved step
   host_memory malloc settings for CPU runs
+  startup     what the entry points set first: JAX's platform, which INFO lines show
   chips       accelerators as data, model FLOPs and MFU
   aot         compile a config for a TPU slice or GPU hosts from a CPU host
   distributed jax.distributed start-up with a deadline that names who is missing

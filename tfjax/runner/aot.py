@@ -44,7 +44,7 @@ import jax
 from jax.experimental import topologies
 
 from tfjax import sharding, tasks
-from tfjax.runner import chips, setup
+from tfjax.runner import chips, host_memory, setup
 
 TPU_FORMS = {  # generation -> how many dimensions its topology names
     "v4": 3,
@@ -105,6 +105,11 @@ def topology_devices(topology: str, *, num_slices: int = 1, platform: str | None
         )
     # Compile-only use: several processes may load libtpu at once (tests, scripts).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if not host_memory.tpu_attached():
+        # No TPU runtime to describe here but this one host. Left unset, libtpu looks for its
+        # slice's hosts when it loads and prints an error for what it cannot find.
+        os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     bounds = [int(s) for s in sizes] + [1] * (3 - len(sizes))
     # A slice smaller than a host (v5e:1x1, Colab's TPU) is a host of that many chips: libtpu's
     # default host of 2x2x1 chips would not divide it.

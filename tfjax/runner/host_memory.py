@@ -59,15 +59,19 @@ GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd")
 
 def accelerator_attached() -> bool:
     """An installed JAX accelerator plugin and that accelerator's device files on this host."""
-
-    def present(patterns):
-        return any(glob.glob(p) for p in patterns)
-
-    tpu = importlib.util.find_spec("libtpu") is not None and present(TPU_DEVICE_FILES)
     gpu_plugin = bool(importlib.metadata.entry_points(group="jax_plugins")) or (
         importlib.util.find_spec("jax_plugins") is not None
     )
-    return tpu or (gpu_plugin and present(GPU_DEVICE_FILES))
+    return tpu_attached() or (gpu_plugin and _present(GPU_DEVICE_FILES))
+
+
+def tpu_attached() -> bool:
+    """libtpu installed and a TPU's device files on this host."""
+    return importlib.util.find_spec("libtpu") is not None and _present(TPU_DEVICE_FILES)
+
+
+def _present(patterns) -> bool:
+    return any(glob.glob(p) for p in patterns)
 
 
 def jax_backend_started() -> bool:
