@@ -19,6 +19,8 @@ Crash safety (what a SIGKILL at any moment leaves behind):
     from there (after each save and when a manager is made).
   * A failed asynchronous write raises at the next save or when the run ends
     (`wait_until_finished`), and its step never becomes a complete directory.
+  * A save that raises after it started the writes waits for them to end (they need nothing
+    more from it) and raises its own error, within seconds.
 Everything in a checkpoint is read as JSON, msgpack or tensorstore arrays: nothing is
 unpickled, so nothing stored can import or execute code.
 
@@ -72,6 +74,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging as std_logging
+import math
 import os
 import shutil
 import sys
@@ -343,6 +346,19 @@ def check_options(c) -> None:
         )
 
 
+def _best_metric_fn(name: str, mode: str):
+    """The value BestN ranks a step's metrics by. Orbax calls it inside `manager.save`, for
+    every kept step, so it never raises: a step whose metrics lack `name` (saved under another
+    best_metric) or whose value is not finite ranks worst, never best."""
+    worst = -math.inf if mode == "max" else math.inf
+
+    def value(metrics: dict) -> float:
+        v = metrics.get(name)
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else worst
+
+    return value
+
+
 def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.CheckpointManager:
     """The CheckpointManager of a run's `checkpoints/` directory (created when missing)."""
     policies = []
@@ -353,10 +369,9 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         timeout_s = c.get("timeout_s", TIMEOUT_S)
         policies.append(ocp.checkpoint_managers.LatestN(n=c.keep))
         if c.best_metric:
-            metric = c.best_metric
             policies.append(
                 ocp.checkpoint_managers.BestN(
-                    get_metric_fn=lambda metrics: metrics[metric],
+                    get_metric_fn=_best_metric_fn(c.best_metric, c.best_mode),
                     reverse=c.best_mode == "min",  # BestN keeps the end of an ascending sort
                     n=1,
                     keep_checkpoints_without_metrics=False,
@@ -402,12 +417,13 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
         items["data"] = DataSave(data_state)
     # Written by the background commit, which waits for them (see ChecksumsHandler); an async
     # save starts them after its copy off the devices, so that the two never compete.
-    sums = _PendingChecksums()
+    sums = _PendingChecksums(manager._options.async_options.timeout_secs)  # noqa: SLF001
     items["checksums"] = ChecksumsSave(sums)
+    tree = {"params": params, "state": state}
     if not manager._options.enable_async_checkpointing:  # noqa: SLF001 - no public getter
-        sums.start({"params": params, "state": state})
-    try:
-        with _write_errors(manager, step):
+        sums.start(tree)
+    with _write_errors(manager, step):
+        try:
             manager.save(
                 step,
                 args=ocp.args.Composite(**items),
@@ -415,8 +431,13 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
                 force=True,
                 custom_metadata={"versions": versions()},
             )
-    finally:
-        sums.start({"params": params, "state": state})
+        except BaseException:
+            # manager.save may raise after starting the writes; _write_errors then waits for
+            # them, and the checksums item among them waits for this start.
+            with contextlib.suppress(Exception):  # its own error is the writer's to raise
+                sums.start(tree)
+            raise
+        sums.start(tree)
     manager.tfjax_writing = step  # named if its background write fails
     # The previous save (and its deletions) finished inside manager.save.
     empty_trash(manager.directory, background=True)
@@ -610,19 +631,29 @@ def checksums(tree) -> dict[str, str]:
 
 
 class _PendingChecksums:
-    """Checksums that a save starts (dispatches to the devices) once, and its writer waits for."""
+    """Checksums that a save starts (dispatches to the devices) once, and its writer waits for
+    at most `timeout_s` (the save's checkpoint.timeout_s)."""
 
-    def __init__(self):
-        self._sums, self._started = None, threading.Event()
+    def __init__(self, timeout_s: float):
+        self._timeout_s, self._sums, self._error = timeout_s, None, None
+        self._started = threading.Event()
 
     def start(self, tree) -> None:
-        if not self._started.is_set():
+        if self._started.is_set():
+            return
+        try:
             self._sums = _start_checksums(tree)
+        except BaseException as e:  # the writer fails with it instead of waiting
+            self._error = e
+            raise
+        finally:
             self._started.set()
 
-    def text(self, timeout_s: float) -> str:
-        if not self._started.wait(timeout_s):
-            raise TimeoutError(f"the checksums were not started within {timeout_s} s")
+    def text(self) -> str:
+        if not self._started.wait(self._timeout_s):
+            raise TimeoutError(f"the checksums were not started within {self._timeout_s} s")
+        if self._error is not None:
+            raise RuntimeError("computing the checksums failed") from self._error
         return json.dumps(_hex(self._sums))
 
 
@@ -639,7 +670,7 @@ class ChecksumsHandler(_FileItemHandler):
 
     def save(self, directory: epath.Path, args: ChecksumsSave):
         if jax.process_index() == 0:  # the sums are replicated: the others fetch nothing
-            (directory / CHECKSUMS_FILE).write_text(args.sums.text(TIMEOUT_S))
+            (directory / CHECKSUMS_FILE).write_text(args.sums.text())
 
     def restore(self, directory: epath.Path, args=None):  # restores verify with the file itself
         return json.loads((directory / CHECKSUMS_FILE).read_text())

@@ -389,7 +389,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     config, tokenizer = exp.config, train_loader.tokenizer
     _check_workdir_tokenizer(workdir, tokenizer)
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
-    cleanup.callback(checkpoint.close, manager)  # pending writes end, TRASH is emptied
+    cleanup.push(_closing(manager))  # pending writes end, TRASH is emptied
     # Keys are made inside jit: in a multi-process run every array the loop touches must be a
     # global array, replicated over the mesh.
     init_key, dropout_key = jax.jit(
@@ -437,6 +437,22 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     ):
         tokenizer.save(stored)
     return manager, state, dropout_key, step
+
+
+def _closing(manager):
+    """The exit callback that closes the checkpoints (`checkpoint.close`): when the run is
+    already failing, an error of the last write is logged, never raised over the first one."""
+
+    def close(exc_type, exc, tb) -> bool:
+        try:
+            checkpoint.close(manager)
+        except Exception as e:
+            if exc is None:
+                raise
+            logging.error("The last checkpoint write failed too: %s", e)
+        return False
+
+    return close
 
 
 def _adapters_only(exp) -> bool:
