@@ -53,7 +53,9 @@ Fields of `config.checkpoint`:
   every         save every this many steps (and always after the last step); 0: only at the end
   keep          keep the newest this many checkpoints
   best_metric   also keep the checkpoint with the best value of this eval metric, e.g.
-                "accuracy" ("" for none); checkpoints are then also saved at every evaluation
+                "accuracy" ("" for none); checkpoints are then also saved at every evaluation.
+                A name the run's evaluation never gives is refused before the run starts
+                (check_best_metric); a step whose value is not finite is never the best
   best_mode     "max" or "min" for best_metric
   async_save    write in a background thread: training continues while the files are written
   replica_parallel   replicas of a replicated array each write a slice of it (faster saves
@@ -357,6 +359,23 @@ def _best_metric_fn(name: str, mode: str):
         return v if isinstance(v, (int, float)) and math.isfinite(v) else worst
 
     return value
+
+
+def check_best_metric(config) -> None:
+    """Raises ValueError when config.checkpoint.best_metric names a metric that the run's
+    evaluation never produces (its task's metrics, and its decode-eval hook's when it decodes):
+    a checkpoint would never be kept as the best. A pre-start check."""
+    from tfjax.runner import evaluation
+
+    name = config.checkpoint.get("best_metric", "")
+    if not name:
+        return
+    produced = evaluation.metric_names(config)
+    if name not in produced:
+        raise ValueError(
+            f"checkpoint.best_metric={name!r} is not an eval metric of task={config.task!r}"
+            f"; allowed: {', '.join(produced)}, or '' to keep only the newest checkpoints"
+        )
 
 
 def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.CheckpointManager:
