@@ -411,17 +411,17 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         if adapters_only:  # the adapters on their base, loaded again from config.init_from
             pretrained.check_base(exp.pretrained, workdir, config)
             state = _with_base(state, _initial_params(exp))
-        # Newer steps (unusable, or passed over by restore_step) would collide with this run's
-        # next saves: moved aside, files unchanged.
-        checkpoint.set_aside(manager, [k for k in manager.all_steps() if k > step])
         if resumed.data_state is not None:
-            train_loader.set_state(resumed.data_state)
+            _set_data_position(train_loader, resumed.data_state, manager, step)
         else:
             logging.warning(
                 "Checkpoint %d has no data position for %d processes; the data starts over.",
                 step,
                 jax.process_count(),
             )
+        # Everything fits: newer steps (unusable, or passed over by restore_step) would collide
+        # with this run's next saves, so they are moved aside, files unchanged.
+        checkpoint.set_aside_after(manager, step)
         logging.info("Resumed from %s/checkpoints/%d", workdir, step)
     workdirs.record_config(workdir, config, step)
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
@@ -453,6 +453,19 @@ def _closing(manager):
         return False
 
     return close
+
+
+def _set_data_position(train_loader, data_state: dict, manager, step: int) -> None:
+    """The loader continues from a checkpoint's data position, which must be this loader's."""
+    try:
+        train_loader.set_state(data_state)
+    except (ValueError, KeyError, TypeError) as e:
+        raise checkpoint.CheckpointMismatchError(
+            f"checkpoint {manager.directory}/{step}: its data position does not fit this run's "
+            f"data loader: {e if isinstance(e, ValueError) else repr(e)}. The settings of the "
+            "workdir's last run are in its config.json; use them, or another workdir. Nothing "
+            "was moved or deleted."
+        ) from None
 
 
 def _adapters_only(exp) -> bool:
