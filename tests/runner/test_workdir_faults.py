@@ -377,16 +377,25 @@ def test_with_no_usable_step_the_run_stops_listing_them_and_deletes_nothing(
     assert sorted(x for x in listed if x != checkpoint.TRASH) == ["2", "4"]
 
 
-def test_restore_step_picks_a_step_and_sets_the_newer_ones_aside(trained, data_dir, tmp_path):
+def test_restore_step_picks_a_step_once_and_sets_the_newer_ones_aside(trained, data_dir, tmp_path):
     workdir = _copy(trained, tmp_path)
     config = vit_config(data_dir, **dict(SAVES, num_train_steps=3))
     config.checkpoint.restore_step = 5
     missing = r"restore_step=5: .* has no such step \(it has \[2, 4\]\); set one of them"
-    with pytest.raises(checkpoint.CheckpointError, match=missing):
+    with pytest.raises(ValueError, match=missing):  # the pre-start check
+        checkpoint.check_restore_step(config, workdir)
+    with pytest.raises(checkpoint.CheckpointError, match=missing):  # the run's own
         train.train_and_evaluate(config, workdir)
     config.checkpoint.restore_step = 2
     result = train.train_and_evaluate(config, workdir)
     assert result["step"] == 3 and listed_steps(workdir) == [2, 3]
+    assert os.listdir(os.path.join(workdir, checkpoint.UNUSABLE)) == ["4"]
+    # The same command again (as after a stop) resumes from the newest step: restore_step took
+    # effect once; it neither rolls the run back again nor sets more steps aside (issue 38).
+    config.num_train_steps = 4
+    checkpoint.check_restore_step(config, workdir)
+    result = train.train_and_evaluate(config, workdir)
+    assert result["step"] == 4 and listed_steps(workdir) == [2, 3, 4]
     assert os.listdir(os.path.join(workdir, checkpoint.UNUSABLE)) == ["4"]
 
 

@@ -68,7 +68,10 @@ Fields of `config.checkpoint`:
   async_save    write in a background thread: training continues while the files are written
   replica_parallel   replicas of a replicated array each write a slice of it (faster saves
                 on many devices; the first save compiles small slicing programs, seconds on CPU)
-  restore_step  resume from this step instead of the newest one that verifies (None: newest)
+  restore_step  resume from this step instead of the newest one that verifies (None: newest),
+                setting the newer ones aside; it takes effect once, in the run that sets or
+                changes it: running the same command again resumes from the newest step
+                (restore_step_to_apply)
   timeout_s     the most seconds a save's background commit waits for the other processes to
                 finish writing (Orbax's barrier) before it fails with an error; a process that
                 died is caught sooner by JAX's heartbeat (experiments/run.py --heartbeat_timeout)
@@ -101,6 +104,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import future as ocp_future
+
+from tfjax.runner import workdirs
 
 TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
 VERSIONED = ("jax", "flax", "optax", "orbax-checkpoint", "tfjax")
@@ -1024,6 +1029,33 @@ def _no_such_step(step: int, directory, steps) -> str:
         f"{sorted(steps) or 'none'}); set one of them, or leave it unset to resume from the "
         "newest step"
     )
+
+
+def restore_step_to_apply(config, workdir: str) -> int | None:
+    """config.checkpoint.restore_step, or None where an earlier run of `workdir` applied it.
+
+    restore_step takes effect in the run that sets it (or changes it): that run resumes from
+    it and sets the newer steps aside. The workdir's config.json records the config each run
+    started with, so running the same command again (as run.py says after a stop) resumes
+    from the newest step instead of rolling the run back again.
+    """
+    step = config.checkpoint.get("restore_step")
+    previous = workdirs.previous_config(workdir) or {}
+    applied = (previous.get("checkpoint") or {}).get("restore_step")
+    return None if step == applied else step
+
+
+def check_restore_step(config, workdir: str) -> None:
+    """Raises ValueError when config.checkpoint.restore_step, still to apply, names no step in
+    `workdir`: a pre-start check."""
+    step = restore_step_to_apply(config, workdir)
+    if step is None:
+        return
+    directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    steps = [int(n) for n in names if n.isascii() and n.isdigit()]
+    if step not in steps:
+        raise ValueError(_no_such_step(step, directory, steps))
 
 
 def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs):

@@ -397,11 +397,19 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         out_shardings=(exp.replicated, exp.replicated),
     )()
     adapters_only = _adapters_only(exp)
+    restore_step = checkpoint.restore_step_to_apply(config, workdir)
+    if restore_step != config.checkpoint.get("restore_step"):
+        logging.info(
+            "checkpoint.restore_step=%d took effect in an earlier run of %s (its config.json): "
+            "resuming from the newest step",
+            config.checkpoint.restore_step,
+            workdir,
+        )
     resumed = checkpoint.restore_train_state(
         manager,
         _checkpointed(exp.abstract_state, adapters_only),
         exp.abstract_rng,
-        restore_step=config.checkpoint.get("restore_step"),
+        restore_step=restore_step,
     )
     if resumed is None:  # config.init_from's parameters, the rest initialised
         known = _initial_params(exp) if config.init_from else None
