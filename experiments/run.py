@@ -10,9 +10,9 @@ workdir's newest checkpoint.
 
 SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
 with status 143 or 130 (128 + the signal) and a line saying where to resume. A non-finite loss,
-a workdir another run owns, a checkpoint that does not fit or cannot be restored, and a save
-that cannot be written (a full disk) exit with status 1 and their message alone (see
-tfjax.runner.train, tfjax.runner.workdirs, tfjax.runner.checkpoint).
+a workdir another run owns, a checkpoint that does not fit, cannot be restored or may not be
+read, and a save that cannot be written (a full disk) exit with status 1 and their message
+alone (see tfjax.runner.train, tfjax.runner.workdirs, tfjax.runner.checkpoint).
 
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
@@ -232,9 +232,7 @@ def main(argv):
         _usage_error(str(e))
     except (
         workdirs.WorkdirBusyError,
-        checkpoint.CheckpointMismatchError,
-        checkpoint.UnusableCheckpointError,
-        checkpoint.CheckpointWriteError,
+        checkpoint.CheckpointError,  # mismatch, unusable, permission, write, restore_step
         FloatingPointError,
     ) as e:
         # Errors whose message says what happened and what to do: no traceback around them.

@@ -199,3 +199,26 @@ def test_keeps_the_last_k_and_the_best(tmp_path, async_save):
     np.testing.assert_array_equal(restored["params"]["w"], np.arange(4.0) * 5)
     assert restored["data"] is None
     manager.close()
+
+
+def test_a_best_metric_the_evaluation_never_gives_is_refused_before_the_run():
+    """A best_metric no evaluation of the run gives (issue 38: "bleu" on a classification run)
+    would never keep a best step: refused by name before any work, with the allowed ones."""
+    configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+
+    def config(spec, **checkpoint_fields):
+        c = setup.load_config(os.path.join(configs, spec))
+        c.checkpoint.update(checkpoint_fields)
+        return c
+
+    for spec in ("vit.py", "mlm.py", "translate.py", "finetune.py", "lm.py"):  # as shipped
+        checkpoint.check_best_metric(config(spec))
+    with pytest.raises(
+        ValueError,
+        match=r"^checkpoint.best_metric='bleu' is not an eval metric of task='classification'; "
+        r"allowed: loss, accuracy, or '' to keep only the newest checkpoints$",
+    ):
+        checkpoint.check_best_metric(config("vit.py:tiny", best_metric="bleu"))
+    checkpoint.check_best_metric(config("translate.py:tiny", best_metric="bleu"))  # it decodes
+    with pytest.raises(ValueError, match="allowed: loss, accuracy, perplexity, or ''"):
+        checkpoint.check_best_metric(config("lm.py:tiny", best_metric="bleu"))

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from conftest import (
     ROOT,
@@ -268,6 +269,41 @@ def test_failed_async_save_is_never_latest_and_the_rerun_resumes(
     assert f"Resumed from {workdir}/checkpoints/3" in caplog.text
     assert result["step"] == 12 and max(listed_steps(workdir)) == 12
     assert [r["step"] for r in metrics.read_metrics(workdir, "train")] == [3, 6, 9, 12]
+
+
+def test_a_save_that_raises_after_starting_its_writes_fails_at_once(
+    data_dir, tmp_path, monkeypatch
+):
+    """An error inside Orbax's manager.save after it started the background writes (issue 38:
+    a best_metric missing from the eval metrics) waited for those writes, whose checksums item
+    waited for the save itself, until checkpoint.timeout_s; a SIGTERM meanwhile went unread,
+    and the TimeoutError hid the error. Now the error comes at once, with a real SIGTERM
+    received meanwhile, and the step's writes end: a complete step."""
+    workdir = str(tmp_path / "run")
+    config = vit_config(  # the programs of the test above, from the compilation cache
+        data_dir,
+        num_train_steps=12,
+        log_every=3,
+        eval_every=0,
+        **{"checkpoint.every": 3, "checkpoint.timeout_s": 60, "checkpoint.best_metric": ""},
+    )
+    original, raised = ocp.CheckpointManager._get_old_steps_to_remove, []
+
+    def failing(manager):  # inside manager.save, once step 6's writes started
+        if manager.latest_step() == 6:
+            raised.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise KeyError("injected")
+        return original(manager)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "_get_old_steps_to_remove", failing)
+    with pytest.raises(KeyError, match="injected"):
+        train.train_and_evaluate(config, workdir)
+    assert time.perf_counter() - raised[0] < 10  # checkpoint.timeout_s is 60
+    assert listed_steps(workdir) == [3, 6]  # its writes ended: nothing is lost
+    saved = read_checkpoint(workdir, 6)
+    assert int(saved["state"]["step"]) == 6 and saved["data"]
+    assert os.path.exists(os.path.join(workdir, "checkpoints", "6", "checksums", "checksums.json"))
 
 
 # ---------------------------------------------------------------- 4. SIGTERM and SIGINT

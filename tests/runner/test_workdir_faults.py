@@ -6,15 +6,16 @@ Real files and real runs: the tiny ViT config of tests/runner/test_reliability.p
 process or through experiments/run.py; faults are made by writing into the saved files.
 """
 
-import filecmp
 import json
 import logging
 import os
+import pathlib
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import jax
@@ -116,8 +117,9 @@ def test_a_failed_start_leaves_no_folder_behind(tmp_path):
 
 
 # ----------------------------------------------------------- 2. checksums, 3. fallback
-def test_values_changed_on_disk_are_refused_naming_the_array(tmp_path):
-    directory = str(tmp_path / "checkpoints")
+def _save_steps(directory) -> dict:
+    """Steps 1 and 2 of a small checkpoint, whose values and data position tell their step; the
+    abstract targets of `checkpoint.restore`."""
     manager = checkpoint.make_manager(directory, ckpt_config(False))
     for step in (1, 2):
         params = {"w": jnp.full((4, 3), float(step)), "b": jnp.arange(3.0) * step}
@@ -129,13 +131,18 @@ def test_values_changed_on_disk_are_refused_naming_the_array(tmp_path):
             data_state={"position": step},
         )
     manager.close()
-    # Step 1's valid array files in place of step 2's: readable, but other values.
-    shutil.rmtree(os.path.join(directory, "2", "params"))
-    shutil.copytree(os.path.join(directory, "1", "params"), os.path.join(directory, "2", "params"))
-    abstract = dict(
+    return dict(
         abstract_params=jax.eval_shape(lambda: params),
         abstract_state={"step": jax.ShapeDtypeStruct((), jnp.int32)},
     )
+
+
+def test_values_changed_on_disk_are_refused_naming_the_array(tmp_path):
+    directory = str(tmp_path / "checkpoints")
+    abstract = _save_steps(directory)
+    # Step 1's valid array files in place of step 2's: readable, but other values.
+    shutil.rmtree(os.path.join(directory, "2", "params"))
+    shutil.copytree(os.path.join(directory, "1", "params"), os.path.join(directory, "2", "params"))
     manager = checkpoint.make_manager(directory, read_only=True)
     changed = r"/2: the values of params/b \(and 1 more arrays\) differ"
     with pytest.raises(checkpoint.UnusableCheckpointError, match=changed):
@@ -145,6 +152,84 @@ def test_values_changed_on_disk_are_refused_naming_the_array(tmp_path):
     assert step == 1
     np.testing.assert_array_equal(restored["params"]["w"], np.ones((4, 3)))
     assert restored["data"] == {"position": 1}
+
+
+DATA = os.path.join("data", "process_0-of-1.json")
+CHECKSUMS = os.path.join("checksums", checkpoint.CHECKSUMS_FILE)
+# Faults of step 2 of _save_steps: each is named and passed over, never restored as if intact.
+ITEM_FAULTS = {
+    "missing checksums/": (
+        lambda d: shutil.rmtree(os.path.join(d, "checksums")),
+        "2/checksums: missing (the step lacks its checksums)",
+    ),
+    "null checksums": (
+        lambda d: _write(os.path.join(d, CHECKSUMS), b"null"),
+        "checksums.json: damaged: it holds no checksum of params/b (nor of 2 more arrays)",
+    ),
+    "empty checksums": (
+        lambda d: _write(os.path.join(d, CHECKSUMS), b"{}"),
+        "checksums.json: damaged: it holds no checksum of params/b (nor of 2 more arrays)",
+    ),
+    "missing data position": (
+        lambda d: os.remove(os.path.join(d, DATA)),
+        "process_0-of-1.json: missing (this process's data position)",
+    ),
+    "data position of another step": (
+        lambda d: shutil.copy(os.path.join(d, "..", "1", DATA), os.path.join(d, DATA)),
+        "it is the data position of step 1, not of step 2 (copied from another step)",
+    ),
+}
+
+
+def test_a_step_lacking_an_item_or_holding_another_steps_position_is_passed_over(tmp_path):
+    saved = str(tmp_path / "saved")
+    abstract = _save_steps(saved)
+    for fault, (make, named) in ITEM_FAULTS.items():
+        directory = str(tmp_path / fault.replace(" ", "_").replace("/", ""))
+        shutil.copytree(saved, directory)
+        damaged = os.path.join(directory, "2")
+        make(damaged)
+        before = _contents(damaged)
+        manager = checkpoint.make_manager(directory, read_only=True)
+        with pytest.raises(checkpoint.UnusableCheckpointError) as e:
+            checkpoint.restore(manager, 2, **abstract)
+        assert named in str(e.value) and str(e.value).startswith(damaged), fault
+        step, restored = checkpoint.restore_newest(manager, **abstract)
+        assert (step, restored["data"]) == (1, {"position": 1}), fault
+        np.testing.assert_array_equal(restored["params"]["w"], np.ones((4, 3)))
+        checkpoint.set_aside_after(manager, step)
+        assert manager.all_steps() == [1]
+        manager.close()
+        aside = os.path.join(os.path.dirname(directory), checkpoint.UNUSABLE, "2")
+        assert _contents(aside) == before, fault  # moved, files unchanged
+        shutil.rmtree(os.path.dirname(aside))
+
+
+def test_a_step_written_before_the_checksums_and_step_bound_positions_still_restores(
+    tmp_path, caplog
+):
+    """A step as tfjax wrote it before (no FORMAT, no checksums item, a data position without
+    its step) is old, not damaged: it restores, with a warning that nothing verifies it."""
+    directory = str(tmp_path / "checkpoints")
+    abstract = _save_steps(directory)
+    step_dir = os.path.join(directory, "2")
+    shutil.rmtree(os.path.join(step_dir, "checksums"))
+    path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+    with open(path) as f:
+        metadata = json.load(f)
+    del metadata["item_handlers"]["checksums"], metadata["custom_metadata"]["tfjax_format"]
+    with open(path, "w") as f:
+        json.dump(metadata, f)
+    state = {"position": 2}
+    with open(os.path.join(step_dir, DATA), "w") as f:
+        json.dump({"sha256": checkpoint._digest(state), "state": state}, f)
+    manager = checkpoint.make_manager(directory, read_only=True)
+    with caplog.at_level(logging.WARNING):
+        restored = checkpoint.restore(manager, 2, **abstract)
+    manager.close()
+    assert restored["data"] == state
+    np.testing.assert_array_equal(restored["params"]["w"], np.full((4, 3), 2.0))
+    assert "records no checksums" in caplog.text
 
 
 def test_checksums_change_with_any_value_and_not_with_the_sharding():
@@ -211,25 +296,42 @@ FAULTS = {
     "zeroed": lambda d: _write(_array_files(d)[0], bytes(os.path.getsize(_array_files(d)[0]))),
     "deleted": lambda d: os.remove(_array_files(d)[0]),
     "bad _METADATA": lambda d: _write(os.path.join(d, "params", "_METADATA"), b"{"),
-    "bad data JSON": lambda d: _write(os.path.join(d, "data", "process_0-of-1.json"), b"{bad"),
+    "bad data JSON": lambda d: _write(os.path.join(d, DATA), b"{bad"),
     "changed data position": lambda d: _change_data_position(d),
     "missing state/": lambda d: shutil.rmtree(os.path.join(d, "state")),
+    # A step written with its data position is damaged without it, not old (issue 38).
+    "missing data/": lambda d: shutil.rmtree(os.path.join(d, "data")),
+    # Orbax does not list it, and the save of step 4 failed on it on every rerun (issue 38).
+    "dangling symlink": lambda d: (shutil.rmtree(d), os.symlink("/nonexistent/4", d)),
 }
 NAMED = {
     "bad _METADATA": "params/_METADATA: not valid JSON",
     "bad data JSON": "process_0-of-1.json: not valid JSON",
     "changed data position": "process_0-of-1.json: its content does not match its SHA-256",
     "missing state/": "state: missing",
+    "missing data/": "4/data: missing (the step lacks its data)",
+    "dangling symlink": "4: a symbolic link to /nonexistent/4, which does not exist",
 }
 
 
 def _change_data_position(step_dir):
-    path = os.path.join(step_dir, "data", "process_0-of-1.json")
+    path = os.path.join(step_dir, DATA)
     with open(path) as f:
         stored = json.load(f)
     stored["state"]["changed"] = 1  # a valid JSON file with another position
     with open(path, "w") as f:
         json.dump(stored, f)
+
+
+def _contents(path):
+    """{relative path: bytes} of the files under a directory; a symbolic link's target."""
+    if os.path.islink(path):
+        return os.readlink(path)
+    return {
+        os.path.relpath(os.path.join(d, f), path): pathlib.Path(d, f).read_bytes()
+        for d, _, fs in os.walk(path)
+        for f in fs
+    }
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -243,11 +345,7 @@ def test_an_unreadable_newest_step_is_named_set_aside_and_the_run_resumes(
     workdir = _copy(trained, tmp_path)
     damaged = os.path.join(workdir, "checkpoints", "4")
     FAULTS[fault](damaged)
-    before = {
-        os.path.relpath(os.path.join(d, f), damaged) for d, _, fs in os.walk(damaged) for f in fs
-    }
-    kept = str(tmp_path / "damaged_copy")
-    shutil.copytree(damaged, kept)
+    before = _contents(damaged)
     with caplog.at_level(logging.WARNING):
         result = train.train_and_evaluate(
             vit_config(data_dir, **dict(SAVES, num_train_steps=6)), workdir
@@ -258,9 +356,7 @@ def test_an_unreadable_newest_step_is_named_set_aside_and_the_run_resumes(
     assert "Resuming from checkpoint" in caplog.text and "/checkpoints/2, the newest" in caplog.text
     assert result["step"] == 6 and listed_steps(workdir) == [2, 4, 6]  # 4 trained anew
     aside = os.path.join(workdir, checkpoint.UNUSABLE, "4")
-    after = {os.path.relpath(os.path.join(d, f), aside) for d, _, fs in os.walk(aside) for f in fs}
-    assert after == before
-    assert not filecmp.dircmp(aside, kept).diff_files  # its files unchanged
+    assert before and _contents(aside) == before  # its files unchanged
 
 
 def test_with_no_usable_step_the_run_stops_listing_them_and_deletes_nothing(
@@ -281,18 +377,91 @@ def test_with_no_usable_step_the_run_stops_listing_them_and_deletes_nothing(
     assert sorted(x for x in listed if x != checkpoint.TRASH) == ["2", "4"]
 
 
-def test_restore_step_picks_a_step_and_sets_the_newer_ones_aside(trained, data_dir, tmp_path):
+def test_restore_step_picks_a_step_once_and_sets_the_newer_ones_aside(trained, data_dir, tmp_path):
     workdir = _copy(trained, tmp_path)
     config = vit_config(data_dir, **dict(SAVES, num_train_steps=3))
     config.checkpoint.restore_step = 5
-    with pytest.raises(
-        ValueError, match=r"restore_step=5: .* has no such step \(it has \[2, 4\]\)"
-    ):
+    missing = r"restore_step=5: .* has no such step \(it has \[2, 4\]\); set one of them"
+    with pytest.raises(ValueError, match=missing):  # the pre-start check
+        checkpoint.check_restore_step(config, workdir)
+    with pytest.raises(checkpoint.CheckpointError, match=missing):  # the run's own
         train.train_and_evaluate(config, workdir)
     config.checkpoint.restore_step = 2
     result = train.train_and_evaluate(config, workdir)
     assert result["step"] == 3 and listed_steps(workdir) == [2, 3]
     assert os.listdir(os.path.join(workdir, checkpoint.UNUSABLE)) == ["4"]
+    # The same command again (as after a stop) resumes from the newest step: restore_step took
+    # effect once; it neither rolls the run back again nor sets more steps aside (issue 38).
+    config.num_train_steps = 4
+    checkpoint.check_restore_step(config, workdir)
+    result = train.train_and_evaluate(config, workdir)
+    assert result["step"] == 4 and listed_steps(workdir) == [2, 3, 4]
+    assert os.listdir(os.path.join(workdir, checkpoint.UNUSABLE)) == ["4"]
+
+
+def test_a_data_position_for_other_data_settings_is_one_line_and_moves_nothing(
+    trained, data_dir, runner_env, tmp_path
+):
+    workdir = _copy(trained, tmp_path)
+    before = _contents(os.path.join(workdir, "checkpoints"))
+    rc, out = run(run_command(workdir, data_dir, dict(SAVES, batch_size=32)), runner_env)
+    assert rc == 1, out[-3000:]
+    [line] = [x for x in out.splitlines() if "CheckpointMismatchError" in x]
+    assert f"checkpoint {workdir}/checkpoints/4: its data position does not fit" in line
+    assert "saved with batch_size=16, but this loader has batch_size=32" in line
+    assert "Traceback" not in out
+    assert _contents(os.path.join(workdir, "checkpoints")) == before
+    assert not os.path.exists(os.path.join(workdir, checkpoint.UNUSABLE))
+
+
+READ_STEPS = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from tfjax.runner import checkpoint
+    f32 = jnp.float32
+    manager = checkpoint.make_manager(sys.argv[1], read_only=True)
+    try:
+        checkpoint.restore_newest(
+            manager,
+            abstract_params={"w": jax.ShapeDtypeStruct((4, 3), f32),
+                             "b": jax.ShapeDtypeStruct((3,), f32)},
+            abstract_state={"step": jax.ShapeDtypeStruct((), jnp.int32)},
+        )
+    except checkpoint.CheckpointError as e:
+        print(f"{type(e).__name__}: {e}")
+""")
+
+
+def test_a_step_this_user_may_not_read_is_one_line_and_no_older_step_is_tried():
+    """Not damage: the run must not pass it over (or move it) but say what to do. As root, the
+    reader runs as nobody, whom the permissions bind (in a folder of /tmp that it can reach)."""
+    with tempfile.TemporaryDirectory() as base:
+        os.chmod(base, 0o755)
+        directory = os.path.join(base, "checkpoints")
+        _save_steps(directory)
+        step_dir = os.path.join(directory, "2")
+        before = sorted(os.listdir(directory))
+        as_nobody = []
+        if os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                pytest.skip("running as root without setpriv: no user the permissions bind")
+            as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        os.chmod(step_dir, 0)
+        try:
+            proc = subprocess.run(
+                [*as_nobody, sys.executable, "-c", READ_STEPS, directory],
+                cwd=ROOT,
+                env=dict(os.environ, PYTHONPATH=ROOT, HOME=base),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        finally:
+            os.chmod(step_dir, 0o755)
+        assert sorted(os.listdir(directory)) == before
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("Checkpoint")] or [proc.stderr]
+    assert line.startswith(f"CheckpointPermissionError: {step_dir}: permission denied"), line
+    assert f"Permission denied: '{step_dir}/" in line and f"chmod -R u+rwX {step_dir}" in line
+    assert "Checkpoint unusable" not in proc.stderr  # step 1 was not tried instead
 
 
 # ---------------------------------------------------------------------------- 4. disk full

@@ -1,14 +1,16 @@
 """Checkpoints with Orbax: what a run saves, how it resumes, and the checks before restoring.
 
-A checkpoint step directory `WORKDIR/checkpoints/<step>/` holds three items:
+A checkpoint step directory `WORKDIR/checkpoints/<step>/` holds four items:
 
-  params  the model parameters (sharded arrays; every process writes its shards)
-  state   {"step", "opt_state", "rng" (the run's dropout key data), "ema_params" (if on)}
-  data    the data loader's position, one JSON file per process (`process_<i>-of-<n>.json`)
+  params     the model parameters (sharded arrays; every process writes its shards)
+  state      {"step", "opt_state", "rng" (the run's dropout key data), "ema_params" (if on)}
+  data       the data loader's position, one JSON file per process (`process_<i>-of-<n>.json`),
+             which names its step
+  checksums  each array's checksum (see below)
 
-Every step directory also records, in Orbax's `_CHECKPOINT_METADATA` (JSON), the versions of
-jax, flax, optax, orbax and tfjax that wrote it; restoring under other versions logs a warning
-with both lists.
+Every step directory also records, in Orbax's `_CHECKPOINT_METADATA` (JSON), the items it was
+written with, tfjax's checkpoint FORMAT, and the versions of jax, flax, optax, orbax and tfjax
+that wrote it; restoring under other versions logs a warning with both lists.
 
 Crash safety (what a SIGKILL at any moment leaves behind):
   * Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it to `<step>` only
@@ -19,6 +21,8 @@ Crash safety (what a SIGKILL at any moment leaves behind):
     from there (after each save and when a manager is made).
   * A failed asynchronous write raises at the next save or when the run ends
     (`wait_until_finished`), and its step never becomes a complete directory.
+  * A save that raises after it started the writes waits for them to end (they need nothing
+    more from it) and raises its own error, within seconds.
 Everything in a checkpoint is read as JSON, msgpack or tensorstore arrays: nothing is
 unpickled, so nothing stored can import or execute code.
 
@@ -27,14 +31,20 @@ Verified restores (what a flipped bit or a truncated file does):
     two 32-bit position-weighted sums of the bit patterns, computed on the devices where the
     arrays live and fetched by the background commit, so any single changed value always
     changes them and the loop does not wait); every restore recomputes them on the restored
-    arrays and refuses a step whose values differ, naming the array. The data position's JSON
-    carries its own SHA-256.
+    arrays and refuses a step whose values differ, naming the array, or whose checksums file
+    lacks one of them. The data position's JSON carries its step and their SHA-256: a damaged
+    position, or one copied from another step, is refused.
+  * A step that lacks an item it was written with (its metadata lists them) is damaged, not
+    old: it is refused like one that fails verification. So is an entry named as a step that
+    Orbax does not list (a dangling symbolic link, a file), on which the next save of that
+    step would fail.
   * `restore_newest` tries the newest step first; a step that fails verification or reading
     is named with the file and the reason in a few lines, and the run resumes from the newest
     step that verifies (config.checkpoint.restore_step picks one explicitly). The unusable
     steps (and, with restore_step, newer ones) are then moved, files unchanged, into
     `<workdir>/checkpoints_set_aside/`, so that the resumed run's new steps neither collide
-    with them nor get deleted in their favour.
+    with them nor get deleted in their favour. A step this process may not read is no damage:
+    the run stops naming it (CheckpointPermissionError), moving nothing.
   * A write that fails (a full disk) stops the run with one error naming the directory, the
     step and the free space; older steps are untouched.
   * TRASH is emptied when the manager closes: a finished run keeps `keep` steps, no more.
@@ -51,12 +61,17 @@ Fields of `config.checkpoint`:
   every         save every this many steps (and always after the last step); 0: only at the end
   keep          keep the newest this many checkpoints
   best_metric   also keep the checkpoint with the best value of this eval metric, e.g.
-                "accuracy" ("" for none); checkpoints are then also saved at every evaluation
+                "accuracy" ("" for none); checkpoints are then also saved at every evaluation.
+                A name the run's evaluation never gives is refused before the run starts
+                (check_best_metric); a step whose value is not finite is never the best
   best_mode     "max" or "min" for best_metric
   async_save    write in a background thread: training continues while the files are written
   replica_parallel   replicas of a replicated array each write a slice of it (faster saves
                 on many devices; the first save compiles small slicing programs, seconds on CPU)
-  restore_step  resume from this step instead of the newest one that verifies (None: newest)
+  restore_step  resume from this step instead of the newest one that verifies (None: newest),
+                setting the newer ones aside; it takes effect once, in the run that sets or
+                changes it: running the same command again resumes from the newest step
+                (restore_step_to_apply)
   timeout_s     the most seconds a save's background commit waits for the other processes to
                 finish writing (Orbax's barrier) before it fails with an error; a process that
                 died is caught sooner by JAX's heartbeat (experiments/run.py --heartbeat_timeout)
@@ -72,8 +87,11 @@ import hashlib
 import importlib.metadata
 import json
 import logging as std_logging
+import math
 import os
+import re
 import shutil
+import stat
 import sys
 import threading
 from typing import Any
@@ -87,24 +105,40 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import future as ocp_future
 
-ITEMS = ("params", "state", "data")
+from tfjax.runner import workdirs
+
 TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
 VERSIONED = ("jax", "flax", "optax", "orbax-checkpoint", "tfjax")
 TIMEOUT_S = 1200  # checkpoint.timeout_s when a config has none (Orbax's own default)
 CHECKSUMS_FILE = "checksums.json"  # in the step's "checksums" item
 UNUSABLE = "checkpoints_set_aside"  # beside checkpoints/: steps a resumed run moved away
+# The format of the steps this tfjax writes, recorded in their metadata ("tfjax_format"). 2:
+# data positions name their step. Steps without it were written before: their positions are
+# not bound to a step, and they may lack the checksums item.
+FORMAT = 2
 
 
-class CheckpointMismatchError(ValueError):
-    """The checkpoint is readable but written for another model or optimizer: a config error,
-    so no older step is tried instead."""
+class CheckpointError(Exception):
+    """An error of a run's checkpoints whose message names the step or file and what to do:
+    experiments/run.py prints it alone (status 1)."""
 
 
-class UnusableCheckpointError(RuntimeError):
-    """A checkpoint step cannot be read or fails its checksums."""
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """The checkpoint is readable but does not fit this run (another model, optimizer or data
+    loader): a config error, so no older step is tried instead."""
 
 
-class CheckpointWriteError(OSError):
+class UnusableCheckpointError(CheckpointError, RuntimeError):
+    """A checkpoint step cannot be read, lacks an item it was written with, or fails its
+    checksums: the run passes it over."""
+
+
+class CheckpointPermissionError(CheckpointError, PermissionError):
+    """This process may not read a checkpoint: not damage, so nothing is passed over or
+    moved; the user gives the permission back."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
     """A save could not be written (disk full, permissions)."""
 
 
@@ -195,27 +229,37 @@ def _data_file(directory: epath.Path) -> epath.Path:
     return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
 
-def _digest(state) -> str:
-    """The SHA-256 of a data position's canonical JSON."""
-    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+def _digest(content) -> str:
+    """The SHA-256 of canonical JSON."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
-def _data_text(state: dict) -> str:
-    """The position as JSON, with its SHA-256 (checked on restore)."""
-    return json.dumps({"sha256": _digest(state), "state": state})
+def _data_text(state: dict, step: int) -> str:
+    """The position as JSON, bound to its step, with the SHA-256 of both (checked on restore)."""
+    return json.dumps({"step": step, "sha256": _digest([step, state]), "state": state})
 
 
-def _read_data(path: epath.Path) -> dict:
+def _read_data(path: epath.Path, step: int, *, bound: bool) -> dict:
+    """The loader state in `path`, checked against its SHA-256 and, for a step whose positions
+    are `bound` (FORMAT 2), that it is the position of `step`, not a copy of another step's."""
     try:
         stored = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(stored, dict) or not stored.keys() & {"sha256", "state"}:
+    fields = {"step", "sha256", "state"} if bound else {"sha256", "state"}
+    if not bound and not (isinstance(stored, dict) and stored.keys() & fields):
         return stored  # written before the checksum: the loader state itself
-    if stored.keys() != {"sha256", "state"}:
-        raise UnusableCheckpointError(f"{path}: its fields are damaged ({sorted(stored)})")
-    if _digest(stored["state"]) != stored["sha256"]:
+    if not isinstance(stored, dict) or stored.keys() != fields:
+        found = sorted(stored) if isinstance(stored, dict) else type(stored).__name__
+        raise UnusableCheckpointError(f"{path}: its fields are damaged ({found})")
+    content = [stored["step"], stored["state"]] if bound else stored["state"]
+    if _digest(content) != stored["sha256"]:
         raise UnusableCheckpointError(f"{path}: its content does not match its SHA-256")
+    if bound and stored["step"] != step:
+        raise UnusableCheckpointError(
+            f"{path}: it is the data position of step {stored['step']}, not of step {step} "
+            "(copied from another step)"
+        )
     return stored["state"]
 
 
@@ -260,7 +304,7 @@ class DataStateHandler(_FileItemHandler):
     """
 
     async def async_save(self, directory: epath.Path, args: DataSave):
-        text = _data_text(args.state)  # serialised now: the loader moves on during the write
+        text = _data_text(args.state, args.step)  # now: the loader moves on during the write
 
         async def write():
             _data_file(directory).write_text(text)
@@ -269,28 +313,37 @@ class DataStateHandler(_FileItemHandler):
         return [ocp_future.CommitFutureAwaitingContractedSignals(write(), name="data_save")]
 
     def save(self, directory: epath.Path, args: DataSave):
-        _data_file(directory).write_text(_data_text(args.state))
+        _data_file(directory).write_text(_data_text(args.state, args.step))
 
-    def restore(self, directory: epath.Path, args: DataRestore | None = None):
+    def restore(self, directory: epath.Path, args: DataRestore):
         path = _data_file(directory)
-        if not path.exists():
-            return None  # saved by a different number of processes
         try:
-            return _read_data(path)
+            if not path.exists():
+                ours = f"-of-{jax.process_count()}.json"
+                others = [n for n in os.listdir(directory) if _DATA_FILE.fullmatch(n)]
+                if others and not any(n.endswith(ours) for n in others):
+                    return None  # saved by a different number of processes
+                raise UnusableCheckpointError(f"{path}: missing (this process's data position)")
+            return _read_data(path, args.step, bound=args.bound)
         except UnusableCheckpointError as e:
             return _ReadFailure(e)  # raised after Orbax's barrier (see _ReadFailure)
+
+
+_DATA_FILE = re.compile(r"process_\d+-of-\d+\.json")
 
 
 @ocp.args.register_with_handler(DataStateHandler, for_save=True)
 @dataclasses.dataclass
 class DataSave(ocp.args.CheckpointArgs):
     state: dict
+    step: int
 
 
 @ocp.args.register_with_handler(DataStateHandler, for_restore=True)
 @dataclasses.dataclass
 class DataRestore(ocp.args.CheckpointArgs):
-    pass
+    step: int
+    bound: bool  # the step's positions name their step (FORMAT 2)
 
 
 # ------------------------------------------------------------------------------------ manager
@@ -343,6 +396,36 @@ def check_options(c) -> None:
         )
 
 
+def _best_metric_fn(name: str, mode: str):
+    """The value BestN ranks a step's metrics by. Orbax calls it inside `manager.save`, for
+    every kept step, so it never raises: a step whose metrics lack `name` (saved under another
+    best_metric) or whose value is not finite ranks worst, never best."""
+    worst = -math.inf if mode == "max" else math.inf
+
+    def value(metrics: dict) -> float:
+        v = metrics.get(name)
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else worst
+
+    return value
+
+
+def check_best_metric(config) -> None:
+    """Raises ValueError when config.checkpoint.best_metric names a metric that the run's
+    evaluation never produces (its task's metrics, and its decode-eval hook's when it decodes):
+    a checkpoint would never be kept as the best. A pre-start check."""
+    from tfjax.runner import evaluation
+
+    name = config.checkpoint.get("best_metric", "")
+    if not name:
+        return
+    produced = evaluation.metric_names(config)
+    if name not in produced:
+        raise ValueError(
+            f"checkpoint.best_metric={name!r} is not an eval metric of task={config.task!r}"
+            f"; allowed: {', '.join(produced)}, or '' to keep only the newest checkpoints"
+        )
+
+
 def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.CheckpointManager:
     """The CheckpointManager of a run's `checkpoints/` directory (created when missing)."""
     policies = []
@@ -353,10 +436,9 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         timeout_s = c.get("timeout_s", TIMEOUT_S)
         policies.append(ocp.checkpoint_managers.LatestN(n=c.keep))
         if c.best_metric:
-            metric = c.best_metric
             policies.append(
                 ocp.checkpoint_managers.BestN(
-                    get_metric_fn=lambda metrics: metrics[metric],
+                    get_metric_fn=_best_metric_fn(c.best_metric, c.best_mode),
                     reverse=c.best_mode == "min",  # BestN keeps the end of an ascending sort
                     n=1,
                     keep_checkpoints_without_metrics=False,
@@ -381,11 +463,11 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
     _shorten_disk_full_logs()
     _drop_closed_loop_noise()  # before the first read or write that could fail
     replica_parallel = checkpoint_config is None or checkpoint_config.replica_parallel
-    manager = ocp.CheckpointManager(
-        epath.Path(directory).absolute(),
-        options=options,
-        handler_registry=_registry(replica_parallel),
-    )
+    directory = epath.Path(directory).absolute()
+    with _permission_errors(directory):  # Orbax lists the steps here
+        manager = ocp.CheckpointManager(
+            directory, options=options, handler_registry=_registry(replica_parallel)
+        )
     if not read_only:
         empty_trash(manager.directory)
     return manager
@@ -399,24 +481,30 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
     """
     items = dict(params=ocp.args.PyTreeSave(params), state=ocp.args.PyTreeSave(state))
     if data_state is not None:
-        items["data"] = DataSave(data_state)
+        items["data"] = DataSave(data_state, step)
     # Written by the background commit, which waits for them (see ChecksumsHandler); an async
     # save starts them after its copy off the devices, so that the two never compete.
-    sums = _PendingChecksums()
+    sums = _PendingChecksums(manager._options.async_options.timeout_secs)  # noqa: SLF001
     items["checksums"] = ChecksumsSave(sums)
+    tree = {"params": params, "state": state}
     if not manager._options.enable_async_checkpointing:  # noqa: SLF001 - no public getter
-        sums.start({"params": params, "state": state})
-    try:
-        with _write_errors(manager, step):
+        sums.start(tree)
+    with _write_errors(manager, step):
+        try:
             manager.save(
                 step,
                 args=ocp.args.Composite(**items),
                 metrics=metrics,
                 force=True,
-                custom_metadata={"versions": versions()},
+                custom_metadata={"versions": versions(), "tfjax_format": FORMAT},
             )
-    finally:
-        sums.start({"params": params, "state": state})
+        except BaseException:
+            # manager.save may raise after starting the writes; _write_errors then waits for
+            # them, and the checksums item among them waits for this start.
+            with contextlib.suppress(Exception):  # its own error is the writer's to raise
+                sums.start(tree)
+            raise
+        sums.start(tree)
     manager.tfjax_writing = step  # named if its background write fails
     # The previous save (and its deletions) finished inside manager.save.
     empty_trash(manager.directory, background=True)
@@ -610,19 +698,29 @@ def checksums(tree) -> dict[str, str]:
 
 
 class _PendingChecksums:
-    """Checksums that a save starts (dispatches to the devices) once, and its writer waits for."""
+    """Checksums that a save starts (dispatches to the devices) once, and its writer waits for
+    at most `timeout_s` (the save's checkpoint.timeout_s)."""
 
-    def __init__(self):
-        self._sums, self._started = None, threading.Event()
+    def __init__(self, timeout_s: float):
+        self._timeout_s, self._sums, self._error = timeout_s, None, None
+        self._started = threading.Event()
 
     def start(self, tree) -> None:
-        if not self._started.is_set():
+        if self._started.is_set():
+            return
+        try:
             self._sums = _start_checksums(tree)
+        except BaseException as e:  # the writer fails with it instead of waiting
+            self._error = e
+            raise
+        finally:
             self._started.set()
 
-    def text(self, timeout_s: float) -> str:
-        if not self._started.wait(timeout_s):
-            raise TimeoutError(f"the checksums were not started within {timeout_s} s")
+    def text(self) -> str:
+        if not self._started.wait(self._timeout_s):
+            raise TimeoutError(f"the checksums were not started within {self._timeout_s} s")
+        if self._error is not None:
+            raise RuntimeError("computing the checksums failed") from self._error
         return json.dumps(_hex(self._sums))
 
 
@@ -639,7 +737,7 @@ class ChecksumsHandler(_FileItemHandler):
 
     def save(self, directory: epath.Path, args: ChecksumsSave):
         if jax.process_index() == 0:  # the sums are replicated: the others fetch nothing
-            (directory / CHECKSUMS_FILE).write_text(args.sums.text(TIMEOUT_S))
+            (directory / CHECKSUMS_FILE).write_text(args.sums.text())
 
     def restore(self, directory: epath.Path, args=None):  # restores verify with the file itself
         return json.loads((directory / CHECKSUMS_FILE).read_text())
@@ -651,17 +749,17 @@ class ChecksumsSave(ocp.args.CheckpointArgs):
     sums: _PendingChecksums
 
 
-def _verify(manager, step: int, restored: dict) -> None:
+def _verify(manager, step: int, restored: dict, *, written: bool) -> None:
     """Raises UnusableCheckpointError naming the arrays whose values differ from the checksums
-    recorded at save time (steps saved before tfjax recorded them: a warning)."""
+    recorded at save time, or the checksums file when it does not hold one of each restored
+    array. `written`: the step was written with its checksums item (a step saved before tfjax
+    recorded them: a warning)."""
     path = _step_dir(manager, step) / "checksums" / CHECKSUMS_FILE
     try:
         stored = json.loads(path.read_text())
     except FileNotFoundError:
-        stored = None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
-    if stored is None:
+        if written:
+            raise UnusableCheckpointError(f"{path}: missing") from None
         logging.warning(
             "Checkpoint %s/%d records no checksums (written before tfjax recorded "
             "them): its values are not verified.",
@@ -669,8 +767,16 @@ def _verify(manager, step: int, restored: dict) -> None:
             step,
         )
         return
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
     now = checksums(restored)
-    bad = sorted(k for k in now if k in stored and stored[k] != now[k])
+    missing = sorted(now.keys() - stored.keys()) if isinstance(stored, dict) else sorted(now)
+    if missing:
+        raise UnusableCheckpointError(
+            f"{path}: damaged: it holds no checksum of {missing[0]}"
+            + (f" (nor of {len(missing) - 1} more arrays)" if len(missing) > 1 else "")
+        )
+    bad = sorted(k for k in now if stored[k] != now[k])
     if bad:
         raise UnusableCheckpointError(
             f"{manager.directory}/{step}: the values of {bad[0]}"
@@ -760,22 +866,68 @@ def _short(e: BaseException, limit: int = 400) -> str:
     return f"{type(e).__name__}: {text[:limit]}{' ...' if len(text) > limit else ''}"
 
 
-def _check_files(manager, step: int, items) -> None:
-    """Names the missing or unparsable metadata file of a step before Orbax reads it."""
+def _is_dir(path) -> bool:
+    """Whether `path` is a directory; unlike Path.is_dir, a directory this process may not
+    search raises PermissionError instead of looking absent."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _read_json(path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UnusableCheckpointError(f"{path}: missing") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def _items_written(metadata: dict, root) -> set[str]:
+    """The items a step was written with, as Orbax records them in its _CHECKPOINT_METADATA
+    (versions of Orbax that did not record them: the item directories it has)."""
+    handlers = metadata.get("item_handlers")
+    if isinstance(handlers, dict):
+        return set(handlers)
+    return {"params", "state"} | {item for item in ("data", "checksums") if _is_dir(root / item)}
+
+
+def _check_items(manager, step: int, items) -> dict:
+    """The step's _CHECKPOINT_METADATA, after naming what a read would miss: a metadata file
+    missing or unparsable, or an item (of `items`, or any other the step was written with: a
+    step that lacks one is damaged, not old) missing."""
     root = _step_dir(manager, step)
-    files = [root / "_CHECKPOINT_METADATA"]
-    for item in items:
-        if not (root / item).is_dir():
+    metadata = _read_json(root / "_CHECKPOINT_METADATA")
+    if not isinstance(metadata, dict):
+        raise UnusableCheckpointError(f"{root / '_CHECKPOINT_METADATA'}: damaged (not an object)")
+    for item in sorted(set(items) | _items_written(metadata, root)):
+        if not _is_dir(root / item):
             raise UnusableCheckpointError(f"{root / item}: missing (the step lacks its {item})")
-        if item != "data":
-            files.append(root / item / "_METADATA")
-    for path in files:
-        try:
-            json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UnusableCheckpointError(f"{path}: missing") from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
+        if item in ("params", "state"):
+            _read_json(root / item / "_METADATA")
+    return metadata
+
+
+def _denied(e: BaseException) -> bool:
+    # tensorstore's errors carry only the text
+    return any(isinstance(x, PermissionError) or "PERMISSION_DENIED" in str(x) for x in _chain(e))
+
+
+@contextlib.contextmanager
+def _permission_errors(path):
+    """A read of `path` (a step, the checkpoints directory) that this process may not make
+    becomes one CheckpointPermissionError: not damage, so no older step is tried instead."""
+    try:
+        yield
+    except (OSError, UnusableCheckpointError) as e:
+        if isinstance(e, CheckpointPermissionError) or not _denied(e):
+            raise
+        raise CheckpointPermissionError(
+            f"{path}: permission denied ({_short(e, 200)}). Give this user read and write "
+            f"access to it (e.g. chmod -R u+rwX {path}) or run as the user who wrote it, then "
+            "run the same command again; nothing was moved or deleted."
+        ) from None
 
 
 def restore(
@@ -791,38 +943,43 @@ def restore(
 
     Keys of abstract_state named in `optional_state` are restored only where the step has them
     (older checkpoints lack some). "data" is None when the checkpoint has no position for this
-    process (written by a different number of processes) or data=False.
+    process (written by a different number of processes or without one) or data=False.
     Raises CheckpointMismatchError when the step was written for another model or optimizer,
-    UnusableCheckpointError when it cannot be read or fails its checksums.
+    UnusableCheckpointError when it cannot be read, lacks an item or fails its checksums,
+    CheckpointPermissionError when this process may not read it.
     """
     where = f"{manager.directory}/{step}"
-    _check_files(manager, step, ("params", "state"))
-    stored_params = stored_param_shapes(manager, step)
-    stored_state = _stored_shapes(manager, step, "state")
-    has_data = data and (_step_dir(manager, step) / "data").is_dir()
-    check_params_fit(stored_params, abstract_params, where)
-    stored_keys = {name.split("/")[0] for name in stored_state}
-    abstract_state = {
-        k: v for k, v in abstract_state.items() if k in stored_keys or k not in optional_state
-    }
-    _check_fit(
-        stored_state,
-        abstract_state,
-        where,
-        "state array",
-        "the optimizer and EMA settings it was written with",
-    )
-    check_versions(manager, step)
-    items = dict(params=_restore_args(abstract_params), state=_restore_args(abstract_state))
-    if has_data:
-        items["data"] = DataRestore()
-    restored = _read_verified(manager, step, items)
+    with _permission_errors(_step_dir(manager, step)):
+        metadata = _check_items(manager, step, ("params", "state"))
+        written = _items_written(metadata, _step_dir(manager, step))
+        stored_params = stored_param_shapes(manager, step)
+        stored_state = _stored_shapes(manager, step, "state")
+        check_params_fit(stored_params, abstract_params, where)
+        stored_keys = {name.split("/")[0] for name in stored_state}
+        abstract_state = {
+            k: v for k, v in abstract_state.items() if k in stored_keys or k not in optional_state
+        }
+        _check_fit(
+            stored_state,
+            abstract_state,
+            where,
+            "state array",
+            "the optimizer and EMA settings it was written with",
+        )
+        check_versions(manager, step)
+        items = dict(params=_restore_args(abstract_params), state=_restore_args(abstract_state))
+        if data and "data" in written:
+            custom = metadata.get("custom_metadata")
+            format_ = custom.get("tfjax_format", 1) if isinstance(custom, dict) else 1
+            items["data"] = DataRestore(step, bound=format_ >= 2)  # see FORMAT
+        restored = _read_verified(manager, step, items, checksums="checksums" in written)
     return {"params": restored["params"], "state": restored["state"], "data": restored.get("data")}
 
 
-def _read_verified(manager, step: int, items: dict) -> dict:
-    """manager.restore of `items` at `step`, checked against the step's checksums; a failure on
-    any process raises UnusableCheckpointError on every process."""
+def _read_verified(manager, step: int, items: dict, *, checksums: bool) -> dict:
+    """manager.restore of `items` at `step`, checked against the step's checksums (`checksums`:
+    the step was written with them); a failure on any process raises UnusableCheckpointError
+    on every process."""
     where = f"{manager.directory}/{step}"
     try:
         restored = dict(manager.restore(step, args=ocp.args.Composite(**items)))
@@ -834,34 +991,96 @@ def _read_verified(manager, step: int, items: dict) -> dict:
     error = _agree(error, where)  # before _verify, whose checksums are computed by all
     if error is not None:
         raise error
-    _verify(manager, step, {k: restored[k] for k in ("params", "state") if k in restored})
+    arrays = {k: restored[k] for k in ("params", "state") if k in restored}
+    _verify(manager, step, arrays, written=checksums)
     return restored
+
+
+def _step_entries(manager) -> dict[int, str]:
+    """{step: path} of every entry of the checkpoints directory named as a step, whether Orbax
+    lists it or not."""
+    directory = os.fspath(manager.directory)
+    with _permission_errors(directory):
+        names = os.listdir(directory)
+    return {int(n): os.path.join(directory, n) for n in names if n.isascii() and n.isdigit()}
+
+
+def _unlisted(manager) -> dict[int, str]:
+    """{step: what is wrong} of the entries named as a step that Orbax does not list (a
+    dangling symbolic link, a file): never restorable, and the next save of that step would
+    fail on them."""
+    listed, out = set(manager.all_steps()), {}
+    for step, path in _step_entries(manager).items():
+        if step in listed:
+            continue
+        if os.path.islink(path) and not os.path.exists(path):
+            why = f"a symbolic link to {os.readlink(path)}, which does not exist"
+        elif not os.path.isdir(path):
+            why = "a file, not a step directory"
+        else:
+            why = "a directory Orbax does not list as a step"
+        out[step] = f"{path}: {why}"
+    return out
+
+
+def _no_such_step(step: int, directory, steps) -> str:
+    return (
+        f"checkpoint.restore_step={step}: {directory} has no such step (it has "
+        f"{sorted(steps) or 'none'}); set one of them, or leave it unset to resume from the "
+        "newest step"
+    )
+
+
+def restore_step_to_apply(config, workdir: str) -> int | None:
+    """config.checkpoint.restore_step, or None where an earlier run of `workdir` applied it.
+
+    restore_step takes effect in the run that sets it (or changes it): that run resumes from
+    it and sets the newer steps aside. The workdir's config.json records the config each run
+    started with, so running the same command again (as run.py says after a stop) resumes
+    from the newest step instead of rolling the run back again.
+    """
+    step = config.checkpoint.get("restore_step")
+    previous = workdirs.previous_config(workdir) or {}
+    applied = (previous.get("checkpoint") or {}).get("restore_step")
+    return None if step == applied else step
+
+
+def check_restore_step(config, workdir: str) -> None:
+    """Raises ValueError when config.checkpoint.restore_step, still to apply, names no step in
+    `workdir`: a pre-start check."""
+    step = restore_step_to_apply(config, workdir)
+    if step is None:
+        return
+    directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    steps = [int(n) for n in names if n.isascii() and n.isdigit()]
+    if step not in steps:
+        raise ValueError(_no_such_step(step, directory, steps))
 
 
 def restore_newest(manager, *, restore_step: int | None = None, **restore_kwargs):
     """(step, restored) of the newest step that reads and verifies, or (None, None) when the
-    directory has no step. A step that fails is logged (file and reason) and left on disk, and
-    the next older one is tried; `restore_step` restores that step or raises. With no usable
-    step, raises UnusableCheckpointError listing them all. `restore_kwargs` go to `restore`.
+    directory has no step. A step that fails (entries named as a step that Orbax does not list
+    among them) is logged (file and reason) and left on disk, and the next older one is tried;
+    `restore_step` restores that step or raises. With no usable step, raises
+    UnusableCheckpointError listing them all. `restore_kwargs` go to `restore`.
 
     Every process takes the same decision: a step that fails on one process fails on all.
     """
-    steps = sorted(manager.all_steps(), reverse=True)
+    unlisted = _unlisted(manager)
+    steps = sorted({*manager.all_steps(), *unlisted}, reverse=True)
     if restore_step is not None:
         if restore_step not in steps:
-            raise ValueError(
-                f"checkpoint.restore_step={restore_step}: {manager.directory} has "
-                f"no such step (it has {sorted(steps) or 'none'})"
-            )
+            raise CheckpointError(_no_such_step(restore_step, manager.directory, steps))
         steps = [restore_step]
     failures = []
     for step in steps:
         restored, error = None, None
         try:
+            if step in unlisted:
+                raise UnusableCheckpointError(unlisted[step])
             restored = restore(manager, step, **restore_kwargs)
-        except CheckpointMismatchError:
-            raise  # the config's fault, not the step's: an older step would not fit either
-        except UnusableCheckpointError as e:
+        except UnusableCheckpointError as e:  # others (a mismatch, a permission) stop the run
             error = e  # the same on every process (see restore)
         if error is None:
             if failures:
@@ -899,24 +1118,24 @@ def _agree(error, where: str):
     return error
 
 
-def set_aside(manager, steps) -> None:
-    """Moves whole steps (files unchanged) into `<workdir>/checkpoints_set_aside/<step>`, out of
-    the manager's listing: a run resumed from an older step then neither collides with their
+def set_aside_after(manager, step: int) -> None:
+    """Moves every entry named as a step after `step` (unusable or passed over by restore_step:
+    listed steps, dangling links, files), unchanged, into `<workdir>/checkpoints_set_aside/`,
+    out of the manager's listing: a run resumed from `step` then neither collides with their
     step numbers nor has its own new steps deleted in their favour (keep counts the newest)."""
-    steps = sorted(steps)
-    if not steps:
-        return
     directory = os.fspath(manager.directory)
     aside = os.path.join(os.path.dirname(directory), UNUSABLE)
     if jax.process_index() == 0:
-        os.makedirs(aside, exist_ok=True)
-        for step in steps:
-            target = os.path.join(aside, str(step))
-            n = 1
-            while os.path.exists(target):
-                target, n = os.path.join(aside, f"{step}.{n}"), n + 1
-            os.rename(_step_dir(manager, step), target)
-            logging.warning("Checkpoint step %d moved, files unchanged, to %s", step, target)
+        for newer, path in sorted(_step_entries(manager).items()):
+            if newer <= step:
+                continue
+            os.makedirs(aside, exist_ok=True)
+            target, n = os.path.join(aside, str(newer)), 1
+            while os.path.lexists(target):
+                target, n = os.path.join(aside, f"{newer}.{n}"), n + 1
+            with _permission_errors(directory):
+                os.rename(path, target)
+            logging.warning("Checkpoint step %d moved, files unchanged, to %s", newer, target)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("tfjax: checkpoints set aside")
     manager.reload()
@@ -965,15 +1184,19 @@ def restore_params(
             )
         total = None
         for kept_step in steps:
-            _check_files(manager, kept_step, ("params",))
-            check_params_fit(
-                stored_param_shapes(manager, kept_step),
-                abstract_params,
-                f"{directory}/{kept_step} ({what})",
-            )
-            check_versions(manager, kept_step)
-            items = {"params": _restore_args(abstract_params)}
-            params = _read_verified(manager, kept_step, items)["params"]
+            with _permission_errors(_step_dir(manager, kept_step)):
+                metadata = _check_items(manager, kept_step, ("params",))
+                check_params_fit(
+                    stored_param_shapes(manager, kept_step),
+                    abstract_params,
+                    f"{directory}/{kept_step} ({what})",
+                )
+                check_versions(manager, kept_step)
+                items = {"params": _restore_args(abstract_params)}
+                written = _items_written(metadata, _step_dir(manager, kept_step))
+                params = _read_verified(
+                    manager, kept_step, items, checksums="checksums" in written
+                )["params"]
             # Summed in float32 one checkpoint at a time: memory stays at two copies.
             total = params if total is None else jax.tree.map(jnp.add, total, params)
     finally:

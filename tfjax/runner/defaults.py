@@ -167,7 +167,7 @@ def checkpoint(
     c.async_save = True  # write in the background while training goes on
     c.replica_parallel = True  # replicas share writing (faster on many devices)
     c.timeout_s = 1200  # most seconds a save waits for the other processes
-    c.restore_step = config_dict.placeholder(int)  # None: newest that verifies
+    c.restore_step = config_dict.placeholder(int)  # once (None: newest that verifies)
     return c
 
 

@@ -68,6 +68,20 @@ def eval_dataset(config, data):
     return data
 
 
+def metric_names(config) -> tuple[str, ...]:
+    """The names of the metrics an evaluation of `config` gives: its task's summary (read from
+    summarize itself, so that no list can drift from it) and those of the decode-eval hook
+    when the config decodes."""
+    from tfjax.tasks import losses
+
+    task = tasks.get(config.task)
+    names = tuple(task.summarize(dict.fromkeys(losses.SUMS, 1.0)))
+    hook = tasks.decode_eval_hook(config.task)
+    if hook is not None and hook.from_config(config) is not None:
+        names += hook.metrics
+    return names
+
+
 def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
     """evaluate(params, step) -> eval metrics of `exp` (a tfjax.runner.setup.Experiment), with
     those of the task's decode-eval hook (see the module docstring)."""

@@ -389,7 +389,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     config, tokenizer = exp.config, train_loader.tokenizer
     _check_workdir_tokenizer(workdir, tokenizer)
     manager = checkpoint.make_manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
-    cleanup.callback(checkpoint.close, manager)  # pending writes end, TRASH is emptied
+    cleanup.push(_closing(manager))  # pending writes end, TRASH is emptied
     # Keys are made inside jit: in a multi-process run every array the loop touches must be a
     # global array, replicated over the mesh.
     init_key, dropout_key = jax.jit(
@@ -397,11 +397,19 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         out_shardings=(exp.replicated, exp.replicated),
     )()
     adapters_only = _adapters_only(exp)
+    restore_step = checkpoint.restore_step_to_apply(config, workdir)
+    if restore_step != config.checkpoint.get("restore_step"):
+        logging.info(
+            "checkpoint.restore_step=%d took effect in an earlier run of %s (its config.json): "
+            "resuming from the newest step",
+            config.checkpoint.restore_step,
+            workdir,
+        )
     resumed = checkpoint.restore_train_state(
         manager,
         _checkpointed(exp.abstract_state, adapters_only),
         exp.abstract_rng,
-        restore_step=config.checkpoint.get("restore_step"),
+        restore_step=restore_step,
     )
     if resumed is None:  # config.init_from's parameters, the rest initialised
         known = _initial_params(exp) if config.init_from else None
@@ -411,17 +419,17 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         if adapters_only:  # the adapters on their base, loaded again from config.init_from
             pretrained.check_base(exp.pretrained, workdir, config)
             state = _with_base(state, _initial_params(exp))
-        # Newer steps (unusable, or passed over by restore_step) would collide with this run's
-        # next saves: moved aside, files unchanged.
-        checkpoint.set_aside(manager, [k for k in manager.all_steps() if k > step])
         if resumed.data_state is not None:
-            train_loader.set_state(resumed.data_state)
+            _set_data_position(train_loader, resumed.data_state, manager, step)
         else:
             logging.warning(
                 "Checkpoint %d has no data position for %d processes; the data starts over.",
                 step,
                 jax.process_count(),
             )
+        # Everything fits: newer steps (unusable, or passed over by restore_step) would collide
+        # with this run's next saves, so they are moved aside, files unchanged.
+        checkpoint.set_aside_after(manager, step)
         logging.info("Resumed from %s/checkpoints/%d", workdir, step)
     workdirs.record_config(workdir, config, step)
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
@@ -437,6 +445,35 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     ):
         tokenizer.save(stored)
     return manager, state, dropout_key, step
+
+
+def _closing(manager):
+    """The exit callback that closes the checkpoints (`checkpoint.close`): when the run is
+    already failing, an error of the last write is logged, never raised over the first one."""
+
+    def close(exc_type, exc, tb) -> bool:
+        try:
+            checkpoint.close(manager)
+        except Exception as e:
+            if exc is None:
+                raise
+            logging.error("The last checkpoint write failed too: %s", e)
+        return False
+
+    return close
+
+
+def _set_data_position(train_loader, data_state: dict, manager, step: int) -> None:
+    """The loader continues from a checkpoint's data position, which must be this loader's."""
+    try:
+        train_loader.set_state(data_state)
+    except (ValueError, KeyError, TypeError) as e:
+        raise checkpoint.CheckpointMismatchError(
+            f"checkpoint {manager.directory}/{step}: its data position does not fit this run's "
+            f"data loader: {e if isinstance(e, ValueError) else repr(e)}. The settings of the "
+            "workdir's last run are in its config.json; use them, or another workdir. Nothing "
+            "was moved or deleted."
+        ) from None
 
 
 def _adapters_only(exp) -> bool:

@@ -196,6 +196,17 @@ def record_config(workdir: str, config, step: int | None) -> None:
     os.replace(tmp, path)  # a kill mid-write never leaves a truncated config.json
 
 
+def previous_config(workdir: str) -> dict | None:
+    """The config the workdir's last run started with (its config.json), as a dict; None when
+    it has none or it is not valid JSON."""
+    try:
+        with open(os.path.join(workdir, CONFIG_FILE)) as f:
+            stored = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
 def read_config(workdir: str):
     """The config a run recorded in its config.json (as it was last run), as a ConfigDict: what
     tools that take only --workdir (experiments/export.py) read."""

@@ -27,6 +27,8 @@ class DecodeEval(abc.ABC):
     # The eval loader reads unpacked rows (one example per row) because decode() decodes each
     # row on its own; a property of the task, so it holds whether or not a config decodes.
     unpacked_eval_rows = False
+    # The names of the metrics finish() adds (checked against config.checkpoint.best_metric).
+    metrics: tuple[str, ...] = ()
 
     @classmethod
     @abc.abstractmethod

@@ -55,6 +55,7 @@ class BleuEval(DecodeEval):
 
     decode_config: ml_collections.ConfigDict  # config.decode
     unpacked_eval_rows = True  # one sentence pair per row: each source is decoded alone
+    metrics = ("bleu",)
 
     @classmethod
     def from_config(cls, config) -> BleuEval | None:
