@@ -144,7 +144,7 @@ def main(argv):
         ValueError,
         FileNotFoundError,
         NotADirectoryError,
-        checkpoint.UnusableCheckpointError,
+        checkpoint.CheckpointError,  # unusable, mismatched or unreadable steps
     ) as e:
         # tfjax's checks of options, workdirs and checkpoints: their message says it all.
         print(f"decode.py: {type(e).__name__}: {e}", file=sys.stderr)

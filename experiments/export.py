@@ -58,7 +58,7 @@ def main(argv):
         FileNotFoundError,
         FileExistsError,
         NotADirectoryError,
-        checkpoint.UnusableCheckpointError,
+        checkpoint.CheckpointError,  # unusable, mismatched or unreadable steps
     ) as e:  # tfjax's checks of the workdir, its checkpoints and the export: the message says it
         print(f"export.py: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
