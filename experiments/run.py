@@ -4,9 +4,11 @@ r"""Runs an experiment: a config file, a workdir, optional overrides.
         [--config.batch_size=256 --config.mesh.fsdp=2 ...]
 
 The config is locked: a misspelt override or a value of the wrong type is an error naming the
-key, and the config's values and the paths are checked before any data work; these errors are
-a line or two and exit with status 2. Running the same command again resumes from the
-workdir's newest checkpoint.
+key. Every field's value, the paths, the dataset config and the model (built abstractly on the
+batches the run will have) are checked before any data or model work and before JAX starts a
+backend (tfjax.runner.checks.check_run); then the mesh's sizes and the batch sizes against the
+devices. These errors are a line or two and exit with status 2. Running the same command again
+resumes from the workdir's newest checkpoint.
 
 SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
 with status 143 or 130 (128 + the signal) and a line saying where to resume. A non-finite loss,
@@ -193,9 +195,8 @@ def main(argv):
 
     from tfjax.runner import checks  # starts no JAX backend
 
-    try:  # tfjax.runner.train checks again; here the error is a line, not a traceback
-        checks.check_config(_CONFIG.value)
-        checks.check_paths(_CONFIG.value, _WORKDIR.value)
+    try:  # before any work: here a bad field is a line, not a traceback after data work
+        checks.check_run(_CONFIG.value, _WORKDIR.value)
     except (ValueError, OSError) as e:
         _usage_error(str(e))
     if logging.get_verbosity() <= logging.INFO:  # --verbosity=1 shows everything
@@ -241,7 +242,7 @@ def main(argv):
 
     try:
         result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except files.BadRowsError as e:  # found when the files open, before any training
+    except (checks.ConfigError, files.BadRowsError) as e:  # found before any training
         _usage_error(str(e))
     except (
         workdirs.WorkdirBusyError,
