@@ -12,9 +12,10 @@ resumes from the workdir's newest checkpoint.
 
 SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
 with status 143 or 130 (128 + the signal) and a line saying where to resume. A non-finite loss,
-a workdir another run owns, a checkpoint that does not fit or cannot be restored, and a save
-that cannot be written (a full disk) exit with status 1 and their message alone (see
-tfjax.runner.train, tfjax.runner.workdirs, tfjax.runner.checkpoint).
+a workdir another run owns, a checkpoint that does not fit or cannot be restored, a save that
+cannot be written (a full disk) and a record whose label has no logit exit with status 1 and
+their message alone (see tfjax.runner.train, tfjax.runner.workdirs, tfjax.runner.checkpoint,
+tfjax.data.loader).
 
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
@@ -237,7 +238,7 @@ def main(argv):
         jax.device_count(),
         jax.default_backend(),
     )
-    from tfjax.data import files
+    from tfjax.data import files, loader
     from tfjax.runner import checkpoint, train, workdirs
 
     try:
@@ -249,6 +250,7 @@ def main(argv):
         checkpoint.CheckpointMismatchError,
         checkpoint.UnusableCheckpointError,
         checkpoint.CheckpointWriteError,
+        loader.LabelError,
         FloatingPointError,
     ) as e:
         # Errors whose message says what happened and what to do: no traceback around them.

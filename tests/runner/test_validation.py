@@ -324,6 +324,31 @@ def test_run_refuses_a_bad_override_in_a_few_lines(tmp_path, args, message):
     assert message in "\n".join(lines)
 
 
+def test_a_label_past_the_head_stops_the_run_in_a_line_naming_the_record(
+    data_dir, runner_env, tmp_path
+):
+    """Records whose label has no logit (here digits declared with 5 classes, as a dataset whose
+    records disagree with its num_classes; glue's test split labels -1): the first batch that
+    holds one stops experiments/run.py with one line naming the split, the record, the label
+    and what is allowed, status 1; never a NaN loss blamed on the learning rate."""
+    args = run_command(tmp_path / "run", data_dir, {})[1:]
+    code = (
+        "import runpy, sys; from tfjax.data import catalog; "
+        "catalog.CATALOG['digits']['config']['num_classes'] = 5; "
+        f"sys.argv = {args!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    proc = run_python("-c", code, env=runner_env)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("run.py:")]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "FloatingPointError" not in proc.stderr
+    assert len(lines) == 1
+    assert re.search(
+        r"^run.py: LabelError: dataset 'digits', split 'train' record \d+: field 'label' is "
+        r"[5-9], outside dataset.num_classes=5 \(allowed: 0 to 4\)",
+        lines[0],
+    ), lines
+
+
 @pytest.mark.parametrize(
     "args, config, message",
     [
