@@ -4,15 +4,18 @@ r"""Runs an experiment: a config file, a workdir, optional overrides.
         [--config.batch_size=256 --config.mesh.fsdp=2 ...]
 
 The config is locked: a misspelt override or a value of the wrong type is an error naming the
-key, and the config's values and the paths are checked before any data work; these errors are
-a line or two and exit with status 2. Running the same command again resumes from the
-workdir's newest checkpoint.
+key. Every field's value, the paths, the dataset config and the model (built abstractly on the
+batches the run will have) are checked before any data or model work and before JAX starts a
+backend (tfjax.runner.checks.check_run); then the mesh's sizes and the batch sizes against the
+devices. These errors are a line or two and exit with status 2. Running the same command again
+resumes from the workdir's newest checkpoint.
 
 SIGTERM or SIGINT (preemption, Ctrl-C) finish the current step, save a checkpoint and exit
 with status 143 or 130 (128 + the signal) and a line saying where to resume. A non-finite loss,
 a workdir another run owns, a checkpoint that does not fit, cannot be restored or may not be
-read, and a save that cannot be written (a full disk) exit with status 1 and their message
-alone (see tfjax.runner.train, tfjax.runner.workdirs, tfjax.runner.checkpoint).
+read, a save that cannot be written (a full disk) and a record whose label has no logit exit
+with status 1 and their message alone (see tfjax.runner.train, tfjax.runner.workdirs,
+tfjax.runner.checkpoint, tfjax.data.loader).
 
 Many hosts: with --coordinator_address, --num_processes and --process_id (or JAX's own
 environment: JAX_COORDINATOR_ADDRESS, or a detected SLURM / Cloud TPU cluster), every process
@@ -185,9 +188,8 @@ def main(argv):
 
     from tfjax.runner import checks  # starts no JAX backend
 
-    try:  # tfjax.runner.train checks again; here the error is a line, not a traceback
-        checks.check_config(_CONFIG.value)
-        checks.check_paths(_CONFIG.value, _WORKDIR.value)
+    try:  # before any work: here a bad field is a line, not a traceback after data work
+        checks.check_run(_CONFIG.value, _WORKDIR.value)
     except (ValueError, OSError) as e:
         _usage_error(str(e))
     startup.show_own_info_only()
@@ -223,16 +225,17 @@ def main(argv):
         jax.device_count(),
         jax.default_backend(),
     )
-    from tfjax.data import files
+    from tfjax.data import files, loader
     from tfjax.runner import checkpoint, train, workdirs
 
     try:
         result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except files.BadRowsError as e:  # found when the files open, before any training
+    except (checks.ConfigError, files.BadRowsError) as e:  # found before any training
         _usage_error(str(e))
     except (
         workdirs.WorkdirBusyError,
         checkpoint.CheckpointError,  # mismatch, unusable, permission, write, restore_step
+        loader.LabelError,
         FloatingPointError,
     ) as e:
         # Errors whose message says what happened and what to do: no traceback around them.

@@ -2,6 +2,8 @@
 is downloaded), importing tfjax never pulls in TensorFlow, and loading a config never pulls in
 TFDS or Grain."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -102,3 +104,23 @@ def test_loading_a_config_imports_neither_tfds_nor_grain(name):
     out = run_python("-c", code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_every_numeric_field_declares_its_range():
+    """Each dataset field is typed by its default (resolve_config) and every number has its
+    range in catalog.ALLOWED (seq_len's shortest row depends on the task: catalog._check), so
+    a negative crop padding or a NaN probability is refused naming the field. A numeric field
+    added without a range fails here."""
+    numeric = [
+        f.name
+        for f in dataclasses.fields(catalog.DatasetSpec)
+        if f.type in ("int | None", "float | None")
+    ]
+    assert numeric and not set(numeric) - set(catalog.ALLOWED) - {"seq_len"}
+    for fields, message in [
+        ({"name": "digits", "crop_padding": -1}, "crop_padding must be an integer >= 0, got -1"),
+        ({"name": "pydoc", "task": "mlm", "mlm_probability": float("nan")}, "in \\(0, 1\\)"),
+        ({"name": "digits", "num_classes": 5}, "num_classes=5 is fewer than the dataset's 10"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            catalog.resolve_config(fields)

@@ -1,5 +1,8 @@
 """The four model families: parameter counts, causality, caches, layouts, learning, errors."""
 
+import dataclasses
+import typing
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,7 +11,7 @@ import optax
 import pytest
 
 from tfjax import nn as tnn
-from tfjax.models import decoder, encoder, transformer, vit
+from tfjax.models import common, decoder, encoder, transformer, vit
 from tfjax.ops.cache import next_position
 
 V = 61
@@ -472,17 +475,16 @@ def test_bad_inputs_raise_value_errors():
         m.init(jax.random.key(0), jnp.ones((2, 8, 8), jnp.float32))
     with pytest.raises(ValueError, match="not divisible by patch_size=4"):
         m.init(jax.random.key(0), jnp.ones((2, 9, 8, 3)))
-    with pytest.raises(ValueError, match="num_heads=5 must divide the width 32"):
-        decoder.Model(variant="tiny", vocab_size=V, num_heads=5).init(jax.random.key(0), TOK)
-    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
-        decoder.Model(variant="tiny", vocab_size=V, num_kv_heads=3).init(jax.random.key(0), TOK)
-    with pytest.raises(ValueError, match="implementation='fast' is unknown"):
-        decoder.Model(variant="tiny", vocab_size=V, implementation="fast").init(
-            jax.random.key(0), TOK
-        )
-    with pytest.raises(ValueError, match="head='pool' is unknown"):
+    # The fields are checked when the model is made, naming the family's field.
+    with pytest.raises(ValueError, match=r"^Decoder.num_heads=5 must divide Decoder.width=32"):
+        decoder.Model(variant="tiny", vocab_size=V, num_heads=5)
+    with pytest.raises(ValueError, match="^Decoder.num_kv_heads=3 must divide Decoder.num_heads=4"):
+        decoder.Model(variant="tiny", vocab_size=V, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"^Decoder.implementation must be one of .* got 'fast'"):
+        decoder.Model(variant="tiny", vocab_size=V, implementation="fast")
+    with pytest.raises(ValueError, match=r"^Encoder.head must be one of .* got 'pool'"):
         encoder.Model(variant="tiny", vocab_size=V, head="pool")
-    with pytest.raises(ValueError, match="position='t5' is unknown"):
+    with pytest.raises(ValueError, match=r"^Decoder.position must be one of .* got 't5'"):
         decoder.Model(variant="tiny", vocab_size=V, position="t5")
 
 
@@ -542,3 +544,23 @@ def test_transformer_logits_bias_and_final_norm():
     zero = jit_apply(m)({"params": {**params, "output_bias": jnp.zeros(V)}}, x, y)[0]
     biased = jit_apply(m)({"params": {**params, "output_bias": bias}}, x, y)[0]
     np.testing.assert_allclose(biased, zero + bias, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "family", [vit.VisionTransformer, decoder.Decoder, encoder.Encoder, transformer.Transformer]
+)
+def test_every_numeric_field_declares_its_range(family):
+    """A family's fields are checked on construction against their type and, for numbers,
+    their range (tfjax.models.common.ALLOWED): width=0 or a NaN rate is an error naming the
+    field, not a shape error later. A numeric field added without a range fails here."""
+    numeric = [
+        f.name
+        for f in dataclasses.fields(family)
+        if f.init and {int, float} & set(typing.get_args(f.type) or (f.type,))
+    ]
+    assert numeric and not set(numeric) - set(common.ALLOWED), set(numeric) - set(common.ALLOWED)
+    vocab = {} if family is vit.VisionTransformer else {"vocab_size": V}
+    with pytest.raises(ValueError, match=f"^{family.__name__}.dropout_rate must be a number in"):
+        family(**vocab, dropout_rate=float("nan"))
+    with pytest.raises(ValueError, match=f"^{family.__name__}.width must be an integer >= 1"):
+        family(**vocab, width=0)

@@ -241,7 +241,7 @@ def test_sharded_train_step_with_chunks_equals_full_logits():
 @pytest.mark.parametrize(
     "spec, overrides, message",
     [
-        ("lm.py:tiny", {"loss.chunks": 0}, "loss.chunks must be >= 1, got 0"),
+        ("lm.py:tiny", {"loss.chunks": 0}, "loss.chunks must be an integer >= 1, got 0"),
         (
             "lm.py:tiny",
             {"loss.chunks": 3},

@@ -1,6 +1,7 @@
 """The shipped configs: every preset loads, every tiny preset trains, the command line rejects
 bad overrides, and the embedded ViT experiment reaches its documented accuracy."""
 
+import dataclasses
 import glob
 import importlib.util
 import logging
@@ -8,13 +9,14 @@ import os
 import subprocess
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from conftest import ROOT, run_command
 
 import tfjax.data
 from tfjax.data import catalog
-from tfjax.runner import checks, metrics, train
+from tfjax.runner import checks, defaults, metrics, train
 
 # The tiny presets' programs are those of other tests' runs (tests/runner/test_train.py's ViT,
 # the README's translation run): whichever compiles them first leaves them in the cache.
@@ -137,3 +139,29 @@ def test_vit_digits_reaches_97_percent(data_dir, tmp_path):
     config.data_dir = data_dir
     result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
     assert result["eval"]["accuracy"] >= 0.97
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_field_of_every_preset_declares_what_it_allows(name):
+    """Each field is checked before any work against what it allows, declared beside its
+    definition: the shared sections' in tfjax.runner.defaults.ALLOWED, the model's by its
+    family (tfjax.models.common.check_fields), the dataset's by the catalog (each field typed
+    by its default, tfjax.data.catalog.ALLOWED). A field added without one fails here."""
+    module = config_module(name)
+    for preset in module._PRESETS:
+        config = module.get_config(preset)
+        for key, value in config.items():
+            if key == "dataset":  # tests/data/test_data_catalog.py checks the catalog's table
+                continue
+            if key == "logical_axis_rules":  # a table of its own: tfjax.sharding.check_rules
+                continue
+            if key == "model":
+                family = checks.model_module(value.name).Model.__annotations__["return"]
+                fields = {f.name for f in dataclasses.fields(family)}
+                assert set(value) - set(defaults.MODEL) <= fields, (preset, set(value) - fields)
+                continue
+            if isinstance(value, ml_collections.ConfigDict):
+                undeclared = set(value) - set(defaults.ALLOWED[key])
+                assert not undeclared, (preset, key, undeclared)
+            else:
+                assert key in defaults.RUN, (preset, key)

@@ -397,8 +397,9 @@ def _run_cli(tmp_path, *flags):
 
 
 def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
-    """A bad row, a checkpoint without a tokenizer, a size that differs from the checkpoint's
-    and an unknown architecture: status 2, one line naming the file or field, no run left."""
+    """A bad row, a checkpoint without a tokenizer, a size that differs from the checkpoint's,
+    an unknown architecture and LoRA targets that match no kernel: status 2, one line naming
+    the file or field, no run left."""
     good = checkpoints["llama"]
     bad_rows = tmp_path / "bad.jsonl"
     bad_rows.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"\n')
@@ -417,6 +418,13 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
         (no_tokenizer, task[0], [], "dataset.tokenizer="),
         (good, task[0], ["--config.model.variant=llama-3.2-1b"], "differs from the checkpoint's"),
         (unknown, task[0], [], "architectures=['FooForCausalLM'] has no converter"),
+        # the model built abstractly before any work: adapters that would attach to nothing
+        (
+            good,
+            task[0],
+            ["--config.lora.rank=4", "--config.lora.targets=nothing"],
+            "lora.targets='nothing' matches none of the model's kernels",
+        ),
     ]
     for init_from, train_files, extra, message in cases:
         status, stderr, workdir = _run_cli(

@@ -201,10 +201,10 @@ def test_a_window_cut_short_keeps_its_steps_and_frees_the_profiler(caplog, tmp_p
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"profile.num_steps": -1}, "profile.num_steps must be >= 0, got -1"),
+        ({"profile.num_steps": -1}, "profile.num_steps must be an integer >= 0, got -1"),
         (
             {"profile.start_step": 0, "profile.num_steps": 1},
-            "profile.start_step must be >= 1 (steps count from 1), got 0",
+            "profile.start_step must be an integer >= 1, got 0",
         ),
         (
             {"profile.start_step": 4, "profile.num_steps": 1},

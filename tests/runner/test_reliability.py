@@ -505,8 +505,8 @@ def test_skip_mode_stops_after_too_many_skips_in_a_row(data_dir, tmp_path, monke
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("nonfinite", "ignore", "nonfinite='ignore' is unknown; allowed: ('error', 'skip')"),
-        ("max_nonfinite_skips", 0, "max_nonfinite_skips must be >= 1, got 0"),
+        ("nonfinite", "ignore", "nonfinite must be one of ('error', 'skip'), got 'ignore'"),
+        ("max_nonfinite_skips", 0, "max_nonfinite_skips must be an integer >= 1, got 0"),
     ],
 )
 def test_nonfinite_options_are_checked(field, value, message):

@@ -210,7 +210,7 @@ def rerun_config(data_dir, **overrides):
         ({"batch_size": 12}, "batch_size=12 is not divisible by 8"),
         ({"num_microbatches": 4}, "num_microbatches=4"),
         ({"model.width": 48}, r"parameter 'decoder/final_norm/bias' has shape \(32,\) there"),
-        ({"optim.name": "adam"}, "optim.name='adam'"),
+        ({"optim.name": "adam"}, "optim.name must be one of \\('adamw', 'sgd'\\), got 'adam'"),
         ({"logical_axis_rules": (("embed", "model"),)}, "mesh axis 'model'"),
     ],
 )

@@ -96,9 +96,27 @@ from collections.abc import Mapping
 import ml_collections
 from ml_collections import config_dict
 
+from tfjax import allowed
+from tfjax.allowed import integer, number, one_of
+
 _COMMON = dict(num_workers=0, read_threads=0, prefetch_batches=0, cache=False)
 _TEXT = dict(long_examples="truncate", packing=False)
 CROPS = ("pad", "inception", "none")  # crop= of image datasets (`preprocess.fit_image`)
+# What each field allows besides its type (the type of its default, `resolve_config`), whatever
+# the dataset; `_check` adds what depends on the dataset and the task (seq_len: the shortest row).
+ALLOWED = {
+    "num_workers": integer(0),
+    "read_threads": integer(0),
+    "prefetch_batches": integer(0),
+    "image_size": integer(1),
+    "num_channels": integer(1),
+    "num_classes": integer(0),  # not fewer than the catalog's (`_check`); image_folders: 0
+    "crop": one_of(*CROPS),
+    "crop_padding": integer(0),
+    "vocab_size": integer(1),
+    "long_examples": one_of("split", "truncate"),
+    "mlm_probability": number(above=0, below=1),
+}
 
 
 def _images(
@@ -448,9 +466,12 @@ def _check(spec: DatasetSpec) -> None:
 
     if spec.task not in _entry(spec.name)["tasks"]:
         fail("task", f"is not available; choose one of {_entry(spec.name)['tasks']}")
-    for field in ("num_workers", "read_threads", "prefetch_batches"):
-        if spec[field] < 0:
-            fail(field, "must be >= 0")
+    allowed.check(spec, ALLOWED, owner=f"dataset {spec.name!r}: ")
+    declared = _entry(spec.name)["config"]  # what the dataset's records hold
+    if declared.get("num_classes") and spec.num_classes < declared["num_classes"]:
+        fail("num_classes", f"is fewer than the dataset's {declared['num_classes']} labels")
+    if spec.images and spec.num_channels != declared["num_channels"]:
+        fail("num_channels", f"must be {declared['num_channels']}, the channels of its images")
     if is_files(spec.name):
         _check_files(spec, fail)
         return
@@ -458,31 +479,28 @@ def _check(spec: DatasetSpec) -> None:
         for field, split in (("train_split", "train"), ("eval_split", "eval")):
             if spec[field] != split:
                 fail(field, f"is fixed for dataset 'image_folders': {split!r} names {split}_files")
-        if spec.num_channels != 3:
-            fail("num_channels", "must be 3: images are made RGB")
-        if spec.image_size < 1:
-            fail("image_size", "must be >= 1")
         return
     if spec.images:
-        if spec.image_size < 1:
-            fail("image_size", "must be >= 1")
-        if spec.crop not in CROPS:
-            fail("crop", f"must be one of {CROPS}")
         return
     if spec.tokenizer not in ("bytes", "sentencepiece"):
         fail("tokenizer", "must be 'bytes' or 'sentencepiece'")
+    if spec.tokenizer == "sentencepiece":
+        from tfjax.data.tokenizers import MIN_SENTENCEPIECE_VOCAB  # here: configs import this
+
+        if spec.vocab_size < MIN_SENTENCEPIECE_VOCAB:
+            fail(
+                "vocab_size",
+                f"is too small for SentencePiece with byte fallback; use at least "
+                f"{MIN_SENTENCEPIECE_VOCAB} or tokenizer='bytes'",
+            )
     # The shortest row: bos + 1 token + eos for classification; 1 token + eos (or bos) else.
     min_len = 3 if spec.task == "classification" else 2
     if spec.seq_len < min_len:
         fail("seq_len", f"cannot hold one token with its bos/eos; use seq_len >= {min_len}")
-    if spec.long_examples not in ("split", "truncate"):
-        fail("long_examples", "must be 'split' or 'truncate'")
     if spec.long_examples == "split" and spec.task not in ("lm", "mlm"):
         fail("long_examples", "must be 'truncate': only lm/mlm examples can be cut in pieces")
     if spec.task == "classification" and spec.packing:
         fail("packing", "must be False: classification needs one example per row")
-    if spec.task == "mlm" and not 0 < spec.mlm_probability < 1:
-        fail("mlm_probability", "must be in (0, 1)")
 
 
 def _check_files(spec: DatasetSpec, fail) -> None:
@@ -495,8 +513,6 @@ def _check_files(spec: DatasetSpec, fail) -> None:
             fail(field, f"is fixed for dataset 'files': {split!r} names the {split}_files")
     if spec.seq_len < 2:
         fail("seq_len", "cannot hold one token with its bos/eos; use seq_len >= 2")
-    if spec.long_examples not in ("split", "truncate"):
-        fail("long_examples", "must be 'split' (text rows) or 'truncate'")
     if spec.mixture.strip():
         if spec.train_files.strip():
             raise ValueError(

@@ -51,8 +51,26 @@ _OLD_TASK_NAMES = {
 }
 
 
+class LabelError(ValueError):
+    """A record's label has no logit: it lies outside [0, dataset.num_classes) (a loss over it
+    would be NaN, or learn nothing)."""
+
+
+def _label(record, *, fields, cfg, where: str) -> int:
+    """The label of a classification `record` (of `where` in the dataset), checked."""
+    label = int(record[fields["label"]])
+    if not 0 <= label < cfg.num_classes:
+        raise LabelError(
+            f"dataset {cfg.name!r}, {where}: field {fields['label']!r} is {label}, outside "
+            f"dataset.num_classes={cfg.num_classes} (allowed: 0 to {cfg.num_classes - 1}); "
+            "use a split whose records are labelled, or set dataset.num_classes to the "
+            "dataset's number of classes"
+        )
+    return label
+
+
 # --------------------------------------------------------------------------- per-record transforms
-def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size):
+def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size, split):
     """Stream positions [b <= B] (epoch * n + record) -> {"image": f32 [B, S, S, C],
     "label": i32 [B], "weights": f32 [B] (0 on the padding rows of a last partial batch)}.
 
@@ -64,12 +82,14 @@ def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size):
     images = np.zeros((batch_size, size, size, channels), np.uint8)
     labels = np.zeros(batch_size, np.int32)
     weights = (np.arange(batch_size) < b).astype(np.float32)
-    records = source.read((positions % len(source)).tolist())
+    indices = (positions % len(source)).tolist()
+    records = source.read(indices)
     for i, (position, record) in enumerate(zip(positions.tolist(), records, strict=True)):
         rng = np.random.default_rng([seed, position]) if cfg.crop == "inception" else None
         image = np.asarray(record[fields["image"]])
         images[i] = preprocess.fit_image(image, size=size, crop=cfg.crop, train=train, rng=rng)
-        labels[i] = record[fields["label"]]
+        where = f"split {split!r} record {indices[i]}"
+        labels[i] = _label(record, fields=fields, cfg=cfg, where=where)
     shifts, flips = np.zeros((batch_size, 2), np.int32), np.zeros(batch_size, bool)
     padding = cfg.crop_padding if cfg.crop == "pad" else 0
     if train:
@@ -82,13 +102,15 @@ def _image_batch(positions, *, source, fields, cfg, train, seed, batch_size):
     return {"image": image, "label": labels, "weights": weights}
 
 
-def _classification_text_example(record, rng, *, fields, tokenizer, seq_len):
+def _classification_text_example(record, rng, *, fields, tokenizer, cfg, split):
     """Record -> {"tokens": i32 [<= T] (bos, text ids cut to fit, eos), "label", "weights"}."""
     del rng
-    ids = tokenizer.encode(sources.as_text(record[fields["text"]]))[: seq_len - 2]
+    text = sources.as_text(record[fields["text"]])
+    ids = tokenizer.encode(text)[: cfg.seq_len - 2]
+    label = _label(record, fields=fields, cfg=cfg, where=f"split {split!r} text {text[:40]!r}")
     return {
         "tokens": np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32),
-        "label": np.int32(record[fields["label"]]),
+        "label": np.int32(label),
         "weights": np.float32(1),
     }
 
@@ -433,6 +455,7 @@ def make_loader(
             train=augment,
             seed=_seed(seed, 1),
             batch_size=batch_size,
+            split=split,
         )
         if preprocessor is not None:  # the checkpoint's image processing, no augmentation
             make_batch = functools.partial(
@@ -444,7 +467,7 @@ def make_loader(
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
         tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)
-        transform = _text_transform(cfg, fields, tokenizer)
+        transform = _text_transform(cfg, fields, tokenizer, split)
         if mixture is None:
             records = grain.MapDataset.source(source).random_map(transform, seed=_seed(seed, 1))
             records = order(records, _seed(seed, 0))
@@ -511,7 +534,7 @@ def make_loader(
     )
 
 
-def _text_transform(cfg, fields, tokenizer):
+def _text_transform(cfg, fields, tokenizer, split):
     """The per-record transform of a text task, as a picklable partial."""
     if catalog.is_files(cfg.name):
         from tfjax.data import files
@@ -524,7 +547,7 @@ def _text_transform(cfg, fields, tokenizer):
         )
     if cfg.task == "classification":
         return functools.partial(
-            _classification_text_example, fields=fields, tokenizer=tokenizer, seq_len=cfg.seq_len
+            _classification_text_example, fields=fields, tokenizer=tokenizer, cfg=cfg, split=split
         )
     if cfg.task == "translation":
         return functools.partial(

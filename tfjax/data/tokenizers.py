@@ -26,6 +26,7 @@ import sentencepiece as spm
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 NUM_SPECIAL = 5  # ids below this never stand for text
+MIN_SENTENCEPIECE_VOCAB = NUM_SPECIAL + 256 + 1  # the special ids, the byte fallback, a piece
 MASK_PIECE = "<mask>"
 
 
@@ -119,10 +120,10 @@ def train_sentencepiece(texts: Iterable[str], path: str, *, vocab_size: int) -> 
     any text. Digits are split into single pieces so numbers are spelled digit by digit.
     `vocab_size` is an upper bound: a small corpus yields fewer pieces instead of an error.
     """
-    if vocab_size < NUM_SPECIAL + 256 + 1:
+    if vocab_size < MIN_SENTENCEPIECE_VOCAB:
         raise ValueError(
             f"vocab_size={vocab_size} is too small for SentencePiece with byte fallback; "
-            f"use at least {NUM_SPECIAL + 256 + 1} or tokenizer='bytes'."
+            f"use at least {MIN_SENTENCEPIECE_VOCAB} or tokenizer='bytes'."
         )
 
     def lines():  # SentencePiece skips "sentences" longer than max_sentence_length bytes.

@@ -1,13 +1,86 @@
-"""What every model file shares: building a module from a preset, translating a family's flat
-fields into the layers' configs, the explicit KV cache, and input checks."""
+"""What every model file shares: what each flat field allows and its check, building a module
+from a preset, translating a family's flat fields into the layers' configs, the explicit KV
+cache, and input checks."""
 
 import dataclasses
+import typing
 
 import jax.numpy as jnp
 
+from tfjax import allowed, ops
 from tfjax import nn as tnn
-from tfjax import ops
-from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig
+from tfjax.allowed import FRACTION, integer, number, one_of
+from tfjax.nn.blocks import REMAT_POLICIES
+from tfjax.ops.activations import ALL_ACTIVATIONS
+from tfjax.ops.attention import IMPLEMENTATIONS
+from tfjax.ops.config import NORM_POSITIONS, AttentionConfig, BlockConfig, MlpConfig
+from tfjax.ops.norms import NORMS
+
+# What a family's flat field allows besides its annotated type (an `int | None` field may also
+# be None): the families name their fields alike, so one table serves them all; each family
+# adds its own choices (`check_fields`).
+ALLOWED = {
+    "vocab_size": integer(1),
+    "num_classes": integer(1),
+    "width": integer(1),
+    "num_layers": integer(1),
+    "num_heads": integer(1),
+    "num_kv_heads": integer(1),
+    "head_dim": integer(1),
+    "mlp_dim": integer(1),
+    "max_len": integer(1),
+    "type_vocab_size": integer(0),
+    "patch_size": integer(1),
+    "num_registers": integer(0),
+    "relative_buckets": integer(1),
+    "relative_max_distance": integer(1),
+    "sliding_window": integer(1),
+    "dropout_rate": FRACTION,
+    "attention_dropout_rate": FRACTION,
+    "mlp_dropout_rate": FRACTION,
+    "norm_eps": number(above=0),
+    "init_stddev": number(0),
+    "layer_scale": number(),
+    "rope_base": number(above=0),
+    "local_rope_base": number(above=0),
+    "attention_scalar": number(above=0),
+    "attention_scale": number(above=0),
+    "attention_softcap": number(above=0),
+    "final_logit_softcap": number(above=0),
+    "activation": one_of(*ALL_ACTIVATIONS),
+    "norm": one_of(*NORMS),
+    "norm_position": one_of(*NORM_POSITIONS),
+    "remat_policy": one_of(*REMAT_POLICIES),
+    "implementation": one_of(*IMPLEMENTATIONS),
+}
+
+
+def check_fields(model, **family: allowed.Allowed) -> None:
+    """Every field of a family's `model` against its type annotation and ALLOWED (with
+    `family`, the family's own choices), then the heads against the width. The error names
+    the field as "<Family>.<field>" (a run's config calls it "model.<field>")."""
+    owner = type(model).__name__
+    rules = ALLOWED | family
+    names = set()
+    for f in dataclasses.fields(model):
+        if not f.init or f.name in ("parent", "name"):
+            continue
+        names.add(f.name)
+        value = getattr(model, f.name)
+        rule = rules.get(f.name) if value is not None else None  # None: as its type allows
+        if rule is None and f.type is not typing.Any:
+            rule = allowed.of_type(f.type)
+        if rule is not None:
+            allowed.check({f.name: value}, {f.name: rule}, owner=f"{owner}.")
+    heads, kv_heads = model.num_heads, getattr(model, "num_kv_heads", None)
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"{owner}.num_kv_heads={kv_heads} must divide {owner}.num_heads={heads}")
+    if getattr(model, "head_dim", None) is None and model.width % heads:
+        other = f" (or set {owner}.head_dim)" if "head_dim" in names else ""
+        raise ValueError(
+            f"{owner}.num_heads={heads} must divide {owner}.width={model.width}{other}"
+        )
+
 
 # Where a family's flat field goes in its layers' configs: the families name their fields alike
 # and each has a subset; a field it lacks takes the config's default. One field may feed two.

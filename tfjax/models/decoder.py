@@ -39,6 +39,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes
@@ -317,12 +318,9 @@ class Decoder(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        if self.position not in POSITIONS:
-            raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
-        if self.norm_position not in NORM_POSITIONS:
-            raise ValueError(
-                f"norm_position={self.norm_position!r} is unknown; allowed: {NORM_POSITIONS}"
-            )
+        common.check_fields(
+            self, position=one_of(*POSITIONS), norm_position=one_of(*NORM_POSITIONS)
+        )
         pattern = self.attention_pattern
         if pattern is not None:
             if not pattern or any(kind not in LAYER_KINDS for kind in pattern):

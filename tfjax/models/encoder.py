@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes, masks
@@ -68,8 +69,7 @@ class Encoder(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        if self.head not in HEADS:
-            raise ValueError(f"head={self.head!r} is unknown; allowed: {HEADS}")
+        common.check_fields(self, head=one_of(*HEADS))
         self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
 

@@ -40,6 +40,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant, shift_right
 from tfjax.nn import axes, masks
@@ -123,8 +124,7 @@ class Transformer(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        if self.position not in POSITIONS:
-            raise ValueError(f"position={self.position!r} is unknown; allowed: {POSITIONS}")
+        common.check_fields(self, position=one_of(*POSITIONS))
         self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
 

@@ -36,6 +36,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
+from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import from_variant
 from tfjax.nn import axes
@@ -226,15 +227,17 @@ class VisionTransformer(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        for field, value, allowed in (
-            ("pool", self.pool, POOLS),
-            ("posemb", self.posemb, POSEMBS),
-            ("final_norm", self.final_norm, FINAL_NORMS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{field}={value!r} is unknown; allowed: {allowed}")
-        if self.num_registers < 0:
-            raise ValueError(f"num_registers must be 0 or more, got {self.num_registers}")
+        common.check_fields(
+            self,
+            pool=one_of(*POOLS),
+            posemb=one_of(*POSEMBS),
+            final_norm=one_of(*FINAL_NORMS),
+        )
+        if self.posemb == "sincos2d" and self.width % 4:  # sin and cos of rows and columns
+            raise ValueError(
+                f"VisionTransformer.width={self.width} must be a multiple of 4 with "
+                "posemb='sincos2d'"
+            )
         self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
 

@@ -470,7 +470,9 @@ def dot_product_attention(
         scale=q.shape[-1] ** -0.5 if scale is None else float(scale),
         kv_segment_ids=segment_ids if kv_segment_ids is None else kv_segment_ids,
     )
-    platform = target_platform()
+    # Only the kernels that depend on it ask for the target: an explicit "xla" or "chunked"
+    # traces without starting a backend (the run's pre-start check builds the model so).
+    platform = target_platform() if implementation in (None, "cudnn", "splash") else None
     args = (q, k, mask, bias, window, dropout_rate, platform, softcap)
     requested = implementation is not None
     if implementation is None:

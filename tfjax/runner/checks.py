@@ -1,7 +1,9 @@
-"""The checks of a run's config and paths, made before any data, model or workdir work starts.
+"""The checks of a run, made before any data, model or workdir work starts (`check_run`).
 
-ml_collections' locking already rejects unknown keys and wrong types; these are the value
-checks it cannot make. Each error names the field (or flag) and what is allowed.
+ml_collections' locking already rejects unknown keys and most wrong types; these are the checks
+it cannot make: every field against what it allows (declared beside the field, `tfjax.allowed`),
+the paths, the dataset config resolved and the model built abstractly. Each error names the
+field (or flag) and what is allowed.
 """
 
 from __future__ import annotations
@@ -9,47 +11,45 @@ from __future__ import annotations
 import importlib
 import os
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
-from tfjax import decode, sharding, tasks
-from tfjax.runner import checkpoint, optim, pretrained, profiling
+from tfjax import allowed, sharding, tasks
+from tfjax.runner import checkpoint, defaults, optim, pretrained, profiling
 
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
+COMPUTE_DTYPES = {name: getattr(jnp, name) for name in defaults.COMPUTE_DTYPES}
+
+
+class ConfigError(ValueError):
+    """A config field the devices cannot honour (the mesh's sizes, a batch that does not
+    split), found once JAX has started, still before any data, model or workdir work
+    (`tfjax.runner.setup.prepare`): experiments/run.py reports it as the checks before."""
 
 
 def check_config(config) -> None:
-    """Value checks ml_collections cannot do (its locking already rejects unknown keys and
-    wrong types); each error names the field."""
-    if config.task not in tasks.TASKS:
-        raise ValueError(f"task={config.task!r} is unknown; allowed: {tasks.TASKS}")
-    if config.dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"dtype={config.dtype!r} is unknown; allowed: {tuple(COMPUTE_DTYPES)}")
-    for field in (
-        "batch_size",
-        "eval_batch_size",
-        "num_train_steps",
-        "num_microbatches",
-        "log_every",
-    ):
-        if config[field] < 1:
-            raise ValueError(f"{field} must be >= 1, got {config[field]}")
-    for field in ("eval_every", "eval_steps"):
-        if config[field] < 0:
-            raise ValueError(f"{field} must be >= 0, got {config[field]}")
-    if config.get("nonfinite", "error") not in NONFINITE:
-        raise ValueError(f"nonfinite={config.nonfinite!r} is unknown; allowed: {NONFINITE}")
-    if config.get("max_nonfinite_skips", 1) < 1:
-        raise ValueError(f"max_nonfinite_skips must be >= 1, got {config.max_nonfinite_skips}")
-    if not 0.0 <= config.optim.ema_decay < 1.0:
-        raise ValueError(f"optim.ema_decay must be in [0, 1), got {config.optim.ema_decay}")
-    _check_decode(config)
-    if not 0.0 <= config.loss.label_smoothing < 1.0:
+    """Every field of every section against what it allows (`tfjax.runner.defaults.ALLOWED`:
+    types, finite numbers, ranges, choices), then what relates fields to each other; each error
+    names the field. ml_collections' locking already rejects unknown keys and most wrong types.
+    The model's and the dataset's own fields are checked where they are resolved
+    (`check_run`)."""
+    for section, rules in defaults.ALLOWED.items():
+        values = config.get(section) if section else config
+        if values is not None:
+            allowed.check(values, rules, owner=f"{section}." if section else "")
+    sharding.check_rules(config.logical_axis_rules)
+    free = [axis for axis in sharding.MESH_AXES if config.mesh.get(axis, 1) == -1]
+    if len(free) > 1:
         raise ValueError(
-            f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}"
+            f"mesh.{free[0]} and mesh.{free[1]} are both -1; at most one axis takes the devices "
+            "the others leave"
         )
+    d = config.get("decode")
+    if d is not None and d.method == "beam" and d.beam_size < 1:
+        raise ValueError(f"decode.beam_size must be at least 1 for beam search, got {d.beam_size}")
     check_loss_chunks(config)
     checkpoint.check_options(config.checkpoint)
+    checkpoint.check_best_metric(config)
     profiling.check_profile(config)
     module = model_module(config.model.name)
     variant = config.model.get("variant")
@@ -64,6 +64,75 @@ def check_config(config) -> None:
     optim.lora_config(config)
 
 
+def check_run(config, workdir: str) -> None:
+    """Every check of a training run, before any data, model or workdir work and before JAX
+    starts a backend (experiments/run.py makes it first): the config's values (`check_config`),
+    the paths (`check_paths`), then the dataset config resolved (nothing read or prepared) and
+    the model built abstractly on the batches the run will have (`check_model`)."""
+    check_config(config)
+    check_paths(config, workdir)
+    check_model(config, workdir)
+
+
+def check_model(config, workdir: str | None = None) -> None:
+    """The model of `config` built as the run will build it, abstractly: its family checks
+    every field (`tfjax.models.common.check_fields`), one trace of its initialisation on a row
+    of the planned batches checks what relates it to the data (image and patch sizes, lengths
+    and the position table, LoRA targets, optim.freeze), and a classifier's head must have a
+    logit for every class of the dataset. No array is made and no backend started: the trace
+    asks for the "xla" attention (the same parameters), whose choice needs no device."""
+    from tfjax.runner import setup  # setup imports this module
+
+    data = pretrained.dataset_spec(config, workdir)
+    inputs = setup.planned_inputs(config, data)
+    vocab_size = inputs.vocab_size
+    if vocab_size is None and not data.images:  # the user's files: the tokenizer's, not read
+        vocab_size = 1  # here; the model's own size when it has one, else any will do
+    model = setup.build_model(
+        config,
+        vocab_size=vocab_size,
+        num_classes=inputs.num_classes,
+        pretrained=pretrained.find(config, workdir),
+    ).clone(implementation="xla")
+    lora = optim.lora_config(config)
+    if lora is not None:  # its targets; QLoRA's quantized matmuls would ask for the device
+        import dataclasses
+
+        from tfjax import lora as lora_lib
+
+        floats = dataclasses.replace(lora, base_dtype=None, tile_size=None)
+        model = lora_lib.apply_lora(model, floats)
+    task = tasks.get(config.task)
+
+    def init():
+        args, kwargs = task.model_inputs(setup.dummy_batch(inputs.train, 1))
+        return model.init_with_output(jax.random.key(0), *args, **kwargs, train=False)
+
+    try:
+        (output, _), variables = jax.eval_shape(init)
+    except (ValueError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if first.startswith("LoraConfig."):  # its targets match no kernel: config.lora's
+            raise ValueError(first.replace("LoraConfig.", "lora.", 1)) from None
+        rows = {k: (1, *s.shape[1:]) for k, s in inputs.train.items()}
+        raise ValueError(
+            f"model.name={config.model.name!r} cannot take the batches of dataset "
+            f"{data.name!r} ({rows}): {first}"
+        ) from e
+    trainable = optim.trainable(config.optim, lora=lora is not None)
+    if trainable is not None:
+        optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
+    if config.task == "classification" and data.num_classes:
+        head = output.shape[-1]
+        if head < data.num_classes:
+            raise ValueError(
+                f"model.num_classes={head} is fewer than dataset.num_classes="
+                f"{data.num_classes} (dataset {data.name!r}): its labels from {head} on would "
+                f"have no logit; leave model.num_classes unset (the dataset's) or make it at "
+                f"least {data.num_classes}"
+            )
+
+
 def loss_chunks(config) -> int:
     """config.loss.chunks: slices of T for the logits and the loss (1 where the config has none,
     as classification configs)."""
@@ -74,8 +143,6 @@ def check_loss_chunks(config, lengths=None) -> None:
     """loss.chunks is >= 1, used by a task with a vocabulary head only, and divides the
     sequence lengths: `lengths` {what: T}, by default dataset.seq_len (resolved)."""
     chunks = loss_chunks(config)
-    if chunks < 1:
-        raise ValueError(f"loss.chunks must be >= 1, got {chunks}")
     if chunks == 1:
         return
     if config.task not in tasks.TOKEN_TASKS:
@@ -94,19 +161,6 @@ def check_loss_chunks(config, lengths=None) -> None:
                 f"loss.chunks={chunks} does not divide the sequence length {length} ({what}); "
                 f"allowed: {', '.join(divisors)}"
             )
-
-
-def _check_decode(config) -> None:
-    d = config.get("decode")
-    if d is None:
-        return
-    if d.method not in decode.METHODS:
-        raise ValueError(f"decode.method={d.method!r} is unknown; allowed: greedy, sample, beam")
-    for field in ("beam_size", "max_new_tokens"):
-        if d[field] < 0:
-            raise ValueError(f"decode.{field} must be >= 0, got {d[field]}")
-    if d.method == "beam" and d.beam_size < 1:
-        raise ValueError(f"decode.beam_size must be at least 1 for beam search, got {d.beam_size}")
 
 
 def check_batch(name, size, mesh, rules, num_microbatches=1) -> None:
@@ -150,6 +204,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
         init_from = os.path.expanduser(config.init_from)
         if pretrained.is_checkpoint_dir(init_from):  # its architecture and the sizes set
             pretrained.model_fields(pretrained.Pretrained.read(init_from, init_from), config.model)
+            _check_safetensors_headers(init_from)
         elif _adapters_only_workdir(init_from):
             raise ValueError(
                 f"config.init_from={config.init_from!r} is a LoRA run's workdir: its checkpoints "
@@ -164,7 +219,8 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                 "checkpoint directory (config.json and model.safetensors, its index or "
                 "pytorch_model.bin)"
             )
-    if not restore:  # the user's own files (dataset "files") and its tokenizer directory
+    if not restore:  # the step to restore, the user's own files and its tokenizer directory
+        checkpoint.check_restore_step(config, workdir)
         from tfjax.data import catalog
 
         data = pretrained.dataset_spec(config, workdir)
@@ -203,6 +259,16 @@ def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool
             raise NotADirectoryError(f"{what} cannot be created: {nearest} is not a directory")
     if writable and not os.access(nearest, os.W_OK | os.X_OK):
         raise PermissionError(f"{what}: {nearest} is not writable")
+
+
+def _check_safetensors_headers(directory: str) -> None:
+    """Opens every safetensors file of a Hugging Face checkpoint (headers only, milliseconds):
+    a truncated or damaged one is named before any work. Torch files have no such cheap read."""
+    from tfjax.interop.core import files
+
+    names = os.listdir(directory)
+    if files.SAFETENSORS in names or files.SAFETENSORS_INDEX in names:
+        files.read_state_dict(directory, lazy=True)
 
 
 def _adapters_only_workdir(path: str) -> bool:

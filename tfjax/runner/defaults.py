@@ -15,6 +15,11 @@ These are plain functions returning plain ConfigDicts: no inheritance, nothing h
 section means at run time is documented with the code that reads it: `tfjax.runner.optim`
 (optim), `tfjax.runner.checkpoint` (checkpoint), `tfjax.runner.profiling` (profile), the tasks
 (loss, decode).
+
+Beside each section, what each of its fields allows (`tfjax.allowed`): `ALLOWED` maps a section
+to its table, and `tfjax.runner.checks.check_config` checks every field against it before any
+work starts. The model's fields are its family's (`tfjax.models.common.ALLOWED`), the dataset's
+the catalog's (`tfjax.data.catalog.ALLOWED`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,15 @@ from collections.abc import Callable, Mapping
 import ml_collections
 from ml_collections import config_dict
 
-from tfjax import sharding
+from tfjax import allowed, sharding, tasks
+from tfjax import decode as decoding
+from tfjax.allowed import BOOLEAN, FRACTION, TEXT, integer, number, one_of, optional
+from tfjax.runner import optim as optimizers
+
+COMPUTE_DTYPES = ("float32", "bfloat16")  # config.dtype
+NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
+POSITIVE = integer(1)  # a count that must be at least one (steps, rows, seconds)
+COUNT = integer(0)  # a count where 0 means none (or: off, all, the default)
 
 
 def run(
@@ -61,6 +74,31 @@ def run(
     return config
 
 
+RUN = {
+    "seed": integer(0, 2**63 - 1),  # what JAX's keys and NumPy's generators both take
+    "task": one_of(*tasks.TASKS),
+    "data_dir": TEXT,
+    "init_from": optional(TEXT),  # None: the config file leaves it to the command line
+    "batch_size": POSITIVE,
+    "eval_batch_size": POSITIVE,
+    "num_microbatches": POSITIVE,
+    "num_train_steps": POSITIVE,
+    "log_every": POSITIVE,
+    "eval_every": COUNT,
+    "eval_steps": COUNT,
+    "dtype": one_of(*COMPUTE_DTYPES),
+    "nonfinite": one_of(*NONFINITE),
+    "max_nonfinite_skips": POSITIVE,
+}
+MESH = dict.fromkeys(
+    ("data", "fsdp", "tensor", "dcn_data"),
+    allowed.Allowed(
+        "-1 (the devices the others leave) or an integer >= 1",
+        lambda v: integer(1)(v) or one_of(-1)(v),
+    ),
+)
+
+
 def model(name: str, variant: str) -> ml_collections.ConfigDict:
     """The model fields every family has; the caller adds the family's own. Sizes are None
     placeholders: the preset's, unless set (--config.model.num_layers=8)."""
@@ -76,6 +114,11 @@ def model(name: str, variant: str) -> ml_collections.ConfigDict:
     # Attention backend: "xla", "cudnn", "chunked", "splash"; None: the best for the target.
     m.implementation = config_dict.placeholder(str)
     return m
+
+
+# The family's fields (sizes and the rest) are checked by the family when the model is built
+# (tfjax.models.common.ALLOWED); these two choose it.
+MODEL = {"name": TEXT, "variant": optional(TEXT)}
 
 
 def optim(
@@ -107,6 +150,22 @@ def optim(
     return o
 
 
+OPTIM = {
+    "name": one_of(*optimizers.OPTIMIZERS),
+    "learning_rate": number(0),  # 0: a run that only evaluates
+    "schedule": one_of(*optimizers.SCHEDULES),
+    "warmup_steps": COUNT,
+    "end_learning_rate_fraction": number(0),
+    "b1": FRACTION,  # Adam divides by 1 - b^t; momentum 1 never forgets
+    "b2": FRACTION,
+    "eps": number(0),
+    "weight_decay": number(0),  # a negative one grows the weights
+    "grad_clip_norm": number(0),  # a negative one flips the gradients
+    "ema_decay": FRACTION,
+    "freeze": TEXT,  # a regex: compiled by tfjax.runner.optim.trainable
+}
+
+
 def lora() -> ml_collections.ConfigDict:
     """config.lora: low-rank adapters on a frozen base (tfjax.lora); rank 0 is off."""
     c = ml_collections.ConfigDict()
@@ -119,6 +178,16 @@ def lora() -> ml_collections.ConfigDict:
     return c
 
 
+LORA = {  # tfjax.lora.LoraConfig checks them again, with the regex
+    "rank": COUNT,
+    "alpha": number(above=0),
+    "dropout": FRACTION,
+    "targets": TEXT,
+    "base_dtype": one_of("", "int8", "nf4"),
+    "tile_size": COUNT,
+}
+
+
 def loss(
     *, label_smoothing: float = 0.0, z_loss: float = 0.0, vocabulary: bool = True
 ) -> ml_collections.ConfigDict:
@@ -129,6 +198,9 @@ def loss(
     if vocabulary:
         c.chunks = 1  # >1: logits and loss in this many slices of T, never all [B, T, V]
     return c
+
+
+LOSS = {"label_smoothing": FRACTION, "z_loss": number(0), "chunks": POSITIVE}
 
 
 def decode(
@@ -155,6 +227,20 @@ def decode(
     return d
 
 
+DECODE = {
+    "method": one_of(*decoding.METHODS),
+    "beam_size": COUNT,  # beam search needs 1 or more (checks.check_config)
+    "alpha": number(),  # negative favours short outputs, as transformers' length_penalty
+    "max_new_tokens": COUNT,
+    "temperature": number(above=0),
+    "top_k": COUNT,
+    "top_p": number(above=0, high=1),
+    "num_samples": COUNT,
+    "prompt_length": COUNT,
+    "average_last": POSITIVE,
+}
+
+
 def checkpoint(
     *, every: int, best_metric: str = "", best_mode: str = "min"
 ) -> ml_collections.ConfigDict:
@@ -171,6 +257,18 @@ def checkpoint(
     return c
 
 
+CHECKPOINT = {
+    "every": COUNT,
+    "keep": POSITIVE,
+    "best_metric": TEXT,
+    "best_mode": one_of("max", "min"),
+    "async_save": BOOLEAN,
+    "replica_parallel": BOOLEAN,
+    "timeout_s": POSITIVE,
+    "restore_step": optional(COUNT),
+}
+
+
 def profile() -> ml_collections.ConfigDict:
     """config.profile: a jax.profiler trace in WORKDIR/profile (tfjax.runner.profiling)."""
     p = ml_collections.ConfigDict()
@@ -178,6 +276,23 @@ def profile() -> ml_collections.ConfigDict:
     p.num_steps = 0  # steps traced (0: off)
     p.dump_hlo = False  # also write the compiled train step's HLO there
     return p
+
+
+PROFILE = {"start_step": POSITIVE, "num_steps": COUNT, "dump_hlo": BOOLEAN}  # steps count from 1
+
+# Each section of a config ("": its top level) -> what its fields allow. The dataset's and the
+# model's own fields are checked where they are defined (see the module docstring).
+ALLOWED = {
+    "": RUN,
+    "mesh": MESH,
+    "model": MODEL,
+    "optim": OPTIM,
+    "lora": LORA,
+    "loss": LOSS,
+    "decode": DECODE,
+    "checkpoint": CHECKPOINT,
+    "profile": PROFILE,
+}
 
 
 def tiny(config) -> None:

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from absl import logging
 from flax import traverse_util
 
 from tfjax import sharding, tasks
@@ -142,7 +143,7 @@ def build_model(
             )
         if config.dtype != "float32":
             fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
-        return checks.model_module(pretrained.model_name).Model(**fields)
+        return _family_model(checks.model_module(pretrained.model_name), fields)
     fields = dict(config.model)
     module = checks.model_module(fields.pop("name"))
     if fields.get("vocab_size") is None and vocab_size is not None:
@@ -159,10 +160,20 @@ def build_model(
     fields = {k: v for k, v in fields.items() if v is not None}
     if config.dtype != "float32":
         fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
-    return module.Model(**fields)
+    return _family_model(module, fields)
 
 
-def _dummy_batch(element_spec: dict, rows: int) -> dict:
+def _family_model(module, fields: dict):
+    """module.Model(**fields), its errors naming the config's fields: the family checks its
+    own ("VisionTransformer.width must be ..."), which the config calls "model.width"."""
+    try:
+        return module.Model(**fields)
+    except ValueError as e:
+        family = module.Model.__annotations__["return"].__name__
+        raise ValueError(str(e).replace(f"{family}.", "model.")) from None
+
+
+def dummy_batch(element_spec: dict, rows: int) -> dict:
     """Zeros shaped like a batch of `rows` rows (for shapes and names at initialisation)."""
     return {k: jnp.zeros((rows, *s.shape[1:]), s.dtype) for k, s in element_spec.items()}
 
@@ -171,7 +182,7 @@ def _example_inputs(task, element_spec, mesh, rules):
     """(args, kwargs) of the model on the smallest dummy batch that shards evenly (call it
     inside the traced function, under the logical axis rules)."""
     rows = sharding.data_parallel_size(mesh, rules)
-    return task.model_inputs(_dummy_batch(element_spec, rows))
+    return task.model_inputs(dummy_batch(element_spec, rows))
 
 
 def _init_variables_fn(model, task, element_spec, *, mesh, rules):
@@ -336,10 +347,15 @@ def prepare(config, workdir=None, devices=None, *, mesh=None, restore=False) -> 
         checks.check_paths(config, workdir, restore=restore)
         workdir = os.path.abspath(os.path.expanduser(workdir))
     rules = sharding.check_rules(config.logical_axis_rules)
-    mesh = sharding.make_mesh(config.mesh, devices) if mesh is None else mesh
-    if not restore:
-        checks.check_batch("batch_size", config.batch_size, mesh, rules, config.num_microbatches)
-        checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+    try:  # what the fields ask of the devices: found once JAX has them, before any work
+        mesh = sharding.make_mesh(config.mesh, devices) if mesh is None else mesh
+        if not restore:
+            checks.check_batch(
+                "batch_size", config.batch_size, mesh, rules, config.num_microbatches
+            )
+            checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+    except ValueError as e:
+        raise checks.ConfigError(str(e)) from None
     pretrained = pretrained_lib.find(config, workdir)
     if pretrained is not None:  # its refusals (a size set differently) before any work
         pretrained_lib.model_fields(pretrained, config.model)
@@ -390,7 +406,8 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema, trainable=trainable
     )
     if trainable is not None:
-        optim.check_trainable(config.optim, abstract_state.params, trainable)
+        trained = optim.check_trainable(config.optim, abstract_state.params, trainable)
+        logging.info("Training %d of %d parameter arrays", *trained)
     state_shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
     repl = sharding.replicated(mesh)
 
