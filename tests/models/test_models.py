@@ -233,14 +233,24 @@ EXPLICIT = {
     "gemma": lambda **kw: decoder.Model(  # local and global layers
         "gemma-3-1b", num_layers=7, sliding_window=3, **SMALL, **kw
     ),
+    # a dense layer, then one with a mixture of experts: two stacks, a cache for each
+    "moe": lambda **kw: decoder.Model("moe-tiny", vocab_size=V, first_dense_layers=1, **kw),
 }
 
 
 def _cached_keys(explicit, collection, scan):
-    """Every layer's cached keys: (the explicit cache's, the collection's)."""
+    """Every layer's cached keys: (the explicit cache's, the collection's), the stacks in order
+    (a scanned model with two stacks has an explicit cache for each)."""
+    stacks = [name for name in ("dense_decoder", "decoder") if name in collection]
     if scan:
-        return explicit.keys, collection["decoder"]["layers"]["self_attention"]["cached_key"]
-    layers = [collection["decoder"][f"layers_{i}"] for i in range(len(explicit))]
+        explicit = explicit if len(stacks) > 1 else (explicit,)
+        return (
+            jnp.concatenate([c.keys for c in explicit]),
+            jnp.concatenate(
+                [collection[s]["layers"]["self_attention"]["cached_key"] for s in stacks]
+            ),
+        )
+    layers = [collection[s][f"layers_{i}"] for s in stacks for i in range(len(collection[s]))]
     return (
         jnp.stack([c.keys for c in explicit]),
         jnp.stack([layer["self_attention"]["cached_key"] for layer in layers]),
@@ -337,8 +347,9 @@ def test_packed_rows_equal_separate_examples():
             lambda **kw: transformer.Model(variant="tiny", vocab_size=V, **kw),
             (tokens((2, 6)), tokens((2, 5), seed=3)),
         ),
+        (EXPLICIT["moe"], (tokens((2, 6)),)),
     ],
-    ids=["vit", "encoder", "transformer"],
+    ids=["vit", "encoder", "transformer", "moe-decoder"],
 )
 def test_scanned_and_unrolled_models_agree(make, inputs):
     scanned, unrolled = make(scan_layers=True), make()
@@ -515,9 +526,22 @@ def test_import_needs_no_tensorflow():
         (encoder.Model(variant="tiny", vocab_size=V), (TOK,)),
         (encoder.Model(variant="tiny", vocab_size=V, head="classifier"), (TOK,)),
         (decoder.Model(variant="modern-tiny", vocab_size=V, scan_layers=True), (TOK,)),
+        (
+            decoder.Model(  # every option with parameters of its own
+                variant="moe-tiny",
+                vocab_size=V,
+                scan_layers=True,
+                first_dense_layers=1,
+                use_bias=True,
+                router_bias=True,
+                shared_expert_dim=8,
+                shared_expert_gate=True,
+            ),
+            (TOK,),
+        ),
         (vit.Model(variant="tiny/4", num_classes=3), (jnp.ones((1, 8, 8, 3)),)),
     ],
-    ids=["transformer", "transformer_options", "encoder", "classifier", "decoder", "vit"],
+    ids=["transformer", "transformer_options", "encoder", "classifier", "decoder", "moe", "vit"],
 )
 def test_every_parameter_has_logical_axis_names(model, inputs):
     shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]
