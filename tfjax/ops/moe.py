@@ -10,7 +10,11 @@ Dispatch is dropless (as MegaBlocks, Gale et al., 2022): the R pairs are sorted 
 expert's rows multiplied by its kernels in one grouped matmul (`jax.lax.ragged_dot`, whose
 groups are the experts' row counts), and the outputs put back in token order by a gather (no
 scatter-add: deterministic on every backend) and summed with the router's weights. No capacity
-factor, nothing dropped, no padding to a capacity.
+factor, nothing dropped, no padding to a capacity. XLA's lowering of ragged_dot decides the
+cost (benchmarks/moe_dispatch.py): the CPU's is a matmul masked per expert (k times a dense
+one-hot einsum's FLOPs); the TPU's forward and input gradient do the routed work alone, but
+its kernels' gradient (a ragged contracting dimension) is dense, E times the routed work, which
+a grouped kernel (Megablox's tgmm) in a custom VJP here would remove.
 
 Expert parallelism: with a `sharding` (tfjax.nn resolves it from the logical rules in context)
 `experts_ffn` runs per device under `jax.shard_map`, manual over the mesh axes that split the
