@@ -497,6 +497,25 @@ def test_bad_inputs_raise_value_errors():
         decoder.Model(variant="tiny", vocab_size=V, position="t5")
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(experts_per_token=9), r"top_k=9 must be in \[1, num_experts=8\]"),
+        (dict(first_dense_layers=2), r"first_dense_layers=2 must be in \[0, num_layers=2\)"),
+        (dict(router_score="relu"), "router_score='relu' is unknown; allowed: .'softmax', "),
+        (dict(shared_expert_gate=True), "shared_gate=True needs shared experts"),
+        (dict(load_balance_loss_weight=-1.0), "load_balance_weight must be >= 0, got -1.0"),
+        (
+            dict(num_experts=0, router_bias=True, first_dense_layers=1),
+            "router_bias, first_dense_layers set, but num_experts=0: they apply to mixture-of",
+        ),
+    ],
+)
+def test_mixture_of_experts_fields_are_checked_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        decoder.Model(variant="moe-tiny", vocab_size=V, **fields)
+
+
 # ----------------------------------------------------------------------------------------------
 # Packaging and sharding metadata.
 

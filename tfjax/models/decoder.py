@@ -340,6 +340,16 @@ VARIANTS = {
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 NORM_POSITIONS = ("pre", "sandwich")
 LAYER_KINDS = ("local", "global")  # attention_pattern's entries, in Stack variant order
+MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are moot without)
+    "experts_per_token",
+    "expert_mlp_dim",
+    "router_score",
+    "router_renormalize",
+    "router_bias",
+    "shared_expert_dim",
+    "shared_expert_gate",
+    "first_dense_layers",
+)
 
 
 class Decoder(nn.Module):
@@ -427,10 +437,18 @@ class Decoder(nn.Module):
             )
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
-        if not 0 <= self.first_dense_layers < (self.num_layers if self.num_experts else 1):
+        if not self.num_experts:  # a mixture's options are refused, not ignored, without one
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            moot = [name for name in MOE_ONLY if getattr(self, name) != defaults[name]]
+            if moot:
+                raise ValueError(
+                    f"{', '.join(moot)} set, but num_experts=0: they apply to "
+                    "mixture-of-experts layers (set num_experts)"
+                )
+        if not 0 <= self.first_dense_layers < self.num_layers:
             raise ValueError(
                 f"first_dense_layers={self.first_dense_layers} must be in [0, num_layers="
-                f"{self.num_layers}) with experts, 0 without (num_experts={self.num_experts})"
+                f"{self.num_layers})"
             )
         self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
