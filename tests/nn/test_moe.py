@@ -208,38 +208,32 @@ def test_expert_parallel_equals_one_device():
     experts), their F over tensor (2): outputs and gradients (through the losses too) equal one
     device's; also when the router sends every token to the experts of one shard, and for 3
     tokens, fewer than the devices (decoding), which the compiler partitions. No expert kernel
-    is ever gathered whole: the tokens travel, the experts stay."""
+    is ever gathered whole: the tokens travel, the experts stay. The other rules give the same
+    numbers: the experts whole with their D over fsdp (FSDP: gathered per layer), and split over
+    (fsdp, tensor), where tensor does not split the tokens (outputs summed over it)."""
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    rules = sharding.expert_parallel(sharding.DEFAULT_RULES, "fsdp")
-    config = MoeConfig(8, 2, 16, router_bias=True, shared_dim=8, **WEIGHTS)
+    config = MoeConfig(8, 2, 16, use_bias=True, router_bias=True, shared_dim=8, **WEIGHTS)
     module = moe.MoeMlp(config)
     x = jax.random.normal(jax.random.key(2), (8, 6, 12))
     params = random_params(module, x)
     r = jax.random.normal(jax.random.key(3), x.shape)
+    abstract = jax.eval_shape(lambda: module.init(jax.random.key(0), x))["params"]
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
 
     def objective(params, x, r):
         y, losses = apply(module, params, x)
         return jnp.sum(y * r) + losses["loss"], y
 
-    def on_mesh(params, x, r):
-        with sharding.logical_context(mesh, rules):
-            return jax.value_and_grad(objective, has_aux=True)(params, x, r)
+    def step_on_mesh(rules):
+        """The jitted step under `rules` and the parameters' shardings."""
 
-    abstract = jax.eval_shape(lambda: module.init(jax.random.key(0), x))["params"]
-    shardings = sharding.logical_shardings(abstract, mesh, rules)
-    assert shardings["experts"]["wo"].spec == P("fsdp", "tensor", None)
-    rows = NamedSharding(mesh, P(("data", "fsdp")))
-    step = jax.jit(on_mesh)
-    compiled = step.lower(jax.device_put(params, shardings), x, r).compile().as_text()
-    whole = "f32[8,12,16]"  # an expert kernel [E, D, F] gathered whole
-    assert not [line for line in compiled.splitlines() if "all-gather" in line and whole in line]
-    assert "reduce-scatter" in compiled  # the tokens' outputs go back to their devices
+        def on_mesh(params, x, r):
+            with sharding.logical_context(mesh, rules):
+                return jax.value_and_grad(objective, has_aux=True)(params, x, r)
 
-    for name, p, inputs in [
-        ("balanced", params, (x, r)),
-        ("to one shard", imbalanced(params), (x, r)),
-        ("3 tokens", params, (x[:1, :3], r[:1, :3])),
-    ]:
+        return jax.jit(on_mesh), sharding.logical_shardings(abstract, mesh, rules)
+
+    def check(step, shardings, p, inputs, name):
         (want_loss, want_y), want_grad = jax.jit(jax.value_and_grad(objective, has_aux=True))(
             p, *inputs
         )
@@ -250,6 +244,27 @@ def test_expert_parallel_equals_one_device():
         assert float(loss) == pytest.approx(float(want_loss), rel=1e-4), name
         for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(want_grad), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+
+    step, shardings = step_on_mesh(sharding.expert_parallel(sharding.DEFAULT_RULES, "fsdp"))
+    assert shardings["experts"]["wo"].spec == P("fsdp", "tensor", None)
+    compiled = step.lower(jax.device_put(params, shardings), x, r).compile().as_text()
+    whole = "f32[8,12,16]"  # an expert kernel [E, D, F] gathered whole
+    assert not [line for line in compiled.splitlines() if "all-gather" in line and whole in line]
+    assert "reduce-scatter" in compiled  # the tokens' outputs go back to their devices
+    check(step, shardings, params, (x, r), "balanced")
+    check(step, shardings, imbalanced(params), (x, r), "to one shard")
+    check(step, shardings, params, (x[:1, :3], r[:1, :3]), "3 tokens")
+
+    for rules, spec in [
+        (sharding.DEFAULT_RULES, P(None, "fsdp", "tensor")),
+        (
+            sharding.expert_parallel(sharding.DEFAULT_RULES, ("fsdp", "tensor")),
+            P(("fsdp", "tensor"), None, None),
+        ),
+    ]:
+        step, shardings = step_on_mesh(rules)
+        assert shardings["experts"]["wi_0"].spec == spec
+        check(step, shardings, params, (x, r), str(spec))
 
 
 def test_active_parameters_count_top_k_of_the_experts():
