@@ -12,6 +12,9 @@ pydoc: a small GPT on the embedded CPython reference text, bytes, packed rows of
   including start-up; ~2.2 steps/s, ~9,000 tokens/s.
 
 tiny: a 2-step smoke run on pydoc for tests.
+moe-tiny: "tiny" with a mixture of 8 experts (2 per token) in each layer (decoder preset
+"moe-tiny"), their load-balancing and router z losses weighted 0.01 and 0.001, and the experts
+split over the fsdp mesh axis (expert parallelism: --config.mesh.fsdp=4 puts 2 on each device).
 gpt2-*, modern-small: the decoder presets of those names on lm1b with a 32k SentencePiece
 vocabulary, AdamW (0.9, 0.95), weight decay 0.1, warmup + cosine, bfloat16 compute, scanned
 layers (needs lm1b prepared and accelerators; never trained here). Each is meant for a TPU slice
@@ -34,6 +37,7 @@ HBM):
 import ml_collections
 from ml_collections import config_dict
 
+from tfjax import sharding
 from tfjax.runner import defaults
 
 
@@ -67,6 +71,17 @@ def _tiny(config):
     config.decode.update(num_samples=2, prompt_length=8, max_new_tokens=8)
 
 
+def _moe_tiny(config):
+    _tiny(config)
+    config.model.update(variant="moe-tiny", mlp_dim=None)
+    config.model.num_experts = config_dict.placeholder(int)  # E (the variant's when None)
+    config.model.experts_per_token = config_dict.placeholder(int)  # k
+    config.model.expert_mlp_dim = config_dict.placeholder(int)  # each expert's F
+    config.model.load_balance_loss_weight = 0.01  # Switch Transformers' weight
+    config.model.router_z_loss_weight = 0.001  # ST-MoE's
+    config.logical_axis_rules = sharding.expert_parallel(config.logical_axis_rules, "fsdp")
+
+
 FSDP = dict(data=1, fsdp=-1)  # parameters and optimizer state sharded over every chip
 
 
@@ -96,6 +111,7 @@ def _paper(
 _PRESETS = {
     "pydoc": defaults.unchanged,
     "tiny": _tiny,
+    "moe-tiny": _moe_tiny,
     # v5e:2x2, data parallel, GPT-2 small at 128 tokens
     "gpt2-small": lambda c: _paper(
         c,

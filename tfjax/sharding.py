@@ -11,6 +11,11 @@ onto a mesh with three axes through `config.logical_axis_rules`:
 Data parallel, FSDP and tensor parallel runs differ only in `config.mesh` (and, if wanted, the
 rules); the model never sees a mesh. With the default rules a weight [embed, mlp] is sharded
 as P("fsdp", "tensor") and a batch [batch, length] as P(("data", "fsdp"), None).
+
+Expert parallelism is a rule too: a mixture-of-experts layer's kernels [experts, embed, mlp]
+keep their experts whole by default (FSDP and tensor parallelism split them as any kernel);
+`expert_parallel(rules, "fsdp")` puts the experts on the fsdp axis instead, E / fsdp per device,
+and the tokens then travel to their experts (tfjax.ops.moe says how).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from tfjax.nn.axes import (
     ACT_VOCAB,
     BATCH,
     EMBED,
+    EXPERTS,
     HEAD_DIM,
     HEADS,
     KV_HEADS,
@@ -51,6 +57,7 @@ __all__ = [
     "BATCH",
     "DEFAULT_RULES",
     "EMBED",
+    "EXPERTS",
     "HEAD_DIM",
     "HEADS",
     "KV_HEADS",
@@ -66,6 +73,7 @@ __all__ = [
     "check_rules",
     "data_parallel_size",
     "data_shard",
+    "expert_parallel",
     "logical_context",
     "logical_shardings",
     "make_mesh",
@@ -94,7 +102,15 @@ DEFAULT_RULES = (
     (HEAD_DIM, None),
     (NORM, None),
     (LAYERS, None),
+    (EXPERTS, None),
 )
+
+
+def expert_parallel(rules, mesh_axes):
+    """`rules` with a mixture's experts split over `mesh_axes` (a mesh axis or a tuple of them),
+    its rule first: a weight's mesh axis goes to the first of its logical axes whose rule names
+    it, so the experts take it before the kernels' embed (FSDP) or mlp (tensor) axis does."""
+    return ((EXPERTS, mesh_axes),) + tuple(r for r in check_rules(rules) if r[0] != EXPERTS)
 
 
 def make_mesh(mesh_config: Mapping[str, int], devices: Sequence | None = None) -> Mesh:

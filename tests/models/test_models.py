@@ -236,14 +236,24 @@ EXPLICIT = {
     "gemma": lambda **kw: decoder.Model(  # local and global layers
         "gemma-3-1b", num_layers=7, sliding_window=3, **SMALL, **kw
     ),
+    # a dense layer, then one with a mixture of experts: two stacks, a cache for each
+    "moe": lambda **kw: decoder.Model("moe-tiny", vocab_size=V, first_dense_layers=1, **kw),
 }
 
 
 def _cached_keys(explicit, collection, scan):
-    """Every layer's cached keys: (the explicit cache's, the collection's)."""
+    """Every layer's cached keys: (the explicit cache's, the collection's), the stacks in order
+    (a scanned model with two stacks has an explicit cache for each)."""
+    stacks = [name for name in ("dense_decoder", "decoder") if name in collection]
     if scan:
-        return explicit.keys, collection["decoder"]["layers"]["self_attention"]["cached_key"]
-    layers = [collection["decoder"][f"layers_{i}"] for i in range(len(explicit))]
+        explicit = explicit if len(stacks) > 1 else (explicit,)
+        return (
+            jnp.concatenate([c.keys for c in explicit]),
+            jnp.concatenate(
+                [collection[s]["layers"]["self_attention"]["cached_key"] for s in stacks]
+            ),
+        )
+    layers = [collection[s][f"layers_{i}"] for s in stacks for i in range(len(collection[s]))]
     return (
         jnp.stack([c.keys for c in explicit]),
         jnp.stack([layer["self_attention"]["cached_key"] for layer in layers]),
@@ -340,8 +350,9 @@ def test_packed_rows_equal_separate_examples():
             lambda **kw: transformer.Model(variant="tiny", vocab_size=V, **kw),
             (tokens((2, 6)), tokens((2, 5), seed=3)),
         ),
+        (EXPLICIT["moe"], (tokens((2, 6)),)),
     ],
-    ids=["vit", "encoder", "transformer"],
+    ids=["vit", "encoder", "transformer", "moe-decoder"],
 )
 def test_scanned_and_unrolled_models_agree(make, inputs):
     scanned, unrolled = make(scan_layers=True), make()
@@ -488,6 +499,25 @@ def test_bad_inputs_raise_value_errors():
         decoder.Model(variant="tiny", vocab_size=V, position="t5")
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(experts_per_token=9), r"top_k=9 must be in \[1, num_experts=8\]"),
+        (dict(first_dense_layers=2), r"first_dense_layers=2 must be in \[0, num_layers=2\)"),
+        (dict(router_score="relu"), "router_score='relu' is unknown; allowed: .'softmax', "),
+        (dict(shared_expert_gate=True), "shared_gate=True needs shared experts"),
+        (dict(load_balance_loss_weight=-1.0), "load_balance_weight must be >= 0, got -1.0"),
+        (
+            dict(num_experts=0, router_bias=True, first_dense_layers=1),
+            "router_bias, first_dense_layers set, but num_experts=0: they apply to mixture-of",
+        ),
+    ],
+)
+def test_mixture_of_experts_fields_are_checked_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        decoder.Model(variant="moe-tiny", vocab_size=V, **fields)
+
+
 # ----------------------------------------------------------------------------------------------
 # Packaging and sharding metadata.
 
@@ -517,9 +547,22 @@ def test_import_needs_no_tensorflow():
         (encoder.Model(variant="tiny", vocab_size=V), (TOK,)),
         (encoder.Model(variant="tiny", vocab_size=V, head="classifier"), (TOK,)),
         (decoder.Model(variant="modern-tiny", vocab_size=V, scan_layers=True), (TOK,)),
+        (
+            decoder.Model(  # every option with parameters of its own
+                variant="moe-tiny",
+                vocab_size=V,
+                scan_layers=True,
+                first_dense_layers=1,
+                use_bias=True,
+                router_bias=True,
+                shared_expert_dim=8,
+                shared_expert_gate=True,
+            ),
+            (TOK,),
+        ),
         (vit.Model(variant="tiny/4", num_classes=3), (jnp.ones((1, 8, 8, 3)),)),
     ],
-    ids=["transformer", "transformer_options", "encoder", "classifier", "decoder", "vit"],
+    ids=["transformer", "transformer_options", "encoder", "classifier", "decoder", "moe", "vit"],
 )
 def test_every_parameter_has_logical_axis_names(model, inputs):
     shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]

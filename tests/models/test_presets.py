@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from tfjax.models import decoder
+from tfjax.nn import moe
 
 # (billions, decimals the card gives, non-embedding billions or None), from each model card on
 # huggingface.co (Llama 3.2 1B: the page's 1.24B; Meta's card table rounds it to 1.23B).
@@ -45,12 +46,43 @@ def test_published_presets_have_the_model_cards_parameter_counts(variant):
 
 def test_every_published_preset_is_counted():
     assert {v for v in PUBLISHED if not v.startswith("gemma-")} == set(CARDS)
+    assert {v for v in decoder.VARIANTS if v.startswith(MOE_FAMILIES)} == set(MOE_CARDS)
 
 
-# Every published decoder preset (the Gemma cards are checked in
-# tests/interop/test_interop_gemma.py).
+# Mixtures of experts: (total parameters, active per token, as the cards count them), exact
+# from the checkpoints' config.json sizes, and the cards' rounded figures (billions, decimals).
+# Mixtral and Qwen count every parameter a token uses; OpenAI's GPT-OSS card leaves out the
+# embedding table ("active" 3.61B) and counts the attention sinks, 24 layers x 64, which
+# tfjax's preset lacks (see decoder.VARIANTS).
+MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-")
+MOE_CARDS = {
+    "mixtral-8x7b": (46_702_792_704, 12_879_925_248, (46.7, 12.9, 1)),
+    "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704, (30.5, 3.3, 1)),
+    "gpt-oss-20b": (20_914_757_184 - 24 * 64, 3_608_307_264 - 24 * 64, (20.91, 3.61, 2)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(MOE_CARDS))
+def test_mixture_of_experts_presets_have_the_cards_total_and_active_parameters(variant):
+    total, active, (card_total, card_active, decimals) = MOE_CARDS[variant]
+    model = decoder.Model(variant=variant, scan_layers=True)  # one layer traced: quick
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+    assert sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"])) == total
+    used = moe.active_parameters(shapes["params"], model.experts_per_token, model.num_experts)
+    if variant.startswith("gpt-oss-"):
+        used -= model.vocab_size * model.width  # the card's count: no embedding table
+    assert used == active
+    # The cards round or truncate to their last decimal (Qwen's 3.35B "3.3B"): within one unit.
+    assert abs(total / 1e9 - card_total) < 10**-decimals
+    assert abs(active / 1e9 - card_active) < 10**-decimals
+
+
+# Every published decoder preset with a converter (the Gemma cards are checked in
+# tests/interop/test_interop_gemma.py; the mixtures of experts have none yet).
 PUBLISHED = sorted(
-    v for v in decoder.VARIANTS if v.startswith(("llama-", "mistral-", "qwen", "gemma-"))
+    v
+    for v in decoder.VARIANTS
+    if v.startswith(("llama-", "mistral-", "qwen", "gemma-")) and v not in MOE_CARDS
 )
 
 

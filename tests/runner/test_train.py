@@ -3,12 +3,18 @@
 import hashlib
 import json
 import logging
+import math
 import os
+import signal
+import subprocess
+import sys
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, set_fields
+from conftest import ROOT, listed_steps, run_command, set_fields
 from jax.sharding import PartitionSpec as P
 
 from tfjax.runner import metrics, train
@@ -261,3 +267,113 @@ def test_evaluation_logs_its_throughput(data_dir, tmp_path, caplog):
     [line] = [r.getMessage() for r in caplog.records if "Evaluation at step 2" in r.getMessage()]
     batch = config.eval_batch_size
     assert f": {2 * batch} examples in " in line and " examples/s)" in line
+
+
+# ------------------------------------------------------------------------ mixture of experts
+# configs/lm.py:moe-tiny (8 experts, 2 per token, experts on the fsdp axis) on one device and
+# on 8 with data, expert (fsdp) and tensor parallelism together; no z-loss on the logits, so
+# that the logged loss is the cross-entropy plus the experts' weighted losses alone.
+MOE_MESHES = {
+    "1 device": (dict(data=1, fsdp=1, tensor=1), 1),
+    "2x2x2": (dict(data=2, fsdp=2, tensor=2), 8),
+}
+MOE_FIELDS = {
+    "num_train_steps": 6,
+    "log_every": 1,
+    "eval_every": 0,
+    "eval_steps": 1,
+    "checkpoint.every": 0,
+    "decode.num_samples": 0,
+    "loss.z_loss": 0.0,
+}
+
+
+def moe_config(data_dir, mesh_name, **overrides):
+    config = train.load_config(os.path.join(ROOT, "configs/lm.py:moe-tiny"))
+    mesh, _ = MOE_MESHES[mesh_name]
+    fields = {"data_dir": data_dir, **MOE_FIELDS, **{f"mesh.{k}": v for k, v in mesh.items()}}
+    return set_fields(config, {**fields, **overrides})
+
+
+@pytest.fixture(scope="module")
+def moe_runs(data_dir, tmp_path_factory):
+    runs = {}
+    for name, (_, n) in MOE_MESHES.items():
+        workdir = str(tmp_path_factory.mktemp("moe"))
+        result = train.train_and_evaluate(
+            moe_config(data_dir, name), workdir, devices=jax.devices()[:n]
+        )
+        runs[name] = (workdir, result)
+    return runs
+
+
+def test_moe_trains_to_the_same_losses_with_the_experts_sharded(moe_runs):
+    rows = {name: metrics.read_metrics(w, "train") for name, (w, _) in moe_runs.items()}
+    reference = rows["1 device"]
+    assert [r["step"] for r in reference] == list(range(1, 7))
+    assert reference[-1]["loss"] < reference[0]["loss"]  # it learns
+    for r in reference:  # the objective: cross-entropy + 0.01 load balance + 0.001 router z
+        aux = 0.01 * r["aux_load_balance"] + 0.001 * r["aux_router_z"]
+        assert r["aux_loss"] == pytest.approx(aux, rel=1e-5)
+        assert r["loss"] == pytest.approx(math.log(r["perplexity"]) + aux, rel=1e-5)
+        assert 1.0 <= r["aux_load_balance"] <= 8.0  # between balanced (2) and collapsed (8)
+    for key in ("loss", "aux_load_balance", "aux_router_z"):
+        np.testing.assert_allclose(
+            [r[key] for r in rows["2x2x2"]], [r[key] for r in reference], rtol=1e-5, err_msg=key
+        )
+    # [E, F, D] = [8, 32, 32]: 4 experts per fsdp shard, F over tensor
+    wo = moe_runs["2x2x2"][1]["state"].params["decoder"]["layers_0"]["mlp"]["experts"]["wo"]
+    assert wo.sharding.spec == P("fsdp", "tensor", None)
+    assert {s.data.shape for s in wo.addressable_shards} == {(4, 16, 32)}
+
+
+def test_moe_run_killed_after_a_checkpoint_resumes_bit_exact(
+    data_dir, moe_runs, runner_env, tmp_path
+):
+    """experiments/run.py on the 8-device mesh, SIGKILLed right after its step-4 checkpoint,
+    then resumed: every step's logged loss and auxiliary losses are the straight run's, bit for
+    bit (the router's choices and the experts' shards come back as they were)."""
+    from test_reliability import KILL_AFTER_SAVE
+
+    workdir = str(tmp_path / "run")
+    overrides = {**MOE_FIELDS, "checkpoint.every": 2, "mesh.data": 2, "mesh.fsdp": 2}
+    overrides["mesh.tensor"] = 2
+    cmd = run_command(
+        workdir, data_dir, overrides, config=os.path.join(ROOT, "configs/lm.py:moe-tiny")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_SAVE, *cmd[1:]],
+        env=dict(runner_env, KILL_AFTER_SAVE="4"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, (proc.stdout + proc.stderr)[-3000:]
+    assert max(listed_steps(workdir)) == 4
+    # The same run again, in this process (its programs are in the compilation cache).
+    config = moe_config(data_dir, "2x2x2", **{"checkpoint.every": 2})
+    assert train.train_and_evaluate(config, workdir)["step"] == 6
+
+    keys = ("step", "loss", "aux_load_balance", "aux_router_z")
+    straight = metrics.read_metrics(moe_runs["2x2x2"][0], "train")
+    resumed = metrics.read_metrics(workdir, "train")
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in straight]
+
+
+def test_model_flops_count_the_experts_a_token_uses():
+    """MFU's model FLOPs: of the expert kernels, top_k / num_experts (3 * 2 FLOPs per parameter
+    and token), so a model that uses 2 of 8 experts counts 6/8 of them fewer than all 8."""
+    from tfjax.models import decoder
+    from tfjax.runner import chips
+
+    example = {"tokens": (1, 16)}
+    flops = {}
+    for k in (2, 8):
+        model = decoder.Model("moe-tiny", vocab_size=64, experts_per_token=k)
+        params = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((1, 16), jnp.int32))
+        params = nn.unbox(params["params"])
+        flops[k] = chips.training_flops_per_example(model, params, example)
+    layers = [v for k, v in params["decoder"].items() if k.startswith("layers_")]
+    experts = sum(x.size for x in jax.tree.leaves([layer["mlp"]["experts"] for layer in layers]))
+    assert experts == 2 * 8 * 3 * 32 * 32  # 2 layers of 8 experts, wi_0, wi_1 and wo of 32 x 32
+    assert flops[8] - flops[2] == pytest.approx(6 * 16 * experts * 6 / 8)

@@ -13,7 +13,14 @@ from tfjax.allowed import FRACTION, integer, number, one_of
 from tfjax.nn.blocks import REMAT_POLICIES
 from tfjax.ops.activations import ALL_ACTIVATIONS
 from tfjax.ops.attention import IMPLEMENTATIONS
-from tfjax.ops.config import NORM_POSITIONS, AttentionConfig, BlockConfig, MlpConfig
+from tfjax.ops.config import (
+    NORM_POSITIONS,
+    ROUTER_SCORES,
+    AttentionConfig,
+    BlockConfig,
+    MlpConfig,
+    MoeConfig,
+)
 from tfjax.ops.norms import NORMS
 
 # What a family's flat field allows besides its annotated type (an `int | None` field may also
@@ -52,6 +59,15 @@ ALLOWED = {
     "norm_position": one_of(*NORM_POSITIONS),
     "remat_policy": one_of(*REMAT_POLICIES),
     "implementation": one_of(*IMPLEMENTATIONS),
+    # a mixture of experts (decoder)
+    "num_experts": integer(0),
+    "experts_per_token": integer(1),
+    "expert_mlp_dim": integer(1),
+    "router_score": one_of(*ROUTER_SCORES),
+    "shared_expert_dim": integer(0),
+    "first_dense_layers": integer(0),
+    "load_balance_loss_weight": number(0),
+    "router_z_loss_weight": number(0),
 }
 
 
@@ -103,6 +119,19 @@ MLP_FIELDS = {  # -> MlpConfig
     "mlp_dropout_rate": "dropout_rate",
     "use_bias": "use_bias",
 }
+MOE_FIELDS = {  # -> MoeConfig, the FFN of a family's mixture-of-experts layers
+    "num_experts": "num_experts",
+    "experts_per_token": "top_k",
+    "activation": "activation",
+    "use_bias": "use_bias",
+    "router_score": "router_score",
+    "router_renormalize": "renormalize",
+    "router_bias": "router_bias",
+    "shared_expert_dim": "shared_dim",
+    "shared_expert_gate": "shared_gate",
+    "load_balance_loss_weight": "load_balance_weight",
+    "router_z_loss_weight": "router_z_weight",
+}
 BLOCK_FIELDS = {  # -> BlockConfig
     "norm": "norm",
     "norm_eps": "norm_eps",
@@ -112,10 +141,11 @@ BLOCK_FIELDS = {  # -> BlockConfig
 }
 
 
-def block_config(model, *, attention=(), mlp=(), **block) -> BlockConfig:
+def block_config(model, *, attention=(), mlp=(), moe=None, **block) -> BlockConfig:
     """The BlockConfig of a family `model`'s flat fields, by ATTENTION_FIELDS, MLP_FIELDS and
     BLOCK_FIELDS; `attention`, `mlp` (dicts) and `block` set what the family translates itself.
-    The per-head norm (qk_norm) is the block norm's RMS kind."""
+    With `moe` (a dict, maybe empty) the FFN is a mixture of experts, by MOE_FIELDS. The per-head
+    norm (qk_norm) is the block norm's RMS kind."""
     fields = {f.name for f in dataclasses.fields(model)}
 
     def pick(table, extra):
@@ -126,15 +156,16 @@ def block_config(model, *, attention=(), mlp=(), **block) -> BlockConfig:
     block = pick(BLOCK_FIELDS, block)
     kind = "rms_plus_one" if block.get("norm") == "rms_plus_one" else "rms"
     attention = AttentionConfig(**{"qk_norm_kind": kind, **pick(ATTENTION_FIELDS, attention)})
-    return BlockConfig(attention, MlpConfig(**pick(MLP_FIELDS, mlp)), **block)
+    ffn = MlpConfig(**pick(MLP_FIELDS, mlp)) if moe is None else MoeConfig(**pick(MOE_FIELDS, moe))
+    return BlockConfig(attention, ffn, **block)
 
 
-def stack(model, config: BlockConfig, name: str, **options) -> tnn.Stack:
-    """A family's layer stack of `config` blocks: its num_layers, scan_layers, remat_policy and
-    dtypes; `options`: the Stack's others (kernel_init, final_norm, variants)."""
+def stack(model, config: BlockConfig, name: str, num_layers=None, **options) -> tnn.Stack:
+    """A family's layer stack of `config` blocks: its num_layers (unless given), scan_layers,
+    remat_policy and dtypes; `options`: the Stack's others (kernel_init, final_norm, variants)."""
     return tnn.Stack(
         config,
-        model.num_layers,
+        model.num_layers if num_layers is None else num_layers,
         scan_layers=model.scan_layers,
         remat_policy=model.remat_policy,
         dtype=model.dtype,
@@ -144,15 +175,24 @@ def stack(model, config: BlockConfig, name: str, **options) -> tnn.Stack:
     )
 
 
-def init_cache(model, config: AttentionConfig, batch_size, length, *, dtype=None, sharding=None):
-    """The explicit KV cache of a family's (decoder) stack, whose self-attention is `config`;
-    see the models' `init_cache`."""
+def init_cache(
+    model,
+    config: AttentionConfig,
+    batch_size,
+    length,
+    *,
+    dtype=None,
+    sharding=None,
+    num_layers=None,
+):
+    """The explicit KV cache of a family's (decoder) stack of num_layers (the model's when None),
+    whose self-attention is `config`; see the models' `init_cache`."""
     return ops.init_cache(
         config,
         batch_size,
         length,
         model.width,
-        num_layers=model.num_layers,
+        num_layers=model.num_layers if num_layers is None else num_layers,
         scanned=model.scan_layers,
         dtype=dtype or model.dtype or jnp.float32,
         sharding=sharding,

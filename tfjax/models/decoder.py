@@ -11,6 +11,12 @@ sqrt(D), GeGLU, soft caps on the attention and output logits (Gemma 2), and loca
 RoPE (Gemma 3). Layers that differ only so keep one parameter shape: a scanned stack passes
 each layer's kind as a scanned index (tfjax.nn.Stack's `variants`).
 
+Mixtures of experts (num_experts > 0; Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek): each layer's FFN
+is a tfjax.nn.MoeMlp, a router choosing experts_per_token of num_experts expert MLPs of width
+expert_mlp_dim per token, after first_dense_layers layers with a dense FFN of width mlp_dim
+(DeepSeek's first_k_dense_replace; those form a stack of their own, "dense_decoder", before
+"decoder"). Training adds the layers' load-balancing and router z losses with their weights.
+
     model = decoder.Model(variant="gpt2-small", vocab_size=50257)
     logits, aux = model.apply(variables, tokens)            # [B, T] -> [B, T, V]
     hidden, aux = model.apply(variables, tokens, apply_head=False)      # -> [B, T, D]
@@ -114,6 +120,19 @@ VARIANTS = {
     "modern-tiny": dict(
         width=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=96, max_len=256, **_MODERN
     ),
+    # a mixture of 8 experts (2 per token) in each layer, for tests and configs/lm.py:moe-tiny
+    "moe-tiny": dict(
+        width=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        mlp_dim=96,
+        max_len=256,
+        num_experts=8,
+        experts_per_token=2,
+        expert_mlp_dim=32,
+        **_MODERN,
+    ),
     "modern-small": dict(
         width=768,
         num_layers=12,
@@ -195,6 +214,60 @@ VARIANTS = {
         _QWEN3, width=1024, num_layers=28, num_heads=16, mlp_dim=3072, tie_embeddings=True
     ),
     "qwen3-8b": dict(_QWEN3, width=4096, num_layers=36, num_heads=32, mlp_dim=12288),
+    # Mixtures of experts (their parameter counts, total and per token, are the model cards':
+    # tests/models/test_presets.py).
+    "mixtral-8x7b": dict(
+        _MODERN,
+        width=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        mlp_dim=14336,
+        vocab_size=32000,
+        max_len=32768,
+        rope_base=1_000_000.0,
+        norm_eps=1e-5,
+        num_experts=8,
+        experts_per_token=2,
+    ),
+    "qwen3-30b-a3b": dict(
+        _QWEN3,
+        width=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        mlp_dim=6144,
+        num_experts=128,
+        experts_per_token=8,
+        expert_mlp_dim=768,
+    ),
+    # GPT-OSS's shapes and FFN (router bias, expert biases, clamped SwiGLU) and its alternating
+    # 128-token windows with YaRN; its attention sinks (a learned logit per head, 64 parameters
+    # a layer) are not in tfjax's attention yet, so this preset computes another function than
+    # the checkpoint's and counts 1,536 parameters fewer.
+    "gpt-oss-20b": dict(
+        _MODERN,
+        width=2880,
+        num_layers=24,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=64,
+        use_bias=True,
+        activation="swiglu_clamped",
+        vocab_size=201088,
+        max_len=131072,
+        norm_eps=1e-5,
+        rope_base=150_000.0,
+        rope_scaling=tnn.RopeScaling(
+            "yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False
+        ),
+        sliding_window=128,
+        attention_pattern=("local", "global"),
+        mlp_dim=2880,
+        num_experts=32,
+        experts_per_token=4,
+        router_bias=True,
+    ),
     "gemma-2-2b": dict(
         _GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4, mlp_dim=9216
     ),
@@ -268,6 +341,16 @@ VARIANTS = {
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 NORM_POSITIONS = ("pre", "sandwich")
 LAYER_KINDS = ("local", "global")  # attention_pattern's entries, in Stack variant order
+MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are moot without)
+    "experts_per_token",
+    "expert_mlp_dim",
+    "router_score",
+    "router_renormalize",
+    "router_bias",
+    "shared_expert_dim",
+    "shared_expert_gate",
+    "first_dense_layers",
+)
 
 
 class Decoder(nn.Module):
@@ -311,6 +394,20 @@ class Decoder(nn.Module):
     dropout_rate: float = 0.1  # embeddings and residual sub-layers (GPT-2: 0.1)
     attention_dropout_rate: float = 0.0  # on attention weights
     init_stddev: float = 0.02  # GPT-2's init scale
+    num_experts: int = 0  # E: a mixture of experts in each layer's FFN; 0: one MLP
+    experts_per_token: int = 2  # k: the experts the router picks for each token
+    expert_mlp_dim: int | None = None  # F of each expert; mlp_dim when None
+    router_score: str = "softmax"  # "softmax" or "sigmoid" (DeepSeek-V3) of the router logits
+    router_renormalize: bool = True  # the k chosen scores divided by their sum (norm_topk_prob)
+    router_bias: bool = False  # a bias on the router logits (GPT-OSS)
+    shared_expert_dim: int = 0  # width of the always-on shared experts' MLP; 0: none
+    shared_expert_gate: bool = False  # the shared experts' output times a sigmoid gate
+    # (Qwen2-MoE)
+    first_dense_layers: int = 0  # with experts: the first this many layers have a dense FFN
+    # of width mlp_dim (DeepSeek's first_k_dense_replace)
+    load_balance_loss_weight: float = 0.0  # weight of the layers' mean load-balancing loss in
+    # the training objective (transformers' router_aux_loss_coef; Switch: 0.01)
+    router_z_loss_weight: float = 0.0  # weight of the layers' mean router z-loss (ST-MoE: 0.001)
     scan_layers: bool = False  # nn.scan over layers
     remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
     implementation: str | None = None  # attention backend
@@ -336,6 +433,21 @@ class Decoder(nn.Module):
                 "local_rope_base and local_rope_scaling need an attention_pattern (the layers "
                 "they apply to)"
             )
+        if self.num_experts < 0:
+            raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
+        if not self.num_experts:  # a mixture's options are refused, not ignored, without one
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            moot = [name for name in MOE_ONLY if getattr(self, name) != defaults[name]]
+            if moot:
+                raise ValueError(
+                    f"{', '.join(moot)} set, but num_experts=0: they apply to "
+                    "mixture-of-experts layers (set num_experts)"
+                )
+        if not 0 <= self.first_dense_layers < self.num_layers:
+            raise ValueError(
+                f"first_dense_layers={self.first_dense_layers} must be in [0, num_layers="
+                f"{self.num_layers})"
+            )
         self.block_config()  # the layers' configs check the fields they take
         super().__post_init__()
 
@@ -360,9 +472,14 @@ class Decoder(nn.Module):
             return variants, None
         return variants, tuple(variants.index(v) for v in per_layer)
 
-    def block_config(self) -> tnn.BlockConfig:
-        """Every layer's config: the flat fields translated (common.block_config), with the
-        positions, layer variants and attention scale this family spells its own way."""
+    def block_config(self, *, experts: bool = True) -> tnn.BlockConfig:
+        """The layers' config: the flat fields translated (common.block_config), with the
+        positions, layer variants and attention scale this family spells its own way; with
+        num_experts, the mixture-of-experts layers' (experts=False: the first_dense_layers')."""
+        mlp_dim = self.mlp_dim or 4 * self.width
+        moe = None
+        if self.num_experts and experts:
+            moe = dict(hidden_dim=self.expert_mlp_dim or mlp_dim)
         return common.block_config(
             self,
             attention=dict(
@@ -370,17 +487,34 @@ class Decoder(nn.Module):
                 variants=self.layer_variants()[0],
                 scale=None if self.attention_scalar is None else self.attention_scalar**-0.5,
             ),
-            mlp=dict(hidden_dim=self.mlp_dim or 4 * self.width),
+            mlp=dict(hidden_dim=mlp_dim),
+            moe=moe,
             causal=True,
         )
+
+    def stacks(self):
+        """The layer stacks in order: (name, their config, first layer, number of layers); one,
+        "decoder", unless first_dense_layers puts a "dense_decoder" before it."""
+        f = self.first_dense_layers
+        rest = ("decoder", self.block_config(), f, self.num_layers - f)
+        return [("dense_decoder", self.block_config(experts=False), 0, f), rest] if f else [rest]
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
         """An empty explicit KV cache for `batch_size` rows of up to `length` tokens (prompt
         and generated), to pass as `cache=` with decode=True: a tfjax.ops.KVCache per layer
-        (one with [L, ...] leaves when scan_layers). dtype: of the keys and values (the compute
-        dtype when None); sharding: of one layer's keys [B, S, K, H] (tfjax.ops.init_cache)."""
+        (one with [L, ...] leaves when scan_layers; with first_dense_layers, a tuple of one per
+        stack). dtype: of the keys and values (the compute dtype when None); sharding: of one
+        layer's keys [B, S, K, H] (tfjax.ops.init_cache)."""
         config = self.block_config().attention
-        return common.init_cache(self, config, batch_size, length, dtype=dtype, sharding=sharding)
+        caches = [
+            common.init_cache(
+                self, config, batch_size, length, dtype=dtype, sharding=sharding, num_layers=n
+            )
+            for _, _, _, n in self.stacks()
+        ]
+        if len(caches) == 1:
+            return caches[0]
+        return tuple(caches) if self.scan_layers else caches[0] + caches[1]
 
     def setup(self):
         # The modules the output head shares with __call__, here so that `logits` can be
@@ -463,18 +597,39 @@ class Decoder(nn.Module):
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         pos = positions if positions.ndim == 2 else positions[None]
-        layers = common.stack(
-            self,
-            self.block_config(),
-            "decoder",
-            variants=self.layer_variants()[1],
-            kernel_init=init,
-        )
-        x = layers(
-            x, segment_ids=segment_ids, positions=pos, train=train, decode=decode, cache=cache
-        )
+        variants = self.layer_variants()[1]
+        stacks, caches = self.stacks(), []
+        for i, (name, config, first, n) in enumerate(stacks):
+            layers = common.stack(
+                self,
+                config,
+                name,
+                num_layers=n,
+                variants=None if variants is None else variants[first : first + n],
+                kernel_init=init,
+                final_norm=None if i == len(stacks) - 1 else False,
+            )
+            stack_cache = None
+            if cache is not None and len(stacks) == 1:
+                stack_cache = cache
+            elif cache is not None:  # one per stack (scanned), or the layers' own
+                stack_cache = cache[i] if self.scan_layers else cache[first : first + n]
+            x = layers(
+                x,
+                segment_ids=segment_ids,
+                positions=pos,
+                train=train,
+                decode=decode,
+                cache=stack_cache,
+            )
+            if cache is not None:
+                x, stack_cache = x
+                caches.append(stack_cache)
         if cache is not None:
-            x, cache = x
+            if len(stacks) == 1:
+                cache = caches[0]
+            else:
+                cache = tuple(caches) if self.scan_layers else caches[0] + caches[1]
         out = (self.logits(x) if apply_head else x), {"pre_logits": x}
         return out if cache is None else (out, cache)
 

@@ -1,7 +1,7 @@
 """Building blocks: thin Linen modules over tfjax.ops' maths, configured by tfjax.ops' config
 objects (AttentionConfig, MlpConfig, BlockConfig). No mesh: logical axis names only."""
 
-from tfjax.nn import attention, axes, blocks, embed, ffn, norms, position
+from tfjax.nn import attention, axes, blocks, embed, ffn, moe, norms, position
 from tfjax.nn.attention import MultiHeadAttention, attention_weights, dot_product_attention
 from tfjax.nn.blocks import (
     Block,
@@ -12,6 +12,7 @@ from tfjax.nn.blocks import (
 )
 from tfjax.nn.embed import Embed
 from tfjax.nn.ffn import GatedMlp, Mlp, gelu, make_mlp
+from tfjax.nn.moe import MoeMlp
 from tfjax.nn.norms import RMSNormPlusOne, make_norm, rms_norm_plus_one
 from tfjax.nn.position import (
     LearnedPositions,
@@ -23,7 +24,7 @@ from tfjax.nn.position import (
 )
 from tfjax.ops import chunked, masks, splash
 from tfjax.ops.cache import KVCache, init_cache
-from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig
+from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig, MoeConfig
 from tfjax.ops.masks import causal_mask, combine_masks, padding_mask, segment_mask
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "LearnedPositions",
     "Mlp",
     "MlpConfig",
+    "MoeConfig",
+    "MoeMlp",
     "MultiHeadAttention",
     "RMSNormPlusOne",
     "RopeScaling",
@@ -57,6 +60,7 @@ __all__ = [
     "make_mlp",
     "make_norm",
     "masks",
+    "moe",
     "norms",
     "padding_mask",
     "position",

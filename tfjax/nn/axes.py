@@ -26,6 +26,7 @@ HEAD_DIM = "head_dim"
 VOCAB = "vocab"
 NORM = "norm"
 LAYERS = "layers"  # the stacked axis of scanned layers
+EXPERTS = "experts"  # the stacked axis of a mixture's expert kernels (expert parallelism)
 
 
 def shards(name: str) -> int:

@@ -3,7 +3,8 @@
 Letters: B batch, T length, S context length, D model width.
 
 A `Block` (configured by a BlockConfig) is self-attention (+ cross-attention when
-`cross_attention`) + FFN, each a residual sub-layer with the norm placed per `norm_position`:
+`cross_attention`) + FFN (an Mlp, or a MoeMlp for a MoeConfig), each a residual sub-layer with
+the norm placed per `norm_position`:
   "post": x = LN(x + Dropout(F(x)))      Vaswani et al. (2017), BERT
   "pre":  x = x + Dropout(F(LN(x)))      GPT-2, ViT, Llama (the stack adds a final norm)
   "sandwich": x = x + Dropout(LN'(F(LN(x))))  Gemma 2 / 3: a norm before and after (as "pre")
@@ -24,9 +25,10 @@ from jax.ad_checkpoint import checkpoint_name
 from tfjax.nn import axes
 from tfjax.nn.attention import MultiHeadAttention, default_kernel_init
 from tfjax.nn.ffn import make_mlp
+from tfjax.nn.moe import AUX_LOSSES, MoeMlp
 from tfjax.nn.norms import make_norm
 from tfjax.ops.cache import KVCache
-from tfjax.ops.config import NORM_POSITIONS, BlockConfig  # noqa: F401 (re-exported)
+from tfjax.ops.config import NORM_POSITIONS, BlockConfig, MoeConfig  # noqa: F401 (re-exported)
 
 LAYER_INPUT = "layer_input"  # checkpoint_name of each block's input, the residual stream
 # What the backward pass of each layer finds saved from its forward pass; everything else is
@@ -178,7 +180,8 @@ class Block(nn.Module):
                 "cross_attention",
                 train,
             )
-        mlp = make_mlp(
+        ffn = MoeMlp if isinstance(self.config.mlp, MoeConfig) else make_mlp
+        mlp = ffn(
             self.config.mlp,
             kernel_init=self.kernel_init,
             dtype=self.dtype,
@@ -274,7 +277,7 @@ class Stack(nn.Module):
         variants = None if self.variants is None else jnp.asarray(self.variants, jnp.int32)
         scanned = nn.scan(
             lambda block, y, xs: layer(block, y, *xs),
-            variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+            variable_axes={"params": 0, "cache": 0, "intermediates": 0, AUX_LOSSES: 0},
             split_rngs={"params": True, "dropout": True},
             length=self.num_layers,
             metadata_params={nn.PARTITION_NAME: axes.LAYERS},

@@ -3,7 +3,8 @@
 Letters: B batch, T length, D model width, F mlp width.
 Mlp:      wo(act(wi(x)))              relu (Vaswani et al.), gelu (BERT, ViT), gelu_tanh (GPT-2),
                                       silu (Marian), quick_gelu (CLIP)
-GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020), geglu_tanh (Gemma)
+GatedMlp: wo(act(wi_0(x)) * wi_1(x))  swiglu (Llama), geglu (Shazeer, 2020), geglu_tanh (Gemma);
+                                      swiglu_clamped (GPT-OSS) clamps both first
 The activations: tfjax.ops.activations.
 """
 
@@ -92,7 +93,7 @@ class GatedMlp(Mlp):
         """[B, T, D] -> [B, T, F]: the gate's activation times the second projection."""
         f, names = self.config.hidden_dim, (axes.EMBED, axes.MLP)
         gate, up = self._dense(f, names, "wi_0")(x), self._dense(f, names, "wi_1")(x)
-        return self.activations[self.config.activation](gate) * up
+        return self.activations[self.config.activation](gate, up)
 
 
 def make_mlp(config: MlpConfig, **kwargs) -> nn.Module:

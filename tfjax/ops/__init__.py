@@ -10,7 +10,10 @@ names); another module system (Flax NNX, Equinox, plain functions) can share the
   masks        boolean attention masks
   position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets
   norms, activations   the norm and FFN activation maths
-  config       AttentionConfig, MlpConfig, BlockConfig, LayerAttention: what a layer computes
+  moe          mixture of experts: routing, dropless grouped-matmul dispatch, expert
+               parallelism, the load-balancing and router z losses
+  config       AttentionConfig, MlpConfig, MoeConfig, BlockConfig, LayerAttention: what a
+               layer computes
   cache        KVCache, the decoding cache as a pytree the caller holds
 """
 
@@ -21,6 +24,7 @@ from tfjax.ops import (
     chunked,
     config,
     masks,
+    moe,
     multihead,
     norms,
     position,
@@ -29,7 +33,7 @@ from tfjax.ops import (
 from tfjax.ops.activations import ACTIVATIONS, ALL_ACTIVATIONS, GATED_ACTIVATIONS, gelu
 from tfjax.ops.attention import attention_weights, choose_implementation, dot_product_attention
 from tfjax.ops.cache import KVCache, init_cache
-from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig
+from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig, MoeConfig
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
 from tfjax.ops.position import RopeScaling, alibi_bias, rope, sincos_2d, sinusoidal
 
@@ -43,6 +47,7 @@ __all__ = [
     "KVCache",
     "LayerAttention",
     "MlpConfig",
+    "MoeConfig",
     "RopeScaling",
     "activations",
     "alibi_bias",
@@ -56,6 +61,7 @@ __all__ = [
     "gelu",
     "init_cache",
     "masks",
+    "moe",
     "multihead",
     "norms",
     "position",

@@ -1,7 +1,7 @@
 """The FFN activations by name.
 
-ACTIVATIONS act on one projection, act(x W1); GATED_ACTIVATIONS gate a second one,
-act(x W0) * x W1 (Shazeer, 2020).
+ACTIVATIONS act on one projection, act(x W1); GATED_ACTIVATIONS combine two, the gate x W0 and
+x W1, into the hidden activations: act(x W0) * x W1 (Shazeer, 2020), or GPT-OSS's clamped form.
 """
 
 import jax
@@ -37,9 +37,25 @@ ACTIVATIONS = {
     "silu": jax.nn.silu,  # a.k.a. swish (Marian / Opus-MT)
     "quick_gelu": quick_gelu,  # CLIP
 }
-GATED_ACTIVATIONS = {
-    "swiglu": jax.nn.silu,
-    "geglu": gelu,
-    "geglu_tanh": gelu_tanh,  # Gemma's gelu_pytorch_tanh gate
+
+
+def _glu(act):
+    """The gated linear unit of `act`: (gate, up) -> act(gate) * up."""
+    return lambda gate, up: act(gate) * up
+
+
+def swiglu_clamped(gate, up, *, alpha=1.702, limit=7.0):
+    """GPT-OSS's gated unit: the gate clamped to at most `limit` and the other projection to
+    [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate = jnp.minimum(gate, limit)
+    up = jnp.clip(up, -limit, limit)
+    return (up + 1) * gate * jax.nn.sigmoid(jnp.asarray(alpha, gate.dtype) * gate)
+
+
+GATED_ACTIVATIONS = {  # (gate, up) -> the hidden activations
+    "swiglu": _glu(jax.nn.silu),
+    "geglu": _glu(gelu),
+    "geglu_tanh": _glu(gelu_tanh),  # Gemma's gelu_pytorch_tanh gate
+    "swiglu_clamped": swiglu_clamped,  # GPT-OSS
 }
 ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)

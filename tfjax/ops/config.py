@@ -112,7 +112,7 @@ class MlpConfig:
 
     hidden_dim: int  # F
     activation: str = "relu"  # "relu", "gelu" (exact erf), "gelu_tanh", "silu", "quick_gelu";
-    # gated: "swiglu" (Llama), "geglu", "geglu_tanh" (Gemma)
+    # gated: "swiglu" (Llama), "geglu", "geglu_tanh" (Gemma), "swiglu_clamped" (GPT-OSS)
     dropout_rate: float = 0.0  # on the hidden activations; 0 in Vaswani et al.
     use_bias: bool = True  # biases on the projections (Llama has none)
 
@@ -125,13 +125,72 @@ class MlpConfig:
         return self.activation in GATED_ACTIVATIONS
 
 
+ROUTER_SCORES = ("softmax", "sigmoid")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts FFN (tfjax.nn.MoeMlp): per token a router picks `top_k` of
+    `num_experts` expert MLPs and sums their outputs, weighted by its scores; every routed token
+    is computed (dropless: no capacity, nothing dropped). The maths: tfjax.ops.moe.
+
+    Mixtral, Qwen3-MoE: softmax scores, renormalized. GPT-OSS: softmax of the chosen logits,
+    which is the same (renormalized), with a router bias, expert biases and "swiglu_clamped".
+    DeepSeek-V3: sigmoid scores, renormalized, a shared expert.
+    """
+
+    num_experts: int  # E
+    top_k: int  # k: experts per token
+    hidden_dim: int  # F: each expert's width
+    activation: str = "swiglu"  # the experts' (and the shared experts'); see MlpConfig
+    use_bias: bool = False  # biases on the experts' projections (GPT-OSS)
+    router_score: str = "softmax"  # the router's scores of its logits: "softmax" (over the E
+    # experts) or "sigmoid" (each on its own, DeepSeek-V3)
+    renormalize: bool = True  # the chosen k scores divided by their sum (Mixtral; Qwen-MoE's
+    # norm_topk_prob); False: the scores as they are (Qwen1.5/2-MoE)
+    router_bias: bool = False  # a bias on the router's logits (GPT-OSS)
+    shared_dim: int = 0  # F of the always-on shared experts, one MLP (DeepSeek: the number of
+    # shared experts times their width; Qwen2-MoE's shared_expert_intermediate_size); 0: none
+    shared_gate: bool = False  # the shared experts' output times sigmoid(x w) (Qwen2-MoE)
+    load_balance_weight: float = 0.0  # weight of the load-balancing loss in the objective
+    router_z_weight: float = 0.0  # weight of the router z-loss in the objective
+
+    def __post_init__(self):
+        if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"MoeConfig: top_k={self.top_k} must be in [1, num_experts={self.num_experts}] "
+                "(num_experts >= 1)"
+            )
+        if self.hidden_dim < 1 or self.shared_dim < 0:
+            raise ValueError(
+                f"MoeConfig: hidden_dim={self.hidden_dim} must be >= 1 and "
+                f"shared_dim={self.shared_dim} >= 0"
+            )
+        _check_choice("MoeConfig", "activation", self.activation, ALL_ACTIVATIONS)
+        _check_choice("MoeConfig", "router_score", self.router_score, ROUTER_SCORES)
+        if self.shared_gate and not self.shared_dim:
+            raise ValueError("MoeConfig: shared_gate=True needs shared experts (shared_dim > 0)")
+        for field in ("load_balance_weight", "router_z_weight"):
+            if not getattr(self, field) >= 0:
+                raise ValueError(f"MoeConfig: {field} must be >= 0, got {getattr(self, field)}")
+
+    @property
+    def gated(self) -> bool:
+        """Whether the experts' activation gates a second projection (wi_0 and wi_1)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    def shared(self) -> MlpConfig:
+        """The shared experts' MLP."""
+        return MlpConfig(self.shared_dim, self.activation, use_bias=self.use_bias)
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
     """One Transformer layer (tfjax.nn.Block): self-attention, optional cross-attention, FFN,
     each a residual sub-layer with the norm placed per `norm_position`."""
 
     attention: AttentionConfig  # the self-attention (cross-attention: for_cross_attention())
-    mlp: MlpConfig  # the FFN
+    mlp: MlpConfig | MoeConfig  # the FFN: one MLP, or a mixture of experts
     norm: str = "layer"  # "layer" (LayerNorm), "rms" (RMSNorm) or "rms_plus_one" (Gemma's)
     norm_eps: float = 1e-6  # norm epsilon (BERT 1e-12, GPT-2 1e-5)
     norm_position: str = "pre"  # "pre" (x + F(LN(x))), "post" (LN(x + F(x)), the paper) or
@@ -143,8 +202,9 @@ class BlockConfig:
     # output before the residual add (CaiT, DINOv2); none when None
 
     def __post_init__(self):
-        for field, cls in (("attention", AttentionConfig), ("mlp", MlpConfig)):
-            if not isinstance(getattr(self, field), cls):
-                raise ValueError(f"BlockConfig: {field} must be a {cls.__name__}")
+        for field, classes in (("attention", (AttentionConfig,)), ("mlp", (MlpConfig, MoeConfig))):
+            if not isinstance(getattr(self, field), classes):
+                names = " or ".join(c.__name__ for c in classes)
+                raise ValueError(f"BlockConfig: {field} must be a {names}")
         _check_choice("BlockConfig", "norm", self.norm, NORMS)
         _check_choice("BlockConfig", "norm_position", self.norm_position, NORM_POSITIONS)

@@ -12,7 +12,9 @@ CPUs, which have no such figure, the peak is the matmul rate measured in the sam
 Model FLOPs (`training_flops_per_example`) follow Kaplan et al. / PaLM: 6 * N * T for the
 weight matmuls (forward 2, backward 4 per parameter per token) plus 12 * L * T * S * D for
 attention scores and values; embedding lookups count nothing, a tied output projection counts
-as a matmul. MFU is model FLOPs per second over `peak_flops`.
+as a matmul. N counts the parameters a token uses: of a mixture of experts' expert kernels,
+top_k / num_experts (`tfjax.nn.moe.active_parameters`). MFU is model FLOPs per second over
+`peak_flops`.
 
 Sources: Google Cloud's TPU system-architecture pages (v4: 275 TFLOP/s bf16, 32 GiB HBM per
 chip, two TensorCores; v5e: 197 TFLOP/s, 16 GiB; v5p: 459 TFLOP/s, 95 GiB; v6e / Trillium:
@@ -39,6 +41,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from tfjax.nn import moe
 
 GiB = 2**30
 MiB = 2**20
@@ -190,7 +194,12 @@ def training_flops_per_example(model, params, example: dict) -> float:
         attention = layers * (s * s + t * t + t * s) * d_attention
     elif kind in ("Decoder", "Encoder"):
         t = example["tokens"][1]
-        stack = params["decoder" if kind == "Decoder" else "encoder"]
+        names = ("dense_decoder", "decoder") if kind == "Decoder" else ("encoder",)
+        stack = {name: params[name] for name in names if name in params}
+        if getattr(model, "num_experts", 0):
+            layer_params = moe.active_parameters(stack, model.experts_per_token, model.num_experts)
+        else:
+            layer_params = _count(stack)
         if kind == "Decoder":
             tied = "output_proj" not in params
             out = model.vocab_size * d if tied else _count(params["output_proj"])
@@ -198,7 +207,7 @@ def training_flops_per_example(model, params, example: dict) -> float:
             out = _count(params["mlm_dense"]) + model.vocab_size * d
         else:
             out = (_count(params["pooler"]) + _count(params["classifier"])) / t
-        dense = _count(stack) * t + out * t
+        dense = layer_params * t + out * t
         attention = layers * t * t * d_attention
     else:
         raise ValueError(f"no FLOP count for model type {kind}")

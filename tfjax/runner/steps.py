@@ -11,6 +11,10 @@ and donation, and the runner, `experiments/compile.py`, the benchmarks and the t
 With loss_chunks C > 1 (tasks.TOKEN_TASKS) both steps take the model's final hidden states
 (`apply_head=False`) and make the logits and the loss in C slices of T
 (`tasks.losses.chunked_cross_entropy_sums`): the [B, T, V] logits are never all in memory.
+
+The train step also collects the auxiliary losses the model's layers write (the AUX_LOSSES
+collection: a mixture of experts' load-balancing and router z losses, tfjax.nn.moe) and adds
+their weighted sum to the task's loss (`with_aux_losses`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ import optax
 from flax import traverse_util
 
 from tfjax import sharding
+from tfjax.nn.moe import AUX_LOSSES
 from tfjax.tasks import losses
+
+AUX_PREFIX = "aux_"  # the stats (and metrics) of the model's auxiliary losses: aux_<name>
 
 
 @flax.struct.dataclass
@@ -57,16 +64,38 @@ def merge_params(train, frozen):
 
 
 def loss_and_stats(
-    model, task, params, batch, *, train, rngs=None, loss_chunks=1, label_smoothing=0.0, z_loss=0.0
+    model,
+    task,
+    params,
+    batch,
+    *,
+    train,
+    rngs=None,
+    loss_chunks=1,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    aux_losses=False,
 ):
     """(summed loss, stats) of the model on a batch: the task's loss of the full logits, or with
-    loss_chunks > 1 the same sums made from the final hidden states in slices of T."""
+    loss_chunks > 1 the same sums made from the final hidden states in slices of T; with
+    `aux_losses`, and the model's auxiliary losses (`with_aux_losses`)."""
     args, kwargs = task.model_inputs(batch)
     variables = {"params": params}
+
+    def apply(**extra):
+        kw = dict(kwargs, train=train, rngs=rngs, **extra)
+        if not aux_losses:
+            return model.apply(variables, *args, **kw), {}
+        out, state = model.apply(variables, *args, **kw, mutable=[AUX_LOSSES])
+        return out, state.get(AUX_LOSSES, {})
+
     if loss_chunks == 1:
-        logits, _ = model.apply(variables, *args, **kwargs, train=train, rngs=rngs)
-        return task.loss_and_stats(logits, batch, label_smoothing=label_smoothing, z_loss=z_loss)
-    hidden, _ = model.apply(variables, *args, **kwargs, train=train, rngs=rngs, apply_head=False)
+        (logits, _), sown = apply()
+        loss, stats = task.loss_and_stats(
+            logits, batch, label_smoothing=label_smoothing, z_loss=z_loss
+        )
+        return with_aux_losses(loss, stats, sown)
+    (hidden, _), sown = apply(apply_head=False)
     stats = losses.chunked_cross_entropy_sums(
         functools.partial(model.apply, variables, method="logits"),
         hidden,
@@ -75,7 +104,28 @@ def loss_and_stats(
         label_smoothing=label_smoothing,
         z_loss=z_loss,
     )
-    return stats["loss"], stats
+    return with_aux_losses(stats["loss"], stats, sown)
+
+
+def with_aux_losses(loss, stats, sown):
+    """(loss, stats) with the auxiliary losses the layers wrote, `sown` (the AUX_LOSSES
+    collection: per layer, named scalars): each name's mean over the layers becomes a stat
+    "aux_<name>", and the mean of the "loss" entries (the layers' weighted sums) joins the loss.
+    Both are per token, so they enter the sums as if every weighted token carried them
+    (times stats["weight"]): a mean over the batch, micro-batches and steps alike."""
+    values = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(sown)[0]:
+        name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+        values.setdefault(name, []).append(jnp.ravel(leaf))
+    if not values:
+        return loss, stats
+    weight = stats["weight"]
+    means = {name: jnp.mean(jnp.concatenate(v)) for name, v in values.items()}
+    stats = dict(stats) | {AUX_PREFIX + name: m * weight for name, m in means.items()}
+    if "loss" in means:
+        loss = loss + means["loss"] * weight
+        stats["loss"] = stats["loss"] + means["loss"] * weight
+    return loss, stats
 
 
 def make_train_step(
@@ -102,7 +152,8 @@ def make_train_step(
     randomness of a step does not depend on when or on which mesh it runs. With
     num_microbatches M > 1 the batch is processed in M parts whose gradients are summed
     (gradient accumulation); as every loss is a sum normalised once by the total weight, the
-    update equals that of one big batch. `stats` are sums (see tfjax.tasks) plus "grad_norm".
+    update equals that of one big batch. `stats` are sums (see tfjax.tasks; with the model's
+    auxiliary losses, `with_aux_losses`) plus "grad_norm".
     With loss_chunks C > 1 the logits and the loss are made in C slices of T (see above).
 
     A step whose loss or gradient has a NaN or Inf leaves params, opt_state and the EMA as they
@@ -122,6 +173,7 @@ def make_train_step(
             loss_chunks=loss_chunks,
             label_smoothing=label_smoothing,
             z_loss=z_loss,
+            aux_losses=True,
         )
         if num_microbatches == 1:
             # The mean's division at the root of the backward pass: the gradients come out

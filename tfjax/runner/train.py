@@ -66,9 +66,11 @@ from tfjax.runner import (
     pretrained,
     profiling,
     setup,
+    steps,
     workdirs,
 )
 from tfjax.runner.setup import load_config  # noqa: F401 (tfjax.runner.train.load_config, documented)
+from tfjax.tasks import losses
 
 NONFINITE_STATS = ("nonfinite", "bad_loss", "bad_grad_norm", "skipped", "skipped_in_a_row")
 TOKENIZER_FILE = "tokenizer.model"  # in the workdir: the run's SentencePiece model
@@ -334,6 +336,9 @@ class TrainMeter:
         self.pending = []
         summed = {k: float(np.sum([s[k] for s in host], dtype=np.float64)) for k in host[0]}
         result = task.summarize(summed)
+        # The model's auxiliary losses (a mixture of experts'), per weighted token.
+        aux = [k for k in summed if k.startswith(steps.AUX_PREFIX)]
+        result.update({k: losses.ratio(summed, k) for k in aux})
         result.update(
             grad_norm=summed["grad_norm"] / max(summed["steps"], 1.0),
             learning_rate=float(self.exp.schedule(step - 1)),

@@ -1,0 +1,195 @@
+r"""Mixture-of-experts dispatch: tfjax's dropless grouped matmuls against a dense one-hot einsum.
+
+    .venv/bin/python benchmarks/moe_dispatch.py [--sizes=2048x256x512x8x2,...] [--rounds=5]
+        [--topology=v5e:1x1] [--threads=0] [--tiny]
+
+For each size N x D x F x E x k (tokens, width, expert width, experts, experts per token) the
+experts' SwiGLU FFN of N routed tokens, two ways, on this CPU in one process, in rotated rounds:
+  ragged  tfjax.ops.moe.experts_ffn: the N k (token, expert) pairs sorted by expert, each
+          expert's rows through `jax.lax.ragged_dot`, put back by a gather (what MoeMlp runs)
+  dense   every expert on every token (einsums over [E, N, F]) and a [N, E] matrix of the
+          router's weights, zero where an expert was not chosen: the reference of the tests
+It times the forward pass and forward + backward (the gradients of the kernels and the input),
+medians of --rounds, and prints ratio ragged/dense (< 1: ragged faster). It also reports
+XLA's cost_analysis of each compiled program (FLOPs, bytes accessed) on the CPU and, with
+--topology, compiled for that TPU by libtpu's compiler on this host (nothing runs there):
+XLA's CPU backend lowers ragged_dot as a dense matmul masked per expert, so on the CPU both
+ways do E / k times the routed work; the TPU lowering does the routed work alone. Results:
+benchmarks/results/moe_dispatch.json (or --out).
+"""
+
+import functools
+import os
+import sys
+
+import harness
+
+# The timings are the CPU's; libtpu, when installed, only compiles (--topology).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def parse_sizes(text: str) -> list[tuple[int, ...]]:
+    return [tuple(int(v) for v in size.split("x")) for size in text.split(",")]
+
+
+def build(n, d, f, e, k):
+    """Tokens, their routes (a random router), the kernels and a cotangent, float32."""
+    import jax
+    import jax.numpy as jnp
+
+    from tfjax.ops import moe
+
+    keys = jax.random.split(jax.random.key(0), 6)
+    x = jax.random.normal(keys[0], (n, d))
+    weights, experts, _ = moe.route(jax.random.normal(keys[1], (n, e)), k)
+    scale = d**-0.5
+    kernels = {
+        "wi_0": scale * jax.random.normal(keys[2], (e, d, f)),
+        "wi_1": scale * jax.random.normal(keys[3], (e, d, f)),
+        "wo": f**-0.5 * jax.random.normal(keys[4], (e, f, d)),
+    }
+    cotangent = jax.random.normal(keys[5], (n, d))
+    return x, weights, experts, kernels, jnp.asarray(cotangent)
+
+
+def ragged(x, weights, experts, kernels):
+    from tfjax.ops import moe
+
+    return moe.experts_ffn(
+        x, weights, experts, kernels, activation="swiglu", num_experts=kernels["wo"].shape[0]
+    )
+
+
+def dense(x, weights, experts, kernels):
+    import jax
+    import jax.numpy as jnp
+
+    e = kernels["wo"].shape[0]
+    # [N, E]: the router's weight of each chosen expert, 0 for the others
+    combine = jnp.sum(jax.nn.one_hot(experts, e, dtype=x.dtype) * weights[..., None], axis=1)
+    # [E, N, F]
+    gate = jnp.einsum("nd,edf->enf", x, kernels["wi_0"])
+    up = jnp.einsum("nd,edf->enf", x, kernels["wi_1"])
+    # [E, N, D]
+    out = jnp.einsum("enf,efd->end", jax.nn.silu(gate) * up, kernels["wo"])
+    return jnp.einsum("end,ne->nd", out, combine)
+
+
+WAYS = {"ragged": ragged, "dense": dense}
+
+
+def programs(way, weights, experts, cotangent):
+    """{"fwd": f(x, kernels), "fwd+bwd": the gradients of <f, cotangent>}."""
+    import jax
+    import jax.numpy as jnp
+
+    def forward(x, kernels):
+        return WAYS[way](x, weights, experts, kernels)
+
+    def objective(x, kernels):
+        return jnp.sum(forward(x, kernels) * cotangent)
+
+    return {"fwd": forward, "fwd+bwd": jax.grad(objective, argnums=(0, 1))}
+
+
+def cost(compiled) -> dict:
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    return {"flops": analysis.get("flops", 0.0), "bytes": analysis.get("bytes accessed", 0.0)}
+
+
+def tpu_costs(topology, size, ways) -> dict:
+    """{way: {pass: cost}} of the programs compiled for one chip of `topology`, or an error."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from tfjax.runner import aot
+
+    try:
+        device = aot.topology_devices(topology)[0]
+    except (ValueError, RuntimeError) as e:
+        return {"error": str(e)}
+    whole = NamedSharding(Mesh([device], ("chip",)), PartitionSpec())
+    x, weights, experts, kernels, cotangent = build(*size)
+
+    def abstract(a):
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=whole)
+
+    out = {}
+    for way in ways:
+        # The routes are constants of the programs (as in the CPU runs).
+        fns = programs(way, weights, experts, cotangent)
+        args = jax.tree.map(abstract, (x, kernels))
+        out[way] = {p: cost(jax.jit(fn).lower(*args).compile()) for p, fn in fns.items()}
+    return out
+
+
+def measure(size, rounds: int) -> dict:
+    import jax
+    import numpy as np
+
+    x, weights, experts, kernels, cotangent = build(*size)
+    jitted = {
+        (way, p): jax.jit(fn)
+        for way in WAYS
+        for p, fn in programs(way, weights, experts, cotangent).items()
+    }
+    compiled = {key: fn.lower(x, kernels).compile() for key, fn in jitted.items()}
+    error = float(
+        np.max(np.abs(compiled["ragged", "fwd"](x, kernels) - compiled["dense", "fwd"](x, kernels)))
+    )
+    calls = {f"{way} {p}": functools.partial(c, x, kernels) for (way, p), c in compiled.items()}
+    times = harness.medians(harness.time_rounds(calls, rounds))
+    return {
+        "size": dict(zip("NDFEk", size, strict=True)),
+        "max_abs_difference": error,
+        "seconds": times,
+        "cpu_cost": {f"{way} {p}": cost(c) for (way, p), c in compiled.items()},
+    }
+
+
+def main():
+    parser = harness.parser(__doc__, "moe_dispatch")
+    parser.add_argument("--sizes", default="2048x256x512x8x2,2048x256x128x32x4")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--topology", default="v5e:1x1", help="'' skips the TPU compile")
+    parser.add_argument("--threads", type=int, default=0, help="CPU cores to use (0: all)")
+    args = parser.parse_args()
+    if args.tiny:
+        args.sizes, args.rounds = "64x16x32x4x2", 1
+    harness.use_cores(args.threads)
+    harness.log(" ".join([sys.executable, *sys.argv]))
+    result = harness.header("moe_dispatch", args, "jax", "jaxlib", "libtpu")
+    result["rounds"], result["topology"], result["results"] = args.rounds, args.topology, []
+    for size in parse_sizes(args.sizes):
+        row = measure(size, args.rounds)
+        name = "[N={N} D={D} F={F} E={E} k={k}]".format(**row["size"])
+        harness.log(f"{name} max |ragged - dense| = {row['max_abs_difference']:.2e}")
+        s, c = row["seconds"], row["cpu_cost"]
+        for p in ("fwd", "fwd+bwd"):
+            ragged_s, dense_s = s[f"ragged {p}"], s[f"dense {p}"]
+            harness.log(
+                f"  {p}: ragged {1e3 * ragged_s:.2f} ms, dense {1e3 * dense_s:.2f} ms (CPU); "
+                + harness.ratio_line(f"ragged/dense {p} time (CPU)", ragged_s / dense_s)
+            )
+            flops = c[f"ragged {p}"]["flops"] / c[f"dense {p}"]["flops"]
+            moved = c[f"ragged {p}"]["bytes"] / c[f"dense {p}"]["bytes"]
+            harness.log(f"  {p}: CPU compiled FLOPs ragged/dense {flops:.3f}, bytes {moved:.3f}")
+        if args.topology:
+            row["tpu_cost"] = tpu_costs(args.topology, size, WAYS)
+            if "error" in row["tpu_cost"]:
+                harness.log(f"  {args.topology}: not compiled: {row['tpu_cost']['error']}")
+            else:
+                for p in ("fwd", "fwd+bwd"):
+                    r, d = row["tpu_cost"]["ragged"][p], row["tpu_cost"]["dense"][p]
+                    harness.log(
+                        f"  {p}: {args.topology} compiled FLOPs ragged {r['flops']:.3g}, dense "
+                        f"{d['flops']:.3g} (ratio {r['flops'] / d['flops']:.3f}); bytes ratio "
+                        f"{r['bytes'] / d['bytes']:.3f}"
+                    )
+        result["results"].append(row)
+    harness.write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Mixture-of-experts maths: routing, dropless dispatch by grouped matmuls, auxiliary losses.
+
+Letters: N tokens, D model width, F expert width, E experts, k experts per token (top_k),
+R = N k routed (token, expert) pairs.
+
+    weights, experts, scores = route(logits, 2)                           # [N, k], [N, k], [N, E]
+    y = experts_ffn(x, weights, experts, kernels, activation="swiglu", num_experts=E)  # [N, D]
+
+Dispatch is dropless (as MegaBlocks, Gale et al., 2022): the R pairs are sorted by expert, each
+expert's rows multiplied by its kernels in one grouped matmul (`jax.lax.ragged_dot`, whose
+groups are the experts' row counts), and the outputs put back in token order by a gather (no
+scatter-add: deterministic on every backend) and summed with the router's weights. No capacity
+factor, nothing dropped, no padding to a capacity. XLA's lowering of ragged_dot decides the
+cost (benchmarks/moe_dispatch.py): the CPU's is a matmul masked per expert (k times a dense
+one-hot einsum's FLOPs); the TPU's forward and input gradient do the routed work alone, but
+its kernels' gradient (a ragged contracting dimension) is dense, E times the routed work, which
+a grouped kernel (Megablox's tgmm) in a custom VJP here would remove.
+
+Expert parallelism: with a `sharding` (tfjax.nn resolves it from the logical rules in context)
+`experts_ffn` runs per device under `jax.shard_map`, manual over the mesh axes that split the
+tokens or the experts (the others, tensor parallelism of F, stay with the compiler). A device
+holds E / P experts; the token exchange is chosen here alone: over the mesh axes that split
+both, each device gathers its group's tokens and their routes (all-gather), computes the pairs
+routed to its own experts, and the partial outputs go back summed to the devices that hold
+the tokens (reduce-scatter); over expert axes that do not split the tokens (those are already
+on every device) the partial outputs are summed (all-reduce). Kernel dimensions that FSDP
+splits over manual axes are gathered inside (their gradients leave reduce-scattered, as FSDP's
+do). Sorting stays local to each device: the compiler never sorts the global batch.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from tfjax.ops.activations import ACTIVATIONS, GATED_ACTIVATIONS
+
+
+def route(logits, top_k: int, *, score: str = "softmax", renormalize: bool = True):
+    """The router's choice from its logits [N, E]: (weights [N, k], experts [N, k] int32,
+    scores [N, E]), in float32 or wider.
+
+    score: "softmax" (over the E experts; Mixtral, Qwen-MoE) or "sigmoid" (each on its own,
+    DeepSeek-V3); the k experts of highest score are chosen, their scores the weights, divided
+    by their sum with `renormalize`. Softmax, top-k and renormalization equal GPT-OSS's softmax
+    of the top-k logits.
+    """
+    logits = _at_least_float32(logits)
+    scores = jax.nn.softmax(logits, axis=-1) if score == "softmax" else jax.nn.sigmoid(logits)
+    weights, experts = jax.lax.top_k(scores, top_k)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, experts, scores
+
+
+def load_balance_loss(scores, experts, num_experts: int):
+    """The load-balancing loss of Switch Transformers (Fedus et al., 2021, eq. 4) for top-k
+    routing: E * sum_e f_e P_e, f_e the fraction of the N tokens that chose expert e among their
+    k, P_e the mean of e's score (per token the scores normalised to sum 1; softmax's already
+    do). Balanced routing gives k: transformers' load_balancing_loss_func (Mixtral, Qwen-MoE,
+    GPT-OSS), so their router_aux_loss_coef means the same weight here (they average f and P
+    over all layers' tokens at once; this is one layer's).
+
+    scores [N, E], experts [N, k] -> []; its gradient reaches the scores (f counts).
+    """
+    n = experts.shape[0]
+    counts = jnp.bincount(experts.reshape(-1), length=num_experts)  # [E]
+    fraction = counts.astype(scores.dtype) / n
+    probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    return num_experts * jnp.sum(fraction * jnp.mean(probs, axis=0))
+
+
+def router_z_loss(logits):
+    """ST-MoE's router z-loss (Zoph et al., 2022, eq. 5): the mean over tokens of
+    logsumexp(logits)^2, which keeps the router's logits small. [N, E] -> []."""
+    return jnp.mean(jnp.square(jax.nn.logsumexp(_at_least_float32(logits), axis=-1)))
+
+
+def _at_least_float32(x):
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _project(rows, group_sizes, row_experts, kernel, bias):
+    """Each row [R, I] times its expert's kernel [E_l, I, O] (rows sorted by expert, group i of
+    group_sizes[i] rows), plus its expert's bias [E_l, O] -> [R, O]."""
+    out = jax.lax.ragged_dot(rows, kernel.astype(rows.dtype), group_sizes)
+    if bias is not None:
+        # Rows of no local expert (index E_l) take the last bias; they are zeroed by the caller.
+        out = out + jnp.take(bias.astype(out.dtype), row_experts, axis=0, mode="clip")
+    return out
+
+
+def expert_mlp(rows, group_sizes, row_experts, kernels: dict, biases: dict | None, activation):
+    """The experts' MLPs of rows sorted by expert [R, D] -> [R, D]: wo(act(wi(x))) or, gated,
+    wo(unit(wi_0(x), wi_1(x))); `kernels` {"wi" or "wi_0" and "wi_1": [E_l, D, F], "wo":
+    [E_l, F, D]}, `biases` alike ([E_l, F], [E_l, D]) or None; row_experts [R] each row's."""
+    biases = biases or {}
+
+    def proj(x, name):
+        return _project(x, group_sizes, row_experts, kernels[name], biases.get(name))
+
+    if activation in GATED_ACTIVATIONS:
+        h = GATED_ACTIVATIONS[activation](proj(rows, "wi_0"), proj(rows, "wi_1"))
+    else:
+        h = ACTIVATIONS[activation](proj(rows, "wi"))
+    return proj(h, "wo")
+
+
+def experts_ffn(
+    x,
+    weights,
+    experts,
+    kernels: dict,
+    biases: dict | None = None,
+    *,
+    activation: str,
+    num_experts: int,
+    first_expert=0,
+):
+    """sum_j weights[n, j] * expert_{experts[n, j]}(x[n]) for tokens x [N, D] -> [N, D].
+
+    `kernels` (and `biases`, see expert_mlp) hold experts first_expert .. first_expert + E_l - 1
+    of the num_experts: their leading axis, E_l, is num_experts on one device, E / P on each of P
+    expert shards (first_expert, an int or a traced one, then says which). Pairs routed to other
+    experts add nothing here: their shard computes them.
+    """
+    n, k = experts.shape
+    num_local = kernels["wo"].shape[0]
+    # [R]: each pair's local expert, num_local for the others, which sort last.
+    local = experts.reshape(-1) - first_expert
+    key = jnp.where((local >= 0) & (local < num_local), local, num_local)
+    order = jnp.argsort(key, stable=True)  # [R]: pair order[r] goes to row r
+    group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local]  # [E_l]
+    # [R, D]: the rows, grouped by expert
+    rows = jnp.take(x, order // k, axis=0)
+    out = expert_mlp(rows, group_sizes, key[order], kernels, biases, activation)
+    if num_local < num_experts:  # the rows past the local groups are not defined by ragged_dot
+        routed_here = jnp.arange(n * k) < jnp.sum(group_sizes)
+        out = jnp.where(routed_here[:, None], out, 0)
+    # Back in pair order by the inverse permutation (a gather, in the backward pass too).
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
+    # [N, k, D]
+    out = jnp.take(out, inverse, axis=0).reshape(n, k, -1)
+    # [N, D]
+    return jnp.einsum("nkd,nk->nd", out, weights.astype(out.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertSharding:
+    """How the mesh in context splits an MoE layer's arrays (tfjax.nn.moe resolves it from the
+    logical axis rules)."""
+
+    tokens: tuple[str, ...]  # mesh axes that split the tokens [N] (the batch's, then length's)
+    experts: tuple[str, ...]  # mesh axes that split the experts [E], in the kernels' order
+    kernels: dict  # name -> PartitionSpec of each kernel (and "<name>_bias" of its bias)
+
+
+def mesh_axes(entry) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry, as a tuple."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _manual_spec(spec, manual):
+    """`spec` with only the manual mesh axes (shard_map's specs name no others)."""
+    return PartitionSpec(*(tuple(a for a in mesh_axes(e) if a in manual) or None for e in spec))
+
+
+def sharded_experts_ffn(
+    x,
+    weights,
+    experts,
+    kernels: dict,
+    biases: dict | None = None,
+    *,
+    activation: str,
+    num_experts: int,
+    sharding: ExpertSharding | None = None,
+):
+    """`experts_ffn` on the mesh in context, each device computing its experts (see the module
+    docstring); without a mesh or a `sharding`, or when the tokens do not split evenly over
+    their mesh axes (decoding fewer rows than devices), the plain function under the
+    compiler's partitioning."""
+    mesh = jax.sharding.get_abstract_mesh()
+    plain = dict(activation=activation, num_experts=num_experts)
+    if sharding is None or mesh.empty:
+        return experts_ffn(x, weights, experts, kernels, biases, **plain)
+    manual = tuple(a for a in mesh.axis_names if a in sharding.tokens + sharding.experts)
+    token_parts = math.prod(mesh.shape[a] for a in sharding.tokens)
+    if not manual or x.shape[0] % token_parts:
+        return experts_ffn(x, weights, experts, kernels, biases, **plain)
+    exchange = tuple(a for a in sharding.experts if a in sharding.tokens)  # gather, scatter
+    summed = tuple(a for a in sharding.experts if a not in sharding.tokens)  # all-reduce
+    biases = biases or {}
+    specs = {name: _manual_spec(sharding.kernels[name], manual) for name in kernels}
+    bias_specs = {name: _manual_spec(sharding.kernels[f"{name}_bias"], manual) for name in biases}
+    tokens = PartitionSpec(sharding.tokens or None, None)
+
+    def per_device(x, weights, experts, kernels, biases):
+        # FSDP: the kernels' other dimensions whole, as the matmuls need them.
+        def whole(w, spec):
+            for dim in range(1, w.ndim):
+                axes = mesh_axes(spec[dim] if dim < len(spec) else None)
+                if axes:
+                    w = jax.lax.all_gather(w, axes, axis=dim, tiled=True)
+            return w
+
+        kernels = {name: whole(w, specs[name]) for name, w in kernels.items()}
+        biases = {name: whole(b, bias_specs[name]) for name, b in biases.items()}
+        if exchange:  # the tokens of every device that shares these experts
+            x, weights, experts = (
+                jax.lax.all_gather(a, exchange, axis=0, tiled=True) for a in (x, weights, experts)
+            )
+        num_local = kernels["wo"].shape[0]
+        first = jax.lax.axis_index(sharding.experts) * num_local if sharding.experts else 0
+        y = experts_ffn(x, weights, experts, kernels, biases or None, **plain, first_expert=first)
+        if exchange:  # each token's sum over the experts, back on its device
+            y = jax.lax.psum_scatter(y, exchange, scatter_dimension=0, tiled=True)
+        if summed:
+            y = jax.lax.psum(y, summed)
+        return y
+
+    return jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, specs, bias_specs),
+        out_specs=tokens,
+        axis_names=set(manual),
+    )(x, weights, experts, kernels, biases)
