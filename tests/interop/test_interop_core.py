@@ -175,7 +175,9 @@ def test_exporters_of_a_model_class_exclude_each_other():
             e for e in interop.REGISTRY.exporters if isinstance(model, e.model) and e.when(model)
         ]
         assert len(takers) <= 1, (model, [e.needs for e in takers])
-        if not isinstance(model, vit.VisionTransformer):
+        if getattr(model, "num_experts", 0):  # mixtures of experts: no exporter yet
+            assert not takers, model
+        elif not isinstance(model, vit.VisionTransformer):
             assert len(takers) == 1 and interop.REGISTRY.exporter(model) is takers[0], model
 
 
@@ -185,3 +187,6 @@ def test_export_of_a_model_no_family_writes_names_what_each_needs():
     model = vit.Model("tiny/4", num_classes=None)
     with pytest.raises(ValueError, match=r"^no exporter for this VisionTransformer: .*pool='map'"):
         interop.export(model, {})
+    model = decoder.Model(variant="moe-tiny", vocab_size=64)
+    with pytest.raises(ValueError, match=r"^no exporter for this Decoder: .*mixtures of experts"):
+        interop.export(model, {})  # not taken for a dense Llama (its experts would be lost)

@@ -209,10 +209,11 @@ CONVERTS = Converts(
     exports=(
         Exporter(
             decoder.Decoder,
-            when=lambda m: m.norm_position == "sandwich",
+            when=lambda m: m.norm_position == "sandwich" and not m.num_experts,
             export=_export,
             family=export_family,
-            needs="Gemma 2 / 3: a norm before and after each sub-layer (norm_position='sandwich')",
+            needs="Gemma 2 / 3: a norm before and after each sub-layer (norm_position='sandwich') "
+            "and a dense FFN",
         ),
     ),
 )

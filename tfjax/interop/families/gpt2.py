@@ -112,11 +112,13 @@ CONVERTS = Converts(
     exports=(
         Exporter(
             decoder.Decoder,
-            when=lambda m: m.position == "learned" and m.norm_position != "sandwich",
+            when=lambda m: (
+                m.position == "learned" and m.norm_position != "sandwich" and not m.num_experts
+            ),
             export=to_gpt2,
             family=lambda model: GPT2,
             needs="GPT2LMHeadModel: learned positions (position='learned') and one norm before "
-            "each sub-layer",
+            "each sub-layer, a dense FFN",
         ),
     ),
 )

@@ -136,11 +136,13 @@ CONVERTS = Converts(
     exports=(
         Exporter(
             decoder.Decoder,
-            when=lambda m: m.position != "learned" and m.norm_position != "sandwich",
+            when=lambda m: (
+                m.position != "learned" and m.norm_position != "sandwich" and not m.num_experts
+            ),
             export=_export,
             family=export_family,
             needs="Llama, Mistral, Qwen: positions other than learned ones and one norm before "
-            "each sub-layer",
+            "each sub-layer, a dense FFN (mixtures of experts are not exported yet)",
         ),
     ),
 )
