@@ -6,7 +6,7 @@
 
 A number must be finite and an integer an int, never a bool: a comparison alone would let
 NaN through (`nan < 0` is False) and True pass for 1. None is allowed only where a rule says
-so (`optional`). Imports nothing: the configs, the data catalog, the
+so (`optional`). Only the standard library is imported: the configs, the data catalog, the
 models and the runner all declare their fields with it.
 """
 
