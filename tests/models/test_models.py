@@ -504,9 +504,12 @@ def test_bad_inputs_raise_value_errors():
     [
         (dict(experts_per_token=9), r"top_k=9 must be in \[1, num_experts=8\]"),
         (dict(first_dense_layers=2), r"first_dense_layers=2 must be in \[0, num_layers=2\)"),
-        (dict(router_score="relu"), "router_score='relu' is unknown; allowed: .'softmax', "),
+        (dict(router_score="relu"), r"Decoder.router_score must be one of \('softmax', "),
         (dict(shared_expert_gate=True), "shared_gate=True needs shared experts"),
-        (dict(load_balance_loss_weight=-1.0), "load_balance_weight must be >= 0, got -1.0"),
+        (
+            dict(load_balance_loss_weight=-1.0),
+            "Decoder.load_balance_loss_weight must be a finite number >= 0, got -1.0",
+        ),
         (
             dict(num_experts=0, router_bias=True, first_dense_layers=1),
             "router_bias, first_dense_layers set, but num_experts=0: they apply to mixture-of",
