@@ -109,6 +109,19 @@ _QWEN3 = dict(
     norm_eps=1e-6,
     qk_norm=True,
 )
+# Mistral 7B's shapes (Mixtral 8x7B's attention and embeddings too).
+_MISTRAL_7B = dict(
+    _MODERN,
+    width=4096,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    mlp_dim=14336,
+    vocab_size=32000,
+    max_len=32768,
+    norm_eps=1e-5,
+)
+
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
     # configs/lm.py's CPU experiment (pydoc): trains in minutes on two cores
@@ -177,18 +190,7 @@ VARIANTS = {
         mlp_dim=28672,
         rope_scaling=_llama3_rope(8.0),
     ),
-    "mistral-7b": dict(
-        _MODERN,
-        width=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        mlp_dim=14336,
-        vocab_size=32000,
-        max_len=32768,
-        norm_eps=1e-5,
-        sliding_window=4096,
-    ),  # v0.1
+    "mistral-7b": dict(_MISTRAL_7B, sliding_window=4096),  # v0.1
     "qwen2.5-0.5b": dict(
         _QWEN2,
         width=896,
@@ -216,19 +218,8 @@ VARIANTS = {
     "qwen3-8b": dict(_QWEN3, width=4096, num_layers=36, num_heads=32, mlp_dim=12288),
     # Mixtures of experts (their parameter counts, total and per token, are the model cards':
     # tests/models/test_presets.py).
-    "mixtral-8x7b": dict(
-        _MODERN,
-        width=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        mlp_dim=14336,
-        vocab_size=32000,
-        max_len=32768,
-        rope_base=1_000_000.0,
-        norm_eps=1e-5,
-        num_experts=8,
-        experts_per_token=2,
+    "mixtral-8x7b": dict(  # Mistral 7B's layers, each FFN eight experts; no window
+        _MISTRAL_7B, rope_base=1_000_000.0, num_experts=8, experts_per_token=2
     ),
     "qwen3-30b-a3b": dict(
         _QWEN3,
