@@ -92,7 +92,7 @@ def test_unreadable_preprocessor_config_is_named(tmp_path):
     path = tmp_path / "preprocessor_config.json"
     for text, wrong in (
         ("{garbage", r" is not valid JSON \(Expecting"),
-        ("[1]", r" holds a JSON list, not the JSON object"),
+        ("[1]", r" holds a JSON list; an image processor's config .* is a JSON object"),
         (
             '{"do_resize": true, "size": {"height": "a", "width": 8}, "resample": 2}',
             r": size\.height='a': must be a number",

@@ -26,7 +26,6 @@ and normalised with image_mean and image_std. There is no random augmentation.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import numpy as np
@@ -168,19 +167,9 @@ class Preprocessor:
                 f"{path} does not exist: the image size and normalisation of a vision "
                 "checkpoint come from its preprocessor_config.json"
             )
-        try:
-            with open(path, encoding="utf-8") as f:
-                c = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(
-                f"{path} is not valid JSON ({e}); download or write the checkpoint's "
-                "preprocessor_config.json again"
-            ) from None
-        if not isinstance(c, dict):
-            raise ValueError(
-                f"{path} holds a JSON {type(c).__name__}, not the JSON object of an image "
-                "processor's config"
-            )
+        from tfjax.interop.core.files import read_json  # noqa: PLC0415 (light; one reader)
+
+        c = read_json(path, "an image processor's config (preprocessor_config.json)")
 
         def need(key):
             if key not in c:
