@@ -249,12 +249,12 @@ def test_checksums_change_with_any_value_and_not_with_the_sharding():
         )
 
 
-def test_random_bytes_never_restore_other_values(trained, tmp_path):
+def test_random_bytes_never_restore_other_values(trained, data_dir, tmp_path):
     """The adversarial trial of the issue: 1,000 random bytes written into an array file of the
     newest step. Each trial restores the saved values exactly, or refuses the step and falls
     back to the older one; never other values."""
     saved = read_checkpoint(trained, 4)["params"]
-    _, params, _ = train.restore_model(vit_config(None, **SAVES), trained)
+    _, params, _ = train.restore_model(vit_config(data_dir, **SAVES), trained)
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params
     )
