@@ -15,6 +15,11 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
+# One thread per worker for torch (the interop references), OpenMP and BLAS: pytest-xdist runs a
+# worker per core already, and threads that spin-wait for a busy core made the references'
+# generate calls up to 75 times slower on a loaded 2-core host.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # libtpu is installed for the ahead-of-time compile tests; without a TPU attached, JAX must not
 # try to start a TPU backend (slow, noisy): the suite computes on the CPU, as the runner does.
 from tfjax.runner import startup  # noqa: E402

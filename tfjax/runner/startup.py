@@ -50,7 +50,9 @@ class _OwnInfoOnly(std_logging.Filter):
 def _module_name(pathname: str) -> str:
     """The name of the loaded module whose source is `pathname` ("" for none). By name, not by
     path: a checkout named tfjax holds the virtual environment, Orbax's files included."""
-    for name, module in list(sys.modules.items()):
+    # A copy, taken at once: a thread importing a module while this loop runs (Orbax's finalize
+    # thread logs as it deletes a step) would change the dict under the loop.
+    for name, module in sys.modules.copy().items():
         if getattr(module, "__file__", None) == pathname:
             return name
     return ""
