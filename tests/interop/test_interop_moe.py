@@ -164,6 +164,21 @@ def test_transformers_5_fused_experts_load_as_the_hub_layout(family, request, tm
     assert_params_identical(fused, params)
 
 
+def test_a_run_streams_the_loaded_params_from_either_layout(qwen3_moe, tmp_path):
+    """What a run's init_from reads (stream_pretrained_params, scanned: Qwen3-MoE's two stacks
+    filled layer by layer) is what load gives, from the Hub's layout and the fused one."""
+    ref, path = qwen3_moe
+    references.quiet()
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    model = interop.pretrained_model(path, scan_layers=True)
+    want = rules.flatten(interop.pretrained_params(path, model))
+    for directory in (path, tmp_path):
+        streamed = dict(interop.stream_pretrained_params(directory, model))
+        assert streamed.keys() == want.keys()
+        for key, value in want.items():
+            assert np.array_equal(streamed[key], value), (directory, key)
+
+
 # ----------------------------------------------------------------------------------------------
 # The load-balancing loss: router_aux_loss_coef, which transformers adds when
 # output_router_logits is on, is the weight of the same loss in tfjax.
