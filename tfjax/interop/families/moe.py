@@ -84,11 +84,13 @@ def _experts(module: str, names: tuple[str, str, str], num_experts: int, fused: 
 
 
 def mixtral_rules(model: decoder.Decoder, prefix="model.", *, fused=False):
+    """Mixtral's keys: Llama's, and block_sparse_moe's gate and experts w1, w3, w2."""
     experts = _experts("block_sparse_moe", ("w1", "w3", "w2"), model.num_experts, fused)
     return llama_rules(model, prefix, experts=experts)
 
 
 def qwen3_moe_rules(model: decoder.Decoder, prefix="model.", *, fused=False):
+    """Qwen3-MoE's keys: Qwen 3's, and mlp's gate and experts' gate, up and down projections."""
     names = ("gate_proj", "up_proj", "down_proj")
     return llama_rules(model, prefix, experts=_experts("mlp", names, model.num_experts, fused))
 
