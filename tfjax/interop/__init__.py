@@ -6,17 +6,18 @@
     interop.save(model, params, "path/to/out")           # model.safetensors + config.json
 
 One module per Hugging Face family converts its architectures both ways (`families/`: gpt2,
-llama, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn), each also from a state dict plus
-a config (`from_gpt2(state, cfg)`). Each architecture is a `core.tables.Family` (GPT2, LLAMA,
-MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, BERT_MLM, BERT_CLASSIFIER, HF_VIT, DINOV2,
-DINOV2_REGISTERS, DINOV2_CLASSIFIER, DINOV2_REGISTERS_CLASSIFIER, CLIP_VISION, SIGLIP_VISION,
-CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN, T5): one table of config.json keys <-> model
-fields and one function of key rules, which import and export both read. Each family module
-declares what it loads (architecture -> loader) and exports (tfjax model class and a predicate
-on its fields -> exporter); `load` picks the loader from the config's "architectures" (the keys
-of ARCHITECTURES) and `export` the one exporter that takes the model (`core.registry`). Every
-converter checks every key and shape before returning: nothing is loaded half-way. Parameters
-come back as the plain "params" collection, stacked when the model has `scan_layers=True`.
+llama, moe, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn), each also from a state dict
+plus a config (`from_gpt2(state, cfg)`). Each architecture is a `core.tables.Family` (GPT2,
+LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3, BERT_MLM, BERT_CLASSIFIER,
+HF_VIT, DINOV2, DINOV2_REGISTERS, DINOV2_CLASSIFIER, DINOV2_REGISTERS_CLASSIFIER, CLIP_VISION,
+SIGLIP_VISION, CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN, T5): one table of config.json keys
+<-> model fields and one function of key rules, which import and export both read. Each family
+module declares what it loads (architecture -> loader) and exports (tfjax model class and a
+predicate on its fields -> exporter); `load` picks the loader from the config's "architectures"
+(the keys of ARCHITECTURES) and `export` the one exporter that takes the model
+(`core.registry`). Every converter checks every key and shape before returning: nothing is
+loaded half-way. Parameters come back as the plain "params" collection, stacked when the model
+has `scan_layers=True`.
 
 What loads (every row also exports, `to_*`, and round trips bit for bit; a whole CLIPModel or
 SiglipModel exports its vision tower as the vision-only architecture):
@@ -29,6 +30,11 @@ SiglipModel exports its vision tower as the vision-only architecture):
   Mistral (MistralForCausalLM)            from_mistral       models.decoder (sliding_window)
   Qwen 2 / 2.5 (Qwen2ForCausalLM)         from_qwen2         models.decoder (qkv_bias)
   Qwen 3 (Qwen3ForCausalLM)               from_qwen3         models.decoder (qk_norm, head_dim)
+  Mixtral (MixtralForCausalLM)            from_mixtral       models.decoder (num_experts,
+                                                             experts_per_token; sliding_window)
+  Qwen3-MoE (Qwen3MoeForCausalLM)         from_qwen3_moe     models.decoder (Qwen 3's attention,
+                                                             expert_mlp_dim, router_renormalize,
+                                                             first_dense_layers)
   Gemma 2 (Gemma2ForCausalLM)             from_gemma2        models.decoder (sandwich norms,
                                                              soft caps, attention_pattern)
   Gemma 3 text (Gemma3ForCausalLM)        from_gemma3        models.decoder (+ qk_norm, local
@@ -116,6 +122,7 @@ from tfjax.interop.families.marian import (
     tfjax_to_marian_ids,
     to_marian,
 )
+from tfjax.interop.families.moe import from_mixtral, from_qwen3_moe, to_mixtral, to_qwen3_moe
 from tfjax.interop.families.t5 import from_t5, to_t5
 from tfjax.interop.families.torch_nn import (
     from_torch_mha,
@@ -239,8 +246,10 @@ __all__ = [
     "from_llama",
     "from_marian",
     "from_mistral",
+    "from_mixtral",
     "from_qwen2",
     "from_qwen3",
+    "from_qwen3_moe",
     "from_siglip",
     "from_siglip_vision",
     "from_t5",
@@ -270,8 +279,10 @@ __all__ = [
     "to_llama",
     "to_marian",
     "to_mistral",
+    "to_mixtral",
     "to_qwen2",
     "to_qwen3",
+    "to_qwen3_moe",
     "to_siglip_vision",
     "to_t5",
     "to_torch_mha",

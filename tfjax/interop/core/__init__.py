@@ -6,6 +6,6 @@
   tables    config tables: config.json keys <-> model fields (Family, Field, Fixed)
   convert   a family's load and save by its table and rules
   registry  what each family loads and exports, for `interop.load` and `interop.save`
-and what several families share: `decoders` (GPT-2, Llama, Gemma), `towers` and `posemb`
-(the ViT families), `encoder_decoder` (Marian, torch.nn.Transformer).
+and what several families share: `decoders` (GPT-2, Llama, Gemma, Mixtral, Qwen3-MoE),
+`towers` and `posemb` (the ViT families), `encoder_decoder` (Marian, torch.nn.Transformer).
 """

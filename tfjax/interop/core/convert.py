@@ -32,13 +32,18 @@ def key_prefix(family: Family, state: StateDict) -> str:
     return family.prefix
 
 
+def import_rules(family: Family, model, state: StateDict, prefix: str):
+    """The family's key rules for reading `state`, in the layout its keys have."""
+    return family.rules(model, prefix, **family.layout(state))
+
+
 def import_params(family: Family, model, state: StateDict, *, inputs=None, rules=None):
     """`model`'s params from `state` by the family's rules (or `rules`), every key checked, in
     the model's layout. `inputs` replace the family's example inputs (ViT's image size)."""
     prefix = key_prefix(family, state)
     params = import_state(
         state,
-        family.rules(model, prefix) if rules is None else rules,
+        import_rules(family, model, state, prefix) if rules is None else rules,
         param_shapes(model, *(family.inputs if inputs is None else inputs)),
         what=family.architecture,
         ignore=family.ignore,
@@ -54,7 +59,7 @@ def stream_params(family: Family, model, state: StateDict) -> Iterator[tuple[tup
     rules ordered so that one stacked parameter is being filled at a time: the caller can place
     each array and drop it, holding at most one parameter of the model on the host."""
     prefix = key_prefix(family, state)
-    rules = family.rules(model, prefix)
+    rules = import_rules(family, model, state, prefix)
     expected = param_shapes(model, *family.inputs)
     check_state(
         state,

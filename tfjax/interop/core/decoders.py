@@ -1,4 +1,5 @@
-"""What the decoder-only families share: GPT-2, Llama (with Mistral and Qwen) and Gemma.
+"""What the decoder-only families share: GPT-2, Llama (with Mistral and Qwen), Gemma and the
+mixtures of experts (Mixtral, Qwen3-MoE).
 
 `spelled_out` gives the model with its None sizes as numbers (a config holds numbers) and
 `tied_head` the check that a tied lm_head equals the embedding. Llama's key layout, which
@@ -10,24 +11,30 @@ Mistral, Qwen and Gemma keep (Gemma with four norms a layer, `LAYER_NORMS["sandw
   layers.i.mlp.{gate,up,down}_proj         -> mlp/wi_0, wi_1, wo
   layers.i.{input,post_attention}_layernorm -> self_attention_norm, mlp_norm
   embed_tokens, norm, lm_head              -> embed, decoder/final_norm, output_proj
-and their configs' sizes (`SIZES`) and RoPE parameters (`rope_field`: rope_parameters or the
-older rope_scaling <-> `tfjax.nn.position.RopeScaling`).
+A layer past a model's first_dense_layers is a mixture of experts, whose FFN keys the family's
+`experts` rules give (`families.moe`); layer i's params are under `layer_paths(model)[i]`. The
+configs' sizes (`SIZES`), RoPE parameters (`rope_field`: rope_parameters or the older
+rope_scaling <-> `tfjax.nn.position.RopeScaling`) and the table of a Llama-shaped family
+(`llama_family`: Llama, Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
 """
 
 import math
+from collections.abc import Callable
 
 from tfjax.interop.core.rules import Rule, attention, identity, linear
-from tfjax.interop.core.tables import Field
+from tfjax.interop.core.tables import Family, Field
 from tfjax.models import decoder
 from tfjax.nn import position
 
 
 def spelled_out(model: decoder.Decoder) -> decoder.Decoder:
     """The model with its None sizes as the numbers they mean (a config holds numbers)."""
+    mlp_dim = model.mlp_dim or 4 * model.width
     return model.clone(
-        mlp_dim=model.mlp_dim or 4 * model.width,
+        mlp_dim=mlp_dim,
         num_kv_heads=model.num_kv_heads or model.num_heads,
         head_dim=model.head_dim or model.width // model.num_heads,
+        expert_mlp_dim=(model.expert_mlp_dim or mlp_dim) if model.num_experts else None,
     )
 
 
@@ -54,8 +61,21 @@ LAYER_NORMS = {
 _MLP = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
 
 
-def llama_rules(model: decoder.Decoder, prefix="model.") -> list[Rule]:
-    """Llama's state-dict keys, which Mistral, Qwen and Gemma share (Gemma: four norms)."""
+def layer_paths(model: decoder.Decoder) -> list[tuple[str, str]]:
+    """Each layer's path in the unrolled params: the first_dense_layers under "dense_decoder",
+    the others (numbered from 0 again) under "decoder"."""
+    f = model.first_dense_layers
+    return [
+        ("dense_decoder", f"layers_{i}") if i < f else ("decoder", f"layers_{i - f}")
+        for i in range(model.num_layers)
+    ]
+
+
+def llama_rules(
+    model: decoder.Decoder, prefix="model.", *, experts: Callable | None = None
+) -> list[Rule]:
+    """Llama's state-dict keys, which Mistral, Qwen and Gemma share (Gemma: four norms); the FFN
+    of a mixture-of-experts layer by `experts(layer i's key prefix, its FFN's path)`."""
     norms = LAYER_NORMS[model.norm_position]
     qkv_bias = model.use_bias if model.qkv_bias is None else model.qkv_bias
     rules = [
@@ -64,16 +84,21 @@ def llama_rules(model: decoder.Decoder, prefix="model.") -> list[Rule]:
     ]
     if not model.tie_embeddings:
         rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
-    for i in range(model.num_layers):
-        h, layer = f"{prefix}layers.{i}.", ("decoder", f"layers_{i}")
+    for i, layer in enumerate(layer_paths(model)):
+        h = f"{prefix}layers.{i}."
         att = (*layer, "self_attention")
         rules += [identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in norms.items()]
         names = ("q_proj", "k_proj", "v_proj", "o_proj")
         rules += attention(att, f"{h}self_attn.", names, qkv_bias=qkv_bias, out_bias=model.use_bias)
-        for theirs, ours in _MLP.items():
-            rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
-            if model.use_bias:
-                rules.append(identity(f"{h}mlp.{theirs}.bias", (*layer, "mlp", ours, "bias")))
+        if model.num_experts and i >= model.first_dense_layers:
+            if experts is None:  # a converter bug: the family's rules must name the experts'
+                raise ValueError(f"no key rules for the {model.num_experts} experts of layer {i}")
+            rules += experts(h, (*layer, "mlp"))
+        else:
+            for theirs, ours in _MLP.items():
+                rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
+                if model.use_bias:
+                    rules.append(identity(f"{h}mlp.{theirs}.bias", (*layer, "mlp", ours, "bias")))
         if model.qk_norm:  # Qwen 3: one [H] scale for every query head, one for every key head
             rules += [
                 identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
@@ -177,3 +202,54 @@ SIZES = (
     Field("num_attention_heads", "num_heads"),
     Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
 )
+
+
+LLAMA_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
+
+
+def llama_family(
+    architecture,
+    model_type,
+    *config,
+    requires=None,
+    rules=llama_rules,
+    eps=1e-6,
+    max_len=2048,
+    rope_base=10_000.0,
+    **options,
+) -> Family:
+    """A Llama-shaped family: RoPE, RMSNorm, gated FFN, grouped-query attention, Llama's key
+    names; `config` adds the family's own entries, `requires` its fixed model fields; `eps`,
+    `max_len` and `rope_base` are what its config class means when the key is absent;
+    `options` other Family fields (a mixture of experts' `rules`, `layout`, `read`, `write`)."""
+    return Family(
+        architecture=architecture,
+        model_type=model_type,
+        model=decoder.Model,
+        config=(
+            *SIZES,
+            Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
+            Field("intermediate_size", "mlp_dim"),
+            Field("max_position_embeddings", "max_len", max_len),
+            Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
+            Field("rms_norm_eps", "norm_eps", eps),
+            # transformers 5 writes rope_parameters (the scaling first: it writes the whole
+            # dict); older configs, and older readers, rope_theta and rope_scaling.
+            rope_field("rope_parameters", "rope_scaling"),
+            rope_field("rope_scaling", "rope_scaling", write=False),
+            Field("rope_parameters.rope_theta", "rope_base", None),
+            Field("rope_theta", "rope_base", None),
+            Field("attention_dropout", "attention_dropout_rate", 0.0),
+            Field("tie_word_embeddings", "tie_embeddings", False),
+            Field("initializer_range", "init_stddev", 0.02),
+            *config,
+        ),
+        rules=rules,
+        prefix="model.",
+        bare="layers.",
+        requires={"position": "rope", "norm": "rms", **(requires or {})},
+        defaults={"rope_base": rope_base, "dropout_rate": 0.0},
+        ignore=("*rotary_emb.inv_freq",),
+        tied=tied_head("embed_tokens.weight"),
+        **options,
+    )

@@ -175,6 +175,40 @@ def halves(key, paths) -> Rule:
     return Rule((key,), tuple(paths), to_jax, to_torch)
 
 
+def per_expert(keys, path) -> Rule:
+    """E torch.nn.Linear weights [out, in], one per expert, <-> one stacked kernel [E, in, out]
+    (a mixture's experts as the Hub's files hold them: experts.j.w1, ...)."""
+
+    def to_jax(*xs):
+        *weights, _ = xs  # the last: the shapes
+        return (np.stack([w.T for w in weights]),)
+
+    return Rule(tuple(keys), (path,), to_jax, lambda y: tuple(y[j].T for j in range(y.shape[0])))
+
+
+def fused_experts(key, path) -> Rule:
+    """transformers 5's fused expert weights [E, out, in] <-> the stacked kernel [E, in, out]."""
+    return Rule(
+        (key,),
+        (path,),
+        lambda x, shapes: (np.swapaxes(x, 1, 2),),
+        _one(lambda y: y.swapaxes(1, 2)),
+    )
+
+
+def fused_expert_halves(key, paths) -> Rule:
+    """transformers 5's gate_up_proj [E, 2F, in] (the gate's F rows, then the up projection's)
+    <-> two stacked kernels [E, in, F]."""
+
+    def to_jax(x, shapes):
+        return tuple(np.swapaxes(p, 1, 2) for p in np.split(x, 2, axis=1))
+
+    def to_torch(*ys):
+        return (jnp.concatenate([y.swapaxes(1, 2) for y in ys], axis=1),)
+
+    return Rule((key,), tuple(paths), to_jax, to_torch)
+
+
 def attention(
     path,
     prefix: str,

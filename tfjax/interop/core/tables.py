@@ -73,6 +73,9 @@ class Family:
     # not hold: load sets them unless the config does
     ignore: tuple[str, ...] = ()  # fnmatch patterns of keys that hold buffers, not parameters
     tied: Callable[..., dict] = lambda model, prefix: {}  # key -> the key it must equal
+    layout: Callable[..., dict] = lambda state: {}  # state dict -> keyword arguments of `rules`
+    # that how a checkpoint stores its tensors decides (a mixture's experts one tensor each, or
+    # fused); the export passes none: the rules' defaults are the layout it writes
     # Keys a table cannot tie to one field (DINOv2's mlp_ratio and use_swiglu_ffn): `read`
     # (family, config dict) -> fields replaces `table_fields`, `write` (family, model) -> config
     # replaces `table_config`; both call those for the rest.

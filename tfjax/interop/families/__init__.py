@@ -4,6 +4,7 @@ architectures both ways and declaring them in `CONVERTS` (see `core.registry`):
   gpt2      GPT2LMHeadModel                                  <-> models.decoder
   llama     LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
                                                              <-> models.decoder
+  moe       MixtralForCausalLM, Qwen3MoeForCausalLM          <-> models.decoder, num_experts
   gemma     Gemma2ForCausalLM, Gemma3ForCausalLM (text)      <-> models.decoder
   bert      BertForMaskedLM, BertForSequenceClassification   <-> models.encoder
   vit       ViTForImageClassification; timm's ViT (import)   <-> models.vit
@@ -19,6 +20,18 @@ architectures both ways and declaring them in `CONVERTS` (see `core.registry`):
 Families import `tfjax.interop.core`, never each other: what two of them share lives there.
 """
 
-from tfjax.interop.families import bert, clip, dinov2, gemma, gpt2, llama, marian, t5, torch_nn, vit
+from tfjax.interop.families import (
+    bert,
+    clip,
+    dinov2,
+    gemma,
+    gpt2,
+    llama,
+    marian,
+    moe,
+    t5,
+    torch_nn,
+    vit,
+)
 
-ALL = (gpt2, llama, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn)
+ALL = (gpt2, llama, moe, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn)

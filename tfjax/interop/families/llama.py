@@ -20,47 +20,10 @@ rotate-half layout is tfjax's, so no permutation of q/k rows is needed.
 """
 
 from tfjax.interop.core import convert
-from tfjax.interop.core.decoders import SIZES, llama_rules, rope_field, spelled_out, tied_head
+from tfjax.interop.core.decoders import llama_family, spelled_out
 from tfjax.interop.core.registry import Converts, Exporter
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
-
-ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
-
-
-def _llama_like(architecture, model_type, *config, requires=None) -> Family:
-    """A Llama-shaped family: RoPE, RMSNorm, gated FFN, grouped-query attention, Llama's key
-    names; `config` adds the family's own entries, `requires` its fixed model fields."""
-    return Family(
-        architecture=architecture,
-        model_type=model_type,
-        model=decoder.Model,
-        config=(
-            *SIZES,
-            Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
-            Field("intermediate_size", "mlp_dim"),
-            Field("max_position_embeddings", "max_len", 2048),
-            Field("hidden_act", "activation", "silu", values=ACTIVATIONS),
-            Field("rms_norm_eps", "norm_eps", 1e-6),
-            # transformers 5 writes rope_parameters (the scaling first: it writes the whole
-            # dict); older configs, and older readers, rope_theta and rope_scaling.
-            rope_field("rope_parameters", "rope_scaling"),
-            rope_field("rope_scaling", "rope_scaling", write=False),
-            Field("rope_parameters.rope_theta", "rope_base", None),
-            Field("rope_theta", "rope_base", None),
-            Field("attention_dropout", "attention_dropout_rate", 0.0),
-            Field("tie_word_embeddings", "tie_embeddings", False),
-            Field("initializer_range", "init_stddev", 0.02),
-            *config,
-        ),
-        rules=llama_rules,
-        prefix="model.",
-        bare="layers.",
-        requires={"position": "rope", "norm": "rms", **(requires or {})},
-        defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
-        ignore=("*rotary_emb.inv_freq",),
-        tied=tied_head("embed_tokens.weight"),
-    )
 
 
 def _full_attention_layers(fields):
@@ -74,7 +37,7 @@ _NO_SLIDING_WINDOW = (
     Fixed("layer_types", _full_attention_layers, why="every layer full attention"),
 )
 
-LLAMA = _llama_like(
+LLAMA = llama_family(
     "LlamaForCausalLM",
     "llama",
     Field("attention_bias", "use_bias", False),
@@ -83,21 +46,21 @@ LLAMA = _llama_like(
     requires={"qkv_bias": None, "qk_norm": False, "sliding_window": None},
 )
 # Mistral: Llama's layout with sliding-window attention (in training masks and the KV cache).
-MISTRAL = _llama_like(
+MISTRAL = llama_family(
     "MistralForCausalLM",
     "mistral",
     Field("sliding_window", "sliding_window", None),
     requires={"use_bias": False, "qkv_bias": None, "qk_norm": False},
 )
 # Qwen 2 / 2.5: biases on the query, key and value projections only.
-QWEN2 = _llama_like(
+QWEN2 = llama_family(
     "Qwen2ForCausalLM",
     "qwen2",
     *_NO_SLIDING_WINDOW,
     requires={"use_bias": False, "qkv_bias": True, "qk_norm": False, "sliding_window": None},
 )
 # Qwen 3: RMSNorm on each query and key head, before RoPE; head_dim need not be D / N.
-QWEN3 = _llama_like(
+QWEN3 = llama_family(
     "Qwen3ForCausalLM",
     "qwen3",
     Field("attention_bias", "use_bias", False),

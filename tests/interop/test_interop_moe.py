@@ -1,0 +1,327 @@
+"""Mixtral and Qwen3-MoE (tfjax.interop.families.moe) against transformers: logits, greedy
+generation with the KV cache, round trips in the Hub's layout, transformers 5's fused experts,
+the router's numbers, the load-balancing loss's weight, presets, and refusals."""
+
+import copy
+import json
+
+import interop_references as references
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_params_identical
+from interop_references import V, tokens, torch, transformers
+
+from tfjax import interop
+from tfjax.interop.core import rules, tables
+from tfjax.interop.core.decoders import spelled_out
+from tfjax.models import decoder
+from tfjax.ops import moe
+
+# Four experts of which each token takes two; the reference's experts run in transformers'
+# eager loop (every routed token through its experts, nothing dropped), as tfjax's dispatch.
+SIZES = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # grouped-query attention
+    vocab_size=V,
+    max_position_embeddings=48,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    initializer_range=0.2,  # large weights: varied routes and greedy continuations
+    num_experts_per_tok=2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The references' matmuls are tiny: a second thread only contends (on a loaded 2-core host
+    transformers' generate took 7.5 s with two, 0.1 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _eager(ref):
+    ref.set_experts_implementation("eager")  # its grouped_mm takes no float64
+    return ref.eval()
+
+
+@references.reference
+def mixtral():
+    """Mixtral: 2 layers of 4 experts (width 48), a sliding window of 4 that the tests' 10 to 17
+    positions reach past, head_dim 8."""
+    torch.manual_seed(11)
+    config = transformers.MixtralConfig(
+        **SIZES,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        num_local_experts=4,
+        sliding_window=4,
+        head_dim=8,
+    )
+    return _eager(transformers.MixtralForCausalLM(config))
+
+
+@references.reference
+def qwen3_moe():
+    """Qwen3-MoE: a dense first layer (mlp_only_layers=[0], width 48), then one of 4 experts of
+    width 16 whose top-2 scores are not renormalised (norm_topk_prob=False), q/k norms (random
+    scales), head_dim 16 != 32 / 4, tied head."""
+    torch.manual_seed(12)
+    config = transformers.Qwen3MoeConfig(
+        **SIZES,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        num_experts=4,
+        moe_intermediate_size=16,
+        mlp_only_layers=[0],
+        norm_topk_prob=False,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
+    ref = _eager(transformers.Qwen3MoeForCausalLM(config))
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+    return ref
+
+
+FAMILIES = ["mixtral", "qwen3_moe"]
+
+
+# Scanned: Qwen3-MoE's two stacks (the dense first layer, then the experts' layers).
+@pytest.mark.parametrize(
+    ("family", "scan_layers"), [("mixtral", False), ("qwen3_moe", False), ("qwen3_moe", True)]
+)
+def test_logits_match_reference(family, scan_layers, request):
+    references.check_decoder_logits(*request.getfixturevalue(family), scan_layers)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_matches_reference(family, request):
+    """With the KV cache, token for token, stopping at an EOS the reference emits mid-way."""
+    references.check_greedy_generation(*request.getfixturevalue(family))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_compared_batch_routes_tokens_to_every_expert(family, request):
+    """Every expert of every mixture-of-experts layer gets tokens of the batch the logits are
+    compared on, so each expert's converted weights show in them."""
+    ref, _ = request.getfixturevalue(family)
+    ids, _ = references.padded_batch()
+    with torch.no_grad():
+        routers = ref(torch.tensor(ids), output_router_logits=True).router_logits
+    assert len(routers) == (2 if family == "mixtral" else 1)
+    for logits in routers:
+        assert set(torch.topk(logits, 2, dim=-1).indices.ravel().tolist()) == {0, 1, 2, 3}
+
+
+def test_qwen3_moe_norm_topk_prob_acts_in_the_compared_logits(qwen3_moe):
+    """norm_topk_prob=False (the top-2 scores as they are) is read as router_renormalize=False,
+    and it shows in the compared logits: the reference with renormalised scores gives others."""
+    ref, path = qwen3_moe
+    assert interop.pretrained_model(path).router_renormalize is False
+    ids, mask = references.padded_batch()
+    renormalised = copy.deepcopy(ref)
+    routers = [m for m in renormalised.modules() if hasattr(m, "norm_topk_prob")]
+    assert len(routers) == 1
+    routers[0].norm_topk_prob = True
+    with torch.no_grad():
+        x, m = torch.tensor(ids), torch.tensor(mask.astype(np.int64))
+        want, other = (r(x, attention_mask=m).logits.numpy() for r in (ref, renormalised))
+    assert np.abs(other[mask] - want[mask]).max() > 1e-2
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_through_safetensors_is_bitwise(family, scan_layers, request, tmp_path):
+    """The export holds the reference file's tensors bit for bit under its keys: the Hub's
+    layout, one tensor per expert."""
+    references.check_round_trip(request.getfixturevalue(family)[1], scan_layers, tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
+    references.check_transformers_reads_export(*request.getfixturevalue(family), tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_5_fused_experts_load_as_the_hub_layout(family, request, tmp_path):
+    """save_pretrained(save_original_format=False) writes each layer's experts fused
+    (experts.gate_up_proj [E, 2F, D], experts.down_proj [E, D, F]): the same params load."""
+    ref, path = request.getfixturevalue(family)
+    references.quiet()
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    keys = interop.read_state_dict(tmp_path).keys()
+    assert "model.layers.1.mlp.experts.gate_up_proj" in keys
+    assert not any(".experts.0." in k for k in keys)
+    model, params = interop.load(path, scan_layers=True)
+    fused_model, fused = interop.load(tmp_path, scan_layers=True)
+    assert fused_model == model
+    assert_params_identical(fused, params)
+
+
+def test_a_run_streams_the_loaded_params_from_either_layout(qwen3_moe, tmp_path):
+    """What a run's init_from reads (stream_pretrained_params, scanned: Qwen3-MoE's two stacks
+    filled layer by layer) is what load gives, from the Hub's layout and the fused one."""
+    ref, path = qwen3_moe
+    references.quiet()
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    model = interop.pretrained_model(path, scan_layers=True)
+    want = rules.flatten(interop.pretrained_params(path, model))
+    for directory in (path, tmp_path):
+        streamed = dict(interop.stream_pretrained_params(directory, model))
+        assert streamed.keys() == want.keys()
+        for key, value in want.items():
+            assert np.array_equal(streamed[key], value), (directory, key)
+
+
+# ----------------------------------------------------------------------------------------------
+# The load-balancing loss: router_aux_loss_coef, which transformers adds when
+# output_router_logits is on, is the weight of the same loss in tfjax.
+
+
+def test_load_balance_weight_is_router_aux_loss_coef_when_transformers_adds_the_loss(
+    qwen3_moe, tmp_path
+):
+    ref, path = qwen3_moe
+    config = interop.read_config(path)
+    assert interop.pretrained_model(path).load_balance_loss_weight == 0.0  # output off
+    on = {**config, "output_router_logits": True, "router_aux_loss_coef": 0.02}
+    (tmp_path / "config.json").write_text(json.dumps(on))
+    model = interop.pretrained_model(tmp_path)
+    assert model.load_balance_loss_weight == 0.02
+    written = interop.export(model, interop.pretrained_params(path, model))[1]
+    assert (written["output_router_logits"], written["router_aux_loss_coef"]) == (True, 0.02)
+    # One mixture-of-experts layer: transformers' aux_loss is tfjax's loss of its router logits.
+    ids = tokens((2, 10))
+    with torch.no_grad():
+        out = ref(torch.tensor(ids), output_router_logits=True)
+    (logits,) = out.router_logits
+    _, experts, scores = moe.route(jnp.asarray(logits.numpy()), 2, renormalize=False)
+    got = moe.load_balance_loss(scores, experts, 4)
+    np.testing.assert_allclose(float(got), out.aux_loss.item(), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# The published presets: their exported config.json builds, in transformers, a model with the
+# preset's parameter count, and loads back as the same model.
+
+
+@pytest.mark.parametrize("variant", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_preset_exports_a_config_transformers_builds_with_the_same_count(variant):
+    model = spelled_out(decoder.Model(variant=variant))
+    exporter = interop.REGISTRY.exporter(model)
+    config = tables.hf_config(exporter.family(model), model)
+    assert config["architectures"] == [exporter.family(model).architecture]
+    assert decoder.Model(**tables.model_fields(exporter.family(model), config)) == model
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**config)
+        )
+    assert type(reference).__name__ == config["architectures"][0]
+    scanned = model.clone(scan_layers=True)  # one layer traced
+    shapes = jax.eval_shape(lambda: scanned.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+    assert count == sum(p.numel() for p in reference.parameters())
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: each error names the key, its value and what tfjax supports.
+
+
+@pytest.mark.parametrize(
+    ("family", "changes", "message"),
+    [
+        (
+            "qwen3_moe",
+            {"mlp_only_layers": [1]},
+            r"Qwen3MoeForCausalLM: mlp_only_layers=\[1\] is not supported: tfjax's dense layers "
+            r"are the first ones \(first_dense_layers\)",
+        ),
+        (
+            "qwen3_moe",
+            {"mlp_only_layers": [0, 1]},
+            r"mlp_only_layers=\[0, 1\] makes all 2 layers dense .*Qwen3ForCausalLM",
+        ),
+        (
+            "qwen3_moe",
+            {"decoder_sparse_step": 2},
+            r"Qwen3MoeForCausalLM: decoder_sparse_step=2 is not supported \(needs 1\)",
+        ),
+        (
+            "qwen3_moe",
+            {"attention_bias": True},
+            r"attention_bias=True is not supported \(needs False\) \(tfjax's use_bias puts",
+        ),
+        (
+            "qwen3_moe",
+            {"use_sliding_window": True, "sliding_window": 4},
+            r"Qwen3MoeForCausalLM: use_sliding_window=True is not supported \(needs False\)",
+        ),
+        (
+            "qwen3_moe",
+            {"num_experts": 4, "num_local_experts": 8},
+            r"num_local_experts=8 differs from num_experts=4",
+        ),
+        (
+            "mixtral",
+            {"router_jitter_noise": 0.1},
+            r"MixtralForCausalLM: router_jitter_noise=0\.1 is not supported \(needs 0\.0\)",
+        ),
+        (
+            "mixtral",
+            {"num_experts_per_tok": 5},
+            r"MixtralForCausalLM: num_experts_per_tok=5 is not supported \(needs 1 to the 4",
+        ),
+        ("mixtral", {"num_local_experts": 0}, r"num_local_experts=0 is not supported"),
+        (
+            "mixtral",
+            {"output_router_logits": True, "router_aux_loss_coef": -1},
+            r"router_aux_loss_coef=-1 is not supported \(needs a number >= 0\)",
+        ),
+    ],
+)
+def test_config_values_tfjax_lacks_are_errors(family, changes, message, request):
+    references.check_config_refused(request.getfixturevalue(family)[1], changes, message)
+
+
+def test_a_missing_expert_is_named(mixtral):
+    _, path = mixtral
+    state = dict(interop.read_state_dict(path))
+    del state["model.layers.1.block_sparse_moe.experts.3.w2.weight"]
+    with pytest.raises(ValueError, match=r"1 key\(s\) missing .*experts\.3\.w2\.weight"):
+        interop.from_mixtral(state, interop.read_config(path))
+
+
+def test_mixtures_of_experts_without_a_converter_are_refused_by_name(tmp_path):
+    """GPT-OSS and DeepSeek load nowhere: interop.load names the architecture."""
+    for architecture in ("GptOssForCausalLM", "DeepseekV3ForCausalLM"):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+        with pytest.raises(ValueError, match=rf"architectures=\['{architecture}'\] has no conv"):
+            interop.load(tmp_path)
+
+
+def test_a_tfjax_mixture_of_experts_exports_as_mixtral_by_its_fields(tmp_path):
+    """moe-tiny (no q/k norms) is written as a Mixtral, whose one FFN width is the experts'
+    (mlp_dim, which no layer of it uses, is not kept), and loads back bit for bit; dense first
+    layers, which Mixtral has no key for, are refused by name."""
+    model = decoder.Model(variant="moe-tiny", vocab_size=V)
+    shapes = rules.param_shapes(model, tables.TOKENS)
+    rs = np.random.RandomState(0)
+    params = rules.unflatten({k: rs.randn(*s.shape).astype(s.dtype) for k, s in shapes.items()})
+    interop.save(model, params, tmp_path)
+    assert interop.read_config(tmp_path)["architectures"] == ["MixtralForCausalLM"]
+    again, loaded = interop.load(tmp_path)
+    assert again == spelled_out(model).clone(mlp_dim=model.expert_mlp_dim)
+    assert_params_identical(loaded, params)
+    dense_first = model.clone(num_layers=3, first_dense_layers=1)
+    with pytest.raises(ValueError, match=r"MixtralForCausalLM needs a model with .*first_dense_la"):
+        interop.export(dense_first, {})
