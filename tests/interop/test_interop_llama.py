@@ -275,6 +275,19 @@ def test_config_values_tfjax_lacks_are_errors(family, changes, message, request)
     references.check_config_refused(request.getfixturevalue(family)[1], changes, message)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_window_that_use_sliding_window_turns_off_is_not_read(family, request):
+    """Qwen2.5-7B's config.json: use_sliding_window false beside sliding_window 131072, which
+    transformers sets to None; the model is the one the config without a window gives."""
+    _, path = request.getfixturevalue(family)
+    config = interop.read_config(path)
+    model, params = interop.ARCHITECTURES[config["architectures"][0]](
+        path, {**config, "use_sliding_window": False, "sliding_window": 131072}
+    )
+    assert model.sliding_window is None
+    assert model == interop.ARCHITECTURES[config["architectures"][0]](path, config)[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # Streaming: what a run's init_from reads (tfjax.runner.pretrained.load_params).
 

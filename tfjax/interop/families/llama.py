@@ -33,7 +33,9 @@ def _full_attention_layers(fields):
 # Qwen 2.5 and 3 configs name a sliding window that their published checkpoints leave off.
 _NO_SLIDING_WINDOW = (
     Fixed("use_sliding_window", False, why="tfjax's decoder attends to the whole context"),
-    Fixed("sliding_window", None, write=False),
+    # Without use_sliding_window transformers sets the window to None, whatever the file says:
+    # Qwen2.5-7B's config.json has use_sliding_window false and sliding_window 131072.
+    Fixed("sliding_window", None, read=False),
     Fixed("layer_types", _full_attention_layers, why="every layer full attention"),
 )
 
