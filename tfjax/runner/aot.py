@@ -680,10 +680,10 @@ def _calls(comps, name) -> list[tuple[str, int | None, str | None]]:
             out.append((inst.attribute("body") or "", trips, _window_label(inst)))
         elif inst.opcode not in ("async-update", "async-done"):  # async-start calls it once
             for group in re.findall(
-                r"\b(?:calls|branch_computations|called_computations)=\{?([%\w.\-, ]+)\}?",
+                r"\b(?:calls|branch_computations|called_computations)=(\{[^}]*\}|%?[\w.\-]+)",
                 inst.attributes,
             ):
-                out += [(c.strip().lstrip("%"), 1, None) for c in group.split(",") if c.strip()]
+                out += [(c.strip(" {}%"), 1, None) for c in group.split(",") if c.strip(" {}")]
     return out
 
 
