@@ -171,6 +171,28 @@ ENTRY %main (a: f32[8]) -> f32[8] {
     assert aot.collective_bytes(hlo) == ({"all-gather": 64 * 4}, [])
 
 
+def test_a_gather_written_as_an_all_reduce_is_named_so():
+    """XLA:TPU writes some gathers (FSDP's on 64 chips) as an all-reduce of zeros with each
+    device's shard written in: counted as "all-gather (as all-reduce)", the rest of the same
+    all-reduce (a gradient's sum) as "all-reduce"."""
+    hlo = """HloModule m
+
+ENTRY %main (shard: bf16[4,8], grad: f32[16]) -> f32[16] {
+  %shard = bf16[4,8]{1,0} parameter(0)
+  %grad = f32[16]{0} parameter(1)
+  %zero = bf16[] constant(0)
+  %zeros = bf16[32,8]{1,0} broadcast(%zero), dimensions={}
+  %at = s32[] partition-id()
+  %placed = bf16[32,8]{1,0} dynamic-update-slice(%zeros, %shard, %at, %at)
+  %moved = bf16[32,8]{1,0} copy(%placed)
+  %sums = (bf16[32,8]{1,0}, f32[16]{0}) all-reduce(%moved, %grad), to_apply=%add
+  ROOT %r = f32[16]{0} get-tuple-element(%sums), index=1
+}
+"""
+    got = aot.collective_bytes(hlo)
+    assert got == ({"all-gather (as all-reduce)": 32 * 8 * 2, "all-reduce": 16 * 4}, [])
+
+
 def test_loop_trip_counts():
     """Each loop's collectives count once per trip: XLA's known_trip_count, else the induction
     variable's start, step and bound (a windowed einsum's counter steps by 2; a decode loop

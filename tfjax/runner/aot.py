@@ -760,10 +760,12 @@ def collective_bytes(text: str) -> tuple[dict[str, float], list[str]]:
     the while loops whose trip count could not be read (their collectives are counted once).
 
     Each collective counts the full array it works on: a reduce-scatter its operand, the others
-    their result (an async one at its -done), times the runs of its computation. XLA:TPU's
-    fused reduce-scatter (an all-reduce sliced) counts as a reduce-scatter; the permutes of a
-    windowed einsum's loop as "all-gather (collective matmul)" or "reduce-scatter (collective
-    matmul)": FSDP's gathers of weights and reductions of gradients, done shard by shard.
+    their result (an async one at its -done), times the runs of its computation. What XLA:TPU
+    writes in other forms is counted as what it is: its fused reduce-scatter (an all-reduce
+    sliced) as a reduce-scatter, a gather written as an all-reduce (of zeros but the local
+    shard) as "all-gather (as all-reduce)", and the permutes of a windowed einsum's loop as
+    "all-gather (collective matmul)" or "reduce-scatter (collective matmul)": FSDP's gathers of
+    weights and reductions of gradients.
     """
     comps, entry = _computations(text)
     runs, labels, uncounted = _runs(comps, entry)
@@ -783,14 +785,42 @@ def collective_bytes(text: str) -> tuple[dict[str, float], list[str]]:
             if kind == "collective-permute":
                 edges = _loop_edges(insts, by_name) if edges is None else edges
                 kind = labels.get(name) or edges.get(inst.name) or kind
-            if m.group(1) == "reduce-scatter":  # the operands: the start's, for an async one
-                start = by_name.get(inst.operands[0]) if m.group(2) else inst
-                operands = start.operands if start is not None else []
+            start = by_name.get(inst.operands[0]) if m.group(2) == "-done" else inst
+            operands = start.operands if start is not None else []
+            if kind == "reduce-scatter" and m.group(1) == "reduce-scatter":  # the array reduced
                 size = sum(_shape_bytes(by_name[o].shape) for o in operands if o in by_name)
+                out[kind] += size * runs[name]
+            elif kind == "all-reduce":
+                for part, size in _all_reduce_parts(inst.shape, operands, by_name):
+                    out[part] += size * runs[name]
             else:
-                size = _shape_bytes(inst.shape)
-            out[kind] += size * runs[name]
+                out[kind] += _shape_bytes(inst.shape) * runs[name]
     return dict(out), uncounted
+
+
+def _all_reduce_parts(shape: str, operands: list[str], by_name: dict):
+    """(kind, bytes) for each array an all-reduce sums. XLA:TPU writes some gathers (FSDP's on
+    large slices) as an all-reduce of zeros with each device's shard written in its place:
+    those count as "all-gather (as all-reduce)"."""
+    arrays = _SHAPE.findall(shape)
+    if len(arrays) != len(operands):
+        return [("all-reduce", _shape_bytes(shape))]
+    parts = []
+    for (dtype, dims), operand in zip(arrays, operands, strict=True):
+        size = _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+        source = _through(by_name, operand)
+        zeros = source is not None and source.opcode == "dynamic-update-slice"
+        zeros = zeros and _is_zeros(_through(by_name, source.operands[0]), by_name)
+        parts.append(("all-gather (as all-reduce)" if zeros else "all-reduce", size))
+    return parts
+
+
+def _is_zeros(inst: _Instruction | None, by_name: dict) -> bool:
+    """Whether `inst` is a broadcast of the constant 0."""
+    if inst is None or inst.opcode != "broadcast" or not inst.operands:
+        return False
+    value = _through(by_name, inst.operands[0])
+    return value is not None and value.opcode == "constant" and value.literal in ("0", "-0")
 
 
 _DOT = re.compile(
