@@ -173,9 +173,16 @@ ENTRY %main (a: f32[8]) -> f32[8] {
 
 def test_a_gather_written_as_an_all_reduce_is_named_so():
     """XLA:TPU writes some gathers (FSDP's on 64 chips) as an all-reduce of zeros with each
-    device's shard written in: counted as "all-gather (as all-reduce)", the rest of the same
-    all-reduce (a gradient's sum) as "all-reduce"."""
+    device's shard written in, directly or in a fusion: counted as "all-gather (as
+    all-reduce)", the rest of the same all-reduce (a gradient's sum) as "all-reduce"."""
     hlo = """HloModule m
+
+%place (base: bf16[32,8], piece: bf16[4,8], at: s32[]) -> bf16[32,8] {
+  %base = bf16[32,8]{1,0} parameter(0)
+  %piece = bf16[4,8]{1,0} parameter(1)
+  %at = s32[] parameter(2)
+  ROOT %placed = bf16[32,8]{1,0} dynamic-update-slice(%base, %piece, %at, %at)
+}
 
 ENTRY %main (shard: bf16[4,8], grad: f32[16]) -> f32[16] {
   %shard = bf16[4,8]{1,0} parameter(0)
@@ -185,12 +192,13 @@ ENTRY %main (shard: bf16[4,8], grad: f32[16]) -> f32[16] {
   %at = s32[] partition-id()
   %placed = bf16[32,8]{1,0} dynamic-update-slice(%zeros, %shard, %at, %at)
   %moved = bf16[32,8]{1,0} copy(%placed)
-  %sums = (bf16[32,8]{1,0}, f32[16]{0}) all-reduce(%moved, %grad), to_apply=%add
-  ROOT %r = f32[16]{0} get-tuple-element(%sums), index=1
+  %fused = bf16[32,8]{1,0} fusion(%zeros, %shard, %at), kind=kLoop, calls=%place
+  %sums = (bf16[32,8]{1,0}, bf16[32,8]{1,0}, f32[16]{0}) all-reduce(%moved, %fused, %grad)
+  ROOT %r = f32[16]{0} get-tuple-element(%sums), index=2
 }
 """
     got = aot.collective_bytes(hlo)
-    assert got == ({"all-gather (as all-reduce)": 32 * 8 * 2, "all-reduce": 16 * 4}, [])
+    assert got == ({"all-gather (as all-reduce)": 2 * 32 * 8 * 2, "all-reduce": 16 * 4}, [])
 
 
 def test_loop_trip_counts():

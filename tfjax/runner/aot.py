@@ -791,14 +791,14 @@ def collective_bytes(text: str) -> tuple[dict[str, float], list[str]]:
                 size = sum(_shape_bytes(by_name[o].shape) for o in operands if o in by_name)
                 out[kind] += size * runs[name]
             elif kind == "all-reduce":
-                for part, size in _all_reduce_parts(inst.shape, operands, by_name):
+                for part, size in _all_reduce_parts(inst.shape, operands, by_name, comps):
                     out[part] += size * runs[name]
             else:
                 out[kind] += _shape_bytes(inst.shape) * runs[name]
     return dict(out), uncounted
 
 
-def _all_reduce_parts(shape: str, operands: list[str], by_name: dict):
+def _all_reduce_parts(shape: str, operands: list[str], by_name: dict, comps: dict):
     """(kind, bytes) for each array an all-reduce sums. XLA:TPU writes some gathers (FSDP's on
     large slices) as an all-reduce of zeros with each device's shard written in its place:
     those count as "all-gather (as all-reduce)"."""
@@ -808,11 +808,28 @@ def _all_reduce_parts(shape: str, operands: list[str], by_name: dict):
     parts = []
     for (dtype, dims), operand in zip(arrays, operands, strict=True):
         size = _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-        source = _through(by_name, operand)
-        zeros = source is not None and source.opcode == "dynamic-update-slice"
-        zeros = zeros and _is_zeros(_through(by_name, source.operands[0]), by_name)
-        parts.append(("all-gather (as all-reduce)" if zeros else "all-reduce", size))
+        gather = _written_into_zeros(_through(by_name, operand), by_name, comps)
+        parts.append(("all-gather (as all-reduce)" if gather else "all-reduce", size))
     return parts
+
+
+def _written_into_zeros(inst: _Instruction | None, by_name: dict, comps: dict) -> bool:
+    """Whether `inst` writes a piece into an array of zeros: a dynamic-update-slice of a
+    broadcast 0, or a fusion whose root is one."""
+    if inst is not None and inst.opcode == "dynamic-update-slice":
+        return _is_zeros(_through(by_name, inst.operands[0]), by_name)
+    if inst is None or inst.opcode != "fusion":
+        return False
+    fused = comps.get(inst.attribute("calls")) or []
+    in_fusion = {i.name: i for i in fused}
+    root = next((i for i in fused if i.root), None)
+    if root is None or root.opcode != "dynamic-update-slice":
+        return False
+    base = _through(in_fusion, root.operands[0])
+    if base is not None and base.opcode == "parameter" and base.literal.isdigit():
+        outer = inst.operands[int(base.literal)] if int(base.literal) < len(inst.operands) else ""
+        return _is_zeros(_through(by_name, outer), by_name)  # the zeros come from outside
+    return _is_zeros(base, in_fusion)
 
 
 def _is_zeros(inst: _Instruction | None, by_name: dict) -> bool:
