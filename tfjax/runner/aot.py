@@ -28,12 +28,13 @@ Measured how:
             of the compiled HLO: the bytes of the full array it works on (a reduce-scatter's
             operand, the others' result) times the trip counts of the loops around it (XLA's
             `known_trip_count`, else read from the loop's induction variable; a loop whose count
-            cannot be read is counted once, with a warning). XLA:TPU does many FSDP gathers and
-            gradient reductions as collective matmuls (windowed einsums: a loop of
-            collective-permutes passing shards around the ring, each multiplied as it arrives);
-            their permutes are reported as "all-gather (collective matmul)" and "reduce-scatter
-            (collective matmul)", about (N+1)/N of the array over N devices. Bytes moved, not
-            time: the figure does not say which transfers the compiler overlaps with compute.
+            cannot be read is counted once, with a warning). What XLA:TPU writes in other forms
+            is named as what it is (`collective_bytes`): FSDP's gathers and gradient
+            reduce-scatters done as collective matmuls (windowed einsums: loops of
+            collective-permutes passing shards round the ring, each multiplied as it arrives; on
+            8 chips each shard is passed 9 times, 9/8 of the array), and gathers written as
+            all-reduces. Bytes, not time: the figure does not say which transfers the compiler
+            overlaps with compute.
 """
 
 from __future__ import annotations
