@@ -744,7 +744,7 @@ def _loop_edges(insts, by_name) -> dict[str, str]:
                     if source is loop:
                         edges[inst.name] = label
     for inst in insts:  # an async permute counts at its -done: label it as its -start
-        if inst.opcode == "collective-permute-done" and inst.operands[0] in edges:
+        if inst.opcode == "collective-permute-done" and set(inst.operands[:1]) & edges.keys():
             edges[inst.name] = edges[inst.operands[0]]
     return edges
 
@@ -786,7 +786,8 @@ def collective_bytes(text: str) -> tuple[dict[str, float], list[str]]:
             if kind == "collective-permute":
                 edges = _loop_edges(insts, by_name) if edges is None else edges
                 kind = labels.get(name) or edges.get(inst.name) or kind
-            start = by_name.get(inst.operands[0]) if m.group(2) == "-done" else inst
+            done = m.group(2) == "-done"
+            start = by_name.get(inst.operands[0]) if done and inst.operands else inst
             operands = start.operands if start is not None else []
             if kind == "reduce-scatter" and m.group(1) == "reduce-scatter":  # the array reduced
                 size = sum(_shape_bytes(by_name[o].shape) for o in operands if o in by_name)
