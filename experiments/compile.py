@@ -11,8 +11,9 @@ decode for generating tasks) it prints the mesh and per-device batch, parameter 
 bytes per device, compile time, memory (arguments, temporaries, peak) against the chip's HBM
 (on a GPU, the 75% of it JAX allocates from), model FLOPs per step and the ideal step time at
 the chip's peak bf16 rate (a lower bound), and collective bytes per step by kind; it warns on
-a large replicated array, float32 matmuls under a bf16 config, and a peak above 90% of HBM
-(see tfjax.runner.aot for how each is measured).
+a large replicated array, float32 matmuls under a bf16 config, a peak above 90% of HBM, and
+collectives in a loop whose trip count it cannot read (see tfjax.runner.aot for how each is
+measured).
 
 Exit status: 0 when every step fits, 1 when one does not ("DOES NOT FIT: needs X GiB, the chip
 has Y", with what to change), 2 for bad input (an unknown topology, a mesh that does not match

@@ -25,9 +25,16 @@ Measured how:
             share of matmul FLOPs is read from the program as lowered (StableHLO), before a
             backend rewrites its matmuls into library calls.
   collectives  each all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute
-            of the compiled HLO: its result bytes times the trip count of the loops around it
-            (read from each while loop's condition). Async collectives that the compiler splits
-            into pieces count once per piece, so treat the figure as an estimate.
+            of the compiled HLO: the bytes of the full array it works on (a reduce-scatter's
+            operand, the others' result) times the trip counts of the loops around it (XLA's
+            `known_trip_count`, else read from the loop's induction variable; a loop whose count
+            cannot be read is counted once, with a warning). What XLA:TPU writes in other forms
+            is named as what it is (`collective_bytes`): FSDP's gathers and gradient
+            reduce-scatters done as collective matmuls (windowed einsums: loops of
+            collective-permutes passing shards round the ring, each multiplied as it arrives; on
+            8 chips each shard is passed 9 times, 9/8 of the array), and gathers written as
+            all-reduces. Bytes, not time: the figure does not say which transfers the compiler
+            overlaps with compute.
 """
 
 from __future__ import annotations
@@ -235,11 +242,13 @@ class StepReport:
     alias_bytes: int
     temp_bytes: int
     peak_bytes: int  # of HBM: max(XLA's peak, arguments + outputs - aliased + temporaries)
-    collectives: dict[str, float]  # kind -> bytes per step (result bytes x trip count)
+    collectives: dict[str, float]  # kind -> bytes per step (see collective_bytes)
     f32_dot_fraction: float  # of the matmul FLOPs, the share with a float32 operand
     fits: bool
     error: str = ""  # the compiler's refusal, first line
     host_bytes: int = 0  # temporaries placed in host memory (remat policies that offload)
+    # bodies of while loops whose trip count could not be read: their collectives count once
+    loops_counted_once: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -322,6 +331,13 @@ def compile_experiment(
                 f"{_gib(hbm)} {memory_label} (over {1 - FIT_MARGIN:.0%}); runtime buffers may "
                 "not fit"
             )
+        if loops := r.loops_counted_once:
+            more = f" and {len(loops) - 3} more" if len(loops) > 3 else ""
+            warnings.append(
+                f"{r.name} step: collectives counted once in {len(loops)} while loop(s) whose "
+                f"trip count could not be read ({', '.join(loops[:3])}{more}): the collective "
+                "bytes may be too low"
+            )
         if r.f32_dot_fraction > 0.05:
             warnings.append(
                 f"{r.name} step: {r.f32_dot_fraction:.0%} of the matmul FLOPs take a float32 "
@@ -395,6 +411,7 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
     # XLA's peak counts buffers offloaded to host memory with HBM's: with any, the total is
     # HBM's figure.
     peak = total if host else max(getattr(m, "peak_memory_in_bytes", 0), total)
+    collectives, loops_counted_once = collective_bytes(compiled.as_text())
     return StepReport(
         name,
         seconds,
@@ -403,10 +420,11 @@ def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
         m.alias_size_in_bytes,
         m.temp_size_in_bytes,
         peak,
-        collective_bytes(compiled.as_text()),
+        collectives,
         f32_dot_fraction(lowered.as_text()) if bf16 else 0.0,
         fits=not hbm or peak <= hbm,
         host_bytes=host,
+        loops_counted_once=loops_counted_once,
     )
 
 
@@ -455,7 +473,6 @@ def _state_warnings(exp) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- HLO reading
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|bf16|f16|f32|f64|c64)\[([\d,]*)\]")
 _BYTES = {
     "pred": 1,
@@ -473,90 +490,356 @@ _BYTES = {
     "f64": 8,
     "c64": 8,
 }
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) ")
+_NAME = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = ")
+_OPCODE = re.compile(r"\s([a-z][a-z0-9\-]*)\(")
+_COLLECTIVE = re.compile(r"^(" + "|".join(COLLECTIVES) + r")(-start|-done)?$")
+# XLA's SPMD partitioner names the loops of a windowed einsum (a collective matmul) so, and its
+# own passes find them by these names: an all-gather or a reduce-scatter done as a ring of
+# collective-permutes, each step's shard multiplied as it arrives.
+_WINDOWED = {
+    "windowed_dot_general_body_ag": "all-gather (collective matmul)",
+    "windowed_dot_general_body_rs": "reduce-scatter (collective matmul)",
+}
+_PASSING = ("copy", "copy-start", "copy-done", "convert", "bitcast")  # what they hold, moved
+# A reduce-scatter as XLA:TPU writes it: an all-reduce sliced, fused in a computation so named.
+_REDUCE_SCATTER_FUSION = "all-reduce-scatter"
 
 
-def _computations(text: str) -> tuple[dict[str, list[str]], str]:
-    comps, entry, current = {}, None, None
+@dataclasses.dataclass
+class _Instruction:
+    name: str
+    root: bool
+    shape: str  # of the result
+    opcode: str
+    operands: list[str]  # their names
+    literal: str  # the text in the parentheses (a constant's value)
+    attributes: str  # the text after them
+
+    def attribute(self, key: str) -> str | None:
+        m = re.search(rf"\b{key}=%?([\w.\-]+)", self.attributes)
+        return m.group(1) if m else None
+
+
+def _instruction(statement: str) -> _Instruction | None:
+    m = _NAME.match(statement)
+    op = m and _OPCODE.search(statement, m.end())
+    if not op:
+        return None
+    depth, end = 1, op.end()
+    while depth and end < len(statement):
+        depth += {"(": 1, ")": -1}.get(statement[end], 0)
+        end += 1
+    inside = statement[op.end() : end - 1]
+    return _Instruction(
+        name=m.group(2),
+        root=bool(m.group(1)),
+        shape=statement[m.end() : op.start()],
+        opcode=op.group(1),
+        operands=re.findall(r"%([\w.\-]+)", inside),
+        literal=inside.strip(),
+        attributes=statement[end:],
+    )
+
+
+def _computations(text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
+    """The computations of HLO text by name, and the entry's name.
+
+    Read by brace depth, not line by line: an instruction's attributes may span lines and close
+    braces at a line's start (the splash-attention kernel's metadata ends with `}}` mid-
+    computation). Braces inside strings (backend_config's JSON) do not count.
+    """
+    comps, entry, name, depth, pending = {}, None, None, 0, []
     for line in text.splitlines():
-        m = _COMPUTATION.match(line)
-        if m and not line.startswith(" "):
-            current = m.group(1)
-            comps[current] = []
-            if line.startswith("ENTRY"):
-                entry = current
-        elif line.startswith("}"):
-            current = None
-        elif current is not None:
-            comps[current].append(line)
+        plain = _STRING.sub("", line)
+        before, depth = depth, depth + plain.count("{") - plain.count("}")
+        if before == 0:  # a module line, or a computation's header when it opens a brace
+            m = _HEADER.match(line)
+            name = m.group(1) if m and depth > 0 else None
+            if name is not None:
+                comps[name] = []
+                entry = name if line.startswith("ENTRY") else entry
+            depth = max(depth, 0)
+        elif depth <= 0:  # the computation's closing brace
+            name, depth, pending = None, 0, []
+        else:
+            pending.append(line)
+            if depth == 1:  # the instruction is complete
+                inst = _instruction(" ".join(pending))
+                pending = []
+                if inst is not None and name is not None:
+                    comps[name].append(inst)
     return comps, entry
 
 
-def _trip_count(condition: list[str]) -> int:
-    """A scan's while condition compares its counter with one integer constant."""
-    constants = [int(c) for line in condition for c in re.findall(r"constant\((\d+)\)", line)]
-    return max(constants) if constants else 1
+def _through(by_name: dict, name: str) -> _Instruction | None:
+    """The instruction `name` is a copy, convert or bitcast of (or itself)."""
+    inst = by_name.get(name)
+    while inst is not None and inst.opcode in _PASSING:
+        inst = by_name.get(inst.operands[0]) if inst.operands else None
+    return inst
 
 
-def _multiplicities(comps, entry) -> dict[str, int]:
-    """How many times each computation runs per execution of the entry (loops multiply)."""
-    mult = collections.Counter({entry: 1})
+def _integer(inst: _Instruction | None) -> int | None:
+    if inst is not None and inst.opcode == "constant" and re.fullmatch(r"-?\d+", inst.literal):
+        return int(inst.literal)
+    return None
+
+
+def _element(inst: _Instruction | None, by_name: dict) -> int | None:
+    """Which element of its computation's parameter `inst` reads (get-tuple-element), or None."""
+    if inst is None or inst.opcode != "get-tuple-element" or not inst.operands:
+        return None
+    source = by_name.get(inst.operands[0])
+    index = re.search(r"\bindex=(\d+)", inst.attributes)
+    return int(index.group(1)) if source and source.opcode == "parameter" and index else None
+
+
+def _trip_count(loop: _Instruction, caller: dict, comps: dict) -> int | None:
+    """How many times a while loop runs its body: XLA's own figure (`known_trip_count` in the
+    backend_config, where it has analysed the loop), else read from its induction variable (the
+    initial value, the step the body adds, the bound and direction of the condition's compare);
+    None when neither is there to read. A condition that also ends the loop early (decoding
+    stops when every row has ended) gives the most it can run."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attributes)
+    if known:
+        return int(known.group(1))
+    cond, body = comps.get(loop.attribute("condition")), comps.get(loop.attribute("body"))
+    if not cond or not body or len(loop.operands) != 1:
+        return None
+    in_cond, in_body = {i.name: i for i in cond}, {i.name: i for i in body}
+    init = _through(caller, loop.operands[0])
+    update = next((i for i in body if i.root), None)
+    if init is None or update is None or init.opcode != "tuple" or update.opcode != "tuple":
+        return None
+    counts = []
+    for test in _conjuncts(next((i for i in cond if i.root), None), in_cond):
+        direction = re.search(r"direction=(\w+)", test.attributes)
+        if test.opcode != "compare" or not direction or len(test.operands) != 2:
+            continue
+        direction = direction.group(1)
+        counter, bound = (_through(in_cond, o) for o in test.operands)
+        if _element(counter, in_cond) is None:  # the bound on the left: read it the other way
+            counter, bound = bound, counter
+            direction = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(direction, direction)
+        index, bound = _element(counter, in_cond), _integer(bound)
+        if index is None or bound is None or index >= len(init.operands):
+            continue
+        start = _integer(_through(caller, init.operands[index]))
+        step = _step(_through(in_body, update.operands[index]), index, in_body)
+        if start is not None and step:
+            counts.append(_trips(start, step, direction, bound))
+    counts = [c for c in counts if c is not None]
+    return min(counts) if counts else None
+
+
+def _conjuncts(inst: _Instruction | None, by_name: dict):
+    """The conditions a loop's condition requires all of (the operands of its `and`s)."""
+    if inst is not None and inst.opcode == "and":
+        for o in inst.operands:
+            yield from _conjuncts(_through(by_name, o), by_name)
+    elif inst is not None:
+        yield inst
+
+
+def _step(change: _Instruction | None, index: int, body: dict) -> int | None:
+    """What a loop's body adds to element `index` of its state each trip (the constant of
+    `add(i, c)` or `subtract(i, c)`), or None."""
+    if change is None or change.opcode not in ("add", "subtract") or len(change.operands) != 2:
+        return None
+    a, b = (_through(body, o) for o in change.operands)
+    if change.opcode == "add" and _element(b, body) == index:
+        a, b = b, a
+    if _element(a, body) != index or _integer(b) is None:
+        return None
+    return _integer(b) * (1 if change.opcode == "add" else -1)
+
+
+def _trips(start: int, step: int, direction: str, bound: int) -> int | None:
+    """Iterations of `for (i = start; i <direction> bound; i += step)`; None if it never ends."""
+    if direction in ("GT", "GE"):  # counting down: the mirror image of counting up
+        start, step, bound, direction = -start, -step, -bound, "L" + direction[1]
+    if direction == "LE":
+        direction, bound = "LT", bound + 1
+    if direction == "LT":
+        if start >= bound:
+            return 0
+        return -((start - bound) // step) if step > 0 else None
+    if direction == "NE":
+        trips, left = divmod(bound - start, step)
+        return trips if left == 0 and trips >= 0 else None
+    return None
+
+
+def _calls(comps, name) -> list[tuple[str, int | None, str | None]]:
+    """(callee, times per run, collective-matmul label) for each computation `name` calls."""
+    out, by_name = [], {i.name: i for i in comps[name]}
+    for inst in comps[name]:
+        if inst.opcode == "while":
+            trips = _trip_count(inst, by_name, comps)
+            out.append((inst.attribute("body") or "", trips, _window_label(inst)))
+        elif inst.opcode not in ("async-update", "async-done"):  # async-start calls it once
+            for group in re.findall(
+                r"\b(?:calls|branch_computations|called_computations)=(\{[^}]*\}|%?[\w.\-]+)",
+                inst.attributes,
+            ):
+                out += [(c.strip(" {}%"), 1, None) for c in group.split(",") if c.strip(" {}")]
+    return out
+
+
+def _runs(comps, entry):
+    """How many times each computation runs per run of the entry (loops multiply), the
+    collective-matmul label of those inside a windowed einsum's loop, and the loops whose trip
+    count could not be read (counted once)."""
+    calls = {name: _calls(comps, name) for name in comps}
     order, seen = [], set()
 
     def visit(name):  # callees after callers (reverse post-order)
         if name in seen or name not in comps:
             return
         seen.add(name)
-        for callee, _ in _callees(comps, name):
+        for callee, _, _ in calls[name]:
             visit(callee)
         order.append(name)
 
     visit(entry)
+    runs, labels, uncounted = collections.Counter({entry: 1}), {}, []
     for name in reversed(order):
-        for callee, times in _callees(comps, name):
-            mult[callee] += mult[name] * times
-    return mult
+        for callee, times, label in calls[name]:
+            if times is None:
+                uncounted.append(callee)
+            runs[callee] += runs[name] * (1 if times is None else times)
+            if label or name in labels:
+                labels[callee] = label or labels[name]
+    return runs, labels, uncounted
 
 
-def _callees(comps, name):
-    for line in comps[name]:
-        if " while(" in line:
-            body = re.search(r"body=%?([\w.\-]+)", line)
-            cond = re.search(r"condition=%?([\w.\-]+)", line)
-            trips = _trip_count(comps.get(cond.group(1), [])) if cond else 1
-            if body:
-                yield body.group(1), trips
+def _window_label(inst: _Instruction) -> str | None:
+    """The collective-matmul label of a windowed einsum's while loop; None for other ops."""
+    body = inst.attribute("body") if inst.opcode == "while" else None
+    return next((label for key, label in _WINDOWED.items() if key in (body or "")), None)
+
+
+def _loop_edges(insts, by_name) -> dict[str, str]:
+    """{collective-permute: label} for the permutes of a windowed einsum outside its loop: the
+    shard sent before an all-gather's loop, the partial sum sent after a reduce-scatter's."""
+    edges = {}
+    for loop in insts:
+        label = _window_label(loop)
+        if label is None or not loop.operands:
             continue
-        for callee in re.findall(
-            r"(?:calls|branch_computations|called_computations)="
-            r"\{?([%\w.\-, ]+)\}?",
-            line,
-        ):
-            for c in callee.split(","):
-                yield c.strip().lstrip("%"), 1
+        if label.startswith("all-gather"):  # a permute whose shard goes into the loop
+            init = _through(by_name, loop.operands[0])
+            for o in init.operands if init is not None and init.opcode == "tuple" else []:
+                inst = _through(by_name, o)
+                if inst is not None and inst.opcode.startswith("collective-permute"):
+                    edges[inst.name] = label
+        else:  # a permute of what the loop gives back
+            for inst in insts:
+                if inst.opcode in ("collective-permute", "collective-permute-start"):
+                    source = _through(by_name, inst.operands[0]) if inst.operands else None
+                    if source is not None and source.opcode == "get-tuple-element":
+                        source = _through(by_name, source.operands[0])
+                    if source is loop:
+                        edges[inst.name] = label
+    for inst in insts:  # an async permute counts at its -done: label it as its -start
+        if inst.opcode == "collective-permute-done" and set(inst.operands[:1]) & edges.keys():
+            edges[inst.name] = edges[inst.operands[0]]
+    return edges
 
 
-def _result_bytes(line: str) -> int:
-    """Bytes of an instruction's result (the shapes before its `=`... opcode)."""
-    lhs = line.split("=", 1)[1] if "=" in line else line
-    head = re.split(r"\s(?:" + "|".join(COLLECTIVES) + r")(?:-start)?\(", lhs, maxsplit=1)[0]
+def _shape_bytes(shape: str) -> int:
     return sum(
         _BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
-        for t, dims in _SHAPE.findall(head)
+        for t, dims in _SHAPE.findall(shape)
     )
 
 
-def collective_bytes(text: str) -> dict[str, float]:
-    """{kind: result bytes per execution} of the collectives in compiled HLO text."""
+def collective_bytes(text: str) -> tuple[dict[str, float], list[str]]:
+    """{kind: bytes per execution} of the collectives in compiled HLO text, and the bodies of
+    the while loops whose trip count could not be read (their collectives are counted once).
+
+    Each collective counts the full array it works on: a reduce-scatter its operand, the others
+    their result (an async one at its -done), times the runs of its computation. What XLA:TPU
+    writes in other forms is counted as what it is: its fused reduce-scatter (an all-reduce
+    sliced) as a reduce-scatter, a gather written as an all-reduce (of zeros but the local
+    shard) as "all-gather (as all-reduce)", and the permutes of a windowed einsum's loop as
+    "all-gather (collective matmul)" or "reduce-scatter (collective matmul)": FSDP's gathers of
+    weights and reductions of gradients.
+    """
     comps, entry = _computations(text)
-    mult = _multiplicities(comps, entry)
+    runs, labels, uncounted = _runs(comps, entry)
     out = collections.Counter()
-    pattern = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-    for name, lines in comps.items():
-        for line in lines:
-            m = pattern.search(line)
-            if m and mult.get(name):
-                out[m.group(1)] += _result_bytes(line) * mult[name]
-    return dict(out)
+    for name, insts in comps.items():
+        if not runs.get(name):
+            continue
+        by_name = {i.name: i for i in insts}
+        edges = None
+        for inst in insts:
+            m = _COLLECTIVE.match(inst.opcode)
+            if not m or m.group(2) == "-start":
+                continue
+            kind = m.group(1)
+            if kind == "all-reduce" and name.startswith(_REDUCE_SCATTER_FUSION):
+                kind = "reduce-scatter"
+            if kind == "collective-permute":
+                edges = _loop_edges(insts, by_name) if edges is None else edges
+                kind = labels.get(name) or edges.get(inst.name) or kind
+            done = m.group(2) == "-done"
+            start = by_name.get(inst.operands[0]) if done and inst.operands else inst
+            operands = start.operands if start is not None else []
+            if kind == "reduce-scatter" and m.group(1) == "reduce-scatter":  # the array reduced
+                size = sum(_shape_bytes(by_name[o].shape) for o in operands if o in by_name)
+                out[kind] += size * runs[name]
+            elif kind == "all-reduce":
+                for part, size in _all_reduce_parts(inst.shape, operands, by_name, comps):
+                    out[part] += size * runs[name]
+            else:
+                out[kind] += _shape_bytes(inst.shape) * runs[name]
+    return dict(out), uncounted
+
+
+def _all_reduce_parts(shape: str, operands: list[str], by_name: dict, comps: dict):
+    """(kind, bytes) for each array an all-reduce sums. XLA:TPU writes some gathers (FSDP's on
+    large slices) as an all-reduce of zeros with each device's shard written in its place:
+    those count as "all-gather (as all-reduce)"."""
+    arrays = _SHAPE.findall(shape)
+    if len(arrays) != len(operands):
+        return [("all-reduce", _shape_bytes(shape))]
+    parts = []
+    for (dtype, dims), operand in zip(arrays, operands, strict=True):
+        size = _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+        gather = _written_into_zeros(_through(by_name, operand), by_name, comps)
+        parts.append(("all-gather (as all-reduce)" if gather else "all-reduce", size))
+    return parts
+
+
+def _written_into_zeros(inst: _Instruction | None, by_name: dict, comps: dict) -> bool:
+    """Whether `inst` writes a piece into an array of zeros: a dynamic-update-slice of a
+    broadcast 0, or a fusion whose root is one."""
+    if inst is not None and inst.opcode == "dynamic-update-slice":
+        return _is_zeros(_through(by_name, inst.operands[0]), by_name)
+    if inst is None or inst.opcode != "fusion":
+        return False
+    fused = comps.get(inst.attribute("calls")) or []
+    in_fusion = {i.name: i for i in fused}
+    root = next((i for i in fused if i.root), None)
+    if root is None or root.opcode != "dynamic-update-slice":
+        return False
+    base = _through(in_fusion, root.operands[0])
+    if base is not None and base.opcode == "parameter" and base.literal.isdigit():
+        outer = inst.operands[int(base.literal)] if int(base.literal) < len(inst.operands) else ""
+        return _is_zeros(_through(by_name, outer), by_name)  # the zeros come from outside
+    return _is_zeros(base, in_fusion)
+
+
+def _is_zeros(inst: _Instruction | None, by_name: dict) -> bool:
+    """Whether `inst` is a broadcast of the constant 0."""
+    if inst is None or inst.opcode != "broadcast" or not inst.operands:
+        return False
+    value = _through(by_name, inst.operands[0])
+    return value is not None and value.opcode == "constant" and value.literal in ("0", "-0")
 
 
 _DOT = re.compile(
