@@ -78,7 +78,7 @@ def test_mixture_of_experts_presets_have_the_cards_total_and_active_parameters(v
 
 
 # Every published decoder preset with a converter (the Gemma cards are checked in
-# tests/interop/test_interop_gemma.py; the mixtures of experts have none yet).
+# tests/interop/test_interop_gemma.py, the mixtures of experts in test_interop_moe.py).
 PUBLISHED = sorted(
     v
     for v in decoder.VARIANTS
