@@ -37,16 +37,6 @@ SIZES = dict(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """The references' matmuls are tiny: a second thread only contends (on a loaded 2-core host
-    transformers' generate took 7.5 s with two, 0.1 s with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _eager(ref):
     ref.set_experts_implementation("eager")  # its grouped_mm takes no float64
     return ref.eval()
