@@ -46,10 +46,11 @@ plot: install
 	$(BIN)/python -m tfjax.runner.plots $(WORKDIR)
 
 # Parallel workers (pytest-xdist), a test file per worker at a time: its module fixtures are
-# built once. TEST_JOBS=0 runs in this process (for a debugger).
+# built once. TEST_JOBS=0 runs in this process (for a debugger). The slowest tests are listed
+# at the end, so that each CI run shows where the suite's time goes.
 TEST_JOBS ?= auto
 test: install-dev
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check tfjax tests benchmarks configs experiments && $(BIN)/ruff format --check tfjax tests benchmarks configs experiments
