@@ -595,6 +595,22 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
     (bad_dir / "plain").mkdir()
     with pytest.raises(ValueError, match="plain is a directory without a dataset saved"):
         open_one(bad_dir / "plain")
+    # A torn or hand-edited file that `datasets` saved: named, not a traceback.
+    for i, (name, text, error) in enumerate(
+        [
+            ("dataset_dict.json", '{"splits": ', r"dataset_dict.json is not valid JSON"),
+            ("dataset_dict.json", '{"splits": "train"}', r"dataset_dict.json .*'splits' is a list"),
+            ("state.json", "\x00\x01", r"state.json is not valid JSON"),
+            ("state.json", "[]", r"state.json .*'_data_files' is a list of dicts"),
+            ("state.json", '{"_data_files": [{}]}', r"state.json has a _data_files entry without"),
+        ]
+    ):
+        saved = bad_dir / f"saved{i}"
+        saved.mkdir()
+        (saved / name).write_text(text)
+        spec = td.resolve_config({**ok, "train_files": str(saved)})
+        with pytest.raises(ValueError, match=f"dataset.train_files: .*{error}"):
+            tf_files.check(spec)
 
 
 def test_sources_pickle_for_worker_processes(data, tokenizer):

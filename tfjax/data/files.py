@@ -134,17 +134,38 @@ def _files_of(path: epath.Path, field: str) -> list[tuple[epath.Path, str]]:
     return [(path, kind)]
 
 
+def _saved_json(path: epath.Path, field: str, key: str, entries: type) -> list:
+    """The `key` list of the JSON object that `datasets` saved in `path`, else one line naming
+    the file (a torn or hand-edited file is an error to name, not a traceback)."""
+    try:
+        value = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{field}: {path} is not valid JSON ({e}); save the dataset again"
+        ) from None
+    items = value.get(key, []) if isinstance(value, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, entries) for i in items):
+        raise ValueError(
+            f"{field}: {path} is not what Hugging Face datasets writes: it needs a JSON object "
+            f"whose {key!r} is a list of {entries.__name__}s; save the dataset again"
+        )
+    return items
+
+
 def _saved_dataset_files(path: epath.Path, field: str) -> list[epath.Path]:
     """The .arrow files of a directory written by `datasets.Dataset.save_to_disk`."""
     if (path / "dataset_dict.json").exists():
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _saved_json(path / "dataset_dict.json", field, "splits", str)
         raise ValueError(
             f"{field}: {path} holds a DatasetDict with splits {splits}; name one of them, "
             f"e.g. {path / (splits[0] if splits else 'train')}"
         )
     state = path / "state.json"
     if state.exists():
-        names = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+        entries = _saved_json(state, field, "_data_files", dict)
+        if not all(isinstance(f.get("filename"), str) for f in entries):
+            raise ValueError(f"{field}: {state} has a _data_files entry without a filename")
+        names = [f["filename"] for f in entries]
         files = [path / name for name in names]
         missing = [str(f) for f in files if not f.exists()]
         if missing:
