@@ -601,7 +601,12 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
             ("dataset_dict.json", '{"splits": ', r"dataset_dict.json is not valid JSON"),
             ("dataset_dict.json", '{"splits": "train"}', r"dataset_dict.json .*'splits' is a list"),
             ("state.json", "\x00\x01", r"state.json is not valid JSON"),
-            ("state.json", "[]", r"state.json .*'_data_files' is a list of dicts"),
+            ("state.json", "[]", r"state.json holds a JSON list"),
+            (
+                "state.json",
+                '{"_data_files": [1]}',
+                r"state.json .*'_data_files' is a list of dicts",
+            ),
             ("state.json", '{"_data_files": [{}]}', r"state.json has a _data_files entry without"),
         ]
     ):

@@ -92,6 +92,8 @@ from typing import Any
 
 import numpy as np
 
+from tfjax import jsonfile
+
 TOKENIZER_JSON = "tokenizer.json"
 SENTENCEPIECE_MODEL = "tokenizer.model"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -370,18 +372,8 @@ class CheckpointTokenizer:
     def _json(self, name: str) -> dict:
         if name not in self._files:
             return {}
-        try:
-            value = json.loads(self._files[name].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(
-                f"{self.path or 'the checkpoint'}/{name} is not valid JSON: {e}"
-            ) from None
-        if not isinstance(value, dict):
-            raise ValueError(
-                f"{self.path or 'the checkpoint'}/{name} must hold a JSON object, "
-                f"got {type(value).__name__}."
-            )
-        return value
+        where = f"{self.path or 'the checkpoint'}/{name}"
+        return jsonfile.parse_object(self._files[name], where, name, "download it again")
 
 
 # -- rows -> training examples ---------------------------------------------------------------

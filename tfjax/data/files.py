@@ -74,6 +74,8 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from tfjax import jsonfile
+
 # extension -> the kind of file (what reads it)
 EXTENSIONS = {
     ".txt": "text",
@@ -137,13 +139,10 @@ def _files_of(path: epath.Path, field: str) -> list[tuple[epath.Path, str]]:
 def _saved_json(path: epath.Path, field: str, key: str, entries: type) -> list:
     """The `key` list of the JSON object that `datasets` saved in `path`, else one line naming
     the file (a torn or hand-edited file is an error to name, not a traceback)."""
-    try:
-        value = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"{field}: {path} is not valid JSON ({e}); save the dataset again"
-        ) from None
-    items = value.get(key, []) if isinstance(value, dict) else None
+    value = jsonfile.parse_object(
+        path.read_bytes(), f"{field}: {path}", "a file datasets saves", "save the dataset again"
+    )
+    items = value.get(key, [])
     if not isinstance(items, list) or not all(isinstance(i, entries) for i in items):
         raise ValueError(
             f"{field}: {path} is not what Hugging Face datasets writes: it needs a JSON object "

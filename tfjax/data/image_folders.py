@@ -31,6 +31,8 @@ import os
 import numpy as np
 import PIL.Image
 
+from tfjax import jsonfile
+
 PREPROCESSOR = "preprocessor_config.json"  # a checkpoint's image processor config
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 FIELDS = {"train": "dataset.train_files", "eval": "dataset.eval_files"}
@@ -167,9 +169,7 @@ class Preprocessor:
                 f"{path} does not exist: the image size and normalisation of a vision "
                 "checkpoint come from its preprocessor_config.json"
             )
-        from tfjax.interop.core.files import read_json  # noqa: PLC0415 (light; one reader)
-
-        c = read_json(path, "an image processor's config (preprocessor_config.json)")
+        c = jsonfile.read_object(path, "an image processor's config (preprocessor_config.json)")
 
         def need(key):
             if key not in c:

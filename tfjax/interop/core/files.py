@@ -19,6 +19,8 @@ import re
 
 import numpy as np
 
+from tfjax import jsonfile
+
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
@@ -168,26 +170,9 @@ def _read_torch(path):
     return {k: _to_numpy(v) for k, v in state.items()}
 
 
-def read_json(path: str, what: str) -> dict:
-    """The JSON object in file `path` (`what` it is, for messages), else one line naming it."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"{path} is not valid JSON ({e}); {what} is a JSON object: download or write it again"
-        ) from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{path} holds a JSON {type(value).__name__}; {what} is a JSON object: download or "
-            "write it again"
-        )
-    return value
-
-
 def _shards(path: str) -> list[str]:
     """The shard files a sharded checkpoint's index lists (its weight_map's values)."""
-    index = read_json(path, "a sharded checkpoint's index")
+    index = jsonfile.read_object(path, "a sharded checkpoint's index")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
@@ -243,7 +228,7 @@ def read_config(directory) -> dict:
     path = os.path.join(os.fspath(directory), CONFIG)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no {CONFIG} in {os.fspath(directory)!r}")
-    return read_json(path, "a checkpoint's config.json")
+    return jsonfile.read_object(path, "a checkpoint's config.json")
 
 
 def as_config(config) -> dict:
