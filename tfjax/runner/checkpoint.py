@@ -242,10 +242,7 @@ def _data_text(state: dict, step: int) -> str:
 def _read_data(path: epath.Path, step: int, *, bound: bool) -> dict:
     """The loader state in `path`, checked against its SHA-256 and, for a step whose positions
     are `bound` (FORMAT 2), that it is the position of `step`, not a copy of another step's."""
-    try:
-        stored = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UnusableCheckpointError(f"{path}: not valid JSON ({e})") from None
+    stored = _read_json(path)
     fields = {"step", "sha256", "state"} if bound else {"sha256", "state"}
     if not bound and not (isinstance(stored, dict) and stored.keys() & fields):
         return stored  # written before the checksum: the loader state itself
