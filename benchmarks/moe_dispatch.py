@@ -1,10 +1,11 @@
 r"""Mixture-of-experts dispatch: tfjax's dropless grouped matmuls against a dense one-hot einsum.
 
     .venv/bin/python benchmarks/moe_dispatch.py [--sizes=2048x256x512x8x2,...] [--rounds=5]
-        [--topology=v5e:1x1] [--threads=0] [--tiny]
+        [--dtype=float32] [--platform=cpu] [--topology=v5e:1x1] [--threads=0] [--tiny]
 
 For each size N x D x F x E x k (tokens, width, expert width, experts, experts per token) the
-experts' SwiGLU FFN of N routed tokens, two ways, on this CPU in one process, in rotated rounds:
+experts' SwiGLU FFN of N routed tokens, two ways, on --platform (this CPU, or `gpu` where one
+is attached) in one process, in rotated rounds:
   ragged  tfjax.ops.moe.experts_ffn: the N k (token, expert) pairs sorted by expert, each
           expert's rows through `jax.lax.ragged_dot`, put back by a gather (what MoeMlp runs)
   dense   every expert on every token (einsums over [E, N, F]) and a [N, E] matrix of the
@@ -24,32 +25,32 @@ import sys
 
 import harness
 
-# The timings are the CPU's; libtpu, when installed, only compiles (--topology).
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 
 def parse_sizes(text: str) -> list[tuple[int, ...]]:
     return [tuple(int(v) for v in size.split("x")) for size in text.split(",")]
 
 
-def build(n, d, f, e, k):
-    """Tokens, their routes (a random router), the kernels and a cotangent, float32."""
+def build(n, d, f, e, k, dtype="float32"):
+    """Tokens, their routes (a random router), the kernels and a cotangent, in `dtype` (the
+    router's weights too, as MoeMlp casts them to the activations' dtype)."""
     import jax
-    import jax.numpy as jnp
 
     from tfjax.ops import moe
 
     keys = jax.random.split(jax.random.key(0), 6)
-    x = jax.random.normal(keys[0], (n, d))
     weights, experts, _ = moe.route(jax.random.normal(keys[1], (n, e)), k)
     scale = d**-0.5
+
+    def normal(key, shape, std=1.0):
+        return (std * jax.random.normal(key, shape)).astype(dtype)
+
     kernels = {
-        "wi_0": scale * jax.random.normal(keys[2], (e, d, f)),
-        "wi_1": scale * jax.random.normal(keys[3], (e, d, f)),
-        "wo": f**-0.5 * jax.random.normal(keys[4], (e, f, d)),
+        "wi_0": normal(keys[2], (e, d, f), scale),
+        "wi_1": normal(keys[3], (e, d, f), scale),
+        "wo": normal(keys[4], (e, f, d), f**-0.5),
     }
-    cotangent = jax.random.normal(keys[5], (n, d))
-    return x, weights, experts, kernels, jnp.asarray(cotangent)
+    x, cotangent = normal(keys[0], (n, d)), normal(keys[5], (n, d))
+    return x, weights.astype(dtype), experts, kernels, cotangent
 
 
 def ragged(x, weights, experts, kernels):
@@ -75,6 +76,29 @@ def dense(x, weights, experts, kernels):
     return jnp.einsum("end,ne->nd", out, combine)
 
 
+def tokamax_way(implementation):
+    """`ragged` with Tokamax's grouped matmul kernel `implementation` (mosaic, triton, xla)."""
+
+    def way(x, weights, experts, kernels):
+        import tokamax
+        from absl import flags
+
+        # Tokamax reads absl flags, which would otherwise parse this script's own arguments.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+
+        from tfjax.ops import moe
+
+        before = moe.grouped_matmul
+        moe.grouped_matmul = functools.partial(tokamax.ragged_dot, implementation=implementation)
+        try:  # traced here, under jit
+            return ragged(x, weights, experts, kernels)
+        finally:
+            moe.grouped_matmul = before
+
+    return way
+
+
 WAYS = {"ragged": ragged, "dense": dense}
 
 
@@ -87,7 +111,7 @@ def programs(way, weights, experts, cotangent):
         return WAYS[way](x, weights, experts, kernels)
 
     def objective(x, kernels):
-        return jnp.sum(forward(x, kernels) * cotangent)
+        return jnp.sum((forward(x, kernels) * cotangent).astype(jnp.float32))
 
     return {"fwd": forward, "fwd+bwd": jax.grad(objective, argnums=(0, 1))}
 
@@ -98,7 +122,7 @@ def cost(compiled) -> dict:
     return {"flops": analysis.get("flops", 0.0), "bytes": analysis.get("bytes accessed", 0.0)}
 
 
-def tpu_costs(topology, size, ways) -> dict:
+def tpu_costs(topology, size, ways, dtype) -> dict:
     """{way: {pass: cost}} of the programs compiled for one chip of `topology`, or an error."""
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -110,7 +134,7 @@ def tpu_costs(topology, size, ways) -> dict:
     except (ValueError, RuntimeError) as e:
         return {"error": str(e)}
     whole = NamedSharding(Mesh([device], ("chip",)), PartitionSpec())
-    x, weights, experts, kernels, cotangent = build(*size)
+    x, weights, experts, kernels, cotangent = build(*size, dtype)
 
     def abstract(a):
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=whole)
@@ -124,27 +148,36 @@ def tpu_costs(topology, size, ways) -> dict:
     return out
 
 
-def measure(size, rounds: int) -> dict:
+def measure(size, rounds: int, dtype: str, ways) -> dict:
     import jax
     import numpy as np
 
-    x, weights, experts, kernels, cotangent = build(*size)
-    jitted = {
-        (way, p): jax.jit(fn)
-        for way in WAYS
-        for p, fn in programs(way, weights, experts, cotangent).items()
+    x, weights, experts, kernels, cotangent = build(*size, dtype)
+    compiled, errors = {}, {}
+    for way in ways:
+        try:
+            for p, fn in programs(way, weights, experts, cotangent).items():
+                compiled[way, p] = jax.jit(fn).lower(x, kernels).compile()
+        except Exception as e:  # noqa: BLE001 - a contender that does not compile is reported
+            errors[way] = f"{type(e).__name__}: {str(e)[:300]}"
+            harness.log(f"  {way}: not compiled: {errors[way]}")
+            compiled = {key: c for key, c in compiled.items() if key[0] != way}
+    dense_out = np.asarray(compiled["dense", "fwd"](x, kernels), np.float32)
+    differences = {
+        way: float(np.max(np.abs(np.asarray(c(x, kernels), np.float32) - dense_out)))
+        for (way, p), c in compiled.items()
+        if p == "fwd" and way != "dense"
     }
-    compiled = {key: fn.lower(x, kernels).compile() for key, fn in jitted.items()}
-    error = float(
-        np.max(np.abs(compiled["ragged", "fwd"](x, kernels) - compiled["dense", "fwd"](x, kernels)))
-    )
+    error = differences["ragged"]
     calls = {f"{way} {p}": functools.partial(c, x, kernels) for (way, p), c in compiled.items()}
     times = harness.medians(harness.time_rounds(calls, rounds))
     return {
         "size": dict(zip("NDFEk", size, strict=True)),
         "max_abs_difference": error,
+        "max_abs_difference_from_dense": differences,
+        "errors": errors,
         "seconds": times,
-        "cpu_cost": {f"{way} {p}": cost(c) for (way, p), c in compiled.items()},
+        "compiled_cost": {f"{way} {p}": cost(c) for (way, p), c in compiled.items()},
     }
 
 
@@ -154,29 +187,54 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--topology", default="v5e:1x1", help="'' skips the TPU compile")
     parser.add_argument("--threads", type=int, default=0, help="CPU cores to use (0: all)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--platform", default="cpu", help="where the timings run: cpu or cuda")
+    parser.add_argument(
+        "--tokamax", default="", help="also Tokamax's kernels, e.g. mosaic,triton (installed)"
+    )
     args = parser.parse_args()
+    # libtpu, when installed, only compiles (--topology): nothing runs on a TPU here.
+    os.environ["JAX_PLATFORMS"] = args.platform
     if args.tiny:
         args.sizes, args.rounds = "64x16x32x4x2", 1
     harness.use_cores(args.threads)
     harness.log(" ".join([sys.executable, *sys.argv]))
     result = harness.header("moe_dispatch", args, "jax", "jaxlib", "libtpu")
     result["rounds"], result["topology"], result["results"] = args.rounds, args.topology, []
+    result["dtype"], result["platform"] = args.dtype, args.platform
+    import jax
+
+    where = jax.devices()[0].device_kind
+    harness.log(f"timings on {args.platform}: {where}, {args.dtype}")
+    result["device_kind"] = where
     for size in parse_sizes(args.sizes):
-        row = measure(size, args.rounds)
+        extra = [f"tokamax-{i}" for i in args.tokamax.split(",") if i]
+        WAYS.update({way: tokamax_way(way.split("-", 1)[1]) for way in extra})
+        row = measure(size, args.rounds, args.dtype, list(WAYS))
         name = "[N={N} D={D} F={F} E={E} k={k}]".format(**row["size"])
         harness.log(f"{name} max |ragged - dense| = {row['max_abs_difference']:.2e}")
-        s, c = row["seconds"], row["cpu_cost"]
+        s, c = row["seconds"], row["compiled_cost"]
         for p in ("fwd", "fwd+bwd"):
             ragged_s, dense_s = s[f"ragged {p}"], s[f"dense {p}"]
             harness.log(
-                f"  {p}: ragged {1e3 * ragged_s:.2f} ms, dense {1e3 * dense_s:.2f} ms (CPU); "
-                + harness.ratio_line(f"ragged/dense {p} time (CPU)", ragged_s / dense_s)
+                f"  {p}: ragged {1e3 * ragged_s:.2f} ms, dense {1e3 * dense_s:.2f} ms ({where}); "
+                + harness.ratio_line(f"ragged/dense {p} time ({where})", ragged_s / dense_s)
             )
             flops = c[f"ragged {p}"]["flops"] / c[f"dense {p}"]["flops"]
             moved = c[f"ragged {p}"]["bytes"] / c[f"dense {p}"]["bytes"]
-            harness.log(f"  {p}: CPU compiled FLOPs ragged/dense {flops:.3f}, bytes {moved:.3f}")
+            harness.log(
+                f"  {p}: {where} compiled FLOPs ragged/dense {flops:.3f}, bytes {moved:.3f}"
+            )
+            for way in extra:
+                if f"{way} {p}" in s:
+                    harness.log(
+                        f"  {p}: {way} {1e3 * s[f'{way} {p}']:.2f} ms; "
+                        + harness.ratio_line(
+                            f"{way}/dense {p} time ({where})", s[f"{way} {p}"] / dense_s
+                        )
+                    )
         if args.topology:
-            row["tpu_cost"] = tpu_costs(args.topology, size, WAYS)
+            row["tpu_cost"] = tpu_costs(args.topology, size, WAYS, args.dtype)
             if "error" in row["tpu_cost"]:
                 harness.log(f"  {args.topology}: not compiled: {row['tpu_cost']['error']}")
             else:

@@ -78,6 +78,10 @@ def router_z_loss(logits):
     return jnp.mean(jnp.square(jax.nn.logsumexp(_at_least_float32(logits), axis=-1)))
 
 
+# The grouped matmul of the dispatch: (rows [R, I], kernels [G, I, O], group_sizes [G]) -> [R, O].
+grouped_matmul = jax.lax.ragged_dot
+
+
 def _at_least_float32(x):
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
@@ -85,7 +89,7 @@ def _at_least_float32(x):
 def _project(rows, group_sizes, row_experts, kernel, bias):
     """Each row [R, I] times its expert's kernel [E_l, I, O] (rows sorted by expert, group i of
     group_sizes[i] rows), plus its expert's bias [E_l, O] -> [R, O]."""
-    out = jax.lax.ragged_dot(rows, kernel.astype(rows.dtype), group_sizes)
+    out = grouped_matmul(rows, kernel.astype(rows.dtype), group_sizes)
     if bias is not None:
         # Rows of no local expert (index E_l) take the last bias; they are zeroed by the caller.
         out = out + jnp.take(bias.astype(out.dtype), row_experts, axis=0, mode="clip")
