@@ -1,25 +1,28 @@
 r"""Mixture-of-experts dispatch: tfjax's dropless grouped matmuls against a dense one-hot einsum.
 
     .venv/bin/python benchmarks/moe_dispatch.py [--sizes=2048x256x512x8x2,...] [--rounds=5]
-        [--dtype=float32] [--platform=cpu] [--topology=v5e:1x1] [--threads=0] [--tiny]
+        [--dtype=float32] [--platform=cpu] [--also=xla,megablox,tokamax] [--topology=v5e:1x1]
+        [--threads=0] [--tiny]
 
 For each size N x D x F x E x k (tokens, width, expert width, experts, experts per token) the
-experts' SwiGLU FFN of N routed tokens, two ways, on --platform (this CPU, or `gpu` where one
-is attached) in one process, in rotated rounds:
+experts' SwiGLU FFN of N routed tokens, on --platform (this CPU, or `cuda` where a GPU is
+attached) in one process, in rotated rounds:
   ragged  tfjax.ops.moe.experts_ffn: the N k (token, expert) pairs sorted by expert, each
-          expert's rows through `jax.lax.ragged_dot`, put back by a gather (what MoeMlp runs)
+          expert's rows through the grouped matmul ops.moe.grouped_matmul chooses for the
+          platform, put back by a gather (what MoeMlp runs)
   dense   every expert on every token (einsums over [E, N, F]) and a [N, E] matrix of the
           router's weights, zero where an expert was not chosen: the reference of the tests
+  --also  `ragged` with a grouped matmul forced (xla: jax.lax.ragged_dot; megablox; tokamax)
 It times the forward pass and forward + backward (the gradients of the kernels and the input),
-medians of --rounds, and prints ratio ragged/dense (< 1: ragged faster). It also reports
-XLA's cost_analysis of each compiled program (FLOPs, bytes accessed) on the CPU and, with
---topology, compiled for that TPU by libtpu's compiler on this host (nothing runs there):
-XLA's CPU backend lowers ragged_dot as a dense matmul masked per expert, so on the CPU both
-ways do E / k times the routed work; the TPU lowering does the routed work alone. Results:
+medians of --rounds, and prints ratios to dense (< 1: faster). It also reports XLA's
+cost_analysis of each compiled program (FLOPs, bytes accessed) and, with --topology, of the
+programs compiled for one chip of that TPU by libtpu's compiler on this host (nothing runs
+there; a Pallas kernel's FLOPs are its custom call's estimate). Results:
 benchmarks/results/moe_dispatch.json (or --out).
 """
 
 import functools
+import itertools
 import os
 import sys
 
@@ -76,25 +79,18 @@ def dense(x, weights, experts, kernels):
     return jnp.einsum("end,ne->nd", out, combine)
 
 
-def tokamax_way(implementation):
-    """`ragged` with Tokamax's grouped matmul kernel `implementation` (mosaic, triton, xla)."""
+def forced(implementation):
+    """`ragged` with ops.moe.grouped_matmul's `implementation` forced (xla, megablox, tokamax)."""
 
     def way(x, weights, experts, kernels):
-        import tokamax
-        from absl import flags
-
-        # Tokamax reads absl flags, which would otherwise parse this script's own arguments.
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-
         from tfjax.ops import moe
 
-        before = moe.grouped_matmul
-        moe.grouped_matmul = functools.partial(tokamax.ragged_dot, implementation=implementation)
+        chosen = moe.grouped_matmul
+        moe.grouped_matmul = functools.partial(chosen, implementation=implementation)
         try:  # traced here, under jit
             return ragged(x, weights, experts, kernels)
         finally:
-            moe.grouped_matmul = before
+            moe.grouped_matmul = chosen
 
     return way
 
@@ -144,7 +140,8 @@ def tpu_costs(topology, size, ways, dtype) -> dict:
         # The routes are constants of the programs (as in the CPU runs).
         fns = programs(way, weights, experts, cotangent)
         args = jax.tree.map(abstract, (x, kernels))
-        out[way] = {p: cost(jax.jit(fn).lower(*args).compile()) for p, fn in fns.items()}
+        with jax.set_mesh(whole.mesh):  # the target ops.moe chooses its grouped matmul for
+            out[way] = {p: cost(jax.jit(fn).lower(*args).compile()) for p, fn in fns.items()}
     return out
 
 
@@ -189,9 +186,7 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="CPU cores to use (0: all)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--platform", default="cpu", help="where the timings run: cpu or cuda")
-    parser.add_argument(
-        "--tokamax", default="", help="also Tokamax's kernels, e.g. mosaic,triton (installed)"
-    )
+    parser.add_argument("--also", default="", help="grouped matmuls forced, e.g. xla,megablox")
     args = parser.parse_args()
     # libtpu, when installed, only compiles (--topology): nothing runs on a TPU here.
     os.environ["JAX_PLATFORMS"] = args.platform
@@ -207,9 +202,9 @@ def main():
     where = jax.devices()[0].device_kind
     harness.log(f"timings on {args.platform}: {where}, {args.dtype}")
     result["device_kind"] = where
+    extra = [way for way in args.also.split(",") if way]
+    WAYS.update({way: forced(way) for way in extra})
     for size in parse_sizes(args.sizes):
-        extra = [f"tokamax-{i}" for i in args.tokamax.split(",") if i]
-        WAYS.update({way: tokamax_way(way.split("-", 1)[1]) for way in extra})
         row = measure(size, args.rounds, args.dtype, list(WAYS))
         name = "[N={N} D={D} F={F} E={E} k={k}]".format(**row["size"])
         harness.log(f"{name} max |ragged - dense| = {row['max_abs_difference']:.2e}")
@@ -234,14 +229,17 @@ def main():
                         )
                     )
         if args.topology:
-            row["tpu_cost"] = tpu_costs(args.topology, size, WAYS, args.dtype)
+            tpu_ways = [w for w in WAYS if w != "tokamax"]  # Tokamax's kernel here is the GPU's
+            row["tpu_cost"] = tpu_costs(args.topology, size, tpu_ways, args.dtype)
             if "error" in row["tpu_cost"]:
                 harness.log(f"  {args.topology}: not compiled: {row['tpu_cost']['error']}")
             else:
-                for p in ("fwd", "fwd+bwd"):
-                    r, d = row["tpu_cost"]["ragged"][p], row["tpu_cost"]["dense"][p]
+                for p, way in itertools.product(("fwd", "fwd+bwd"), tpu_ways):
+                    if way == "dense":
+                        continue
+                    r, d = row["tpu_cost"][way][p], row["tpu_cost"]["dense"][p]
                     harness.log(
-                        f"  {p}: {args.topology} compiled FLOPs ragged {r['flops']:.3g}, dense "
+                        f"  {p}: {args.topology} compiled FLOPs {way} {r['flops']:.3g}, dense "
                         f"{d['flops']:.3g} (ratio {r['flops'] / d['flops']:.3f}); bytes ratio "
                         f"{r['bytes'] / d['bytes']:.3f}"
                     )

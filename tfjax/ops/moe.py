@@ -7,14 +7,10 @@ R = N k routed (token, expert) pairs.
     y = experts_ffn(x, weights, experts, kernels, activation="swiglu", num_experts=E)  # [N, D]
 
 Dispatch is dropless (as MegaBlocks, Gale et al., 2022): the R pairs are sorted by expert, each
-expert's rows multiplied by its kernels in one grouped matmul (`jax.lax.ragged_dot`, whose
-groups are the experts' row counts), and the outputs put back in token order by a gather (no
-scatter-add: deterministic on every backend) and summed with the router's weights. No capacity
-factor, nothing dropped, no padding to a capacity. XLA's lowering of ragged_dot decides the
-cost (benchmarks/moe_dispatch.py): the CPU's is a matmul masked per expert (k times a dense
-one-hot einsum's FLOPs); the TPU's forward and input gradient do the routed work alone, but
-its kernels' gradient (a ragged contracting dimension) is dense, E times the routed work, which
-a grouped kernel (Megablox's tgmm) in a custom VJP here would remove.
+expert's rows multiplied by its kernels in one grouped matmul (`grouped_matmul`, whose groups
+are the experts' row counts; it chooses the kernel per target), and the outputs put back in
+token order by a gather (no scatter-add: deterministic on every backend) and summed with the
+router's weights. No capacity factor, nothing dropped, no padding to a capacity.
 
 Expert parallelism: with a `sharding` (tfjax.nn resolves it from the logical rules in context)
 `experts_ffn` runs per device under `jax.shard_map`, manual over the mesh axes that split the
@@ -36,6 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from tfjax.ops.activations import ACTIVATIONS, GATED_ACTIVATIONS
+from tfjax.ops.attention import target_platform
 
 
 def route(logits, top_k: int, *, score: str = "softmax", renormalize: bool = True):
@@ -78,8 +75,94 @@ def router_z_loss(logits):
     return jnp.mean(jnp.square(jax.nn.logsumexp(_at_least_float32(logits), axis=-1)))
 
 
-# The grouped matmul of the dispatch: (rows [R, I], kernels [G, I, O], group_sizes [G]) -> [R, O].
-grouped_matmul = jax.lax.ragged_dot
+def grouped_matmul(rows, kernel, group_sizes, *, implementation: str | None = None):
+    """rows [R, I], sorted by group (group g: group_sizes[g] rows, then any rows of no group,
+    whose outputs are undefined) times kernel [G, I, O] -> [R, O] in rows' dtype.
+
+    The one place that chooses the kernel (benchmarks/moe_dispatch.py measures them), by the
+    target (`implementation` forces one: "xla", "megablox" or "tokamax"):
+    - TPU: Megablox's grouped matmul (in JAX), whose VJP computes the kernel's gradient grouped
+      (tgmm); libtpu lowers ragged_dot's kernel gradient densely, E times the routed FLOPs. Its
+      tiles need I and O of at least 128 (every published MoE); smaller ones take ragged_dot.
+    - GPU: Tokamax's Mosaic GPU kernel where Tokamax is installed (the cuda extra): 3-38x
+      faster than XLA's ragged_dot, forward and backward, on an H200 (the README's figures).
+    - CPU: XLA's jax.lax.ragged_dot.
+    A Pallas kernel is one device's program, so a kernel is chosen only where no mesh axis is
+    left to the compiler's partitioner (one device, or every split axis manual in shard_map);
+    elsewhere XLA's ragged_dot, which the partitioner splits.
+    """
+    kernel = kernel.astype(rows.dtype)
+    if implementation is None:
+        implementation = _grouped_matmul_implementation()
+        if implementation == "megablox" and min(kernel.shape[1:]) < _MEGABLOX_MIN:
+            implementation = "xla"
+    if implementation == "megablox":
+        return _megablox(rows, kernel, group_sizes)
+    if implementation == "tokamax":
+        import tokamax
+
+        # Tokamax's own XLA path where its kernel does not support the GPU (before Hopper).
+        return tokamax.ragged_dot(rows, kernel, group_sizes, implementation=("mosaic_gpu", "xla"))
+    if implementation != "xla":
+        raise ValueError(
+            f"grouped_matmul: implementation {implementation!r} is not one of "
+            "'xla', 'megablox', 'tokamax'"
+        )
+    return jax.lax.ragged_dot(rows, kernel, group_sizes)
+
+
+def _grouped_matmul_implementation() -> str:
+    mesh = jax.sharding.get_abstract_mesh()
+    partitioned = not mesh.empty and any(
+        size > 1 and kind != jax.sharding.AxisType.Manual
+        for size, kind in zip(mesh.axis_sizes, mesh.axis_types, strict=True)
+    )
+    platform = target_platform()
+    if partitioned or platform == "cpu":
+        return "xla"
+    if platform == "tpu":
+        return "megablox"
+    if platform == "gpu" and _tokamax_installed():
+        return "tokamax"
+    return "xla"
+
+
+def _tokamax_installed() -> bool:
+    try:
+        import tokamax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Megablox's tiles: rows, then one size for I and O (its VJP swaps their roles, so a tile must
+# suit both): MaxText's defaults for v5p-class chips (512, 1024), clamped to the problem in
+# multiples of the TPU's 128 lanes; rows are padded to a whole number of row tiles.
+_MEGABLOX_ROWS, _MEGABLOX_COLUMNS, _MEGABLOX_MIN = 512, 1024, 128
+
+
+def _megablox(rows, kernel, group_sizes):
+    from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
+
+    r = rows.shape[0]
+    # Megablox leaves the rows of no group undefined, their input gradients too (the sharded
+    # path's pairs routed to other devices): both are zeroed, by selects, which keep no NaN.
+    grouped = (jnp.arange(r) < jnp.sum(group_sizes))[:, None]
+    rows = jnp.where(grouped, rows, 0)
+    tm = min(_MEGABLOX_ROWS, -(-r // _MEGABLOX_MIN) * _MEGABLOX_MIN)
+    tile = min(_MEGABLOX_COLUMNS, min(kernel.shape[1:]) // _MEGABLOX_MIN * _MEGABLOX_MIN)
+    out = megablox.gmm(
+        jnp.pad(rows, ((0, -(-r // tm) * tm - r), (0, 0))),
+        kernel,
+        group_sizes.astype(jnp.int32),
+        rows.dtype,
+        (tm, tile, tile),
+        None,
+        None,
+        False,
+        target_platform() != "tpu",  # interpreted off a TPU (forced, as the CPU tests do)
+    )
+    return jnp.where(grouped, out[:r], 0)
 
 
 def _at_least_float32(x):
@@ -89,7 +172,7 @@ def _at_least_float32(x):
 def _project(rows, group_sizes, row_experts, kernel, bias):
     """Each row [R, I] times its expert's kernel [E_l, I, O] (rows sorted by expert, group i of
     group_sizes[i] rows), plus its expert's bias [E_l, O] -> [R, O]."""
-    out = grouped_matmul(rows, kernel.astype(rows.dtype), group_sizes)
+    out = grouped_matmul(rows, kernel, group_sizes)
     if bias is not None:
         # Rows of no local expert (index E_l) take the last bias; they are zeroed by the caller.
         out = out + jnp.take(bias.astype(out.dtype), row_experts, axis=0, mode="clip")
@@ -231,4 +314,7 @@ def sharded_experts_ffn(
         in_specs=(tokens, tokens, tokens, specs, bias_specs),
         out_specs=tokens,
         axis_names=set(manual),
+        # Megablox's pallas_call (jax 0.10) declares no varying axes for its outputs, which
+        # the check refuses; the collectives above are explicit, as the check would make them.
+        check_vma=False,
     )(x, weights, experts, kernels, biases)
