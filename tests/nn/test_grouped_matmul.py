@@ -70,6 +70,8 @@ def test_each_target_gets_its_grouped_matmul():
     pair = Mesh(tpu[:4].reshape(2, 2), ("data", "tensor"))
     assert choice(pair, manual=("data", "tensor")) == "megablox"
     assert choice(pair, manual=("data",)) == "xla"
+    # Mosaic wants every axis manual in shard_map, even one of size 1.
+    assert choice(Mesh(tpu[:2].reshape(2, 1), ("data", "tensor")), manual=("data",)) == "xla"
     assert choice(Mesh(tpu[:1], ("data",)), kernel_shape=(8, 64, 512)) == "xla"  # under a tile
     assert choice(Mesh(np.array(jax.devices("cpu")[:1]), ("data",))) == "xla"
 

@@ -113,10 +113,9 @@ def grouped_matmul(rows, kernel, group_sizes, *, implementation: str | None = No
 
 def _grouped_matmul_implementation() -> str:
     mesh = jax.sharding.get_abstract_mesh()
-    partitioned = not mesh.empty and any(
-        size > 1 and kind != jax.sharding.AxisType.Manual
-        for size, kind in zip(mesh.axis_sizes, mesh.axis_types, strict=True)
-    )
+    # Inside shard_map Mosaic needs every axis manual, size-1 ones too; outside, one device.
+    manual = [kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types]
+    partitioned = not all(manual) if any(manual) else math.prod(mesh.axis_sizes) > 1
     platform = target_platform()
     if partitioned or platform == "cpu":
         return "xla"
@@ -273,10 +272,13 @@ def sharded_experts_ffn(
     plain = dict(activation=activation, num_experts=num_experts)
     if sharding is None or mesh.empty:
         return experts_ffn(x, weights, experts, kernels, biases, **plain)
-    manual = tuple(a for a in mesh.axis_names if a in sharding.tokens + sharding.experts)
+    split = sharding.tokens + sharding.experts
     token_parts = math.prod(mesh.shape[a] for a in sharding.tokens)
-    if not manual or x.shape[0] % token_parts:
+    if not any(a in split for a in mesh.axis_names) or x.shape[0] % token_parts:
         return experts_ffn(x, weights, experts, kernels, biases, **plain)
+    # Size-1 axes manual too: no change to the program, and with no axis left to the compiler
+    # the grouped matmul may be a kernel (grouped_matmul).
+    manual = tuple(a for a in mesh.axis_names if a in split or mesh.shape[a] == 1)
     exchange = tuple(a for a in sharding.experts if a in sharding.tokens)  # gather, scatter
     summed = tuple(a for a in sharding.experts if a not in sharding.tokens)  # all-reduce
     biases = biases or {}
