@@ -1,4 +1,5 @@
-r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral) on your own files.
+r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral, and the mixtures of
+experts Qwen3-MoE and Mixtral) on your own files.
 
     python experiments/run.py --config=configs/finetune.py --workdir=W \
         --config.init_from=CHECKPOINT_DIR \
@@ -18,7 +19,8 @@ checkpoint's chat template, trained on the assistant turns). The eval rows' `los
 over the trained tokens; the first evaluation is the checkpoint's own (step 0).
 
 Presets (comma-separated, applied in order): "full" (the default: every parameter trains),
-"lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen), "tiny" (tests),
+"lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen; in a mixture of
+experts the attention and any dense layers', not the experts': tfjax.lora), "tiny" (tests),
 and the sized ones below, each compiled for its target with experiments/compile.py (sizes only,
 no weights needed; figures in the README's fine-tuning table).
 

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 LETTERS = "abcdefgh"
-FAMILIES = ("llama", "qwen3", "gemma3")
+FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe")
 
 # Per family: special tokens (bos may be None), the eos ids generation stops at, and a chat
 # template of the family's shape.
@@ -57,6 +57,7 @@ _SPECIAL = {
         ),
     ),
 }
+_SPECIAL["qwen3_moe"] = _SPECIAL["qwen3"]  # Qwen3-MoE's tokenizer is Qwen 3's
 
 
 def task_rows(task: str, n: int, seed: int) -> list[dict]:
@@ -126,6 +127,22 @@ def _model(family: str, vocab_size: int, ids: dict):
     if family == "qwen3":
         config = transformers.Qwen3Config(**sizes, head_dim=16, tie_word_embeddings=True)
         return transformers.Qwen3ForCausalLM(config)
+    if family == "qwen3_moe":
+        # Qwen3-30B-A3B's shape, small: every layer a mixture of 4 experts, top-2 routing with
+        # the k scores renormalised; trained with the load-balancing loss (output_router_logits)
+        # so that the fine-tune adds it too (router_aux_loss_coef, its weight).
+        config = transformers.Qwen3MoeConfig(
+            **sizes,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            output_router_logits=True,
+            router_aux_loss_coef=0.01,
+            tie_word_embeddings=False,
+        )
+        return transformers.Qwen3MoeForCausalLM(config)
     config = transformers.Gemma3TextConfig(
         **sizes, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
     )

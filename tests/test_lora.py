@@ -230,6 +230,29 @@ def test_targets_that_match_nothing_name_themselves():
     assert "'decoder/layers_0/mlp/wi_0/kernel'" in str(e.value)
 
 
+def test_a_mixture_of_experts_adapts_attention_and_dense_layers_not_experts():
+    """A mixture of experts (a dense first layer, scanned): the default targets adapt every
+    attention projection and the dense layer's MLP; the experts' stacked kernels, multiplied by
+    a grouped matmul that takes no adapters, are refused by name when a target matches them."""
+    model = decoder.Model(variant="moe-tiny", vocab_size=V, first_dense_layers=1, scan_layers=True)
+    params = jax.eval_shape(lora.apply_lora(model, CONFIG).init, jax.random.key(0), TOKENS)
+    adapters = {k for k in _flat(params["params"]) if lora.is_adapter(k)}
+    assert adapters == {
+        f"{stack}/layers/{kernel}{s}"
+        for stack in ("decoder", "dense_decoder")
+        for kernel in [f"self_attention/{k}" for k in KERNELS]
+        + [f"mlp/{k}/kernel" for k in MLP if stack == "dense_decoder"]
+        for s in lora.ADAPTER_SUFFIXES
+    }
+    config = lora.LoraConfig(rank=2, targets=r".*/experts/wi_.")
+    with pytest.raises(
+        ValueError,
+        match=r"^LoraConfig.targets='\.\*/experts/wi_\.' matches decoder/layers/mlp/experts/"
+        r"wi_0, a mixture of experts' stacked expert kernel: .* leave \.\*/mlp/experts/ out",
+    ):
+        jax.eval_shape(lora.apply_lora(model, config).init, jax.random.key(0), TOKENS)
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [

@@ -23,6 +23,14 @@ with a leading [L] ("layers") in a scanned stack. The adapters carry the logical
 the kernel's axes (a merged axis: its first one's), so tfjax's sharding rules place them with
 no new rule. A starts He-uniform, B at zero: a fresh LoRA model computes the base model.
 
+A mixture of experts (tfjax.nn.moe): its attention, its router (mlp/router/kernel) and its
+dense layers' MLPs (first_dense_layers) are kernels like the others; by default its attention
+and dense MLPs are adapted. Its experts' stacked kernels [E, D, F] are multiplied by a grouped
+matmul (tfjax.ops.moe.grouped_matmul: XLA's ragged_dot, Megablox or Tokamax), which Qwix 0.1.8's
+LoRA does not intercept (its LoraProvider takes einsum, dot_general and conv; only its
+quantized-training provider takes jax.lax.ragged_dot, and none a Pallas kernel): a target that
+matches one is refused by name at init, rather than left without adapters.
+
 With `base_dtype` ("int8" or "nf4") the targeted kernels are stored quantized (QLoRA):
 `init_params` quantizes the float base once, and the model dequantizes them in its matmuls.
 A quantized kernel is stored in the matmul's layout (query_kernel as [D, N H]) as a Qwix
@@ -95,6 +103,8 @@ from qwix._src.providers import lora as _qlora
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
+from tfjax.nn import moe as _moe
+
 __all__ = [
     "ADAPTER_SUFFIXES",
     "BASE_DTYPES",
@@ -112,7 +122,8 @@ __all__ = [
 
 # The attention projections (self- and cross-attention: query, key, value, output) and the MLP
 # kernels (wi, or wi_0 and wi_1 when gated; wo) of tfjax's blocks, unrolled or scanned. Not the
-# embeddings, the output head or the norms.
+# embeddings, the output head, the norms, nor a mixture's router or experts (mlp/router/kernel;
+# mlp/experts/wi_0, which cannot be adapted).
 DEFAULT_TARGETS = (
     r".*/(self_attention|cross_attention)/(query|key|value|out)_kernel"
     r"|.*/mlp/(wi|wi_0|wi_1|wo)/kernel"
@@ -405,8 +416,23 @@ class _Provider(qwix.LoraProvider):
 
     def nn_param(self, module, name, *args, **kwargs):
         value = super().nn_param(module, name, *args, **kwargs)
+        if isinstance(module, _moe.Experts) and not name.endswith("_bias"):
+            self._refuse_experts("/".join((*module.path, name)))
         self._record(value, (tuple(module.path), name))
         return value
+
+    def _refuse_experts(self, path):
+        """A mixture of experts' stacked kernels [E, ...] are multiplied by a grouped matmul
+        (tfjax.ops.moe.grouped_matmul: XLA's ragged_dot, Megablox or Tokamax), which Qwix's
+        LoRA does not intercept: a target naming one is refused, not left without adapters."""
+        if self._targets.fullmatch(path):
+            raise ValueError(
+                f"LoraConfig.targets={self.config.targets!r} matches {path}, a mixture of "
+                "experts' stacked expert kernel: LoRA adapts the kernels of einsum, dot_general "
+                "and convolutions (attention, dense MLPs, the router .*/mlp/router/kernel), not "
+                "the experts' grouped matmul; leave .*/mlp/experts/ out of targets (the default "
+                "targets do)"
+            )
 
     def promote_dtype(self, *args, **kwargs):
         out = super().promote_dtype(*args, **kwargs)

@@ -76,6 +76,16 @@ ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 EXPORT = os.path.join(ROOT, "experiments", "export.py")
 
 
+def adapted_layers(checkpoint) -> list[str]:
+    """The Linear layers of `checkpoint` that LoRA adapts by default: those named in ADAPTED but
+    a mixture's experts (mlp.experts.j.gate_proj, ...: their grouped matmul takes no adapters)."""
+    return [
+        k.removesuffix(".weight")
+        for k in read_weights(checkpoint)
+        if k.split(".")[-2] in ADAPTED and ".experts." not in k
+    ]
+
+
 def hf_logits(model, tokenizer, rows) -> list[np.ndarray]:
     """transformers' logits of each row ([bos] + prompt + completion + eos) by `model`."""
     import torch
@@ -99,8 +109,8 @@ def check_adapters(workdir, merged, base, rows, output):
         config = json.load(f)
     assert config["base_model_name_or_path"] == base
     assert (config["r"], config["lora_alpha"]) == (16, 32.0)  # the lora preset's
-    assert sorted(config["target_modules"]) == sorted(ADAPTED)
-    layers = [k.removesuffix(".weight") for k in read_weights(base) if k.split(".")[-2] in ADAPTED]
+    layers = adapted_layers(base)
+    assert sorted(config["target_modules"]) == sorted({m.rsplit(".", 1)[-1] for m in layers})
     tensors = safetensors.numpy.load_file(os.path.join(out, "adapter_model.safetensors"))
     assert set(tensors) == {
         f"base_model.model.{layer}.lora_{ab}.weight" for layer in layers for ab in "AB"
@@ -126,10 +136,18 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
     """The step-0 eval loss is transformers' loss of the checkpoint on the eval rows
     (completions and eos), the eval loss falls, and transformers reads the export back with the
     last eval loss; with LoRA the export (adapters merged) differs from the checkpoint in the
-    adapted kernels only."""
+    adapted kernels only (a mixture's: attention, not the experts). A mixture of experts trains
+    with the load-balancing loss at the checkpoint's router_aux_loss_coef."""
     workdir = tmp_path / "run"
     finetune(checkpoints[family], task, workdir, preset)
     losses = eval_losses(workdir)
+    if family == "qwen3_moe":
+        with open(os.path.join(checkpoints[family], "config.json")) as f:
+            weight = json.load(f)["router_aux_loss_coef"]
+        trained = [r for r in metrics.read_metrics(str(workdir)) if r["split"] == "train"]
+        assert trained and all(
+            r["aux_loss"] == pytest.approx(weight * r["aux_load_balance"]) for r in trained
+        )
     reference = fc.hf_loss(checkpoints[family], task[2])
     assert losses[0] == pytest.approx(reference, rel=0.02)
     last = losses[max(losses)]
@@ -145,7 +163,7 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         base, tuned = read_weights(checkpoints[family]), read_weights(out)
         assert base.keys() == tuned.keys()
         changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
-        assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
+        assert changed == {f"{layer}.weight" for layer in adapted_layers(checkpoints[family])}
         check_adapters(workdir, out, checkpoints[family], task[2], tmp_path / "adapters")
         assert_adapters_only_checkpoint(workdir)
         if family == "llama":
@@ -328,7 +346,7 @@ def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tm
     assert fc.hf_loss(out, task[2]) == pytest.approx(last, rel=0.02)
     base, tuned = read_weights(checkpoints["llama"]), read_weights(out)
     changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
-    assert changed == {k for k in base if k.split(".")[-2] in ADAPTED}
+    assert changed == {f"{layer}.weight" for layer in adapted_layers(checkpoints["llama"])}
     # The adapters alone, for peft on the float checkpoint (as QLoRA adapters are used).
     adapters = export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
     tensors = safetensors.numpy.load_file(os.path.join(adapters, "adapter_model.safetensors"))
@@ -398,8 +416,8 @@ def _run_cli(tmp_path, *flags):
 
 def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
     """A bad row, a checkpoint without a tokenizer, a size that differs from the checkpoint's,
-    an unknown architecture and LoRA targets that match no kernel: status 2, one line naming
-    the file or field, no run left."""
+    an unknown architecture, LoRA targets that match no kernel or a mixture's experts: status 2,
+    one line naming the file or field, no run left."""
     good = checkpoints["llama"]
     bad_rows = tmp_path / "bad.jsonl"
     bad_rows.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"\n')
@@ -424,6 +442,14 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
             task[0],
             ["--config.lora.rank=4", "--config.lora.targets=nothing"],
             "lora.targets='nothing' matches none of the model's kernels",
+        ),
+        # or to a mixture's experts, whose grouped matmul takes none
+        (
+            checkpoints["qwen3_moe"],
+            task[0],
+            ["--config.lora.rank=4", "--config.lora.targets=.*"],
+            "lora.targets='.*' matches decoder/layers_0/mlp/experts/wo, a mixture of experts' "
+            "stacked expert kernel",
         ),
     ]
     for init_from, train_files, extra, message in cases:
