@@ -302,3 +302,95 @@ def test_sliding_window_is_refused_by_splash_and_cudnn_by_name():
         dot_product_attention(q, k, v, is_causal=True, window=4, implementation="splash")
     with pytest.raises(ValueError, match="window must be a positive int"):
         dot_product_attention(q, k, v, is_causal=True, window=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention sinks (GPT-OSS): a logit per query head in each row's denominator, with no value.
+
+
+def with_sinks(q, k, v, sinks, allowed):
+    """The plain formula with the sinks as one more key column whose value is dropped (as
+    transformers' GPT-OSS writes it); `allowed` [B, 1, T, S]."""
+    n, kh = q.shape[2], k.shape[2]
+    k, v = jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    logits = jnp.where(allowed, logits, -1e30)
+    column = jnp.broadcast_to(sinks[None, :, None, None], (*logits.shape[:3], 1))
+    weights = jax.nn.softmax(jnp.concatenate([logits, column], -1), -1)[..., :-1]
+    return jnp.einsum("bnts,bsnh->btnh", weights, v)
+
+
+@pytest.mark.parametrize("impl", ["xla", "chunked", "splash", None])
+def test_attention_sinks_are_the_formula_with_their_gradients(impl):
+    """Grouped heads, causal, packed rows with a padded tail (whose queries attend nothing and
+    give 0: all weight on the sink), a window where the kernel takes one; outputs and the
+    gradients of q, k, v and the sinks. Splash runs its TPU kernel in interpret mode."""
+    q, k, v = qkv(t=11, s=11, n=4, kh=2, seed=5)
+    sinks = 2.0 * jax.random.normal(jax.random.key(6), (4,))
+    ids = jnp.array([[1] * 7 + [2] * 4, [1] * 9 + [0] * 2])
+    window = None if impl == "splash" else 4
+    t = np.arange(11)
+    allowed = (t[:, None] >= t[None]) & (t[:, None] - t[None] < (window or 11))
+    allowed = jnp.asarray(allowed[None, None] & np.asarray(masks.segment_mask(ids)))
+    cot = jax.random.normal(jax.random.key(7), q.shape)
+
+    def ours(q, k, v, sinks):
+        return dot_product_attention(
+            q,
+            k,
+            v,
+            sinks=sinks,
+            is_causal=True,
+            window=window,
+            segment_ids=ids,
+            implementation=impl,
+            chunk_size=4,
+        )
+
+    want = with_sinks(q, k, v, sinks, allowed)
+    np.testing.assert_allclose(ours(q, k, v, sinks), want, atol=2e-6)
+    assert not np.asarray(want)[1, 9:].any()  # the padded queries: nothing but the sink
+    grads = jax.grad(lambda *a: jnp.sum(ours(*a) * cot), (0, 1, 2, 3))(q, k, v, sinks)
+    expected = jax.grad(lambda *a: jnp.sum(with_sinks(*a, allowed) * cot), (0, 1, 2, 3))(
+        q, k, v, sinks
+    )
+    for got, exp in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got, exp, atol=2e-5)
+    assert np.abs(grads[3]).min() > 1e-3  # every sink's gradient is there
+    plain = dot_product_attention(q, k, v, is_causal=True, window=window, implementation=impl)
+    assert not np.allclose(ours(q, k, v, sinks)[0], plain[0], atol=1e-2)  # the sinks act
+
+
+def test_attention_sinks_in_the_module_its_weights_and_the_kv_cache():
+    """sinks=True: a "sinks" parameter [N] named by the heads' logical axis (it shards with
+    them); the exposed weights sum to 1 minus the sink's share; decoding with the KV cache, a
+    prompt then one token at a time, equals the full forward."""
+    config = AttentionConfig(num_heads=4, num_kv_heads=2, position="rope", sinks=True)
+    mha = MultiHeadAttention(config)
+    x = jax.random.normal(jax.random.key(0), (2, 7, 16))
+    boxed = mha.init(jax.random.key(1), x)["params"]
+    assert boxed["sinks"].names == ("heads",) and boxed["sinks"].value.shape == (4,)
+    params = dict(nn.unbox(boxed), sinks=jnp.array([3.0, -1.0, 0.5, 2.0]))
+    full, state = mha.apply({"params": params}, x, is_causal=True, mutable=["intermediates"])
+    (w,) = state["intermediates"]["attention_weights"]
+    sums = np.asarray(w.sum(-1))  # [B, N, T]
+    assert (sums < 1).all() and (sums[:, 0] < sums[:, 1]).all()  # a larger sink takes more
+    plain = MultiHeadAttention(dataclasses.replace(config, sinks=False))
+    without = dict(params)
+    del without["sinks"]
+    assert not np.allclose(plain.apply({"params": without}, x, is_causal=True), full, atol=1e-3)
+    cache = mha.init(jax.random.key(1), x, decode=True)["cache"]
+    outs = []
+    for lo, hi in ((0, 3), (3, 4), (4, 5), (5, 6), (6, 7)):
+        y, mutated = mha.apply(
+            {"params": params, "cache": cache}, x[:, lo:hi], decode=True, mutable=["cache"]
+        )
+        cache = mutated["cache"]
+        outs.append(y)
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
+def test_sinks_of_the_wrong_shape_are_named():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"sinks must be one float logit per query head, shape"):
+        dot_product_attention(q, k, v, sinks=jnp.zeros((2,)))

@@ -192,13 +192,16 @@ def test_the_target_chooses_the_backend_not_the_host():
     assert _chosen(cpu, attention.CHUNKED_MIN_LENGTH) == "chunked"
 
 
-def _compiled_attention(mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128, bias=False):
+def _compiled_attention(
+    mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128, bias=False, sinks=False
+):
     """The text of a compiled forward + backward of causal packed attention on `mesh`; with
-    `bias`, a float32 [1, N, T, T] logit bias (T5's relative one) and its gradient too."""
+    `bias`, a float32 [1, N, T, T] logit bias (T5's relative one) and its gradient too; with
+    `sinks`, float32 attention sinks [N] and their gradient."""
     batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
-    def loss(q, k, v, ids, *bias):
+    def loss(q, k, v, ids, *extra):
         with sharding.logical_context(mesh, sharding.DEFAULT_RULES):
             out = dot_product_attention(
                 q,
@@ -206,7 +209,8 @@ def _compiled_attention(mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128, 
                 v,
                 segment_ids=ids,
                 is_causal=True,
-                bias=bias[0] if bias else None,
+                bias=extra[0] if bias else None,
+                sinks=extra[0] if sinks else None,
                 implementation=implementation,
             )
             return jnp.sum(out.astype(jnp.float32))
@@ -218,7 +222,9 @@ def _compiled_attention(mesh, implementation, *, b=8, t=2048, n=8, kh=2, h=128, 
     args.append(jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=batch))
     if bias:
         args.append(jax.ShapeDtypeStruct((1, n, t, t), jnp.float32, sharding=replicated))
-    wrt = (0, 1, 2, 4) if bias else (0, 1, 2)
+    if sinks:
+        args.append(jax.ShapeDtypeStruct((n,), jnp.float32, sharding=replicated))
+    wrt = (0, 1, 2, 4) if bias or sinks else (0, 1, 2)
     return jax.jit(jax.grad(loss, wrt)).lower(*args).compile().as_text()
 
 
@@ -248,3 +254,25 @@ def test_gpu_compile_takes_cudnn_with_a_relative_bias():
         assert attention.choose_implementation(q, q, bias=bias) == "cudnn"
     text = _compiled_attention(mesh, None, t=256, kh=8, h=64, bias=True)
     assert "__cudnn$fmha" in text
+
+
+def test_attention_sinks_keep_cudnn_out_and_splash_in():
+    """jax.nn's cuDNN attention has no sinks: the automatic choice for an H100 passes it over
+    and an explicit request is refused by name; the splash kernel takes them, chosen for a TPU
+    and compiled per shard with the heads (and the sinks) split over tensor."""
+    gpu, tpu = _mesh("h100:8", data=-1), _mesh("v5e:2x2", data=-1)
+    sinks = jnp.zeros((4,))
+    assert _chosen(gpu, 256) == "cudnn"
+    assert _chosen(gpu, 256, sinks=sinks) == "xla"
+    assert _chosen(tpu, attention.SPLASH_MIN_LENGTH, sinks=sinks) == "splash"
+    q = jnp.zeros((2, 256, 4, 64), jnp.bfloat16)
+    with sharding.logical_context(gpu, sharding.DEFAULT_RULES):
+        with pytest.raises(
+            ValueError,
+            match=r'implementation="cudnn" is not available: jax.nn.dot_product_attention has '
+            r"no attention sinks",
+        ):
+            dot_product_attention(q, q, q, sinks=sinks, implementation="cudnn")
+    text = _compiled_attention(_mesh("v5e:2x2", data=2, tensor=2), "splash", sinks=True)
+    assert "tpu_custom_call" in text
+    assert "all-gather" not in text

@@ -122,6 +122,7 @@ class MultiHeadAttention(nn.Module):
             k, v, cache = self._update_cache(k, v, offset, cache)
         rate = self.config.dropout_rate if train else 0.0
         sow = self.is_mutable_collection("intermediates")
+        sinks = self._sinks() if self.config.sinks else None
         out, weights = multihead.attend(
             q,
             k,
@@ -140,6 +141,7 @@ class MultiHeadAttention(nn.Module):
             segment_ids=segment_ids,
             kv_segment_ids=kv_segment_ids,
             is_causal=is_causal,
+            sinks=sinks,
         )
         if sow:
             self.sow("intermediates", "attention_weights", weights)
@@ -233,6 +235,16 @@ class MultiHeadAttention(nn.Module):
         if self.config.use_bias:
             y = y + self._bias("out_bias", (out_features,), (axes.EMBED,), y)
         return y
+
+    def _sinks(self):
+        """The attention sinks [N], one logit per query head (zero-initialised: at init each
+        row's denominator gains exp(0 - its maximum logit))."""
+        return self.param(
+            "sinks",
+            nn.with_logical_partitioning(nn.initializers.zeros, (axes.HEADS,)),
+            (self.config.num_heads,),
+            self.param_dtype,
+        )
 
     def _cache_index(self, cache):
         """Where this call's tokens go in the cache: the explicit cache's index, else the

@@ -5,7 +5,9 @@ G query heads per kv head (N = K * G), H head dim, D model width; E = N * H (or 
 and head dim as one axis in the projections' 2-D matmuls.
 
 `dot_product_attention` computes softmax(Q K^T / sqrt(H)) V with grouped-query heads (and
-optionally Gemma 2's soft cap on the logits, softcap * tanh(logits / softcap)):
+optionally Gemma 2's soft cap on the logits, softcap * tanh(logits / softcap), and GPT-OSS's
+attention sinks: a learned logit per query head that joins every row's softmax denominator and
+adds no value, so a query may give part of its weight to nothing):
 - "xla": the plain formula (`_xla_attention`, below); materialises the [B, N, T, S] weights.
 - "cudnn": cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
 - "splash": the Pallas splash (flash) attention kernel for TPUs (tfjax.ops.splash): causal and
@@ -100,6 +102,7 @@ class Pattern(NamedTuple):
     window: int | None = None
     scale: float | None = None
     softcap: float | None = None
+    sinks: Any = None
 
 
 def _head_groups(num_heads, num_kv_heads):
@@ -177,14 +180,33 @@ def _logits(q, k, p: Pattern):
     return masks.masked_logits(logits, _grouped_like_heads(allowed, groups)), q_heads, kv_heads
 
 
+def _unnormalised_softmax(logits, sinks):
+    """(exp(logits - m), the row sums [.., T, 1]) of logits [B, *groups, T, S]: m the row
+    maximum (no gradient: it cancels), the sums with each head's exp(sink - m) when `sinks`
+    [N] (float32) are given, m then their maximum too."""
+    peak = logits.max(-1, keepdims=True)
+    if sinks is not None:
+        # [1, *groups, 1, 1]
+        sinks = sinks.reshape(1, *logits.shape[1:-2], 1, 1)
+        peak = jnp.maximum(peak, sinks)
+    peak = jax.lax.stop_gradient(peak)
+    unnormalised = jnp.exp(logits - peak)
+    row_sums = unnormalised.sum(-1, keepdims=True)
+    if sinks is not None:
+        row_sums = row_sums + jnp.exp(sinks - peak)
+    return unnormalised, row_sums
+
+
 def attention_weights(q, k, **pattern):
     """[B, N, T, S] softmax weights in float32 (for inspection; the "xla" path uses the same
-    logits but normalises its output instead). Keyword arguments: Pattern's, as in
-    dot_product_attention."""
+    logits but normalises its output instead; with sinks a row sums to less than 1). Keyword
+    arguments: Pattern's, as in dot_product_attention."""
     b, t, n, _ = q.shape
-    logits, _, _ = _logits(q, k, Pattern(**pattern))
+    p = Pattern(**pattern)
+    logits, _, _ = _logits(q, k, p)
+    unnormalised, row_sums = _unnormalised_softmax(logits, p.sinks)
     # [B, *groups, T, S] -> [B, N, T, S]
-    return jax.nn.softmax(logits, axis=-1).reshape(b, n, t, k.shape[1])
+    return (unnormalised / row_sums).reshape(b, n, t, k.shape[1])
 
 
 def _xla_attention(q, k, v, p: Pattern, dropout_rate, dropout_rng):
@@ -194,8 +216,7 @@ def _xla_attention(q, k, v, p: Pattern, dropout_rate, dropout_rng):
     # The softmax's division is applied to the [.., T, H] output rather than to the [.., T, S]
     # weights, as flash attention does: one pass fewer over the largest tensor, and no
     # [.., T, S] broadcast of the row sums.
-    unnormalised = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
-    row_sums = unnormalised.sum(-1, keepdims=True)
+    unnormalised, row_sums = _unnormalised_softmax(logits, p.sinks)
     if dropout_rate > 0.0:  # on the weights, whose row sums stay those before dropout
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, (b, n, t, k.shape[1]))
         keep = keep.reshape(unnormalised.shape)
@@ -229,6 +250,7 @@ def _chunked_attention(q, k, v, p: Pattern, dropout_rate, dropout_rng, chunk_siz
         dropout_rng=dropout_rng,
         chunk_size=chunk_size,
         softcap=p.softcap,
+        sinks=None if p.sinks is None else p.sinks.reshape(groups),
     )
     # [B, T, N, H]
     return _heads_last(out)
@@ -280,6 +302,13 @@ def _check_inputs(q, k, v, p: Pattern, implementation, dropout_rate, dropout_rng
             raise ValueError(f"{name} must be integers of shape {shape}, got {x.dtype} {x.shape}")
     if p.kv_segment_ids is None and p.segment_ids is not None and k.shape[1] != q.shape[1]:
         raise ValueError("segment_ids with keys of another length (S != T) need kv_segment_ids")
+    if p.sinks is not None and (
+        p.sinks.shape != (q.shape[2],) or not jnp.issubdtype(p.sinks.dtype, jnp.floating)
+    ):
+        raise ValueError(
+            f"sinks must be one float logit per query head, shape ({q.shape[2]},), got "
+            f"{p.sinks.dtype} {p.sinks.shape}"
+        )
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
@@ -300,7 +329,7 @@ def target_platform() -> str:
 
 
 def cudnn_unsupported_reason(
-    q, k, dropout_rate=0.0, platform: str | None = None, window=None, softcap=None
+    q, k, dropout_rate=0.0, platform: str | None = None, window=None, softcap=None, sinks=None
 ) -> str | None:
     """Why cuDNN cannot run this call on `platform` (the target's when None), or None when it
     can."""
@@ -311,6 +340,8 @@ def cudnn_unsupported_reason(
         return "tfjax does not pass a sliding window to it yet"
     if softcap is not None:
         return "jax.nn.dot_product_attention has no logit soft-capping (softcap)"
+    if sinks is not None:
+        return "jax.nn.dot_product_attention has no attention sinks (sinks)"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"it needs bfloat16 or float16 inputs, got {q.dtype}"
     if dropout_rate > 0.0:
@@ -324,11 +355,11 @@ def cudnn_unsupported_reason(
 
 
 def _unavailable_reason(
-    implementation, q, k, mask, bias, window, dropout_rate, platform, softcap=None
+    implementation, q, k, mask, bias, window, dropout_rate, platform, softcap=None, sinks=None
 ) -> str | None:
     """Why `implementation` cannot run this call on `platform`, or None when it can."""
     if implementation == "cudnn":
-        return cudnn_unsupported_reason(q, k, dropout_rate, platform, window, softcap)
+        return cudnn_unsupported_reason(q, k, dropout_rate, platform, window, softcap, sinks)
     if implementation == "splash":
         reason = splash.unsupported_reason(
             mask=mask, bias=bias, window=window, dropout_rate=dropout_rate, softcap=softcap
@@ -354,17 +385,20 @@ def choose_implementation(
     dropout_rate=0.0,
     platform: str | None = None,
     softcap=None,
+    sinks=None,
 ) -> str:
     """The implementation `implementation=None` runs, for the target platform (the one place
     where that is decided): cuDNN on GPUs where it applies; from SPLASH_MIN_LENGTH keys the
     splash kernel on TPUs where it applies; from CHUNKED_MIN_LENGTH keys "chunked"; else "xla".
     """
-    return _choose(q, k, mask, bias, window, dropout_rate, platform or target_platform(), softcap)
+    platform = platform or target_platform()
+    return _choose(q, k, mask, bias, window, dropout_rate, platform, softcap, sinks)
 
 
-def _choose(q, k, mask, bias, window, dropout_rate, platform, softcap) -> str:
+def _choose(q, k, mask, bias, window, dropout_rate, platform, softcap, sinks) -> str:
     """choose_implementation with every argument given (the target `platform` too)."""
-    args, s = (q, k, mask, bias, window, dropout_rate, platform, softcap), k.shape[1]
+    args = (q, k, mask, bias, window, dropout_rate, platform, softcap, sinks)
+    s = k.shape[1]
     if platform == "gpu" and _unavailable_reason("cudnn", *args) is None:
         return "cudnn"
     if (
@@ -433,6 +467,7 @@ def dot_product_attention(
     window: int | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks=None,
     dropout_rate: float = 0.0,
     dropout_rng=None,
     implementation: str | None = None,
@@ -455,6 +490,9 @@ def dot_product_attention(
       scale: logit scale; 1/sqrt(H) when None.
       softcap: None, or the soft cap of the scaled logits: cap(x) = softcap * tanh(x / softcap)
         (Gemma 2; splash and cuDNN do not take it, so the automatic choice passes them over).
+      sinks: None, or [N] floats, one logit per query head that joins each of its rows' softmax
+        denominators without a value (GPT-OSS's attention sinks; neither scaled nor capped):
+        out = sum_s exp(l_s) v_s / (exp(sink) + sum_s exp(l_s)). cuDNN does not take them.
       dropout_rate: dropout on the attention weights (needs dropout_rng).
       implementation: "xla", "cudnn", "splash", "chunked" or None (`choose_implementation`).
       chunk_size: key chunk length C of the "chunked" path.
@@ -464,16 +502,17 @@ def dot_product_attention(
     Returns:
       [B, T, N, H] in q's dtype.
     """
-    p = Pattern(mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale, softcap)
+    p = Pattern(mask, bias, segment_ids, kv_segment_ids, is_causal, window, scale, softcap, sinks)
     _check_inputs(q, k, v, p, implementation, dropout_rate, dropout_rng)
     p = p._replace(
         scale=q.shape[-1] ** -0.5 if scale is None else float(scale),
         kv_segment_ids=segment_ids if kv_segment_ids is None else kv_segment_ids,
+        sinks=None if sinks is None else sinks.astype(jnp.promote_types(sinks.dtype, jnp.float32)),
     )
     # Only the kernels that depend on it ask for the target: an explicit "xla" or "chunked"
     # traces without starting a backend (the run's pre-start check builds the model so).
     platform = target_platform() if implementation in (None, "cudnn", "splash") else None
-    args = (q, k, mask, bias, window, dropout_rate, platform, softcap)
+    args = (q, k, mask, bias, window, dropout_rate, platform, softcap, p.sinks)
     requested = implementation is not None
     if implementation is None:
         implementation = _choose(*args)
@@ -488,6 +527,7 @@ def dot_product_attention(
             kv_segment_ids=p.kv_segment_ids,
             is_causal=is_causal,
             scale=p.scale,
+            sinks=p.sinks,
             interpret=platform != "tpu",
             sharding=sharding,
         )

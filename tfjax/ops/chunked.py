@@ -9,7 +9,9 @@ output; when a chunk raises the maximum, the sum and the output are rescaled by
 exp(m_old - m_new). The backward pass keeps only m and l and recomputes each chunk's weights.
 Neither pass holds more than one [T, C] block of weights per head, so memory grows linearly in
 S. Causal and segment-id patterns are built chunk by chunk (`masks.block_mask`); a dense mask
-or bias is cut into chunks.
+or bias is cut into chunks. Attention sinks (a logit per head in every row's denominator, with
+no value) start each row's running maximum at its sink and its running sum at exp(0) = 1; their
+gradient, -p_sink * rowsum(dO * O) summed over rows, needs no pass over the chunks.
 """
 
 import functools
@@ -51,6 +53,7 @@ def chunked_attention(
     dropout_rng,
     chunk_size,
     softcap=None,
+    sinks=None,
 ):
     """softmax(cap(Q K^T * scale) + bias, masked) V over key chunks of chunk_size.
 
@@ -61,6 +64,7 @@ def chunked_attention(
       segment_ids: [B, T] ints or None; kv_segment_ids: [B, S] (as `masks.segment_mask`).
       is_causal, window: as `masks.block_mask`.
       softcap: None, or cap(x) = softcap * tanh(x / softcap) on the scaled logits (Gemma 2).
+      sinks: None, or [K, G] float32 logits, one per query head, in each row's denominator.
     Returns:
       [B, K, G, T, H] in qg's dtype.
     """
@@ -81,7 +85,7 @@ def chunked_attention(
     rng = dropout_rng if dropout_rate > 0.0 else None
     key_length = s if num_chunks * chunk != s else None
     statics = _Statics(is_causal, window, scale, dropout_rate, chunk, key_length, softcap)
-    return _attend(qg, kc, vc, mask, bias, ids, rng, statics)
+    return _attend(qg, kc, vc, mask, bias, ids, rng, sinks, statics)
 
 
 def _chunk_keys(x, chunk, num_chunks):
@@ -154,10 +158,10 @@ def _chunk_logits(qg, k_j, j, mask_j, bias_j, ids, kv_ids_j, rng, statics):
     return logits, allowed, keep, dcap
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attend(qg, kc, vc, mask, bias, ids, rng, statics):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attend(qg, kc, vc, mask, bias, ids, rng, sinks, statics):
     """ids: (query ids [B, T], key ids by chunk [nc, B, C]) or None."""
-    return _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics)[0]
+    return _attend_fwd(qg, kc, vc, mask, bias, ids, rng, sinks, statics)[0]
 
 
 def _scan_inputs(kc, vc, mask, bias, ids):
@@ -172,7 +176,7 @@ def _scan_inputs(kc, vc, mask, bias, ids):
     )
 
 
-def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics):
+def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, sinks, statics):
     rate = statics.rate
     mask_shared, bias_shared = _per_chunk(mask)[1], _per_chunk(bias)[1]
     b, kh, g, t, h = qg.shape
@@ -196,21 +200,23 @@ def _attend_fwd(qg, kc, vc, mask, bias, ids, rng, statics):
         )
         return (m_new, l, alpha[..., None] * acc + pv), None
 
-    init = (
-        jnp.full((b, kh, g, t), -jnp.inf, jnp.float32),
-        jnp.zeros((b, kh, g, t), jnp.float32),
-        jnp.zeros((b, kh, g, t, h), jnp.float32),
-    )
+    # Each row's running maximum and sum: -inf and 0, or its sink's logit and exp(0).
+    m0 = jnp.full((b, kh, g, t), -jnp.inf, jnp.float32)
+    l0 = jnp.zeros((b, kh, g, t), jnp.float32)
+    if sinks is not None:
+        m0 = jnp.broadcast_to(sinks[None, :, :, None].astype(jnp.float32), m0.shape)
+        l0 = jnp.ones_like(l0)
+    init = (m0, l0, jnp.zeros((b, kh, g, t, h), jnp.float32))
     (m, l, acc), _ = lax.scan(body, init, _scan_inputs(kc, vc, mask, bias, ids))
     out = (acc / l[..., None]).astype(qg.dtype)
     # The softmax statistics [B, K, G, T]; kept apart (not as m + log l) because for a fully
     # masked row m is the most negative float, which would absorb log l.
-    return out, (qg, kc, vc, mask, bias, ids, rng, out, m, l)
+    return out, (qg, kc, vc, mask, bias, ids, rng, sinks, out, m, l)
 
 
 def _attend_bwd(statics, residuals, dout):
     scale, rate = statics.scale, statics.rate
-    qg, kc, vc, mask, bias, ids, rng, out, m, l = residuals
+    qg, kc, vc, mask, bias, ids, rng, sinks, out, m, l = residuals
     mask_shared, bias_shared = _per_chunk(mask)[1], _per_chunk(bias)[1]
     bias_chunked = _per_chunk(bias)[0] is not None
     # The matmuls take operands in the inputs' dtype and accumulate in float32, as the forward
@@ -266,6 +272,10 @@ def _attend_bwd(statics, residuals, dout):
     dbias = None
     if bias is not None:
         dbias = (dbias_chunks if bias_chunked else dbias_shared).astype(bias.dtype)
+    dsinks = None
+    if sinks is not None:  # a sink's logit gets -p_sink * delta, p_sink = exp(sink - m) / l
+        p_sink = jnp.exp(sinks[None, :, :, None] - m) / l
+        dsinks = jnp.sum(-p_sink * delta, axis=(0, 3)).astype(sinks.dtype)
     return (
         (dq * scale).astype(qg.dtype),
         dk.astype(kc.dtype),
@@ -274,6 +284,7 @@ def _attend_bwd(statics, residuals, dout):
         dbias,
         None,
         None,
+        dsinks,
     )
 
 

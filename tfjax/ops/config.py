@@ -58,6 +58,8 @@ class AttentionConfig:
     # each call's `variant` (a stack's `variants` index them per layer)
     scale: float | None = None  # logit scale; head_dim**-0.5 when None (Gemma: a config's)
     softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
+    sinks: bool = False  # a learned logit per query head ("sinks" [N]) joins each softmax's
+    # denominator, adding no value (GPT-OSS); not taken by cuDNN
     dropout_rate: float = 0.0  # dropout on the attention weights
     implementation: str | None = None  # backend: "xla", "cudnn", "splash", "chunked" or None
     # (chosen per call; see tfjax.ops.attention)

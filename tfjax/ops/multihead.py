@@ -86,7 +86,8 @@ def attend(
         0..S-1, masked causally (and by the window) here.
       variant: the index into config.variants (an int or a traced int32 scalar).
       sharding: as in dot_product_attention.
-      **pattern: mask, bias, segment_ids, kv_segment_ids, is_causal (dot_product_attention's).
+      **pattern: mask, bias, segment_ids, kv_segment_ids, is_causal, sinks
+        (dot_product_attention's).
     """
     if self_attention and config.position == "alibi":
         alibi = position.alibi_bias(q.shape[2], positions, jnp.arange(k.shape[1]))

@@ -10,9 +10,10 @@ it compares tile by tile. Neither the [T, S] weights nor any [T, S] mask is ever
 
 What it takes: causal or full attention, segment ids (equal ids attend; id 0 is padding and
 attends to nothing, as in `tfjax.ops.masks.segment_mask`), grouped-query heads, T != S (also
-with causal, top-left aligned as elsewhere in tfjax). Not a dense mask, a bias or dropout:
-`unsupported_reason` names what is refused. Lengths that are not multiples of the block are
-padded here (padded keys get an id no query has) and the padding sliced off.
+with causal, top-left aligned as elsewhere in tfjax), attention sinks (one logit per query
+head, which the kernel adds to each row's denominator and differentiates). Not a dense mask, a
+bias or dropout: `unsupported_reason` names what is refused. Lengths that are not multiples of
+the block are padded here (padded keys get an id no query has) and the padding sliced off.
 
 Under a mesh the kernel runs per shard through `jax.shard_map`, batch and heads split as the
 caller's `sharding` says (tfjax.nn resolves it from the logical rules in context); a kernel
@@ -118,6 +119,7 @@ def splash_attention(
     kv_segment_ids=None,
     is_causal=False,
     scale: float,
+    sinks=None,
     interpret: bool = False,
     sharding=None,
 ):
@@ -127,6 +129,7 @@ def splash_attention(
       q: [B, T, N, H]; k, v: [B, S, K, H] with K dividing N.
       segment_ids: [B, T] ints or None; kv_segment_ids: [B, S] (segment_ids when None and
         S = T). A query attends to the keys of its own nonzero id.
+      sinks: None, or [N] float32 logits, one per query head, in each row's denominator.
       interpret: run the kernel in Pallas's interpreter (any backend).
       sharding: a PartitionSpec, the mesh axes of [B, T, N, H] activations under the mesh in
         context: the kernel then runs per shard of batch and heads; None: on whole arrays.
@@ -161,25 +164,26 @@ def splash_attention(
     kh = _pad_to(jnp.swapaxes(k, 1, 2), 2, sp)
     vh = _pad_to(jnp.swapaxes(v, 1, 2), 2, sp)
 
-    def per_shard(qh, kh, vh, ids):
+    def per_shard(qh, kh, vh, ids, sinks):
         run = _make_kernel(qh.shape[1], tp, sp, block_q, block_kv, is_causal, interpret)
-        if ids is None:
-            return jax.vmap(run)(qh, kh, vh)
-        return jax.vmap(lambda q, k, v, qi, ki: run(q, k, v, kernel.SegmentIds(qi, ki)))(
+        if ids is None:  # the batch mapped; the sinks, one per head, shared by its rows
+            return jax.vmap(lambda q, k, v: run(q, k, v, None, sinks))(qh, kh, vh)
+        return jax.vmap(lambda q, k, v, qi, ki: run(q, k, v, kernel.SegmentIds(qi, ki), sinks))(
             qh, kh, vh, *ids
         )
 
-    out = _sharded(per_shard, qh, kh, vh, ids, sharding)
+    out = _sharded(per_shard, qh, kh, vh, ids, sinks, sharding)
     # [B, N, T, H] -> [B, T, N, H]
     return jnp.swapaxes(out[:, :, :t], 1, 2)
 
 
-def _sharded(per_shard, qh, kh, vh, ids, sharding):
-    """per_shard(qh, kh, vh, ids) run on each shard of the context's mesh (batch and heads split
-    as `sharding`, the activations' [B, T, N, H] spec, says), or directly without them."""
+def _sharded(per_shard, qh, kh, vh, ids, sinks, sharding):
+    """per_shard(qh, kh, vh, ids, sinks) run on each shard of the context's mesh (batch and
+    heads split as `sharding`, the activations' [B, T, N, H] spec, says; the sinks as the
+    heads), or directly without them."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or sharding is None:
-        return per_shard(qh, kh, vh, ids)
+        return per_shard(qh, kh, vh, ids, sinks)
     spec = jax.sharding.PartitionSpec
     batch, heads = sharding[0], sharding[2]
     kh, vh = split_like_query_heads(kh, vh, qh.shape[1], 1, heads)
@@ -189,10 +193,11 @@ def _sharded(per_shard, qh, kh, vh, ids, sharding):
         heads = None
     q_spec = spec(batch, heads, None, None)
     ids_spec = None if ids is None else (spec(batch, None), spec(batch, None))
+    sinks_spec = None if sinks is None else spec(heads)
     return jax.shard_map(
         per_shard,
         mesh=mesh,
-        in_specs=(q_spec, q_spec, q_spec, ids_spec),
+        in_specs=(q_spec, q_spec, q_spec, ids_spec, sinks_spec),
         out_specs=q_spec,
         check_vma=False,
-    )(qh, kh, vh, ids)
+    )(qh, kh, vh, ids, sinks)
