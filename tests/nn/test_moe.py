@@ -14,8 +14,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tfjax import sharding
+from tfjax.models import decoder
 from tfjax.nn import moe
-from tfjax.ops.config import MoeConfig
+from tfjax.ops.config import MlpConfig, MoeConfig
 
 CASES = {  # (config, [B, T, D]): each option of the router, the experts and the shared experts
     "softmax-swiglu": (MoeConfig(4, 2, 8), (2, 5, 6)),
@@ -39,6 +40,8 @@ CASES = {  # (config, [B, T, D]): each option of the router, the experts and the
             4,
             8,
             activation="swiglu_clamped",
+            swiglu_alpha=1.5,  # not GPT-OSS's 1.702 and 7.0: the config's values are used
+            swiglu_limit=3.0,
             use_bias=True,
             renormalize=False,
             router_bias=True,
@@ -55,27 +58,29 @@ def erf(xp, x):
     return jax.scipy.special.erf(x) if xp is jnp else np.vectorize(math.erf)(x)
 
 
-def activation(xp, name, x, up=None):
+def activation(xp, c: MoeConfig, x, up=None):
     silu = x / (1 + xp.exp(-x))
     gelu = 0.5 * x * (1 + erf(xp, x / math.sqrt(2)))
-    if name == "swiglu_clamped":
-        gate, up = xp.minimum(x, 7.0), xp.clip(up, -7.0, 7.0)
-        return (up + 1) * gate / (1 + xp.exp(-1.702 * gate))
-    act = {"swiglu": silu, "gelu": gelu}[name]
+    if c.activation == "swiglu_clamped":
+        limit = c.swiglu_limit
+        gate, up = xp.minimum(x, limit), xp.clip(up, -limit, limit)
+        return (up + 1) * gate / (1 + xp.exp(-c.swiglu_alpha * gate))
+    act = {"swiglu": silu, "gelu": gelu}[c.activation]
     return act if up is None else act * up
 
 
-def mlp(xp, p, x, name, gated, bias):
-    """Dense MLP of x [..., D] with the kernels p["wi_0"], ... of one expert (or the shared)."""
+def mlp(xp, p, x, c: MoeConfig, gated, bias):
+    """Dense MLP of x [..., D] with the kernels p["wi_0"], ... of one expert (or the shared),
+    the activation of config `c`."""
 
     def proj(h, key):
         k = p[key]
         return h @ k["kernel"] + (k["bias"] if bias else 0)
 
     if gated:
-        h = activation(xp, name, proj(x, "wi_0"), proj(x, "wi_1"))
+        h = activation(xp, c, proj(x, "wi_0"), proj(x, "wi_1"))
     else:
-        h = activation(xp, name, proj(x, "wi"))
+        h = activation(xp, c, proj(x, "wi"))
     return proj(h, "wo")
 
 
@@ -110,10 +115,10 @@ def reference(xp, params, x, c: MoeConfig):
             for k in ("wi_0", "wi_1", "wi", "wo")
             if k in experts
         }
-        y = mlp(xp, per_expert, xs, c.activation, c.gated, c.use_bias)
+        y = mlp(xp, per_expert, xs, c, c.gated, c.use_bias)
         out = out + combine[:, e : e + 1] * y
     if c.shared_dim:
-        s = mlp(xp, params["shared"], xs, c.activation, c.gated, c.use_bias)
+        s = mlp(xp, params["shared"], xs, c, c.gated, c.use_bias)
         if c.shared_gate:
             s = s / (1 + xp.exp(-(xs @ params["shared_gate"]["kernel"])))
         out = out + s
@@ -158,7 +163,7 @@ def test_moe_matches_the_float64_reference_with_its_gradients(case):
         assert float(losses["loss"]) == pytest.approx(weighted, rel=1e-12)
         if config.activation == "swiglu_clamped":  # the clamps were reached
             gate = x.reshape(-1, shape[-1]) @ params["experts"]["wi_0"][0]
-            assert (gate > 7).any()
+            assert (gate > config.swiglu_limit).any()
 
         # Gradients of a loss through the output and both auxiliary losses, of every parameter
         # and of the input, against the reference's (autodiff of einsums, no sort or gather).
@@ -273,3 +278,16 @@ def test_active_parameters_count_top_k_of_the_experts():
     router, shared = 12 * 8 + 8, 3 * (12 * 4 + 4) - 4 + 12  # wi_0, wi_1 [12, 4], wo [4, 12]
     experts = 8 * (2 * (12 * 16 + 16) + 16 * 12 + 12)
     assert moe.active_parameters(params["params"], 2, 8) == router + shared + experts * 2 / 8
+
+
+def test_swiglu_gain_and_clamp_are_refused_for_other_activations():
+    """swiglu_alpha / swiglu_limit set with an activation that has none are errors naming both
+    fields, as are values that are not positive numbers."""
+    with pytest.raises(ValueError, match=r"MoeConfig: swiglu_alpha=1.702, swiglu_limit=5.0 "):
+        MoeConfig(4, 2, 8, activation="swiglu", swiglu_limit=5.0)
+    with pytest.raises(ValueError, match=r"apply to activation='swiglu_clamped', not 'gelu'"):
+        MlpConfig(8, "gelu", swiglu_alpha=1.0)
+    with pytest.raises(ValueError, match=r"MoeConfig: swiglu_limit must be a positive number"):
+        MoeConfig(4, 2, 8, activation="swiglu_clamped", swiglu_limit=0.0)
+    with pytest.raises(ValueError, match=r"Decoder.swiglu_alpha"):
+        decoder.Model(variant="moe-tiny", vocab_size=8, swiglu_alpha=-1.0)

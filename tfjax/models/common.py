@@ -54,6 +54,8 @@ ALLOWED = {
     "attention_scale": number(above=0),
     "attention_softcap": number(above=0),
     "final_logit_softcap": number(above=0),
+    "swiglu_alpha": number(above=0),
+    "swiglu_limit": number(above=0),
     "activation": one_of(*ALL_ACTIVATIONS),
     "norm": one_of(*NORMS),
     "norm_position": one_of(*NORM_POSITIONS),
@@ -116,6 +118,8 @@ ATTENTION_FIELDS = {  # family field -> AttentionConfig field
 MLP_FIELDS = {  # -> MlpConfig
     "mlp_dim": "hidden_dim",
     "activation": "activation",
+    "swiglu_alpha": "swiglu_alpha",
+    "swiglu_limit": "swiglu_limit",
     "mlp_dropout_rate": "dropout_rate",
     "use_bias": "use_bias",
 }
@@ -123,6 +127,8 @@ MOE_FIELDS = {  # -> MoeConfig, the FFN of a family's mixture-of-experts layers
     "num_experts": "num_experts",
     "experts_per_token": "top_k",
     "activation": "activation",
+    "swiglu_alpha": "swiglu_alpha",
+    "swiglu_limit": "swiglu_limit",
     "use_bias": "use_bias",
     "router_score": "router_score",
     "router_renormalize": "renormalize",

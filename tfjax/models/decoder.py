@@ -49,6 +49,7 @@ from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes
+from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
 from tfjax.ops.cache import next_position
 
 _MODERN = dict(
@@ -372,6 +373,9 @@ class Decoder(nn.Module):
     attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
     final_logit_softcap: float | None = None  # output logits -> c * tanh(logits / c) (Gemma 2)
     activation: str = "gelu_tanh"  # GPT-2's GELU approximation
+    swiglu_alpha: float = SWIGLU_ALPHA  # activation "swiglu_clamped": the gate's sigmoid gain
+    swiglu_limit: float = SWIGLU_LIMIT  # "swiglu_clamped": the gate clamped above at this,
+    # the other projection to [-limit, limit] (GPT-OSS's swiglu_limit)
     norm: str = "layer"  # "layer", "rms" or "rms_plus_one" (Gemma: x / rms(x) * (1 + w))
     norm_position: str = "pre"  # "pre" or "sandwich" (Gemma: a norm before and after each
     # sub-layer)

@@ -70,7 +70,7 @@ class Mlp(nn.Module):
 
     def _hidden(self, x):
         """[B, T, D] -> [B, T, F]: the activated projection."""
-        return self.activations[self.config.activation](
+        return self.config.activation_fn()(
             self._dense(self.config.hidden_dim, (axes.EMBED, axes.MLP), "wi")(x)
         )
 
@@ -93,7 +93,7 @@ class GatedMlp(Mlp):
         """[B, T, D] -> [B, T, F]: the gate's activation times the second projection."""
         f, names = self.config.hidden_dim, (axes.EMBED, axes.MLP)
         gate, up = self._dense(f, names, "wi_0")(x), self._dense(f, names, "wi_1")(x)
-        return self.activations[self.config.activation](gate, up)
+        return self.config.activation_fn()(gate, up)
 
 
 def make_mlp(config: MlpConfig, **kwargs) -> nn.Module:

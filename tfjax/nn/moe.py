@@ -100,7 +100,7 @@ class Experts(nn.Module):
             experts,
             kernels,
             biases or None,
-            activation=c.activation,
+            activation=c.activation_fn(),
             num_experts=c.num_experts,
             sharding=expert_sharding(names),
         )

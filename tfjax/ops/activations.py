@@ -1,8 +1,11 @@
 """The FFN activations by name.
 
 ACTIVATIONS act on one projection, act(x W1); GATED_ACTIVATIONS combine two, the gate x W0 and
-x W1, into the hidden activations: act(x W0) * x W1 (Shazeer, 2020), or GPT-OSS's clamped form.
+x W1, into the hidden activations: act(x W0) * x W1 (Shazeer, 2020), or GPT-OSS's clamped form,
+whose gain and clamp a layer's config may set (`by_name`).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +47,11 @@ def _glu(act):
     return lambda gate, up: act(gate) * up
 
 
-def swiglu_clamped(gate, up, *, alpha=1.702, limit=7.0):
+SWIGLU_ALPHA = 1.702  # swiglu_clamped's sigmoid gain (GPT-OSS's swiglu_alpha)
+SWIGLU_LIMIT = 7.0  # swiglu_clamped's clamp (GPT-OSS's swiglu_limit)
+
+
+def swiglu_clamped(gate, up, *, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT):
     """GPT-OSS's gated unit: the gate clamped to at most `limit` and the other projection to
     [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate)."""
     gate = jnp.minimum(gate, limit)
@@ -59,3 +66,11 @@ GATED_ACTIVATIONS = {  # (gate, up) -> the hidden activations
     "swiglu_clamped": swiglu_clamped,  # GPT-OSS
 }
 ALL_ACTIVATIONS = (*ACTIVATIONS, *GATED_ACTIVATIONS)
+
+
+def by_name(name: str, *, swiglu_alpha=SWIGLU_ALPHA, swiglu_limit=SWIGLU_LIMIT):
+    """The activation `name` as a function: of one projection (ACTIVATIONS) or of (gate, up)
+    (GATED_ACTIVATIONS), swiglu_clamped with the given gain and clamp."""
+    if name == "swiglu_clamped":
+        return functools.partial(swiglu_clamped, alpha=swiglu_alpha, limit=swiglu_limit)
+    return ACTIVATIONS[name] if name in ACTIVATIONS else GATED_ACTIVATIONS[name]

@@ -10,8 +10,15 @@ self-attention config without positions or a window.
 """
 
 import dataclasses
+import math
 
-from tfjax.ops.activations import ALL_ACTIVATIONS, GATED_ACTIVATIONS
+from tfjax.ops.activations import (
+    ALL_ACTIVATIONS,
+    GATED_ACTIVATIONS,
+    SWIGLU_ALPHA,
+    SWIGLU_LIMIT,
+    by_name,
+)
 from tfjax.ops.attention import check_implementation, check_softcap, check_window
 from tfjax.ops.norms import NORMS
 from tfjax.ops.position import RopeScaling
@@ -24,6 +31,21 @@ NORM_POSITIONS = ("pre", "post", "sandwich")
 def _check_choice(owner, field: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{owner}: {field}={value!r} is unknown; allowed: {allowed}")
+
+
+def _check_swiglu(owner, config) -> None:
+    """swiglu_alpha and swiglu_limit: positive numbers, set only for "swiglu_clamped"."""
+    for field in ("swiglu_alpha", "swiglu_limit"):
+        value = getattr(config, field)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
+            raise ValueError(f"{owner}: {field} must be a positive number, got {value!r}")
+    defaults = (config.swiglu_alpha, config.swiglu_limit) == (SWIGLU_ALPHA, SWIGLU_LIMIT)
+    if config.activation != "swiglu_clamped" and not defaults:
+        raise ValueError(
+            f"{owner}: swiglu_alpha={config.swiglu_alpha}, swiglu_limit={config.swiglu_limit} "
+            f"apply to activation='swiglu_clamped', not {config.activation!r}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,14 +139,24 @@ class MlpConfig:
     # gated: "swiglu" (Llama), "geglu", "geglu_tanh" (Gemma), "swiglu_clamped" (GPT-OSS)
     dropout_rate: float = 0.0  # on the hidden activations; 0 in Vaswani et al.
     use_bias: bool = True  # biases on the projections (Llama has none)
+    swiglu_alpha: float = SWIGLU_ALPHA  # "swiglu_clamped": the gate's sigmoid gain
+    swiglu_limit: float = SWIGLU_LIMIT  # "swiglu_clamped": the gate clamped above at this,
+    # the other projection to [-limit, limit]
 
     def __post_init__(self):
         _check_choice("MlpConfig", "activation", self.activation, ALL_ACTIVATIONS)
+        _check_swiglu("MlpConfig", self)
 
     @property
     def gated(self) -> bool:
         """Whether the activation gates a second projection (GatedMlp)."""
         return self.activation in GATED_ACTIVATIONS
+
+    def activation_fn(self):
+        """The activation as a function (tfjax.ops.activations.by_name)."""
+        return by_name(
+            self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit
+        )
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -145,6 +177,8 @@ class MoeConfig:
     top_k: int  # k: experts per token
     hidden_dim: int  # F: each expert's width
     activation: str = "swiglu"  # the experts' (and the shared experts'); see MlpConfig
+    swiglu_alpha: float = SWIGLU_ALPHA  # "swiglu_clamped"'s gain and clamp; see MlpConfig
+    swiglu_limit: float = SWIGLU_LIMIT
     use_bias: bool = False  # biases on the experts' projections (GPT-OSS)
     router_score: str = "softmax"  # the router's scores of its logits: "softmax" (over the E
     # experts) or "sigmoid" (each on its own, DeepSeek-V3)
@@ -169,6 +203,7 @@ class MoeConfig:
                 f"shared_dim={self.shared_dim} >= 0"
             )
         _check_choice("MoeConfig", "activation", self.activation, ALL_ACTIVATIONS)
+        _check_swiglu("MoeConfig", self)
         _check_choice("MoeConfig", "router_score", self.router_score, ROUTER_SCORES)
         if self.shared_gate and not self.shared_dim:
             raise ValueError("MoeConfig: shared_gate=True needs shared experts (shared_dim > 0)")
@@ -183,7 +218,19 @@ class MoeConfig:
 
     def shared(self) -> MlpConfig:
         """The shared experts' MLP."""
-        return MlpConfig(self.shared_dim, self.activation, use_bias=self.use_bias)
+        return MlpConfig(
+            self.shared_dim,
+            self.activation,
+            use_bias=self.use_bias,
+            swiglu_alpha=self.swiglu_alpha,
+            swiglu_limit=self.swiglu_limit,
+        )
+
+    def activation_fn(self):
+        """The experts' activation as a function (tfjax.ops.activations.by_name)."""
+        return by_name(
+            self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit
+        )
 
 
 @dataclasses.dataclass(frozen=True)

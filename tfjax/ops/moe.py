@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from tfjax.ops.activations import ACTIVATIONS, GATED_ACTIVATIONS
+from tfjax.ops.activations import by_name
 from tfjax.ops.attention import target_platform
 
 
@@ -181,16 +181,18 @@ def _project(rows, group_sizes, row_experts, kernel, bias):
 def expert_mlp(rows, group_sizes, row_experts, kernels: dict, biases: dict | None, activation):
     """The experts' MLPs of rows sorted by expert [R, D] -> [R, D]: wo(act(wi(x))) or, gated,
     wo(unit(wi_0(x), wi_1(x))); `kernels` {"wi" or "wi_0" and "wi_1": [E_l, D, F], "wo":
-    [E_l, F, D]}, `biases` alike ([E_l, F], [E_l, D]) or None; row_experts [R] each row's."""
+    [E_l, F, D]}, `biases` alike ([E_l, F], [E_l, D]) or None; row_experts [R] each row's;
+    `activation` a name (tfjax.ops.activations) or its function (a config's activation_fn)."""
     biases = biases or {}
+    act = by_name(activation) if isinstance(activation, str) else activation
 
     def proj(x, name):
         return _project(x, group_sizes, row_experts, kernels[name], biases.get(name))
 
-    if activation in GATED_ACTIVATIONS:
-        h = GATED_ACTIVATIONS[activation](proj(rows, "wi_0"), proj(rows, "wi_1"))
+    if "wi_0" in kernels:  # gated
+        h = act(proj(rows, "wi_0"), proj(rows, "wi_1"))
     else:
-        h = ACTIVATIONS[activation](proj(rows, "wi"))
+        h = act(proj(rows, "wi"))
     return proj(h, "wo")
 
 
@@ -201,7 +203,7 @@ def experts_ffn(
     kernels: dict,
     biases: dict | None = None,
     *,
-    activation: str,
+    activation,
     num_experts: int,
     first_expert=0,
 ):
@@ -260,7 +262,7 @@ def sharded_experts_ffn(
     kernels: dict,
     biases: dict | None = None,
     *,
-    activation: str,
+    activation,
     num_experts: int,
     sharding: ExpertSharding | None = None,
 ):
