@@ -52,13 +52,14 @@ def test_every_published_preset_is_counted():
 # Mixtures of experts: (total parameters, active per token, as the cards count them), exact
 # from the checkpoints' config.json sizes, and the cards' rounded figures (billions, decimals).
 # Mixtral and Qwen count every parameter a token uses; OpenAI's GPT-OSS card leaves out the
-# embedding table ("active" 3.61B) and counts the attention sinks, 24 layers x 64, which
-# tfjax's preset lacks (see decoder.VARIANTS).
+# embedding table ("active" 3.61B and 5.13B; its totals 20.91B and 116.83B) and counts the
+# attention sinks (64 a layer).
 MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-")
 MOE_CARDS = {
     "mixtral-8x7b": (46_702_792_704, 12_879_925_248, (46.7, 12.9, 1)),
     "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704, (30.5, 3.3, 1)),
-    "gpt-oss-20b": (20_914_757_184 - 24 * 64, 3_608_307_264 - 24 * 64, (20.91, 3.61, 2)),
+    "gpt-oss-20b": (20_914_757_184, 3_608_307_264, (20.91, 3.61, 2)),
+    "gpt-oss-120b": (116_829_156_672, 5_132_849_472, (116.83, 5.13, 2)),
 }
 
 

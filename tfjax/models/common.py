@@ -112,6 +112,7 @@ ATTENTION_FIELDS = {  # family field -> AttentionConfig field
     "norm_eps": "norm_eps",
     "attention_scale": "scale",
     "attention_softcap": "softcap",
+    "attention_sinks": "sinks",
     "attention_dropout_rate": "dropout_rate",
     "implementation": "implementation",
 }

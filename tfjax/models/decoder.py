@@ -10,6 +10,8 @@ sqrt(D), GeGLU, soft caps on the attention and output logits (Gemma 2), and loca
 (sliding-window) and global layers in a repeating `attention_pattern`, each kind with its own
 RoPE (Gemma 3). Layers that differ only so keep one parameter shape: a scanned stack passes
 each layer's kind as a scanned index (tfjax.nn.Stack's `variants`).
+GPT-OSS adds attention sinks (`attention_sinks`: a learned logit per query head in each
+softmax's denominator) and biases everywhere to local and global layers of that kind.
 
 Mixtures of experts (num_experts > 0; Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek): each layer's FFN
 is a tfjax.nn.MoeMlp, a router choosing experts_per_token of num_experts expert MLPs of width
@@ -123,6 +125,28 @@ _MISTRAL_7B = dict(
     norm_eps=1e-5,
 )
 
+# GPT-OSS's layers (both sizes; openai/gpt-oss-20b and -120b's config.json).
+_GPT_OSS = dict(
+    _MODERN,
+    width=2880,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=64,
+    use_bias=True,
+    attention_sinks=True,
+    activation="swiglu_clamped",
+    vocab_size=201088,
+    max_len=131072,
+    norm_eps=1e-5,
+    rope_base=150_000.0,
+    rope_scaling=tnn.RopeScaling("yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False),
+    sliding_window=128,
+    attention_pattern=("local", "global"),
+    mlp_dim=2880,
+    experts_per_token=4,
+    router_bias=True,
+)
+
 VARIANTS = {
     "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
     # configs/lm.py's CPU experiment (pydoc): trains in minutes on two cores
@@ -233,33 +257,10 @@ VARIANTS = {
         experts_per_token=8,
         expert_mlp_dim=768,
     ),
-    # GPT-OSS's shapes and FFN (router bias, expert biases, clamped SwiGLU) and its alternating
-    # 128-token windows with YaRN; its attention sinks (a learned logit per head, 64 parameters
-    # a layer) are not in tfjax's attention yet, so this preset computes another function than
-    # the checkpoint's and counts 1,536 parameters fewer.
-    "gpt-oss-20b": dict(
-        _MODERN,
-        width=2880,
-        num_layers=24,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=64,
-        use_bias=True,
-        activation="swiglu_clamped",
-        vocab_size=201088,
-        max_len=131072,
-        norm_eps=1e-5,
-        rope_base=150_000.0,
-        rope_scaling=tnn.RopeScaling(
-            "yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False
-        ),
-        sliding_window=128,
-        attention_pattern=("local", "global"),
-        mlp_dim=2880,
-        num_experts=32,
-        experts_per_token=4,
-        router_bias=True,
-    ),
+    # GPT-OSS: attention sinks, biases everywhere, alternating 128-token windows (the first
+    # layer local) with YaRN, experts of the clamped SwiGLU routed by a biased router.
+    "gpt-oss-20b": dict(_GPT_OSS, num_layers=24, num_experts=32),
+    "gpt-oss-120b": dict(_GPT_OSS, num_layers=36, num_experts=128),
     "gemma-2-2b": dict(
         _GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4, mlp_dim=9216
     ),
@@ -371,6 +372,8 @@ class Decoder(nn.Module):
     attention_scalar: float | None = None  # attention logits are q.k / sqrt(attention_scalar);
     # head_dim when None (Gemma's query_pre_attn_scalar)
     attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
+    attention_sinks: bool = False  # a learned logit per query head in each attention softmax's
+    # denominator, with no value (GPT-OSS)
     final_logit_softcap: float | None = None  # output logits -> c * tanh(logits / c) (Gemma 2)
     activation: str = "gelu_tanh"  # GPT-2's GELU approximation
     swiglu_alpha: float = SWIGLU_ALPHA  # activation "swiglu_clamped": the gate's sigmoid gain
