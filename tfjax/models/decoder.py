@@ -126,6 +126,7 @@ _MISTRAL_7B = dict(
 )
 
 # GPT-OSS's layers (both sizes; openai/gpt-oss-20b and -120b's config.json).
+_GPT_OSS_YARN = tnn.RopeScaling("yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False)
 _GPT_OSS = dict(
     _MODERN,
     width=2880,
@@ -139,7 +140,8 @@ _GPT_OSS = dict(
     max_len=131072,
     norm_eps=1e-5,
     rope_base=150_000.0,
-    rope_scaling=tnn.RopeScaling("yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False),
+    rope_scaling=_GPT_OSS_YARN,
+    local_rope_scaling=_GPT_OSS_YARN,  # the sliding layers' RoPE is the full layers'
     sliding_window=128,
     attention_pattern=("local", "global"),
     mlp_dim=2880,
