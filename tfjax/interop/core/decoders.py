@@ -13,16 +13,17 @@ Mistral, Qwen and Gemma keep (Gemma with four norms a layer, `LAYER_NORMS["sandw
   embed_tokens, norm, lm_head              -> embed, decoder/final_norm, output_proj
 A layer past a model's first_dense_layers is a mixture of experts, whose FFN keys the family's
 `experts` rules give (`families.moe`); layer i's params are under `layer_paths(model)[i]`. The
-configs' sizes (`SIZES`), RoPE parameters (`rope_field`: rope_parameters or the older
-rope_scaling <-> `tfjax.nn.position.RopeScaling`) and the table of a Llama-shaped family
-(`llama_family`: Llama, Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
+configs' sizes (`SIZES`), per-layer attention kinds (`layer_types_field`: layer_types <->
+attention_pattern), RoPE parameters (`rope_field`: rope_parameters or the older rope_scaling <->
+`tfjax.nn.position.RopeScaling`) and the table of a Llama-shaped family (`llama_family`: Llama,
+Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
 """
 
 import math
 from collections.abc import Callable
 
 from tfjax.interop.core.rules import Rule, attention, identity, linear
-from tfjax.interop.core.tables import Family, Field
+from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
 from tfjax.nn import position
 
@@ -105,6 +106,72 @@ def llama_rules(
                 identity(f"{h}self_attn.k_norm.weight", (*att, "key_norm", "scale")),
             ]
     return rules
+
+
+# Per-layer attention kinds: config.json's layer_types (Gemma 2 / 3, GPT-OSS), one
+# "sliding_attention" or "full_attention" per layer <-> the decoder's attention_pattern.
+LAYER_TYPES = {"sliding_attention": "local", "full_attention": "global"}
+
+
+def attention_pattern_of(layer_types, fields) -> tuple[str, ...]:
+    """layer_types (one per layer) -> the shortest attention_pattern that repeats to it."""
+    n = fields["num_layers"]
+    if not isinstance(layer_types, list | tuple) or len(layer_types) != n:
+        raise ValueError(f"layer_types={layer_types!r} must list one type per layer ({n})")
+    unknown = sorted({t for t in layer_types if t not in LAYER_TYPES}, key=str)
+    if unknown:
+        raise ValueError(
+            f"layer_types has {unknown}, which is not supported; allowed: {tuple(LAYER_TYPES)}"
+        )
+    kinds = [LAYER_TYPES[t] for t in layer_types]
+    if "local" in kinds and fields.get("sliding_window") is None:
+        raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
+    period = next(p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n)))
+    return tuple(kinds[:period])
+
+
+def layer_types_of(fields) -> list[str]:
+    """The model's attention_pattern (None: every layer as sliding_window says) as layer_types."""
+    pattern = fields["attention_pattern"]
+    if pattern is None:
+        pattern = ("local",) if fields["sliding_window"] is not None else ("global",)
+    names = {v: k for k, v in LAYER_TYPES.items()}
+    return [names[pattern[i % len(pattern)]] for i in range(fields["num_layers"])]
+
+
+def every_nth_global(every: int, num_layers: int) -> list[str]:
+    """transformers' default layer_types: every `every`-th layer global, the others local."""
+    return [
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)
+    ]
+
+
+def _default_layer_types(every: int):
+    """layer_types' default: the one an earlier key gave (Gemma 3's sliding_window_pattern),
+    else transformers' default."""
+
+    def default(fields):
+        if "attention_pattern" in fields:
+            return layer_types_of(fields)
+        return every_nth_global(every, fields["num_layers"])
+
+    return default
+
+
+def layer_types_field(every: int) -> tuple[Field, Fixed]:
+    """layer_types <-> attention_pattern: read as the shortest pattern that repeats to it (a
+    config without it means transformers' default, every `every`-th layer global), written as
+    the whole list (after sliding_window, which its local layers need)."""
+    return (
+        Field(
+            "layer_types",
+            "attention_pattern",
+            _default_layer_types(every),
+            to_model=attention_pattern_of,
+            write=False,
+        ),
+        Fixed("layer_types", layer_types_of, read=False),
+    )
 
 
 ROPE_TYPES = ("default", *position.SCALING_KINDS)

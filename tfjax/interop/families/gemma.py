@@ -28,65 +28,28 @@ not apply it, so which model such a checkpoint means is unclear).
 """
 
 from tfjax.interop.core import convert
-from tfjax.interop.core.decoders import SIZES, llama_rules, rope_field, spelled_out, tied_head
+from tfjax.interop.core.decoders import (
+    SIZES,
+    attention_pattern_of,
+    every_nth_global,
+    layer_types_field,
+    llama_rules,
+    rope_field,
+    spelled_out,
+    tied_head,
+)
 from tfjax.interop.core.registry import Converts, Exporter
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
 
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
-LAYER_TYPES = {"sliding_attention": "local", "full_attention": "global"}
-
-
-def _pattern(layer_types, fields) -> tuple[str, ...]:
-    """layer_types (one per layer) -> the shortest attention_pattern that repeats to it."""
-    n = fields["num_layers"]
-    if not isinstance(layer_types, list | tuple) or len(layer_types) != n:
-        raise ValueError(f"layer_types={layer_types!r} must list one type per layer ({n})")
-    unknown = sorted({t for t in layer_types if t not in LAYER_TYPES}, key=str)
-    if unknown:
-        raise ValueError(
-            f"layer_types has {unknown}, which is not supported; allowed: {tuple(LAYER_TYPES)}"
-        )
-    kinds = [LAYER_TYPES[t] for t in layer_types]
-    if "local" in kinds and fields.get("sliding_window") is None:
-        raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
-    period = next(p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n)))
-    return tuple(kinds[:period])
-
-
-def _layer_types(fields) -> list[str]:
-    """The model's attention_pattern (None: every layer as sliding_window says) as layer_types."""
-    pattern = fields["attention_pattern"]
-    if pattern is None:
-        pattern = ("local",) if fields["sliding_window"] is not None else ("global",)
-    names = {v: k for k, v in LAYER_TYPES.items()}
-    return [names[pattern[i % len(pattern)]] for i in range(fields["num_layers"])]
-
-
-def _every(every: int, num_layers: int) -> list[str]:
-    """transformers' default layer_types: every `every`-th layer global, the others local."""
-    return [
-        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)
-    ]
-
-
-def _default_pattern(every: int):
-    """layer_types' default: the one sliding_window_pattern gave (older configs), else
-    transformers' default."""
-
-    def default(fields):
-        if "attention_pattern" in fields:
-            return _layer_types(fields)
-        return _every(every, fields["num_layers"])
-
-    return default
 
 
 def _from_window_pattern(every, fields) -> tuple[str, ...]:
     """Older Gemma 3 configs' sliding_window_pattern: every `every`-th layer global."""
     if not isinstance(every, int) or every < 1:
         raise ValueError(f"sliding_window_pattern={every!r} is not supported; needs an int >= 1")
-    return _pattern(_every(every, fields["num_layers"]), fields)
+    return attention_pattern_of(every_nth_global(every, fields["num_layers"]), fields)
 
 
 def _head_dim(fields) -> int:
@@ -134,6 +97,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> Fa
             "scale_embeddings": True,
             "use_bias": False,
             "qkv_bias": None,
+            "attention_sinks": False,
             **requires,
         },
         defaults={"dropout_rate": 0.0, **defaults},
@@ -145,8 +109,7 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> Fa
 GEMMA2 = _gemma(
     "Gemma2ForCausalLM",
     "gemma2",
-    Field("layer_types", "attention_pattern", _default_pattern(2), to_model=_pattern, write=False),
-    Fixed("layer_types", _layer_types, read=False),
+    *layer_types_field(2),
     # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta)
     rope_field("rope_parameters", "rope_scaling"),
     Field("rope_parameters.rope_theta", "rope_base", None),
@@ -168,8 +131,7 @@ GEMMA3 = _gemma(
         to_model=_from_window_pattern,
         write=False,
     ),
-    Field("layer_types", "attention_pattern", _default_pattern(6), to_model=_pattern, write=False),
-    Fixed("layer_types", _layer_types, read=False),
+    *layer_types_field(6),
     # rope_parameters by layer type (transformers 5); older configs: rope_theta, rope_scaling
     # (the global layers') and rope_local_base_freq.
     rope_field(_FULL, "rope_scaling"),
