@@ -8,9 +8,10 @@
 One module per Hugging Face family converts its architectures both ways (`families/`: gpt2,
 llama, moe, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn), each also from a state dict
 plus a config (`from_gpt2(state, cfg)`). Each architecture is a `core.tables.Family` (GPT2,
-LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3, BERT_MLM, BERT_CLASSIFIER,
-HF_VIT, DINOV2, DINOV2_REGISTERS, DINOV2_CLASSIFIER, DINOV2_REGISTERS_CLASSIFIER, CLIP_VISION,
-SIGLIP_VISION, CLIP_VISION_PROJECTION, CLIP, SIGLIP, MARIAN, T5): one table of config.json keys
+LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, GPT_OSS, GEMMA2, GEMMA3, BERT_MLM,
+BERT_CLASSIFIER, HF_VIT, DINOV2, DINOV2_REGISTERS, DINOV2_CLASSIFIER,
+DINOV2_REGISTERS_CLASSIFIER, CLIP_VISION, SIGLIP_VISION, CLIP_VISION_PROJECTION, CLIP, SIGLIP,
+MARIAN, T5): one table of config.json keys
 <-> model fields and one function of key rules, which import and export both read. Each family
 module declares what it loads (architecture -> loader) and exports (tfjax model class and a
 predicate on its fields -> exporter); `load` picks the loader from the config's "architectures"
@@ -35,6 +36,9 @@ SiglipModel exports its vision tower as the vision-only architecture):
   Qwen3-MoE (Qwen3MoeForCausalLM)         from_qwen3_moe     models.decoder (Qwen 3's attention,
                                                              expert_mlp_dim, router_renormalize,
                                                              first_dense_layers)
+  GPT-OSS (GptOssForCausalLM; float       from_gpt_oss       models.decoder (attention_sinks,
+    weights, not the Hub's MXFP4)                            attention_pattern, biases,
+                                                             swiglu_clamped, router_bias)
   Gemma 2 (Gemma2ForCausalLM)             from_gemma2        models.decoder (sandwich norms,
                                                              soft caps, attention_pattern)
   Gemma 3 text (Gemma3ForCausalLM)        from_gemma3        models.decoder (+ qk_norm, local
@@ -122,7 +126,14 @@ from tfjax.interop.families.marian import (
     tfjax_to_marian_ids,
     to_marian,
 )
-from tfjax.interop.families.moe import from_mixtral, from_qwen3_moe, to_mixtral, to_qwen3_moe
+from tfjax.interop.families.moe import (
+    from_gpt_oss,
+    from_mixtral,
+    from_qwen3_moe,
+    to_gpt_oss,
+    to_mixtral,
+    to_qwen3_moe,
+)
 from tfjax.interop.families.t5 import from_t5, to_t5
 from tfjax.interop.families.torch_nn import (
     from_torch_mha,
@@ -242,6 +253,7 @@ __all__ = [
     "from_gemma2",
     "from_gemma3",
     "from_gpt2",
+    "from_gpt_oss",
     "from_hf_vit",
     "from_llama",
     "from_marian",
@@ -275,6 +287,7 @@ __all__ = [
     "to_gemma2",
     "to_gemma3",
     "to_gpt2",
+    "to_gpt_oss",
     "to_hf_vit",
     "to_llama",
     "to_marian",

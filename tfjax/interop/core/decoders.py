@@ -1,5 +1,5 @@
 """What the decoder-only families share: GPT-2, Llama (with Mistral and Qwen), Gemma and the
-mixtures of experts (Mixtral, Qwen3-MoE).
+mixtures of experts (Mixtral, Qwen3-MoE, GPT-OSS).
 
 `spelled_out` gives the model with its None sizes as numbers (a config holds numbers) and
 `tied_head` the check that a tied lm_head equals the embedding. Llama's key layout, which
@@ -8,6 +8,7 @@ Mistral, Qwen and Gemma keep (Gemma with four norms a layer, `LAYER_NORMS["sandw
                                               {query,key,value}_kernel [D, N, H]
   layers.i.self_attn.o_proj [D, N*H]       -> self_attention/out_kernel [N, H, D]
   layers.i.self_attn.{q,k}_norm            -> self_attention/{query,key}_norm (qk_norm)
+  layers.i.self_attn.sinks [N]             -> self_attention/sinks (attention_sinks, GPT-OSS)
   layers.i.mlp.{gate,up,down}_proj         -> mlp/wi_0, wi_1, wo
   layers.i.{input,post_attention}_layernorm -> self_attention_norm, mlp_norm
   embed_tokens, norm, lm_head              -> embed, decoder/final_norm, output_proj
@@ -105,6 +106,8 @@ def llama_rules(
                 identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
                 identity(f"{h}self_attn.k_norm.weight", (*att, "key_norm", "scale")),
             ]
+        if model.attention_sinks:  # GPT-OSS: one logit per query head [N]
+            rules.append(identity(f"{h}self_attn.sinks", (*att, "sinks")))
     return rules
 
 
@@ -314,7 +317,7 @@ def llama_family(
         rules=rules,
         prefix="model.",
         bare="layers.",
-        requires={"position": "rope", "norm": "rms", **(requires or {})},
+        requires={"position": "rope", "norm": "rms", "attention_sinks": False, **(requires or {})},
         defaults={"rope_base": rope_base, "dropout_rate": 0.0},
         ignore=("*rotary_emb.inv_freq",),
         tied=tied_head("embed_tokens.weight"),

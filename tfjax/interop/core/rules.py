@@ -209,6 +209,21 @@ def fused_expert_halves(key, paths) -> Rule:
     return Rule((key,), tuple(paths), to_jax, to_torch)
 
 
+def interleaved(key, paths) -> Rule:
+    """One tensor [..., 2F] whose last axis interleaves two params [..., F], the first at the
+    even and the second at the odd positions (GPT-OSS's experts.gate_up_proj [E, D, 2F] and its
+    bias [E, 2F]: the gate's columns and the up projection's, alternating) <-> the two."""
+
+    def to_jax(x, shapes):
+        return x[..., 0::2], x[..., 1::2]
+
+    def to_torch(first, second):
+        # [..., F, 2] -> [..., 2F]
+        return (jnp.stack([first, second], axis=-1).reshape(*first.shape[:-1], -1),)
+
+    return Rule((key,), tuple(paths), to_jax, to_torch)
+
+
 def attention(
     path,
     prefix: str,

@@ -4,7 +4,8 @@ architectures both ways and declaring them in `CONVERTS` (see `core.registry`):
   gpt2      GPT2LMHeadModel                                  <-> models.decoder
   llama     LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
                                                              <-> models.decoder
-  moe       MixtralForCausalLM, Qwen3MoeForCausalLM          <-> models.decoder, num_experts
+  moe       MixtralForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM
+                                                             <-> models.decoder, num_experts
   gemma     Gemma2ForCausalLM, Gemma3ForCausalLM (text)      <-> models.decoder
   bert      BertForMaskedLM, BertForSequenceClassification   <-> models.encoder
   vit       ViTForImageClassification; timm's ViT (import)   <-> models.vit

@@ -88,6 +88,7 @@ GPT2 = Family(
         "qkv_bias": None,
         "qk_norm": False,
         "sliding_window": None,
+        "attention_sinks": False,
     },
     ignore=("*.attn.bias", "*.attn.masked_bias"),
     tied=tied_head("wte.weight"),

@@ -1,9 +1,11 @@
-"""Mixtral (`MixtralForCausalLM`) and Qwen3-MoE (`Qwen3MoeForCausalLM`), Llama-shaped decoders
-whose FFN is a mixture of experts <-> `tfjax.models.decoder` with num_experts.
+"""Mixtral (`MixtralForCausalLM`), Qwen3-MoE (`Qwen3MoeForCausalLM`) and GPT-OSS
+(`GptOssForCausalLM`), Llama-shaped decoders whose FFN is a mixture of experts <->
+`tfjax.models.decoder` with num_experts.
 
     model, params = from_mixtral("path/to/Mixtral-8x7B-v0.1")   # config.json + weights
     model, params = from_qwen3_moe(state_dict, config)           # or a state dict and a config
     state, config = to_qwen3_moe(model, params)                  # back to Hugging Face keys
+    model, params = from_gpt_oss("path/to/gpt-oss-20b-bf16")     # float weights, not MXFP4
 
 Key mapping, layer i (under "model."): attention, norms, embeddings and head as Llama's
 (`core.decoders.llama_rules`; Qwen3-MoE with Qwen 3's self_attn.q_norm / k_norm), and the FFN
@@ -38,14 +40,53 @@ all layers' tokens where tfjax averages each layer's loss. tfjax's router_z_loss
 training option transformers lacks) is not written. Refused by key: decoder_sparse_step other
 than 1 and mlp_only_layers that are not the first layers (tfjax's dense layers come first),
 router_jitter_noise, Qwen3-MoE's attention_bias and sliding window.
+
+GPT-OSS: Llama's keys with biases on all four attention projections and the attention sinks
+(self_attn.sinks [N] -> self_attention/sinks, attention_sinks=True), and its FFN, whose experts
+transformers keeps fused, in [in, out] order, and with biases:
+  mlp.router.weight [E, D], bias [E]       -> mlp/router/kernel [D, E], bias [E]
+  mlp.experts.gate_up_proj [E, D, 2F]      -> mlp/experts/wi_0, wi_1 [E, D, F] (the gate the
+                                              even columns, the up projection the odd ones)
+  mlp.experts.gate_up_proj_bias [E, 2F]    -> mlp/experts/wi_0_bias, wi_1_bias [E, F] (alike)
+  mlp.experts.down_proj [E, F, D], _bias   -> mlp/experts/wo [E, F, D], wo_bias [E, D]
+The experts' activation is the clamped SwiGLU (activation "swiglu_clamped", its gain and clamp
+swiglu_alpha and swiglu_limit); the router takes the top-k logits and a softmax over those k,
+the same numbers as tfjax's softmax over the E, top-k and renormalisation (the softmax is
+monotone, and exp(l_i) / sum_k exp(l_j) is the renormalised share either way). layer_types (by
+default alternating, the first layer sliding) -> attention_pattern ("local", "global"), the
+sliding layers' window sliding_window; a config without RoPE keys means GptOssConfig's YaRN
+(factor 32 of 4,096 positions, base 150,000). Refused by key: quantization_config (the Hub's
+files hold the experts in MXFP4; transformers dequantizes them: load with
+quantization_config=Mxfp4Config(dequantize=True) and save_pretrained), attention_bias=False
+(tfjax's use_bias puts biases on the attention and the experts together), and what the Llama
+table refuses (rope types tfjax lacks).
 """
 
+import math
+
 from tfjax.interop.core import convert
-from tfjax.interop.core.decoders import llama_family, llama_rules, spelled_out
+from tfjax.interop.core.decoders import (
+    SIZES,
+    layer_types_field,
+    llama_family,
+    llama_rules,
+    rope_field,
+    spelled_out,
+    tied_head,
+)
 from tfjax.interop.core.registry import Converts, Exporter
-from tfjax.interop.core.rules import fused_expert_halves, fused_experts, linear, per_expert
+from tfjax.interop.core.rules import (
+    dense,
+    fused_expert_halves,
+    fused_experts,
+    identity,
+    interleaved,
+    linear,
+    per_expert,
+)
 from tfjax.interop.core.tables import Family, Field, Fixed, table_config, table_fields
 from tfjax.models import decoder
+from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
 
 # What both families fix: softmax routing without a bias, no shared experts, no biases, every
 # layer the same attention.
@@ -105,6 +146,15 @@ def _some_experts(key: str):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{key}={n!r} is not supported (needs >= 1 experts)")
         return n
+
+    return check
+
+
+def _positive(key: str):
+    def check(x, fields):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 < x < math.inf:
+            raise ValueError(f"{key}={x!r} is not supported (needs a positive number)")
+        return float(x)
 
     return check
 
@@ -239,23 +289,149 @@ QWEN3_MOE = llama_family(
 )
 
 
+def gpt_oss_rules(model: decoder.Decoder, prefix="model."):
+    """GPT-OSS's keys: Llama's (with biases and sinks), and mlp's router with its bias and the
+    fused experts, gate and up projections interleaved, with biases."""
+
+    def experts(h, path):
+        m, e = f"{h}mlp.", (*path, "experts")
+        return [
+            *dense(f"{m}router", (*path, "router")),
+            interleaved(f"{m}experts.gate_up_proj", [(*e, "wi_0"), (*e, "wi_1")]),
+            interleaved(f"{m}experts.gate_up_proj_bias", [(*e, "wi_0_bias"), (*e, "wi_1_bias")]),
+            identity(f"{m}experts.down_proj", (*e, "wo")),
+            identity(f"{m}experts.down_proj_bias", (*e, "wo_bias")),
+        ]
+
+    return llama_rules(model, prefix, experts=experts)
+
+
+# GptOssConfig's RoPE when config.json names none (its base is the family's default rope_base).
+_GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+}
+
+
+def _read_gpt_oss(family: Family, c: dict) -> dict:
+    """`_read`, after refusing quantized weights (before any is read) and filling in
+    GptOssConfig's YaRN where the config names no RoPE."""
+    quantized = c.get("quantization_config")
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        raise ValueError(
+            f"{family.architecture}: quantization_config (quant_method={method!r}) is not "
+            "supported: tfjax loads float weights. Dequantize with transformers first: "
+            "GptOssForCausalLM.from_pretrained(path, quantization_config=Mxfp4Config("
+            "dequantize=True), dtype=torch.bfloat16).save_pretrained(new_path), then load "
+            "new_path"
+        )
+    if c.get("rope_parameters") is None and c.get("rope_scaling") is None:
+        c = {**c, "rope_scaling": _GPT_OSS_ROPE}
+    return _read(family, c)
+
+
+# GPT-OSS: biases everywhere, attention sinks, alternating sliding and full layers, every layer
+# a mixture of experts (the clamped SwiGLU) behind a biased router.
+GPT_OSS = Family(
+    architecture="GptOssForCausalLM",
+    model_type="gpt_oss",
+    model=decoder.Model,
+    config=(
+        *SIZES,
+        Field("head_dim", "head_dim", 64),
+        Field("intermediate_size", "mlp_dim"),  # no layer is dense: the experts' width
+        Field("intermediate_size", "expert_mlp_dim"),
+        Field("max_position_embeddings", "max_len", 131072),
+        Field("rms_norm_eps", "norm_eps", 1e-5),
+        # One RoPE for the sliding and the full layers: tfjax's local layers have their own
+        # scaling (Gemma 3's have none), here the same.
+        rope_field("rope_parameters", "rope_scaling"),
+        rope_field("rope_parameters", "local_rope_scaling"),
+        rope_field("rope_scaling", "rope_scaling", write=False),
+        rope_field("rope_scaling", "local_rope_scaling", write=False),
+        Field("rope_parameters.rope_theta", "rope_base", None),
+        Field("rope_theta", "rope_base", None),
+        Field("sliding_window", "sliding_window", 128),
+        *layer_types_field(2),
+        Field("attention_dropout", "attention_dropout_rate", 0.0),
+        Field("tie_word_embeddings", "tie_embeddings", False),
+        Field("initializer_range", "init_stddev", 0.02),
+        Field("num_local_experts", "num_experts", 128, to_model=_some_experts("num_local_experts")),
+        _top_k_field(4),
+        Field("swiglu_alpha", "swiglu_alpha", SWIGLU_ALPHA, to_model=_positive("swiglu_alpha")),
+        Field("swiglu_limit", "swiglu_limit", SWIGLU_LIMIT, to_model=_positive("swiglu_limit")),
+        Fixed(
+            "attention_bias",
+            True,
+            why="tfjax's use_bias puts biases on the attention and the experts together, and "
+            "GPT-OSS's experts always have them",
+        ),
+        Fixed("hidden_act", "silu", read=False),  # written for readers; the experts ignore it
+    ),
+    rules=gpt_oss_rules,
+    prefix="model.",
+    bare="layers.",
+    requires={
+        "position": "rope",
+        "norm": "rms",
+        "norm_position": "pre",
+        "use_bias": True,
+        "qkv_bias": None,
+        "qk_norm": False,
+        "attention_sinks": True,
+        "activation": "swiglu_clamped",
+        "router_score": "softmax",
+        "router_renormalize": True,
+        "router_bias": True,
+        "shared_expert_dim": 0,
+        "shared_expert_gate": False,
+        "first_dense_layers": 0,
+        "local_rope_base": None,
+        "attention_scalar": None,
+        "attention_softcap": None,
+        "final_logit_softcap": None,
+        "scale_embeddings": False,
+    },
+    defaults={"rope_base": 150_000.0, "dropout_rate": 0.0},
+    ignore=("*rotary_emb.inv_freq",),
+    tied=tied_head("embed_tokens.weight"),
+    read=_read_gpt_oss,
+    write=_write,
+)
+
+
 def export_family(model: decoder.Decoder) -> Family:
-    """The family a tfjax mixture of experts exports as, by its fields: Qwen3-MoE with q/k
-    norms, else Mixtral (whose table refuses what it cannot hold, by name)."""
+    """The family a tfjax mixture of experts exports as, by its fields: GPT-OSS with attention
+    sinks, Qwen3-MoE with q/k norms, else Mixtral (each table refuses what it cannot hold, by
+    name)."""
+    if model.attention_sinks:
+        return GPT_OSS
     return QWEN3_MOE if model.qk_norm else MIXTRAL
 
 
 def _written(model: decoder.Decoder) -> decoder.Decoder:
-    """The model as its config writes it: sizes spelled out; for Mixtral, which has one FFN
-    width, mlp_dim the experts' (no layer is dense, so mlp_dim changes nothing)."""
+    """The model as its config writes it: sizes spelled out; for Mixtral and GPT-OSS, which
+    have one FFN width, mlp_dim the experts' (no layer is dense, so mlp_dim changes nothing);
+    for GPT-OSS, layers all of one kind (no attention_pattern) as a pattern of that kind with
+    the same RoPE (the function it computes), which its layer_types and one RoPE spell."""
     model = spelled_out(model)
-    if export_family(model) is MIXTRAL and not model.first_dense_layers:
+    family = export_family(model)
+    if family is not QWEN3_MOE and not model.first_dense_layers:
         model = model.clone(mlp_dim=model.expert_mlp_dim)
+    if family is GPT_OSS and model.attention_pattern is None:
+        kind = "global" if model.sliding_window is None else "local"
+        model = model.clone(attention_pattern=(kind,), local_rope_scaling=model.rope_scaling)
     return model
 
 
 from_mixtral, to_mixtral = convert.converters(MIXTRAL, "mixtral", _written)
 from_qwen3_moe, to_qwen3_moe = convert.converters(QWEN3_MOE, "qwen3_moe", _written)
+from_gpt_oss, to_gpt_oss = convert.converters(GPT_OSS, "gpt_oss", _written)
 
 
 def _export(model: decoder.Decoder, params):
@@ -271,20 +447,36 @@ def _is_moe(m) -> bool:
         and not m.router_bias
         and not m.shared_expert_dim
         and not m.use_bias
+        and not m.attention_sinks
     )
 
 
+def _is_gpt_oss(m) -> bool:
+    return bool(m.num_experts and m.attention_sinks)
+
+
 CONVERTS = Converts(
-    loads={MIXTRAL.architecture: from_mixtral, QWEN3_MOE.architecture: from_qwen3_moe},
+    loads={
+        MIXTRAL.architecture: from_mixtral,
+        QWEN3_MOE.architecture: from_qwen3_moe,
+        GPT_OSS.architecture: from_gpt_oss,
+    },
     exports=(
+        Exporter(
+            decoder.Decoder,
+            when=_is_gpt_oss,
+            export=_export,
+            family=export_family,
+            needs="GPT-OSS: a mixture of experts (num_experts) with attention sinks",
+        ),
         Exporter(
             decoder.Decoder,
             when=_is_moe,
             export=_export,
             family=export_family,
             needs="Mixtral, Qwen3-MoE: a mixture of experts (num_experts) with softmax routing, "
-            "no router bias, no shared experts, no biases, positions other than learned ones "
-            "and one norm before each sub-layer",
+            "no router bias, no shared experts, no biases, no attention sinks, positions other "
+            "than learned ones and one norm before each sub-layer",
         ),
     ),
 )
