@@ -55,14 +55,15 @@ def _randomise_norms(ref):
 
 @references.reference
 def gemma2():
-    """Three layers (local, global, local) with soft caps small enough to act."""
+    """Three layers (local, global, local) with soft caps small enough to act, and a RoPE
+    scaled linearly (transformers' Gemma 2 has one RoPE for both kinds of layer)."""
     torch.manual_seed(10)
     config = transformers.Gemma2Config(
         **_sizes(
             num_hidden_layers=3,
             attn_logit_softcapping=2.0,
             final_logit_softcapping=3.0,
-            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0},
         )
     )
     return _randomise_norms(transformers.Gemma2ForCausalLM(config).eval())
@@ -108,6 +109,7 @@ def test_the_fixtures_use_what_they_test(gemma2, gemma3):
     m2, _ = interop.load(gemma2[1])
     m3, _ = interop.load(gemma3[1])
     assert m2.attention_pattern == ("local", "global") and m2.attention_softcap == 2.0
+    assert m2.rope_scaling.kind == "linear" and m2.local_rope_scaling == m2.rope_scaling
     assert m3.attention_pattern == ("local", "local", "global") and m3.qk_norm
     assert (m3.rope_base, m3.local_rope_base) == (1000.0, 50.0)
     assert m3.rope_scaling.kind == "linear" and m3.local_rope_scaling is None

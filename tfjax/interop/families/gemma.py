@@ -19,8 +19,9 @@ keeps it as it is, so the weights convert without arithmetic and round trips are
 config.json's layer_types (one "sliding_attention" or "full_attention" per layer) becomes the
 shortest repeating `attention_pattern` of "local" and "global" that gives it (Gemma 2:
 ("local", "global"); Gemma 3: five local, one global); the export writes the whole list.
-Gemma 3's rope_parameters has one entry per layer type: "full_attention" is rope_base and
-rope_scaling, "sliding_attention" local_rope_base and local_rope_scaling.
+Gemma 2's one rope_parameters is both kinds of layer's (rope_scaling and local_rope_scaling);
+Gemma 3's has one entry per layer type: "full_attention" is rope_base and rope_scaling,
+"sliding_attention" local_rope_base and local_rope_scaling.
 
 What is refused, by key: attention biases, bidirectional attention, rope types other than
 Llama's (core.decoders.ROPE_TYPES), and Gemma 3's attn_logit_softcapping (transformers' Gemma 3 does
@@ -110,12 +111,14 @@ GEMMA2 = _gemma(
     "Gemma2ForCausalLM",
     "gemma2",
     *layer_types_field(2),
-    # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta)
+    # one RoPE for every layer, as Llama's rope_parameters (or the older rope_theta); tfjax's
+    # local layers have a scaling of their own (Gemma 3's: none), here the same
     rope_field("rope_parameters", "rope_scaling"),
+    rope_field("rope_parameters", "local_rope_scaling"),
     Field("rope_parameters.rope_theta", "rope_base", None),
     Field("rope_theta", "rope_base", None, write=False),
     Field("attn_logit_softcapping", "attention_softcap", None),
-    requires={"qk_norm": False, "local_rope_base": None, "local_rope_scaling": None},
+    requires={"qk_norm": False, "local_rope_base": None},
     defaults={"rope_base": 10_000.0},
     max_len=8192,
 )
