@@ -15,6 +15,7 @@ import pytest
 from tfjax import sharding
 from tfjax.nn import attention, masks
 from tfjax.nn.attention import dot_product_attention
+from tfjax.ops import splash
 from tfjax.runner import aot
 
 
@@ -276,3 +277,18 @@ def test_attention_sinks_keep_cudnn_out_and_splash_in():
     text = _compiled_attention(_mesh("v5e:2x2", data=2, tensor=2), "splash", sinks=True)
     assert "tpu_custom_call" in text
     assert "all-gather" not in text
+
+
+def test_a_kernel_built_inside_one_jit_serves_the_next():
+    """The kernel of a shape is built once and cached; built while a jit traces (a train step),
+    its block masks must be constants, not that trace's values, or the next jit of the same
+    shapes (the eval step) fails with an escaped tracer."""
+    splash._make_kernel.cache_clear()
+    q, k, v = inputs(1, 24, 24, 2, 2, h=8)
+
+    def attend(q, k, v):
+        return dot_product_attention(q, k, v, is_causal=True, implementation="splash")
+
+    first = jax.jit(attend)(q, k, v)
+    second = jax.jit(lambda q, k, v: 2.0 * attend(q, k, v))(q, k, v)  # another trace
+    np.testing.assert_allclose(second, 2.0 * first, rtol=1e-6)

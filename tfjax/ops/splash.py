@@ -89,7 +89,15 @@ def _pad_to(x, axis: int, length: int, value=0):
 
 @functools.lru_cache(maxsize=64)
 def _make_kernel(num_heads, t, s, block_q, block_kv, is_causal, interpret):
-    """The kernel for local shapes (cached: building it computes the block masks in NumPy)."""
+    """The kernel for local shapes (cached: building it computes the block masks in NumPy).
+
+    Built as constants even while a jit traces (the kernel turns its masks into jax arrays):
+    else the cache would hand that trace's values to the next jit of these shapes."""
+    with jax.ensure_compile_time_eval():
+        return _build_kernel(num_heads, t, s, block_q, block_kv, is_causal, interpret)
+
+
+def _build_kernel(num_heads, t, s, block_q, block_kv, is_causal, interpret):
     head_mask = kernel.CausalMask((t, s)) if is_causal else kernel.FullMask((t, s))
     blocks = kernel.BlockSizes(
         block_q=block_q,
