@@ -347,18 +347,23 @@ def test_attention_sinks_are_the_formula_with_their_gradients(impl):
             chunk_size=4,
         )
 
-    want = with_sinks(q, k, v, sinks, allowed)
-    np.testing.assert_allclose(ours(q, k, v, sinks), want, atol=2e-6)
+    def value_and_grads(f):
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) * cot), (0, 1, 2, 3)))
+
+    want = jax.jit(with_sinks)(q, k, v, sinks, allowed)
+    np.testing.assert_allclose(jax.jit(ours)(q, k, v, sinks), want, atol=2e-6)
     assert not np.asarray(want)[1, 9:].any()  # the padded queries: nothing but the sink
-    grads = jax.grad(lambda *a: jnp.sum(ours(*a) * cot), (0, 1, 2, 3))(q, k, v, sinks)
-    expected = jax.grad(lambda *a: jnp.sum(with_sinks(*a, allowed) * cot), (0, 1, 2, 3))(
-        q, k, v, sinks
-    )
+    _, grads = value_and_grads(ours)(q, k, v, sinks)
+    _, expected = value_and_grads(lambda *a: with_sinks(*a, allowed))(q, k, v, sinks)
     for got, exp in zip(grads, expected, strict=True):
         np.testing.assert_allclose(got, exp, atol=2e-5)
     assert np.abs(grads[3]).min() > 1e-3  # every sink's gradient is there
-    plain = dot_product_attention(q, k, v, is_causal=True, window=window, implementation=impl)
-    assert not np.allclose(ours(q, k, v, sinks)[0], plain[0], atol=1e-2)  # the sinks act
+    plain = jax.jit(
+        lambda q, k, v: dot_product_attention(
+            q, k, v, is_causal=True, window=window, implementation=impl
+        )
+    )(q, k, v)
+    assert not np.allclose(want[0], plain[0], atol=1e-2)  # the sinks act
 
 
 def test_attention_sinks_in_the_module_its_weights_and_the_kv_cache():
@@ -371,7 +376,9 @@ def test_attention_sinks_in_the_module_its_weights_and_the_kv_cache():
     boxed = mha.init(jax.random.key(1), x)["params"]
     assert boxed["sinks"].names == ("heads",) and boxed["sinks"].value.shape == (4,)
     params = dict(nn.unbox(boxed), sinks=jnp.array([3.0, -1.0, 0.5, 2.0]))
-    full, state = mha.apply({"params": params}, x, is_causal=True, mutable=["intermediates"])
+    full, state = jax.jit(
+        lambda p: mha.apply({"params": p}, x, is_causal=True, mutable=["intermediates"])
+    )(params)
     (w,) = state["intermediates"]["attention_weights"]
     sums = np.asarray(w.sum(-1))  # [B, N, T]
     assert (sums < 1).all() and (sums[:, 0] < sums[:, 1]).all()  # a larger sink takes more
@@ -380,17 +387,18 @@ def test_attention_sinks_in_the_module_its_weights_and_the_kv_cache():
     del without["sinks"]
     assert not np.allclose(plain.apply({"params": without}, x, is_causal=True), full, atol=1e-3)
     cache = mha.init(jax.random.key(1), x, decode=True)["cache"]
+    step = jax.jit(
+        lambda v, x: mha.apply(v, x, decode=True, mutable=["cache"])  # prompt, then one token
+    )
     outs = []
     for lo, hi in ((0, 3), (3, 4), (4, 5), (5, 6), (6, 7)):
-        y, mutated = mha.apply(
-            {"params": params, "cache": cache}, x[:, lo:hi], decode=True, mutable=["cache"]
-        )
+        y, mutated = step({"params": params, "cache": cache}, x[:, lo:hi])
         cache = mutated["cache"]
         outs.append(y)
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
 
 
 def test_sinks_of_the_wrong_shape_are_named():
-    q, k, v = qkv()
+    q = jnp.zeros((1, 3, 4, 8))
     with pytest.raises(ValueError, match=r"sinks must be one float logit per query head, shape"):
-        dot_product_attention(q, k, v, sinks=jnp.zeros((2,)))
+        dot_product_attention(q, q, q, sinks=jnp.zeros((2,)))
