@@ -19,6 +19,7 @@ from conftest import (
     run_command,
     start_process,
     wait_for_steps,
+    xla_flags,
 )
 
 from tfjax.runner import checkpoint
@@ -29,7 +30,7 @@ TIMEOUT_S = 15  # --distributed_timeout and --heartbeat_timeout of these runs
 @pytest.fixture(scope="session")
 def env(runner_env):
     """Four devices per process (the runner's environment otherwise)."""
-    return dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    return dict(runner_env, XLA_FLAGS=xla_flags(devices=4))
 
 
 def two_process_command(workdir, data_dir, overrides):

@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import VIT_TINY, free_port, run_command, set_fields, start_process
+from conftest import VIT_TINY, free_port, run_command, set_fields, start_process, xla_flags
 
 from tfjax.runner import metrics, train
 
@@ -25,7 +25,7 @@ OVERRIDES = {
 def run_two_processes(workdir, data_dir, runner_env, steps):
     """Both processes' outputs. With the runner's compilation cache: every launch here runs
     the same programs (the schedule is constant), so only the first compiles them."""
-    env = dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(runner_env, XLA_FLAGS=xla_flags(devices=4))
     command = [
         *run_command(workdir, data_dir, {"num_train_steps": steps, **OVERRIDES}),
         f"--coordinator_address=127.0.0.1:{free_port()}",

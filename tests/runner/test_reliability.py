@@ -33,6 +33,7 @@ from conftest import (
     set_fields,
     start_process,
     wait_for_steps,
+    xla_flags,
 )
 
 from tfjax.runner import checkpoint, checks, evaluation, metrics, setup, train
@@ -350,7 +351,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(
         f"--coordinator_address=127.0.0.1:{free_port()}",
         "--num_processes=2",
     ]
-    env = dict(runner_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(runner_env, XLA_FLAGS=xla_flags(devices=4))
     procs = [start_process(cmd, i, env) for i in range(2)]
     try:
         wait_for_steps(workdir, 3, procs[0])
