@@ -117,5 +117,6 @@ def test_megablox_in_the_expert_parallel_path_equals_one_device(monkeypatch):
     # outputs up to ~70, sums of 2 x 128 products each, rounded in another order
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-4)
     assert float(loss) == pytest.approx(float(want_loss), rel=1e-5)
+    # gradients up to ~700, summed over shards in another order: rounding scales with the array
     for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(want_grad), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max()))
