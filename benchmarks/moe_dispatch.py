@@ -181,7 +181,7 @@ def measure(size, rounds: int, dtype: str, ways) -> dict:
 def main():
     parser = harness.parser(__doc__, "moe_dispatch")
     parser.add_argument("--sizes", default="2048x256x512x8x2,2048x256x128x32x4")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="0: no timings, compile only")
     parser.add_argument("--topology", default="v5e:1x1", help="'' skips the TPU compile")
     parser.add_argument("--threads", type=int, default=0, help="CPU cores to use (0: all)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -205,29 +205,33 @@ def main():
     extra = [way for way in args.also.split(",") if way]
     WAYS.update({way: forced(way) for way in extra})
     for size in parse_sizes(args.sizes):
-        row = measure(size, args.rounds, args.dtype, list(WAYS))
-        name = "[N={N} D={D} F={F} E={E} k={k}]".format(**row["size"])
-        harness.log(f"{name} max |ragged - dense| = {row['max_abs_difference']:.2e}")
-        s, c = row["seconds"], row["compiled_cost"]
-        for p in ("fwd", "fwd+bwd"):
-            ragged_s, dense_s = s[f"ragged {p}"], s[f"dense {p}"]
-            harness.log(
-                f"  {p}: ragged {1e3 * ragged_s:.2f} ms, dense {1e3 * dense_s:.2f} ms ({where}); "
-                + harness.ratio_line(f"ragged/dense {p} time ({where})", ragged_s / dense_s)
-            )
-            flops = c[f"ragged {p}"]["flops"] / c[f"dense {p}"]["flops"]
-            moved = c[f"ragged {p}"]["bytes"] / c[f"dense {p}"]["bytes"]
-            harness.log(
-                f"  {p}: {where} compiled FLOPs ragged/dense {flops:.3f}, bytes {moved:.3f}"
-            )
-            for way in extra:
-                if f"{way} {p}" in s:
-                    harness.log(
-                        f"  {p}: {way} {1e3 * s[f'{way} {p}']:.2f} ms; "
-                        + harness.ratio_line(
-                            f"{way}/dense {p} time ({where})", s[f"{way} {p}"] / dense_s
+        if not args.rounds:  # the TPU compile alone (--topology)
+            row = {"size": dict(zip("NDFEk", size, strict=True))}
+        else:
+            row = measure(size, args.rounds, args.dtype, list(WAYS))
+            name = "[N={N} D={D} F={F} E={E} k={k}]".format(**row["size"])
+            harness.log(f"{name} max |ragged - dense| = {row['max_abs_difference']:.2e}")
+            s, c = row["seconds"], row["compiled_cost"]
+            for p in ("fwd", "fwd+bwd"):
+                ragged_s, dense_s = s[f"ragged {p}"], s[f"dense {p}"]
+                harness.log(
+                    f"  {p}: ragged {1e3 * ragged_s:.2f} ms, dense {1e3 * dense_s:.2f} ms "
+                    f"({where}); "
+                    + harness.ratio_line(f"ragged/dense {p} time ({where})", ragged_s / dense_s)
+                )
+                flops = c[f"ragged {p}"]["flops"] / c[f"dense {p}"]["flops"]
+                moved = c[f"ragged {p}"]["bytes"] / c[f"dense {p}"]["bytes"]
+                harness.log(
+                    f"  {p}: {where} compiled FLOPs ragged/dense {flops:.3f}, bytes {moved:.3f}"
+                )
+                for way in extra:
+                    if f"{way} {p}" in s:
+                        harness.log(
+                            f"  {p}: {way} {1e3 * s[f'{way} {p}']:.2f} ms; "
+                            + harness.ratio_line(
+                                f"{way}/dense {p} time ({where})", s[f"{way} {p}"] / dense_s
+                            )
                         )
-                    )
         if args.topology:
             tpu_ways = [w for w in WAYS if w != "tokamax"]  # Tokamax's kernel here is the GPU's
             row["tpu_cost"] = tpu_costs(args.topology, size, tpu_ways, args.dtype)
