@@ -49,6 +49,12 @@ _ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (method=beam
 _TEMPERATURE = flags.DEFINE_float("temperature", None, "Softmax temperature (method=sample).")
 _TOP_K = flags.DEFINE_integer("top_k", None, "Keep the k most likely tokens (0: off).")
 _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus: the smallest set of mass p (1: off).")
+_LAYOUT = flags.DEFINE_enum(
+    "layout",
+    None,
+    ["auto", "replicated", "tensor", "as-given"],
+    "The parameters' layout while generating (tfjax.decode.decode_layout).",
+)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per input.")
 _AVERAGE = flags.DEFINE_integer(
     "average_last", None, "Average the N checkpoints up to the one decoded with."
@@ -159,6 +165,7 @@ _OVERRIDES = {
     "temperature": _TEMPERATURE,
     "top_k": _TOP_K,
     "top_p": _TOP_P,
+    "layout": _LAYOUT,
     "max_new_tokens": _MAX_NEW,
     "average_last": _AVERAGE,
 }
@@ -276,7 +283,7 @@ def _checked_options(default_new: int) -> tuple[dict, int]:
             f"(at least 1), or 0 for the default ({default_new})"
         )
     max_new = _option("max_new_tokens") or default_new
-    names = ("method", "beam_size", "alpha", "temperature", "top_k", "top_p")
+    names = ("method", "beam_size", "alpha", "temperature", "top_k", "top_p", "layout")
     options = {name: _option(name) for name in names}
     checked = {k: v for k, v in options.items() if k != "alpha"}  # alpha: any number
     try:

@@ -125,3 +125,11 @@ def test_moe_dispatch_tiny(tmp_path):
     # Compiled for a TPU chip where libtpu is installed (this suite's), else the reason.
     tpu = row["tpu_cost"]
     assert "error" in tpu or tpu["ragged"]["fwd"]["flops"] < tpu["dense"]["fwd"]["flops"]
+
+
+@pytest.mark.slow
+def test_decode_layout_tiny(tmp_path):
+    out, result = _run("decode_layout.py", tmp_path / "decode_layout.json")
+    assert "same tokens: True" in out and "ratio speed auto / as-given = " in out
+    assert [r["layout"] for r in result["rows"]] == ["as-given", "auto"]
+    assert all(r["tokens_per_s"] > 0 for r in result["rows"])

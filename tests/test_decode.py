@@ -323,3 +323,52 @@ def test_generation_stops_at_the_first_of_several_eos_ids(method):
         assert decode.first_eos(tokens, (E1, E2)).tolist() == [2, 0]
     else:
         assert {int(tokens[b, e]) for b, e in enumerate(ends)} == {E1, E2}  # each ends a row
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_every_parameter_layout_generates_the_same_tokens(method):
+    """From float32 parameters FSDP-sharded over the 8 host devices, bf16 compute: the token
+    loop's layouts (cast once and replicated, split over the mesh, or as given) decode alike,
+    for greedy and for beam search."""
+    from tfjax import sharding
+
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
+    rules = sharding.DEFAULT_RULES
+    model = decoder.Model(
+        variant="tiny", vocab_size=256, width=64, num_heads=8, num_kv_heads=8, mlp_dim=128,
+        max_len=32, dtype=jnp.bfloat16, scan_layers=True,
+    )  # fmt: skip
+    prompts = jax.random.randint(jax.random.key(1), (8, 5), 1, 256)
+    with sharding.logical_context(mesh, rules):
+        boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), prompts))["params"]
+        where = sharding.logical_shardings(boxed, mesh, rules)
+        init = jax.jit(
+            lambda: model.init(jax.random.key(0), prompts)["params"], out_shardings=where
+        )
+        params = nn.unbox(init())
+        prompts = jax.device_put(prompts, sharding.batch_sharding(mesh, rules, 2))
+        tokens = {
+            layout: decode.generate(
+                model,
+                params,
+                prompts,
+                max_new_tokens=6,
+                eos_id=255,
+                method=method,
+                layout=layout,
+                beam_size=2,
+            )  # fmt: skip
+            for layout in decode.LAYOUTS
+        }
+    base, base_scores = tokens["as-given"]
+    for layout, (got, scores) in tokens.items():
+        np.testing.assert_array_equal(got, base, err_msg=layout)
+        # Split over the mesh, a contraction over heads or mlp sums its bf16 partial products
+        # in another order (across devices): scores ~1e-4 apart; the cast alone changes none.
+        rtol = 1e-3 if layout == "tensor" else 1e-6
+        np.testing.assert_allclose(scores, base_scores, rtol=rtol, err_msg=layout)
+    plan = decode.decode_layout(model, params, "replicated")
+    cast = {d for d in plan.dtypes if d is not None}
+    assert cast == {jnp.dtype(jnp.bfloat16)} and plan.dtypes.count(None) > 0  # norms keep f32
+    with pytest.raises(decode.OptionError, match="layout='fsdp' is unknown; allowed"):
+        decode.generate(model, params, prompts, max_new_tokens=2, eos_id=255, layout="fsdp")

@@ -40,8 +40,11 @@ one (`use_cache="collection"` takes the collection always; both give the same to
 against, and the benchmark's baseline).
 """
 
+import contextlib
+import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +53,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from tfjax import sharding
+from tfjax.nn import axes
 
 METHODS = ("greedy", "sample", "beam")
 BEAM_RULES = ("gnmt", "hf")
@@ -96,11 +103,13 @@ def check_options(
     temperature=1.0,
     top_k=0,
     top_p=1.0,
+    layout="auto",
 ) -> None:
     """The checks of `generate`'s options that need no model or inputs (a command line makes
     them before loading anything): OptionError naming the option and what it allows."""
     if method not in METHODS:
         raise OptionError("method", f"method={method!r} is unknown; allowed: {METHODS}")
+    _check_layout(layout)
     if beam_rules not in BEAM_RULES:
         raise OptionError(
             "beam_rules", f"beam_rules={beam_rules!r} is unknown; allowed: {BEAM_RULES}"
@@ -569,6 +578,157 @@ def _hf_beam_loop(
 
 
 # ----------------------------------------------------------------------------------------------
+# The parameters' layout for the token loop.
+#
+# Training lays the parameters out for the train step (FSDP shards every kernel over the data
+# axes, in float32). Read from that layout every step of the token loop would all-gather the
+# whole model per generated token: libtpu does not hoist a loop-invariant gather out of a
+# while loop. So `_generate` lays them out once per call, before the loop, as `layout` says:
+#   "replicated": every device holds the whole model in the compute dtype (one all-gather of a
+#       compute-dtype copy per call; the loop is data parallel and moves no weights);
+#   "tensor": the kernels split over every mesh axis along their heads / mlp / vocab dimension
+#       (the embed dimension whole), the rows replicated: the loop moves activations only;
+#   "auto": "replicated" when that copy takes at most REPLICATE_FRACTION of a device's memory,
+#       else "tensor";
+#   "as-given": the parameters as they come (storage dtype, training layout).
+# Only kernels and embedding tables (an embed axis beside a heads / mlp / vocab axis, which
+# every use casts to the compute dtype) are cast, so the outputs do not change; norms, biases,
+# routers and relative-position tables keep their dtype.
+
+LAYOUTS = ("auto", "replicated", "tensor", "as-given")
+REPLICATE_FRACTION = 0.4
+_SPLIT_AXES = (axes.HEADS, axes.KV_HEADS, axes.MLP, axes.VOCAB)  # what "tensor" shards
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise OptionError("layout", f"layout={layout!r} is unknown; allowed: {LAYOUTS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Per parameter leaf (flattened): the dtype to cast to (None: keep) and the sharding (None:
+    unconstrained); `rules`: the logical rules the loop's activations follow (None: the
+    caller's). Hashable: a static argument of the jitted `_generate`."""
+
+    name: str
+    treedef: Any
+    dtypes: tuple
+    shardings: tuple
+    sources: tuple  # the leaves' own shardings (None: not a NamedSharding)
+    rules: tuple | None = None
+
+    def apply(self, params):
+        leaves, treedef = jax.tree.flatten(params)
+        if treedef != self.treedef:
+            raise ValueError(f"parameters {treedef} do not match the layout's {self.treedef}")
+        out = []
+        for x, dtype, where, source in zip(
+            leaves, self.dtypes, self.shardings, self.sources, strict=True
+        ):
+            if dtype is not None:
+                x = x.astype(dtype)
+                if source is not None:  # cast where it lies: else the compiler gathers first
+                    x = lax.with_sharding_constraint(x, source)
+            out.append(x if where is None else lax.with_sharding_constraint(x, where))
+        return jax.tree.unflatten(treedef, out)
+
+
+@functools.lru_cache(maxsize=8)
+def _logical_names(model):
+    """The model's parameter tree with each leaf's logical axis names (None: unnamed)."""
+    ids = jnp.zeros((1, 1), jnp.int32)
+    args = (ids, ids) if _is_encoder_decoder(model) else (ids,)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *args))["params"]
+    is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
+    return jax.tree.map(lambda x: x.names if is_box(x) else None, boxed, is_leaf=is_box)
+
+
+def _mesh_of(leaves):
+    """The mesh of the first leaf laid out on one (concrete arrays and ShapeDtypeStructs)."""
+    for x in leaves:
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
+
+
+def _device_memory(device) -> int | None:
+    """Bytes one device may allocate, from its runtime (None: a host CPU, or a compile-only
+    device, for which the caller gives the target's memory)."""
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # compile-only devices have no runtime
+        limit = None
+    return int(limit) if limit else None
+
+
+def decode_layout(model, params, layout="auto", *, memory_bytes=None) -> _Layout | None:
+    """How `generate` lays out `params` (arrays or ShapeDtypeStructs, unboxed) for its token
+    loop (see the section's comment): None for "as-given". memory_bytes: of one device (None:
+    what its runtime reports; none reported, as on a CPU, counts as room enough)."""
+    _check_layout(layout)
+    leaves, treedef = jax.tree.flatten(params)
+    if layout == "as-given" or not leaves:
+        return None
+    names = jax.tree.leaves(
+        _logical_names(model), is_leaf=lambda x: x is None or isinstance(x, tuple)
+    )
+    if len(names) != len(leaves):  # a tree the model does not make (e.g. a wrapped model's)
+        names = [None] * len(leaves)
+    compute = jnp.dtype(getattr(model, "dtype", None) or jnp.float32)
+
+    def cast(x, n):
+        kernel = n and axes.EMBED in n and any(a in n for a in _SPLIT_AXES)
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return compute if kernel and floating and x.dtype.itemsize > compute.itemsize else None
+
+    dtypes = tuple(cast(x, n) for x, n in zip(leaves, names, strict=True))
+    copy_bytes = sum(
+        math.prod(x.shape) * jnp.dtype(d or x.dtype).itemsize
+        for x, d in zip(leaves, dtypes, strict=True)
+    )
+    mesh = _mesh_of(leaves)
+    sources = tuple(
+        x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding) else None
+        for x in leaves
+    )
+    if mesh is None or mesh.size == 1:  # one device: the cast is the whole layout
+        return _Layout("replicated", treedef, dtypes, (None,) * len(leaves), sources)
+    if layout == "auto":
+        if memory_bytes is None:
+            memory_bytes = _device_memory(mesh.devices.flat[0])
+        fits = memory_bytes is None or copy_bytes <= REPLICATE_FRACTION * memory_bytes
+        layout = "replicated" if fits else "tensor"
+    if layout == "replicated":
+        replicated = (NamedSharding(mesh, PartitionSpec()),) * len(leaves)
+        return _Layout(layout, treedef, dtypes, replicated, sources)
+    # Split a kernel axis over the whole mesh where every kernel's dimension of it divides.
+    mesh_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
+    parts, split = mesh.size, mesh_axes if len(mesh_axes) > 1 else mesh_axes[0]
+    dims = [
+        (name, x.shape[d])
+        for x, n in zip(leaves, names, strict=True)
+        for d, name in enumerate(n or ())
+    ]
+    splits = {a for a in _SPLIT_AXES if all(size % parts == 0 for name, size in dims if name == a)}
+
+    def spec(n, ndim):
+        dim = next((d for d, name in enumerate(n or ()) if name in splits), None)
+        return PartitionSpec(*(split if d == dim else None for d in range(ndim)))
+
+    shardings = tuple(
+        NamedSharding(mesh, spec(n, x.ndim)) for x, n in zip(leaves, names, strict=True)
+    )
+    # The rows replicated (absent names are not split), the activations split as the kernels.
+    acts = {axes.ACT_MLP: {axes.MLP}, axes.ACT_VOCAB: {axes.VOCAB}}
+    acts[axes.ACT_HEADS] = {axes.HEADS, axes.KV_HEADS}
+    rules = tuple((act, split) for act, kernel in acts.items() if kernel <= splits)
+    rules += ((axes.BATCH, None),)
+    return _Layout(layout, treedef, dtypes, shardings, sources, rules)
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 # generate's keyword arguments that shape its compiled program.
@@ -589,9 +749,20 @@ PROGRAM_OPTIONS = (
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model", *PROGRAM_OPTIONS, "use_cache", "min_length"),
+    static_argnames=("model", *PROGRAM_OPTIONS, "use_cache", "min_length", "layout"),
 )
-def _generate(
+def _generate(model, params, inputs, mask, rng, *, layout, **options):
+    if layout is None:
+        return _generate_body(model, params, inputs, mask, rng, **options)
+    params = layout.apply(params)  # once, before the token loop
+    rules = contextlib.nullcontext()
+    if layout.rules is not None:  # the rows replicated, the activations split as the kernels
+        rules = sharding.logical_context(layout.shardings[0].mesh, layout.rules)
+    with rules:
+        return _generate_body(model, params, inputs, mask, rng, **options)
+
+
+def _generate_body(
     model,
     params,
     inputs,
@@ -674,6 +845,7 @@ def generate(
     top_p: float = 1.0,
     rng=None,
     use_cache: bool | str = True,
+    layout: str = "auto",
     check: bool = True,
 ):
     """Generates up to `max_new_tokens` tokens per row; see the module docstring.
@@ -695,6 +867,8 @@ def generate(
       use_cache: feed one token per step through the KV cache: the model's explicit one when it
         has `init_cache`, else its "cache" collection; "collection": the collection; False:
         recompute the prefix every step.
+      layout: how the parameters are laid out for the token loop, once per call: "auto"
+        (default), "replicated", "tensor" or "as-given" (see `decode_layout`).
       check: validate the inputs and the mask on the host first. False is for inputs and mask
         that are global arrays sharded over processes (the runner's eval), which no host can
         read whole: the lengths are then found on the devices from the mask; the options and
@@ -729,9 +903,10 @@ def generate(
         raise ValueError(f"use_cache={use_cache!r} is unknown; allowed: {CACHES}")
     rng = jax.random.key(0) if rng is None else rng
     alpha = DEFAULT_ALPHA[beam_rules] if alpha is None else alpha
+    params = nn.unbox(params)
     return _generate(
         model,
-        nn.unbox(params),
+        params,
         jnp.asarray(inputs),
         None if mask is None else jnp.asarray(mask),
         rng,
@@ -739,17 +914,17 @@ def generate(
         alpha=alpha,
         use_cache=use_cache,
         min_length=min_length if not _is_encoder_decoder(model) else 1,
+        layout=decode_layout(model, params, layout),
     )
 
 
-def lower(model, params, inputs, *, mask=None, **options):
+def lower(model, params, inputs, *, mask=None, layout="auto", memory_bytes=None, **options):
     """`generate`'s jitted program lowered for abstract `params`, `inputs` and `mask` (None or
     a [B, P] bool ShapeDtypeStruct; ShapeDtypeStructs with shardings): compile it ahead of time
     for a target (`tfjax.runner.aot`) without any data. `options` are generate's
-    PROGRAM_OPTIONS, with its defaults. With a mask the prompts are taken as fed token by token
-    from the start, as in the runner's eval."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
+    PROGRAM_OPTIONS, with its defaults; `layout` as generate's, for devices of `memory_bytes`
+    each (`decode_layout`). With a mask the prompts are taken as fed token by token from the
+    start, as in the runner's eval."""
     unknown = sorted(set(options) - set(PROGRAM_OPTIONS))
     if unknown:
         raise TypeError(f"lower: unknown options {unknown}; allowed: {PROGRAM_OPTIONS}")
@@ -771,4 +946,5 @@ def lower(model, params, inputs, *, mask=None, **options):
         **options,
         use_cache=True,
         min_length=inputs.shape[1] if mask is None or _is_encoder_decoder(model) else 1,
+        layout=decode_layout(model, nn.unbox(params), layout, memory_bytes=memory_bytes),
     )

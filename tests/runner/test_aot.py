@@ -389,3 +389,44 @@ def test_beam_search_on_a_data_parallel_mesh_gathers_nothing(v5e):
     )
     report = aot.compile_experiment(config, v5e, steps=("decode",))
     assert report.fits and report.steps[0].collectives == {}
+
+
+def test_fsdp_decode_gathers_the_weights_once_per_call():
+    """Decoding from FSDP-sharded parameters on v5p:2x2x2: laid out once per call (bf16,
+    replicated) the program all-gathers one bf16 copy of the model, however many tokens it
+    generates; split over the mesh ("tensor") its token loop moves activations only; read as
+    given, every generated token gathers the whole model again."""
+    devices = aot.topology_devices("v5p:2x2x2")
+    fields = {
+        "mesh.data": 1,
+        "mesh.fsdp": 8,
+        "mesh.tensor": 1,
+        "model.width": 256,
+        "model.num_heads": 8,
+        "model.mlp_dim": 1024,
+        "model.max_len": 256,
+    }
+    moved = {}
+    for layout in ("auto", "tensor", "as-given"):
+        for n in (16, 48):
+            config = tiny(
+                "lm.py:tiny", **fields, **{"decode.layout": layout, "decode.max_new_tokens": n}
+            )
+            report = aot.compile_experiment(config, devices, steps=("decode",))
+            (decode,) = report.steps
+            assert report.fits and decode.loops_counted_once == []
+            moved[layout, n] = decode.collectives
+    # Per layer (2): query, key, value, output 256 x 256, MLP 256 x 1024 and 1024 x 256; the
+    # tied embedding 384 x 256 (tiny's vocabulary): the kernels every token reads, in bf16.
+    copy = (2 * (4 * 256 * 256 + 2 * 256 * 1024) + 384 * 256) * 2
+    gathered = moved["auto", 16].get("all-gather", 0)
+    assert copy <= gathered <= 1.1 * copy  # the norms, biases and positions stay float32
+    assert moved["auto", 48]["all-gather"] == gathered  # once per call, not per token
+
+    def per_token(layout):
+        a, b = moved[layout, 16], moved[layout, 48]
+        return sum(b.get(k, 0) - a.get(k, 0) for k in b) / 32
+
+    assert per_token("auto") < 0.001 * copy  # a few scalars a token
+    assert per_token("tensor") < 0.02 * copy  # activations: [rows, 1, 256] a layer
+    assert per_token("as-given") >= copy  # the whole model again for every token

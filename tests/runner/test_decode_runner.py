@@ -156,7 +156,7 @@ def test_lm_samples_take_their_prompts_from_the_weights_not_the_ids():
     d = ml_collections.ConfigDict(
         dict(num_samples=2, prompt_length=3, max_new_tokens=4, method="greedy", beam_size=4)
     )
-    d.update(alpha=None, temperature=1.0, top_k=0, top_p=1.0)
+    d.update(alpha=None, temperature=1.0, top_k=0, top_p=1.0, layout="auto")
     exp = types.SimpleNamespace(model=types.SimpleNamespace(max_len=64), replicated=None)
     # Without "weights" (a hand-made batch) every position is real and weighted: plain text.
     rows, kwargs = lm.SamplesEval(d, 0).generate_args(exp, {"tokens": tokens})

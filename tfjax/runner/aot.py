@@ -318,7 +318,7 @@ def compile_experiment(
         "eval": lambda: exp.eval_step.lower(state.params, exp.eval_batch),
     }
     if "decode" in wanted and tasks.decode_eval(config):
-        lowerings["decode"] = lambda: _lower_decode(exp)
+        lowerings["decode"] = lambda: _lower_decode(exp, hbm)
     reports = [
         _compile_step(name, lower, hbm=hbm, bf16=config.dtype == "bfloat16")
         for name, lower in lowerings.items()
@@ -364,14 +364,16 @@ def compile_experiment(
     )
 
 
-def _lower_decode(exp):
+def _lower_decode(exp, hbm):
     """The eval-time generation of the runner (`tfjax.runner.evaluation`): the task's decode-eval
-    hook says what it generates from the abstract eval batch (`DecodeEval.generate_args`)."""
+    hook says what it generates from the abstract eval batch (`DecodeEval.generate_args`), its
+    parameters laid out for devices of `hbm` bytes."""
     from tfjax import decode
 
     prompts, kwargs = tasks.decode_eval(exp.config).generate_args(exp, exp.eval_batch)
     with sharding.logical_context(exp.mesh, exp.rules):
-        return decode.lower(exp.model, exp.abstract_state.params, prompts, eos_id=2, **kwargs)
+        params = exp.abstract_state.params
+        return decode.lower(exp.model, params, prompts, eos_id=2, memory_bytes=hbm, **kwargs)
 
 
 def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:

@@ -221,6 +221,9 @@ def decode(
     d.temperature = temperature  # sampling only
     d.top_k = 0  # sampling only (0: off)
     d.top_p = top_p  # nucleus sampling (1: off)
+    # The parameters' layout for the token loop, once per call (tfjax.decode.decode_layout):
+    # "auto", "replicated" (data parallel), "tensor" or "as-given" (the training layout).
+    d.layout = "auto"
     d.num_samples = 3  # decoded outputs written to samples.jsonl per evaluation
     d.prompt_length = prompt_length  # tokens of each eval row used as its prompt (LM only)
     d.average_last = 1  # decode.py: average the newest N checkpoints
@@ -235,6 +238,7 @@ DECODE = {
     "temperature": number(above=0),
     "top_k": COUNT,
     "top_p": number(above=0, high=1),
+    "layout": one_of(*decoding.LAYOUTS),
     "num_samples": COUNT,
     "prompt_length": COUNT,
     "average_last": POSITIVE,

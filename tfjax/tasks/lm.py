@@ -152,6 +152,7 @@ class SamplesEval(DecodeEval):
             temperature=d.temperature,
             top_k=d.top_k,
             top_p=d.top_p,
+            layout=d.layout,
         )
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):

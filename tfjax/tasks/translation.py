@@ -71,6 +71,7 @@ class BleuEval(DecodeEval):
             method="greedy" if d.method == "sample" else d.method,
             beam_size=d.beam_size,
             alpha=d.alpha,
+            layout=d.layout,
         )
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):
