@@ -2,6 +2,7 @@
 helpers that several test files share: config overrides, the session's data directory, child
 processes (the runner, Python, two processes on one host) and reading a run's checkpoints."""
 
+import importlib.metadata
 import json
 import os
 import re
@@ -15,11 +16,11 @@ import time
 # compiling them was most of its time: tests/models/test_models.py took 3x less CPU time with
 # these flags, and the ahead-of-time TPU and GPU compiles report the same figures. Every JAX
 # process the suite starts gets them too (xla_flags), so results compared across processes come
-# from the same machine code.
-FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    " --xla_cpu_use_fusion_emitters=false"
-)
+# from the same machine code. jaxlib 0.12 has only the fusion emitters: XLA aborts the process on
+# the flag that chose the older ones, so it is passed to older jaxlibs only.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2]) < (0, 12):
+    FAST_COMPILE += " --xla_cpu_use_fusion_emitters=false"
 
 
 def xla_flags(devices: int | None = None) -> str:
@@ -29,8 +30,7 @@ def xla_flags(devices: int | None = None) -> str:
     return FAST_COMPILE + count
 
 
-# Must happen before JAX initialises a backend; the flags work on every jax version we support.
-# Flags the caller set win.
+# Must happen before JAX initialises a backend. Flags the caller set win.
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     _flags += " --xla_force_host_platform_device_count=8"
