@@ -356,7 +356,7 @@ def use_saved(exp, directory: str):
             manifest["target"]["device_kind"],
             manifest["target"]["mesh"],
         )
-    return dataclasses.replace(exp, **loaded)
+    return dataclasses.replace(exp, **loaded) if loaded else exp
 
 
 def _load(data: bytes, args, mesh):
@@ -368,5 +368,7 @@ def _load(data: bytes, args, mesh):
     expected = jax.tree.structure((args, {}))
     if in_tree != expected:
         raise ValueError(f"its arguments are structured {in_tree}, the runner's {expected}")
-    backend = mesh.devices.flat[0].client  # the devices are found by their ids
-    return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, backend=backend)
+    devices = list(mesh.devices.flat)  # the program's, in its order (checked: device_ids)
+    return serialize_executable.deserialize_and_load(
+        payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
+    )
