@@ -22,11 +22,12 @@ is compiled; 3 when the compiler itself fails on a step (its first line is print
 
 A slice smaller than a host compiles too: v5e:1x1 and v6e:1x1 (Colab's TPU is a v5e:1x1).
 
---save=DIR also writes the train and eval executables, with what they were compiled for, when
-every step fits; the runner loads them with --config.compiled_dir=DIR when the config, the
-topology and the versions match, and says what differs when they do not (see
-tfjax.runner.executables). --topology=cpu:N compiles for N of this host's CPU devices, so that
-what is saved runs here. DIR must be new, empty or an earlier save (checked first, status 2).
+--save=DIR also writes the executables a run starts with (the state's initialisation, the train
+and eval steps), with what they were compiled for, when every step fits; the runner loads them
+with --config.compiled_dir=DIR when the config, the topology and the versions match, and says
+what differs when they do not (see tfjax.runner.executables). --topology=cpu:N compiles for N
+of this host's CPU devices, so that what is saved runs here. DIR must be new, empty or an
+earlier save (checked first, status 2).
 """
 
 import json
@@ -59,8 +60,8 @@ _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this
 _SAVE = flags.DEFINE_string(
     "save",
     None,
-    "Also write the train and eval executables and their manifest to this directory, for "
-    "the runner's --config.compiled_dir.",
+    "Also write the init, train and eval executables and their manifest to this directory, "
+    "for the runner's --config.compiled_dir.",
 )
 flags.mark_flags_as_required(["config", "topology"])
 

@@ -25,7 +25,7 @@ SPEC = "configs/lm.py:tiny"
 STEPS = 3
 DEVICES = 2
 SPLITS = ("train", "eval")
-COMPILED = ("Compiling jit(train_step)", "Compiling jit(eval_step)")
+COMPILED = ("Compiling jit(init_fn)", "Compiling jit(train_step)", "Compiling jit(eval_step)")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def saved(tmp_path_factory):
         f"--save={directory}",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"saved to {directory}: train.executable, eval.executable, manifest.json" in proc.stdout
+    saved = "init.executable, train.executable, eval.executable, manifest.json"
+    assert f"saved to {directory}: {saved}" in proc.stdout
     return directory
 
 
@@ -81,8 +82,8 @@ def test_saved_steps_run_instead_of_compiling_with_the_same_losses(
 ):
     losses, log = run(config_of(data_dir, saved), tmp_path / "loaded", caplog)
     assert losses == fresh and len(losses["train"]) == STEPS and losses["eval"]
-    for step in ("train", "eval"):
-        assert f"The {step} step: loaded from {saved}/{step}.executable" in log
+    for program in ("init", "train", "eval"):
+        assert f"The {program} program: loaded from {saved}/{program}.executable" in log
     for compiled in COMPILED:  # JAX compiled neither (what a compiling run logs: below)
         assert compiled not in log
     assert "compiling instead" not in log
@@ -146,7 +147,7 @@ def test_other_devices_or_argument_shapes_are_named(data_dir, saved, caplog):
         assert executables.use_saved(exp, saved) is exp
     embedding = "[0].params['embed']['embedding'] float32[{}, 32] P('tensor', 'fsdp')"
     assert (
-        f"compiled_dir={saved}: the train step was compiled for {embedding.format(384)}, this "
+        f"compiled_dir={saved}: the train program was compiled for {embedding.format(384)}, this "
         f"run has {embedding.format(1024)}; compiling instead"
     ) in caplog.text
 
@@ -178,7 +179,7 @@ def damaged(saved, tmp_path, how) -> str:
     [
         ("altered", "train.executable is damaged"),
         ("truncated", "train.executable is damaged (1000 bytes"),
-        ("missing file", "the train step's {dir}/train.executable cannot be read"),
+        ("missing file", "the train program's {dir}/train.executable cannot be read"),
         ("no manifest", "{dir}/manifest.json is missing"),
         ("no directory", "no such directory"),
     ],

@@ -330,9 +330,9 @@ def compile_experiment(
 
     topology, name: how the report names the target and the config.
     steps: which of "train", "eval", "decode" (default: all that the config has).
-    save_to: a directory to write the train and eval executables to, with what they were
-      compiled for, when every step fits (`tfjax.runner.executables.save`; report.saved lists
-      the files).
+    save_to: a directory to write the executables a run starts with to (init, train, eval),
+      with what they were compiled for, when every step fits (`tfjax.runner.executables.save`;
+      report.saved lists the files).
     Raises ValueError for a bad config or mesh (naming the field) before compiling anything.
     """
     mesh = sharding.make_mesh(config.mesh, devices)

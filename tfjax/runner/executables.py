@@ -1,12 +1,13 @@
-"""Executables saved for launch: the train and eval steps compiled ahead of time, loaded by the
-runner at start-up instead of being traced, lowered and compiled there.
+"""Executables saved for launch: the programs a run starts with (the state's initialisation, the
+train and eval steps) compiled ahead of time, loaded by the runner at start-up instead of being
+traced, lowered and compiled there.
 
     python experiments/compile.py --config=configs/lm.py:gpt2-small --topology=v5e:4x4 \\
         --save=/ckpt/gpt2-small.v5e-4x4
     python experiments/run.py --config=configs/lm.py:gpt2-small --workdir=... \\
         --config.compiled_dir=/ckpt/gpt2-small.v5e-4x4
 
-DIR holds, per step, `<step>.executable` (a pickle of the program serialized by
+DIR holds, per program, `<name>.executable` (a pickle of the program serialized by
 `jax.experimental.serialize_executable` with its argument and result pytree definitions) and
 `manifest.json`: what they were compiled for (the config's fields that shape the program and
 their fingerprint, the target: platform, device kind and count, processes, the mesh and its
@@ -21,9 +22,12 @@ for jax 0.10.1, this is 0.10.2; compiling instead") and the step is compiled as 
 compared is what the program depends on; a field such as log_every, eval_every, seed or the
 checkpoint section is not part of it (`NOT_IN_PROGRAM`).
 
-`cpu:N` topologies compile for this host's CPU devices (tests, and measuring what start-up
-saves: benchmarks/saved_executables.py). The decode of an evaluation is not saved: its program
-is specialised on the prompts' width and the tokenizer's EOS ids, known only once data is read.
+The initialisation ("init": a new state, random parameters) is what a fresh run compiles
+first, and on the CPU its compile takes longer than the train step's; a resumed run, or one
+that starts from config.init_from, never calls it. The decode of an evaluation is not saved:
+its program is specialised on the prompts' width and the tokenizer's EOS ids, known only once
+data is read. `cpu:N` topologies compile for this host's CPU devices (tests, and measuring what
+start-up saves: benchmarks/saved_executables.py).
 Loading unpickles the files: point compiled_dir only at directories you wrote.
 """
 
@@ -41,7 +45,7 @@ from absl import logging
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-STEPS = ("train", "eval")  # what the runner can take; decode is compiled at eval (see above)
+STEPS = ("init", "train", "eval")  # what the runner takes; decode is compiled at eval (above)
 SUFFIX = ".executable"
 # Config fields (top level or whole sections) that the train and eval programs do not depend on:
 # host-side loop settings, where data and checkpoints live, and decode's (not saved).
@@ -118,11 +122,21 @@ def _version(package: str) -> str | None:
 
 
 def step_arguments(exp) -> dict:
-    """{step: its abstract arguments} as the runner calls them (`tfjax.runner.setup`)."""
+    """{step: its abstract arguments} as the runner calls them (`tfjax.runner.setup`; init as a
+    fresh run does, with a key and no known parameters)."""
     return {
+        "init": (exp.abstract_rng,),
         "train": (exp.abstract_state, exp.train_batch, exp.abstract_rng),
         "eval": (exp.abstract_state.params, exp.eval_batch),
     }
+
+
+def signatures(exp) -> dict:
+    """{step: one line per array argument, and for init per array of the state it returns (its
+    only argument, a key, would not tell another model's state apart)}."""
+    out = {step: describe_arguments(args) for step, args in step_arguments(exp).items()}
+    out["init"] += [f"returns {line}" for line in describe_arguments(exp.abstract_state)]
+    return out
 
 
 def describe_arguments(args) -> list[str]:
@@ -159,12 +173,15 @@ def check_save_dir(directory: str) -> None:
 
 def save(directory: str, exp, compiled: dict, *, name: str = "") -> list[str]:
     """Writes the train and eval executables of `compiled` ({step: jax.stages.Compiled} of
-    `exp`, a tfjax.runner.setup.Experiment) and the manifest to `directory`; returns the paths.
-    Each file appears whole (written aside, then renamed); the manifest comes last, so an
-    interrupted save is no save."""
+    `exp`, a tfjax.runner.setup.Experiment), with the state's initialisation beside the train
+    step (compiled here: a report has nothing to say of it), and the manifest to `directory`;
+    returns the paths. Each file appears whole (written aside, then renamed); the manifest
+    comes last, so an interrupted save is no save."""
     from jax.experimental import serialize_executable
 
     check_save_dir(directory)
+    if "train" in compiled and "init" not in compiled:
+        compiled = {"init": exp.init.lower(*step_arguments(exp)["init"]).compile(), **compiled}
     os.makedirs(directory, exist_ok=True)
     manifest_path = os.path.join(directory, MANIFEST)
     if os.path.exists(manifest_path):  # an earlier save: it stops being one first
@@ -181,7 +198,7 @@ def save(directory: str, exp, compiled: dict, *, name: str = "") -> list[str]:
         "fields": program_fields(exp.config),
     }
     manifest["fingerprint"] = fingerprint(manifest["fields"])
-    arguments, paths = step_arguments(exp), []
+    described, paths = signatures(exp), []
     for step in STEPS:
         if step not in compiled:
             continue
@@ -193,10 +210,10 @@ def save(directory: str, exp, compiled: dict, *, name: str = "") -> list[str]:
             "file": step + SUFFIX,
             "bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
-            "arguments": describe_arguments(arguments[step]),
+            "arguments": described[step],
         }
         paths.append(path)
-    for step in set(STEPS) - set(compiled):  # an earlier save's step this one does not have
+    for step in set(STEPS) - set(compiled):  # an earlier save's program this one does not have
         stale = os.path.join(directory, step + SUFFIX)
         if os.path.exists(stale):
             os.remove(stale)
@@ -246,7 +263,7 @@ def check_dir(directory: str) -> dict:
 
 
 def _read(directory: str, step: str, entry: dict) -> bytes:
-    """The bytes of a saved step's file, checked against the manifest's size and SHA-256."""
+    """The bytes of a saved program's file, checked against the manifest's size and SHA-256."""
     what = f"config.compiled_dir={directory!r}"
     file = os.path.join(os.path.abspath(os.path.expanduser(directory)), entry["file"])
     try:
@@ -254,7 +271,7 @@ def _read(directory: str, step: str, entry: dict) -> bytes:
             data = f.read()
     except OSError as e:
         raise SavedExecutablesError(
-            f"{what}: the {step} step's {file} cannot be read ({e.strerror})"
+            f"{what}: the {step} program's {file} cannot be read ({e.strerror})"
         ) from None
     if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise SavedExecutablesError(
@@ -305,22 +322,21 @@ def _value(fields: dict, key: str) -> str:
 
 
 def use_saved(exp, directory: str):
-    """`exp` (a tfjax.runner.setup.Experiment) with its train and eval steps loaded from
-    `directory` where everything they were compiled for matches; what does not is compiled as
-    usual, after one log line saying why."""
+    """`exp` (a tfjax.runner.setup.Experiment) with its init, train and eval programs loaded
+    from `directory` where everything they were compiled for matches; what does not is compiled
+    as usual, after one log line saying why."""
     manifest = read_manifest(directory)  # its files were checked before any work (check_dir)
     why = mismatch(manifest, exp)
     if why:
         logging.warning("compiled_dir=%s: %s; compiling instead", directory, why)
         return exp
-    arguments, loaded = step_arguments(exp), {}
+    arguments, described, loaded = step_arguments(exp), signatures(exp), {}
     for step in STEPS:
         entry = manifest["steps"].get(step)
         if entry is None:
-            logging.info("compiled_dir=%s has no %s step; compiling it", directory, step)
+            logging.info("compiled_dir=%s has no %s program; compiling it", directory, step)
             continue
-        now = describe_arguments(arguments[step])
-        was = entry["arguments"]
+        now, was = described[step], entry["arguments"]
         if now != was:
             i = next((i for i, (a, b) in enumerate(zip(was, now, strict=False)) if a != b), None)
             why = (
@@ -329,7 +345,7 @@ def use_saved(exp, directory: str):
                 else f"{was[i]}, this run has {now[i]}"
             )
             logging.warning(
-                "compiled_dir=%s: the %s step was compiled for %s; compiling instead",
+                "compiled_dir=%s: the %s program was compiled for %s; compiling instead",
                 directory,
                 step,
                 why,
@@ -349,18 +365,29 @@ def use_saved(exp, directory: str):
             )
             continue
         logging.info(
-            "The %s step: loaded from %s (compiled for %s x %s, mesh %s)",
+            "The %s program: loaded from %s (compiled for %s x %s, mesh %s)",
             step,
             path,
             manifest["target"]["devices"],
             manifest["target"]["device_kind"],
             manifest["target"]["mesh"],
         )
+    if "init_step" in loaded:  # a fresh run's; parameters given (init_from) are jitted
+        loaded["init"] = _fresh_or_given(loaded.pop("init_step"), exp.init)
     return dataclasses.replace(exp, **loaded) if loaded else exp
 
 
+def _fresh_or_given(saved, jitted):
+    """exp.init: the saved program for a new state, the jitted one for parameters given."""
+
+    def init(rng, known=None):
+        return saved(rng) if known is None else jitted(rng, known)
+
+    return init
+
+
 def _load(data: bytes, args, mesh):
-    """The jax.stages.Compiled of a saved step's file, on the mesh's devices; its argument
+    """The jax.stages.Compiled of a saved program's file, on the mesh's devices; its argument
     structure must be the one the runner passes."""
     from jax.experimental import serialize_executable
 
