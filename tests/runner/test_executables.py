@@ -3,7 +3,9 @@ the tiny LM's train and eval steps compiled for 2 of this host's CPU devices, an
 (config.compiled_dir) runs them instead of compiling: the same losses as a fresh run, step for
 step, and no train or eval step compiled. A changed config field, a changed version, another
 device count or other argument shapes are each named in one line and the run compiles as
-usual; a damaged, missing or unfinished save is refused before any work, naming the path."""
+usual; a damaged, missing or unfinished save is refused before any work, naming the path; a
+save for a TPU slice (libtpu's compiler on this host) is written and named as another target
+here."""
 
 import dataclasses
 import json
@@ -16,7 +18,7 @@ import pytest
 from conftest import ROOT, run_python, set_fields
 
 from tfjax import sharding
-from tfjax.runner import executables, metrics, setup, train
+from tfjax.runner import aot, executables, metrics, setup, train
 
 # The fresh runs load what other tests (and each other) compiled.
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -204,3 +206,25 @@ def test_save_refuses_a_directory_holding_other_files(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"--save={target}: holds other files (metrics.jsonl)" in proc.stderr
     assert os.listdir(target) == ["metrics.jsonl"]  # nothing compiled, nothing lost
+
+
+def test_saving_for_a_tpu_slice_writes_what_a_tpu_host_loads(data_dir, tmp_path, v5e):
+    """libtpu's compiler on this host: the programs are serialized for v5e:2x2 with libtpu's
+    version; this CPU host's runner names the other target and compiles instead."""
+    config = config_of(data_dir)
+    with config.unlocked():
+        config.mesh.update(data=1, fsdp=2, tensor=2)
+    directory = str(tmp_path / "v5e")
+    report = aot.compile_experiment(config, v5e, steps=("train",), save_to=directory)
+    assert report.fits and [os.path.basename(p) for p in report.saved] == [
+        "init.executable",
+        "train.executable",
+        executables.MANIFEST,
+    ]
+    manifest = executables.check_dir(directory)
+    assert manifest["target"]["platform"] == "tpu" and manifest["target"]["devices"] == 4
+    assert manifest["versions"]["libtpu"] and set(manifest["steps"]) == {"init", "train"}
+    here = planned(config, jax.devices()[:4])
+    assert executables.mismatch(manifest, here) == (
+        "compiled for 4 x TPU v5 lite, this run has 4 x cpu"
+    )

@@ -286,11 +286,6 @@ def mismatch(manifest: dict, exp) -> str | None:
     """What differs between what a save was compiled for and this run (None: nothing), as
     "compiled for X, this run has Y"."""
     where = target(exp.mesh)
-    saved = manifest["versions"]
-    now = versions(where["platform"])
-    for package in sorted(set(saved) | set(now)):
-        if saved.get(package) != now.get(package):
-            return f"compiled for {package} {saved.get(package)}, this is {now.get(package)}"
     t = manifest["target"]
     devices = f"{where['devices']} x {where['device_kind']}"
     if (t["devices"], t["device_kind"], t["platform"]) != (
@@ -305,6 +300,11 @@ def mismatch(manifest: dict, exp) -> str | None:
         return f"compiled for mesh {t['mesh']}, this run has {where['mesh']}"
     if t["device_ids"] != where["device_ids"]:
         return f"compiled for the devices {t['device_ids']}, this run has {where['device_ids']}"
+    saved = manifest["versions"]
+    now = versions(where["platform"])
+    for package in sorted(set(saved) | set(now)):
+        if saved.get(package) != now.get(package):
+            return f"compiled for {package} {saved.get(package)}, this is {now.get(package)}"
     fields = program_fields(exp.config)
     if fingerprint(fields) != manifest["fingerprint"]:
         was = manifest["fields"]
