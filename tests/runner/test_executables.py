@@ -228,3 +228,9 @@ def test_saving_for_a_tpu_slice_writes_what_a_tpu_host_loads(data_dir, tmp_path,
     assert executables.mismatch(manifest, here) == (
         "compiled for 4 x TPU v5 lite, this run has 4 x cpu"
     )
+
+
+def test_a_cpu_topology_names_its_form():
+    proc = run_python("experiments/compile.py", f"--config={SPEC}", "--topology=cpu:2x2")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "the host's CPU devices are named cpu:N" in proc.stderr

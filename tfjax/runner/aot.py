@@ -177,9 +177,9 @@ def _cpu_devices(topology, sizes, num_slices) -> list:
             f"accepted: {TOPOLOGY_HELP}"
         )
     (n,) = sizes
-    from jax._src import xla_bridge
+    from tfjax.runner import jax_internals
 
-    if not xla_bridge.backends_are_initialized():
+    if not jax_internals.backends_started():
         jax.config.update("jax_num_cpu_devices", n)
     devices = jax.devices("cpu")
     if len(devices) < n:
