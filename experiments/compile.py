@@ -80,6 +80,12 @@ def main(argv):
     if _SAVE.value:
         from tfjax.runner import executables
 
+        if not {"train", "eval"} & set(_STEPS.value):
+            print(
+                f"--save: --steps={','.join(_STEPS.value)} has nothing to save; add train or eval",
+                file=sys.stderr,
+            )
+            return 2
         try:
             executables.check_save_dir(_SAVE.value)
         except executables.SavedExecutablesError as e:

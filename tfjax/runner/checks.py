@@ -221,7 +221,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
             )
     if not restore:  # the step to restore, the user's own files and its tokenizer directory
         checkpoint.check_restore_step(config, workdir)
-        if config.get("compiled_dir"):  # the saved steps: present, whole and unaltered
+        if config.get("compiled_dir"):  # the saved programs: present, whole and unaltered
             executables.check_dir(config.compiled_dir)
         from tfjax.data import catalog
 

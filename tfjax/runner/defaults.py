@@ -55,8 +55,8 @@ def run(
     config.task = task  # tfjax.tasks module: loss and metrics
     config.data_dir = ""  # prepared datasets; "": $TFJAX_DATA_DIR or ~/tensorflow_datasets
     config.init_from = ""  # another run's workdir: start from its parameters ("": no)
-    # Steps saved by experiments/compile.py --save=DIR, loaded when what they were compiled
-    # for matches ("": compile at start-up; tfjax.runner.executables)
+    # The programs a run starts with (init, train and eval steps) saved by compile.py --save=DIR,
+    # loaded when what they were compiled for matches ("": compile; tfjax.runner.executables)
     config.compiled_dir = ""
 
     config.batch_size = batch_size  # global rows: split over the data and fsdp mesh axes

@@ -20,7 +20,9 @@ steps are set up, uses a saved step when everything it was compiled for matches 
 (`use_saved`); when something differs it logs one line naming it ("compiled_dir=DIR: compiled
 for jax 0.10.1, this is 0.10.2; compiling instead") and the step is compiled as usual. What is
 compared is what the program depends on; a field such as log_every, eval_every, seed or the
-checkpoint section is not part of it (`NOT_IN_PROGRAM`).
+checkpoint section is not part of it (`NOT_IN_PROGRAM`). compile.py plans the batches and the
+vocabulary from the config; a run whose differ (a SentencePiece vocabulary smaller than the
+dataset's vocab_size: set model.vocab_size to save for it) is told which argument differs.
 
 The initialisation ("init": a new state, random parameters) is what a fresh run compiles
 first, and on the CPU its compile takes longer than the train step's; a resumed run, or one
