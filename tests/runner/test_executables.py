@@ -230,7 +230,14 @@ def test_saving_for_a_tpu_slice_writes_what_a_tpu_host_loads(data_dir, tmp_path,
     )
 
 
-def test_a_cpu_topology_names_its_form():
-    proc = run_python("experiments/compile.py", f"--config={SPEC}", "--topology=cpu:2x2")
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--topology=cpu:2x2"], "the host's CPU devices are named cpu:N"),
+        (["--topology=cpu:1", "--steps=decode", "--save=/tmp/x"], "has nothing to save"),
+    ],
+)
+def test_bad_input_is_refused_before_compiling(args, message):
+    proc = run_python("experiments/compile.py", f"--config={SPEC}", *args)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "the host's CPU devices are named cpu:N" in proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
