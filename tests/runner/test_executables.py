@@ -1,7 +1,7 @@
 """Executables saved for launch (tfjax.runner.executables): experiments/compile.py --save writes
 the tiny LM's train and eval steps compiled for 2 of this host's CPU devices, and the runner
-(config.compiled_dir) runs them instead of compiling: the same losses as a fresh run, step for
-step, and no train or eval step compiled. A changed config field, a changed version, another
+(config.compiled_dir) runs them instead of compiling, from a new state and resumed: the same
+losses as a fresh run, step for step, and none of the three programs compiled. A changed config field, a changed version, another
 device count or other argument shapes are each named in one line and the run compiles as
 usual; a damaged, missing or unfinished save is refused before any work, naming the path; a
 save for a TPU slice (libtpu's compiler on this host) is written and named as another target
@@ -58,12 +58,14 @@ def config_of(data_dir, compiled_dir="", **overrides):
     return set_fields(config, overrides)
 
 
-def run(config, workdir, caplog):
-    """(train losses, eval losses, the log's text) of a run on the first DEVICES devices, with
+def run(config, workdir, caplog, stop_after_step=None):
+    """({split: [(step, loss)]}, the log's text) of a run on the first DEVICES devices, with
     JAX logging each program it compiles."""
     caplog.clear()
     with caplog.at_level(logging.INFO), jax.log_compiles(True):
-        train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:DEVICES])
+        train.train_and_evaluate(
+            config, str(workdir), devices=jax.devices()[:DEVICES], stop_after_step=stop_after_step
+        )
     return losses_of(workdir), caplog.text
 
 
@@ -82,13 +84,18 @@ def fresh(data_dir, tmp_path_factory):
 def test_saved_steps_run_instead_of_compiling_with_the_same_losses(
     data_dir, saved, fresh, tmp_path, caplog
 ):
-    losses, log = run(config_of(data_dir, saved), tmp_path / "loaded", caplog)
+    """A new state, then (stopped after step 2, as a preempted job) a restored one: both run
+    the saved programs, to the fresh run's losses."""
+    config, workdir = config_of(data_dir, saved), tmp_path / "loaded"
+    _, first = run(config, workdir, caplog, stop_after_step=STEPS - 1)
+    losses, resumed = run(config, workdir, caplog)
     assert losses == fresh and len(losses["train"]) == STEPS and losses["eval"]
     for program in ("init", "train", "eval"):
-        assert f"The {program} program: loaded from {saved}/{program}.executable" in log
-    for compiled in COMPILED:  # JAX compiled neither (what a compiling run logs: below)
-        assert compiled not in log
-    assert "compiling instead" not in log
+        assert f"The {program} program: loaded from {saved}/{program}.executable" in first
+    assert "Resumed from" in resumed and "The train program: loaded from" in resumed
+    for compiled in COMPILED:  # JAX compiled none of them (a compiling run logs these: below)
+        assert compiled not in first + resumed
+    assert "compiling instead" not in first + resumed
 
 
 def changed_version(saved, tmp_path) -> str:
