@@ -1,11 +1,11 @@
 """Executables saved for launch (tfjax.runner.executables): experiments/compile.py --save writes
-the tiny LM's train and eval steps compiled for 2 of this host's CPU devices, and the runner
-(config.compiled_dir) runs them instead of compiling, from a new state and resumed: the same
-losses as a fresh run, step for step, and none of the three programs compiled. A changed config field, a changed version, another
-device count or other argument shapes are each named in one line and the run compiles as
-usual; a damaged, missing or unfinished save is refused before any work, naming the path; a
-save for a TPU slice (libtpu's compiler on this host) is written and named as another target
-here."""
+the tiny LM's initialisation, train and eval steps compiled for 2 of this host's CPU devices, and
+the runner (config.compiled_dir) runs them instead of compiling, from a new state and resumed:
+the same losses as a fresh run, step for step, and none of the three programs compiled. A
+changed config field, a changed version, another device count or other argument shapes are each
+named in one line and the run compiles as usual; a damaged, missing or unfinished save is
+refused before any work, naming the path; a save for a TPU slice (libtpu's compiler on this
+host) is written and named as another target here."""
 
 import dataclasses
 import json
