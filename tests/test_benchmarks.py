@@ -63,6 +63,16 @@ def test_compile_time_tiny(tmp_path):
 
 
 @pytest.mark.slow
+def test_saved_executables_tiny(tmp_path):
+    out, result = _run("saved_executables.py", tmp_path / "saved_executables.json")
+    assert "ratio compile/saved launch to first step = " in out
+    assert "ratio compile/saved whole run = " in out
+    assert [x["loaded"] for x in result["runs"]["saved"]] == [3]  # init, train and eval
+    assert [x["loaded"] for x in result["runs"]["compile"]] == [0]
+    assert result["saved_bytes"] > 0 and result["median"]["saved"]["first_step_s"] >= 0
+
+
+@pytest.mark.slow
 def test_attention_layouts_tiny(tmp_path):
     out, result = _run("attention_layouts.py", tmp_path / "attention_layouts.json", "--rounds=1")
     for model in ("vit", "decoder"):

@@ -62,7 +62,8 @@ TPU_FORMS = {  # generation -> how many dimensions its topology names
 TOPOLOGY_HELP = (
     "TPU slices v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (chips per dimension, e.g. v5e:4x4; "
     "--num_slices for several slices); GPU nodes a100:N, h100:N, h200:N (N GPUs on one host) "
-    "or h100:HxN (H hosts of N GPUs)"
+    "or h100:HxN (H hosts of N GPUs); cpu:N (N of this host's CPU devices: saved executables "
+    "the runner loads on this host, `tfjax.runner.executables`)"
 )
 FIT_MARGIN = 0.10  # a peak above 90% of HBM is warned about: runtime buffers need room too
 LARGE_REPLICATED_BYTES = 256 * 2**20  # a replicated state array above this is warned about
@@ -78,6 +79,8 @@ def platform_of(topology: str) -> str:
     name = topology.partition(":")[0].lower()
     if name in TPU_FORMS:
         return "tpu"
+    if name == "cpu":
+        return "cpu"
     if chips.gpu_chip(name) is not None:  # a GPU of the table, with what its compiler needs
         return "cuda"
     raise ValueError(f"topology {topology!r}: unknown chip {name!r}; accepted: {TOPOLOGY_HELP}")
@@ -105,6 +108,8 @@ def topology_devices(topology: str, *, num_slices: int = 1, platform: str | None
         )
     if kind == "cuda":
         return _gpu_devices(topology, name, [int(s) for s in sizes], num_slices)
+    if kind == "cpu":
+        return _cpu_devices(topology, [int(s) for s in sizes], num_slices)
     if len(sizes) != TPU_FORMS[name]:
         raise ValueError(
             f"topology {topology!r}: {name} slices are named with {TPU_FORMS[name]} "
@@ -160,6 +165,29 @@ def _gpu_devices(topology, name, sizes, num_slices) -> list:
     if _ptxas() is None:
         raise RuntimeError(_GPU_INSTALL)
     return list(topo.devices)
+
+
+def _cpu_devices(topology, sizes, num_slices) -> list:
+    """N of this host's CPU devices ("cpu:N"): real ones, so that what is compiled for them (and
+    saved, `tfjax.runner.executables`) runs here. JAX is asked for N when no backend has started
+    yet; else the host must already have them (--xla_force_host_platform_device_count)."""
+    if len(sizes) != 1 or num_slices != 1:
+        raise ValueError(
+            f"topology {topology!r}: the host's CPU devices are named cpu:N (no slices); "
+            f"accepted: {TOPOLOGY_HELP}"
+        )
+    (n,) = sizes
+    from tfjax.runner import jax_internals
+
+    if not jax_internals.backends_started():
+        jax.config.update("jax_num_cpu_devices", n)
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise ValueError(
+            f"topology {topology!r}: this process has {len(devices)} CPU device(s); start it "
+            f"with XLA_FLAGS=--xla_force_host_platform_device_count={n}"
+        )
+    return devices[:n]
 
 
 _GPU_INSTALL = (
@@ -269,6 +297,7 @@ class Report:
     ideal_step_s: float  # flops_per_step / (devices x peak): a lower bound
     steps: list[StepReport]
     warnings: list[str]
+    saved: list[str] = dataclasses.field(default_factory=list)  # files written (save_to)
 
     @property
     def fits(self) -> bool:
@@ -295,12 +324,15 @@ def _nbytes(shape, dtype) -> int:
 
 
 def compile_experiment(
-    config, devices, *, topology: str = "", name: str = "", steps=None
+    config, devices, *, topology: str = "", name: str = "", steps=None, save_to: str | None = None
 ) -> Report:
     """Compiles every step of `config` for `devices` (compile-only or real) and reports.
 
     topology, name: how the report names the target and the config.
     steps: which of "train", "eval", "decode" (default: all that the config has).
+    save_to: a directory to write the executables a run starts with to (init, train, eval),
+      with what they were compiled for, when every step fits (`tfjax.runner.executables.save`;
+      report.saved lists the files).
     Raises ValueError for a bad config or mesh (naming the field) before compiling anything.
     """
     mesh = sharding.make_mesh(config.mesh, devices)
@@ -319,8 +351,9 @@ def compile_experiment(
     }
     if "decode" in wanted and tasks.decode_eval(config):
         lowerings["decode"] = lambda: _lower_decode(exp, hbm)
+    compiled = {}  # step -> executable, for save_to
     reports = [
-        _compile_step(name, lower, hbm=hbm, bf16=config.dtype == "bfloat16")
+        _compile_step(name, lower, hbm=hbm, bf16=config.dtype == "bfloat16", keep=compiled)
         for name, lower in lowerings.items()
         if name in wanted
     ]
@@ -344,6 +377,11 @@ def compile_experiment(
                 "operand under dtype=bfloat16 (something promotes the compute to float32)"
             )
     dp = sharding.data_parallel_size(mesh, exp.rules)
+    saved = []
+    if save_to and all(r.fits for r in reports):
+        from tfjax.runner import executables
+
+        saved = executables.save(save_to, exp, compiled, name=name)
     return Report(
         config=name,
         topology=topology,
@@ -361,6 +399,7 @@ def compile_experiment(
         ideal_step_s=exp.flops_per_step / (len(devices) * peak),
         steps=reports,
         warnings=warnings,
+        saved=saved,
     )
 
 
@@ -376,11 +415,13 @@ def _lower_decode(exp, hbm):
         return decode.lower(exp.model, params, prompts, eos_id=2, memory_bytes=hbm, **kwargs)
 
 
-def _compile_step(name, lower, *, hbm: int, bf16: bool) -> StepReport:
+def _compile_step(name, lower, *, hbm: int, bf16: bool, keep: dict | None = None) -> StepReport:
     lowered = lower()
     start = time.perf_counter()
     try:
         compiled = lowered.compile()
+        if keep is not None:
+            keep[name] = compiled
     except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory refusal is kept
         message = str(e)
         if not refused_for_memory(message):
