@@ -4,10 +4,7 @@ Letters: B batch, T length, S context length, D model width.
 
 A `Block` (configured by a BlockConfig) is self-attention (+ cross-attention when
 `cross_attention`) + FFN (an Mlp, or a MoeMlp for a MoeConfig), each a residual sub-layer with
-the norm placed per `norm_position`:
-  "post": x = LN(x + Dropout(F(x)))      Vaswani et al. (2017), BERT
-  "pre":  x = x + Dropout(F(LN(x)))      GPT-2, ViT, Llama (the stack adds a final norm)
-  "sandwich": x = x + Dropout(LN'(F(LN(x))))  Gemma 2 / 3: a norm before and after (as "pre")
+the norm placed per `norm_position` ("post", "pre" or "sandwich": tfjax.ops.residual).
 `Stack` applies `num_layers` blocks of one config, unrolled (params `layers_0`, `layers_1`, ...)
 or with `nn.scan` (params `layers`, with a leading layer axis); `unrolled_to_scanned` and
 `scanned_to_unrolled` convert the parameters, and both layouts compute the same function.
@@ -27,6 +24,7 @@ from tfjax.nn.attention import MultiHeadAttention, default_kernel_init
 from tfjax.nn.ffn import make_mlp
 from tfjax.nn.moe import AUX_LOSSES, MoeMlp
 from tfjax.nn.norms import make_norm
+from tfjax.ops import residual
 from tfjax.ops.cache import KVCache
 from tfjax.ops.config import NORM_POSITIONS, BlockConfig, MoeConfig  # noqa: F401 (re-exported)
 
@@ -94,15 +92,15 @@ class Block(nn.Module):
 
     def _residual(self, x, sublayer, name, train):
         """One residual sub-layer with the norm before (pre), after (post) or both (sandwich)."""
-        position, rate = self.config.norm_position, self.config.dropout_rate
-        if position in ("pre", "sandwich"):
-            y = sublayer(_norm(self, f"{name}_norm")(x))
-            if position == "sandwich":
-                y = _norm(self, f"{name}_post_norm")(y)
-            y = self._scaled(y, name)
-            return x + nn.Dropout(rate)(y, deterministic=not train)
-        y = nn.Dropout(rate)(self._scaled(sublayer(x), name), deterministic=not train)
-        return _norm(self, f"{name}_norm")(x + y)
+        return residual.sublayer(
+            x,
+            sublayer,
+            norm_position=self.config.norm_position,
+            norm=lambda y: _norm(self, f"{name}_norm")(y),
+            post_norm=lambda y: _norm(self, f"{name}_post_norm")(y),
+            scale=lambda y: self._scaled(y, name),
+            dropout=lambda y: nn.Dropout(self.config.dropout_rate)(y, deterministic=not train),
+        )
 
     @nn.compact
     def __call__(
