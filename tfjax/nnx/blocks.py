@@ -5,8 +5,8 @@ parameter names, shapes, dtypes and logical axis names.
 Letters: B batch, T length, S key/value length, N query heads, K key/value heads, H head dim,
 D model width, F mlp width, V vocab, L layers.
 
-One parameter layout: `nnx.state(module, nnx.Param).to_pure_dict()` is the Linen module's
-`params` tree, so a Linen checkpoint loads into these modules and back. Each parameter's
+One parameter layout: `nnx.to_pure_dict(nnx.state(module, nnx.Param))` is the Linen
+module's `params` tree, so a Linen checkpoint loads into these modules and back. Each parameter's
 logical axis names are its `out_sharding` metadata (`nnx.get_partition_spec`), the names the
 Linen module gives `nn.get_partition_spec`. NNX shards a parameter as it is created
 ("eager sharding") only when a mesh is in context (`jax.set_mesh`, with the rules of
@@ -263,17 +263,20 @@ class Mlp(nnx.Module):
         # [B, T, F]
         h = act(self.wi_0(x), self.wi_1(x)) if self.config.gated else act(self.wi(x))
         h = nn.with_logical_constraint(h, (axes.BATCH, axes.LENGTH, axes.ACT_MLP))
-        h = _dropout(h, self.config.dropout_rate, dropout_rng)
+        h = dropout(h, self.config.dropout_rate, dropout_rng)
         # [B, T, D]
         return self.wo(h)
 
 
-def _dropout(x, rate, key):
-    """nnx.Dropout with `key`; the identity when key is None (not training)."""
+def dropout(x, rate, key):
+    """nnx.Dropout of `rate` with `key`; the identity when key is None (not training). Keys
+    are passed down explicitly (folded per layer and site), so a scanned stack needs no RNG
+    state inside its scan."""
     return nnx.Dropout(rate)(x, deterministic=key is None, rngs=key)
 
 
-def _fold(key, i):
+def fold_key(key, i):
+    """The i-th key drawn from `key` (None: not training)."""
     return None if key is None else jax.random.fold_in(key, i)
 
 
@@ -326,7 +329,7 @@ class Block(nnx.Module):
             norm=getattr(self, f"{name}_norm"),
             post_norm=getattr(self, f"{name}_post_norm", None),
             scale=None if scale is None else (lambda y: y * scale[...].astype(y.dtype)),
-            dropout=lambda y: _dropout(y, self.config.dropout_rate, key),
+            dropout=lambda y: dropout(y, self.config.dropout_rate, key),
         )
 
     def __call__(
@@ -358,7 +361,7 @@ class Block(nnx.Module):
                 segment_ids=segment_ids,
                 is_causal=self.config.causal,
                 positions=positions,
-                dropout_rng=_fold(dropout_rng, 0),
+                dropout_rng=fold_key(dropout_rng, 0),
                 variant=variant,
                 cache=cache,
             )
@@ -366,12 +369,12 @@ class Block(nnx.Module):
                 y, cache = y
             return y
 
-        x = self._residual(x, self_attention, "self_attention", _fold(dropout_rng, 1))
+        x = self._residual(x, self_attention, "self_attention", fold_key(dropout_rng, 1))
         x = self._residual(
             x,
-            lambda y: self.mlp(y, dropout_rng=_fold(dropout_rng, 2)),
+            lambda y: self.mlp(y, dropout_rng=fold_key(dropout_rng, 2)),
             "mlp",
-            _fold(dropout_rng, 3),
+            fold_key(dropout_rng, 3),
         )
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
         return x if cache is None else (x, cache)
@@ -488,7 +491,7 @@ class Stack(nnx.Module):
                 graphdef, state = nnx.split(getattr(self, f"layers_{i}"))
                 v = None if self.variants is None else self.variants[i]
                 layer_cache = None if cache is None else cache[i]
-                x, layer_cache = layer(state, graphdef, x, v, _fold(dropout_rng, i), layer_cache)
+                x, layer_cache = layer(state, graphdef, x, v, fold_key(dropout_rng, i), layer_cache)
                 caches.append(layer_cache)
             cache = None if cache is None else tuple(caches)
         if hasattr(self, "final_norm"):

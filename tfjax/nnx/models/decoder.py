@@ -11,10 +11,10 @@ modules, which compute the same function with the same parameter tree:
     from tfjax.nnx.models import decoder
     model = decoder.Model(variant="qwen3-0.6b", rngs=nnx.Rngs(0))
     logits, aux = model(tokens)                    # [B, T] -> [B, T, V], {"pre_logits": ...}
-    nnx.state(model, nnx.Param).to_pure_dict()     # the Linen model's params tree
+    nnx.to_pure_dict(nnx.state(model, nnx.Param))  # the Linen model's params tree
 
-A Linen checkpoint's `params` load with `nnx.update(model, params)` after
-`nnx.state(model, nnx.Param).replace_by_pure_dict(params)` (see `load_params`). Decoding passes
+A Linen checkpoint's `params` load with `load_params(model, params)`; the NNX model's go to
+Linen as `nnx.to_pure_dict(nnx.state(model, nnx.Param))`. Decoding passes
 the explicit KV cache (`model.init_cache`, `cache=`), as the Linen model's explicit form does;
 there is no "cache" collection. A mixture of experts (num_experts > 0) is Linen's only so far.
 """
@@ -70,7 +70,7 @@ class Decoder(nnx.Module):
             self.pos_embed = blocks.LearnedPositions(
                 spec.max_len, spec.width, init_stddev=spec.init_stddev, rngs=rngs, **dtypes
             )
-        ((name, config, _, n),) = spec.stacks()  # one stack without experts
+        ((_, config, _, n),) = spec.stacks()  # one stack, "decoder", without experts
         self.decoder = blocks.Stack(
             config,
             n,
@@ -82,7 +82,6 @@ class Decoder(nnx.Module):
             rngs=rngs,
             **dtypes,
         )
-        assert name == "decoder"
         # Where training's dropout keys come from (the "dropout" stream, else "default").
         self.rngs = rngs.fork()
 
@@ -130,13 +129,13 @@ class Decoder(nnx.Module):
             x = x + self.pos_embed(positions)
         elif spec.position == "sinusoidal":
             x = x + sinusoidal(positions, spec.width, dtype=x.dtype)
-        x = blocks._dropout(x, spec.dropout_rate, blocks._fold(key, 0))
+        x = blocks.dropout(x, spec.dropout_rate, blocks.fold_key(key, 0))
         pos = positions if positions.ndim == 2 else positions[None]
         x = self.decoder(
             x,
             segment_ids=segment_ids,
             positions=pos,
-            dropout_rng=blocks._fold(key, 1),
+            dropout_rng=blocks.fold_key(key, 1),
             cache=cache,
         )
         if cache is not None:
@@ -155,5 +154,5 @@ def load_params(model: Decoder, params) -> None:
     """Puts a Linen model's `params` tree (the same layout; boxed with logical names, as
     `init` returns it, or not) into `model`, in place."""
     state = nnx.state(model, nnx.Param)
-    state.replace_by_pure_dict(nn.meta.unbox(params))
+    nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
     nnx.update(model, state)
