@@ -201,7 +201,7 @@ class MultiHeadAttention(nn.Module):
         if self.config.use_bias if qkv_bias is None else qkv_bias:
             bias = self._bias(f"{name}_bias", (heads, head_dim), (head_axis, axes.HEAD_DIM))
         # [B, T, N|K, H]
-        return multihead.project(x, kernel, bias)
+        return multihead.project(x, kernel, heads, head_dim, bias)
 
     def _bias(self, name, shape, names):
         """A zero-initialised bias parameter of `shape`."""
@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module):
         if self.config.use_bias:
             bias = self._bias("out_bias", (out_features,), (axes.EMBED,))
         # [B, T, D]
-        return multihead.project_out(out, out_kernel, bias)
+        return multihead.project_out(out, out_kernel, out_features, bias)
 
     def _sinks(self):
         """The attention sinks [N], one logit per query head (zero-initialised: at init each

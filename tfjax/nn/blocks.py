@@ -56,6 +56,21 @@ REMAT_POLICIES = {
 }
 
 
+def check_stack(num_layers: int, remat_policy: str, variants) -> None:
+    """A stack's options (this Stack's and tfjax.nnx's), each error naming its field."""
+    if remat_policy not in REMAT_POLICIES:
+        raise ValueError(
+            f"remat_policy={remat_policy!r} is unknown; allowed: {tuple(REMAT_POLICIES)}"
+        )
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+    if variants is not None and len(variants) != num_layers:
+        raise ValueError(
+            f"variants has {len(variants)} entries; it needs one per layer "
+            f"(num_layers={num_layers})"
+        )
+
+
 def _norm(module, name: str) -> nn.Module:
     """The config's norm, in the dtypes of `module` (a Block or Stack, whose child it is)."""
     config = module.config
@@ -217,17 +232,7 @@ class Stack(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"remat_policy={self.remat_policy!r} is unknown; allowed: {tuple(REMAT_POLICIES)}"
-            )
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be at least 1, got {self.num_layers}")
-        if self.variants is not None and len(self.variants) != self.num_layers:
-            raise ValueError(
-                f"variants has {len(self.variants)} entries; it needs one per layer "
-                f"(num_layers={self.num_layers})"
-            )
+        check_stack(self.num_layers, self.remat_policy, self.variants)
         super().__post_init__()
 
     @nn.compact

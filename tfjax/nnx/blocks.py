@@ -24,7 +24,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from tfjax.nn import axes
-from tfjax.nn.blocks import LAYER_INPUT, REMAT_POLICIES
+from tfjax.nn.blocks import LAYER_INPUT, REMAT_POLICIES, check_stack
 from tfjax.ops import embed, multihead, residual
 from tfjax.ops.cache import KVCache, write
 from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig, MoeConfig
@@ -148,11 +148,11 @@ class Attention(nnx.Module):
         return None if b is None else b[...]
 
     def _project(self, name, x):
-        """[B, T, D] -> [B, T, heads, H] by the `{name}_kernel` (and bias)."""
-        x, kernel = nnx.nn.dtypes.promote_dtype(
-            (x, getattr(self, f"{name}_kernel")[...]), dtype=self.dtype
-        )
-        return multihead.project(x, kernel, self._bias(f"{name}_bias"))
+        """[B, T, D] -> [B, T, heads, H] by the `{name}_kernel` [D, heads, H] (and bias)."""
+        kernel = getattr(self, f"{name}_kernel")[...]
+        _, heads, head_dim = kernel.shape
+        x, kernel = nnx.nn.dtypes.promote_dtype((x, kernel), dtype=self.dtype)
+        return multihead.project(x, kernel, heads, head_dim, self._bias(f"{name}_bias"))
 
     def __call__(
         self,
@@ -221,9 +221,10 @@ class Attention(nnx.Module):
             is_causal=is_causal,
             sinks=self.sinks[...] if self.config.sinks else None,
         )
-        out, kernel = nnx.nn.dtypes.promote_dtype((out, self.out_kernel[...]), dtype=self.dtype)
+        kernel = self.out_kernel[...]
+        out, kernel = nnx.nn.dtypes.promote_dtype((out, kernel), dtype=self.dtype)
         # [B, T, D]
-        out = multihead.project_out(out, kernel, self._bias("out_bias"))
+        out = multihead.project_out(out, kernel, kernel.shape[-1], self._bias("out_bias"))
         return out if cache is None else (out, cache)
 
 
@@ -406,17 +407,7 @@ class Stack(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        if remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"remat_policy={remat_policy!r} is unknown; allowed: {tuple(REMAT_POLICIES)}"
-            )
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be at least 1, got {num_layers}")
-        if variants is not None and len(variants) != num_layers:
-            raise ValueError(
-                f"variants has {len(variants)} entries; it needs one per layer "
-                f"(num_layers={num_layers})"
-            )
+        check_stack(num_layers, remat_policy, variants)
         self.num_layers, self.scan_layers, self.remat_policy = num_layers, scan_layers, remat_policy
         self.variants = variants
 

@@ -16,10 +16,12 @@ from tfjax.ops import masks, position
 from tfjax.ops.attention import attention_weights, dot_product_attention
 
 
-def project(x, kernel, bias=None):
-    """[B, T, D] -> [B, T, heads, H] by kernel [D, heads, H] (+ bias [heads, H]): the query, key
-    and value projections, in the operands' (already promoted) dtype."""
-    d, heads, head_dim = kernel.shape
+def project(x, kernel, heads: int, head_dim: int, bias=None):
+    """[B, T, D] -> [B, T, heads, head_dim] by kernel [D, heads, head_dim] (+ bias [heads,
+    head_dim]): the query, key and value projections, in the operands' (already promoted)
+    dtype. The shapes come from the arguments, not the kernel: an interceptor (Qwix's QLoRA)
+    may hand over a kernel that is already the 2-D [D, E] one."""
+    d = x.shape[-1]
     # One 2-D matmul with the kernel seen as [D, E] (a free reshape), the form of a plain
     # dense layer.
     # [B, T, E]
@@ -29,9 +31,10 @@ def project(x, kernel, bias=None):
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def project_out(out, kernel, bias=None):
-    """[B, T, N, H] -> [B, T, D'] by kernel [N, H, D'] (+ bias [D']): the output projection."""
-    n, h, out_features = kernel.shape
+def project_out(out, kernel, out_features: int, bias=None):
+    """[B, T, N, H] -> [B, T, out_features] by kernel [N, H, out_features] (+ bias
+    [out_features]): the output projection (the shapes from the arguments, as in project)."""
+    n, h = out.shape[2:]
     # [B, T, E] (a 2-D matmul, as in project)
     out = out.reshape(*out.shape[:2], n * h)
     # [B, T, D']
