@@ -117,11 +117,42 @@ def test_same_parameter_tree_and_logical_names(name, scan_layers):
         assert names["decoder", "layers", "mlp", "wo", "kernel"] == P("layers", "mlp", "embed")
 
 
-def test_storage_dtype_is_linens():
+def test_bfloat16_storage_and_compute_as_linen():
     lm, model = _models("llama", True, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+    tokens = _tokens()
+    params = _linen_params(lm, tokens)
     layout = _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    assert layout == _layout(_linen_params(lm, _tokens()))
+    assert layout == _layout(params)
     assert {dtype for _, dtype in layout.values()} == {jnp.dtype(jnp.bfloat16)}
+    decoder.load_params(model, params)
+    got, want = model(tokens)[0], lm.apply({"params": params}, tokens)[0]
+    assert got.dtype == want.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got, want)  # the same operations, so the same roundings
+
+
+def test_scanned_gradient_step_needs_no_more_memory_than_linens():
+    """The scan takes the stacked parameters as its input, never its carry: XLA's compiled
+    gradient step needs the Linen one's temporary memory, not a copy of the layers' weights."""
+    fields = dict(vocab_size=VOCAB, width=64, num_layers=4, mlp_dim=128, scan_layers=True)
+    fields["remat_policy"] = "full"
+    lm = linen.Model("modern-tiny", **fields)
+    tokens = _tokens(length=32)
+    params = nn.meta.unbox(jax.eval_shape(lambda: _linen_params(lm, tokens)))
+    model = nnx.eval_shape(lambda: decoder.Model("modern-tiny", rngs=nnx.Rngs(0), **fields))
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+
+    def linen_loss(p, t):
+        return lm.apply({"params": p}, t)[0].mean()
+
+    def nnx_loss(p, t):
+        return nnx.merge(graphdef, p, rest)(t)[0].mean()
+
+    def memory(loss, p):
+        return jax.jit(jax.grad(loss)).lower(p, tokens).compile().memory_analysis()
+
+    want, got = memory(linen_loss, params), memory(nnx_loss, state)
+    assert got.argument_size_in_bytes == want.argument_size_in_bytes
+    assert got.temp_size_in_bytes <= want.temp_size_in_bytes
 
 
 def _loss(logits, pre_logits):
