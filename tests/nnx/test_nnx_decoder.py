@@ -280,3 +280,18 @@ def test_same_errors_as_linen_and_experts_refused():
         decoder.Model("nope", vocab_size=VOCAB, rngs=nnx.Rngs(0))
     with pytest.raises(NotImplementedError, match="Decoder.num_experts=8"):
         decoder.Model("moe-tiny", vocab_size=VOCAB, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("variant", ["qwen3-0.6b", "gemma-3-1b", "gpt-oss-20b"])
+def test_published_presets_have_linens_tree(variant):
+    """The presets themselves, abstractly (nothing allocated): the Linen model's tree, scanned;
+    a mixture of experts is refused by name."""
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    lm = linen.Model(variant, scan_layers=True)
+    if lm.num_experts:
+        with pytest.raises(NotImplementedError, match="Decoder.num_experts"):
+            decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0))
+        return
+    model = nnx.eval_shape(lambda: decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0)))
+    params = jax.eval_shape(lambda: lm.init(jax.random.key(0), tokens))["params"]
+    assert _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param))) == _layout(params)
