@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax.nn import axes
+from tfjax.ops import head
 
 
 class Embed(nn.Module):
@@ -52,5 +53,5 @@ class Embed(nn.Module):
     def attend(self, x):
         """x: [B, T, D] -> [B, T, V] logits against the (shared) embedding matrix."""
         x, table = nn.dtypes.promote_dtype(x, self.embedding, dtype=self.dtype)
-        # [B, T, V]
-        return jnp.einsum("btd,vd->btv", x, table)
+        # [B, T, V], the gradients of x and the table made together (tfjax.ops.head)
+        return head.matmul(x, table.T)

@@ -10,6 +10,7 @@ names); another module system (Flax NNX, Equinox, plain functions) can share the
   masks        boolean attention masks
   position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets
   norms, activations   the norm and FFN activation maths
+  head         the vocabulary head's matmul, its two gradients released together
   moe          mixture of experts: routing, dropless grouped-matmul dispatch, expert
                parallelism, the load-balancing and router z losses
   config       AttentionConfig, MlpConfig, MoeConfig, BlockConfig, LayerAttention: what a
@@ -23,6 +24,7 @@ from tfjax.ops import (
     cache,
     chunked,
     config,
+    head,
     masks,
     moe,
     multihead,
@@ -59,6 +61,7 @@ __all__ = [
     "config",
     "dot_product_attention",
     "gelu",
+    "head",
     "init_cache",
     "masks",
     "moe",
