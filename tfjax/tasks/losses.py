@@ -47,11 +47,11 @@ def token_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
     """([...] loss, [...] nll) of each position, in float32: the smoothed cross-entropy plus
     z_loss * log(Z)^2, and the cross-entropy against the label (see cross_entropy_sums).
 
-    Its gradient is written out (softmax - target, made from the logits in the backward pass)
-    so that the backward keeps only what it was given: the [..., V] logits in their own dtype
-    and log Z [...]. Left to autodiff, logsumexp's backward keeps its float32 exp(logits - max),
-    twice the bytes of bf16 logits, which is the largest tensor of a language model's step
-    (+0.5 GiB per row of 2,048 tokens at Llama 3's 128,256 tokens; README, "Memory levers").
+    The backward pass is written out: softmax - target in float32, made from what the forward
+    keeps (the [..., V] logits in their own dtype and log Z [...]), rounded once to the logits'
+    dtype: the float32 formula's gradient, as autodiff gave it when the label's logit was read
+    from a float32 copy. Autodiff of the forward below, which reads it from the bf16 logits,
+    would add the label's part in bf16 (rounded twice).
     """
     return _token_cross_entropy_fwd(logits, labels, label_smoothing, z_loss)[0]
 
