@@ -143,3 +143,15 @@ def test_decode_layout_tiny(tmp_path):
     assert "same tokens: True" in out and "ratio speed auto / as-given = " in out
     assert [r["layout"] for r in result["rows"]] == ["as-given", "auto"]
     assert all(r["tokens_per_s"] > 0 for r in result["rows"])
+
+
+@pytest.mark.slow
+def test_batch_fit_tiny(tmp_path):
+    out, result = _run("batch_fit.py", tmp_path / "batch_fit.json")
+    assert "per extra row: " in out and "largest fitting batch: " in out
+    tried = {t["rows"]: t["fits"] for t in result["tried"]}
+    largest = result["largest_rows"]
+    # The bisection's answer: that batch fits and the next one does not (or is past the cap).
+    assert tried[largest] and (result["capped_by_max_rows"] or tried[largest + 1] is False)
+    assert all(fits == (rows <= largest) for rows, fits in tried.items())
+    assert result["slope_bytes_per_row"] > 0

@@ -51,6 +51,7 @@ from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes
+from tfjax.ops import head
 from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT, softcap
 from tfjax.ops.cache import next_position
 
@@ -537,6 +538,7 @@ class Decoder(nn.Module):
                 kernel_init=nn.initializers.normal(self.init_stddev),
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
+                dot_general=head.dot_general,  # its two gradients made together
             )
 
     def logits(self, x):

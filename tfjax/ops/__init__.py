@@ -13,6 +13,7 @@ share them unchanged.
   position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets
   norms, activations   the norm and FFN activation maths (and the logits' soft cap)
   embed        the token embedding's lookup and the output projection that shares its table
+  head         the vocabulary head's matmul, its two gradients released together
   residual     a block's residual sub-layer wired by the norm's position (pre, post, sandwich)
   moe          mixture of experts: routing, dropless grouped-matmul dispatch, expert
                parallelism, the load-balancing and router z losses
@@ -28,6 +29,7 @@ from tfjax.ops import (
     chunked,
     config,
     embed,
+    head,
     masks,
     moe,
     multihead,
@@ -66,6 +68,7 @@ __all__ = [
     "dot_product_attention",
     "embed",
     "gelu",
+    "head",
     "init_cache",
     "masks",
     "moe",

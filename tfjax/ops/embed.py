@@ -6,6 +6,8 @@ Letters: B batch, T length, D model width, V vocab.
 
 import jax.numpy as jnp
 
+from tfjax.ops import head
+
 
 def lookup(table, ids, *, dtype=None, scale_by_sqrt_width: bool = False, scale_dtype=None):
     """table [V, D] rows at ids [B, T] (or positions [T]) -> [B, T, D] in `dtype` (float32 when
@@ -29,6 +31,7 @@ def lookup(table, ids, *, dtype=None, scale_by_sqrt_width: bool = False, scale_d
 
 
 def attend(x, table):
-    """x [B, T, D] -> [B, T, V] logits against the table [V, D] (both in the promoted dtype)."""
+    """x [B, T, D] -> [B, T, V] logits against the table [V, D] (both in the promoted dtype);
+    the gradients of x and the table made together (`head.matmul`)."""
     # [B, T, V]
-    return jnp.einsum("btd,vd->btv", x, table)
+    return head.matmul(x, table.T)
