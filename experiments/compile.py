@@ -21,6 +21,13 @@ the devices, a config error, a --json path that cannot be written), reported bef
 is compiled; 3 when the compiler itself fails on a step (its first line is printed).
 
 A slice smaller than a host compiles too: v5e:1x1 and v6e:1x1 (Colab's TPU is a v5e:1x1).
+
+--save=DIR also writes the executables a run starts with (the state's initialisation, the train
+and eval steps), with what they were compiled for, when every step fits; the runner loads them
+with --config.compiled_dir=DIR when the config, the topology and the versions match, and says
+what differs when they do not (see tfjax.runner.executables). --topology=cpu:N compiles for N
+of this host's CPU devices, so that what is saved runs here. DIR must be new, empty or an
+earlier save (checked first, status 2).
 """
 
 import json
@@ -50,6 +57,12 @@ _PLATFORM = flags.DEFINE_enum(
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by DCN (data parallel).")
 _STEPS = flags.DEFINE_list("steps", ["train", "eval", "decode"], "Which steps to compile.")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this path.")
+_SAVE = flags.DEFINE_string(
+    "save",
+    None,
+    "Also write the init, train and eval executables and their manifest to this directory, "
+    "for the runner's --config.compiled_dir.",
+)
 flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -64,6 +77,20 @@ def main(argv):
     if _JSON.value and (problem := _unwritable(_JSON.value)):
         print(f"--json={_JSON.value}: {problem}", file=sys.stderr)
         return 2
+    if _SAVE.value:
+        from tfjax.runner import executables
+
+        if not {"train", "eval"} & set(_STEPS.value):
+            print(
+                f"--save: --steps={','.join(_STEPS.value)} has nothing to save; add train or eval",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            executables.check_save_dir(_SAVE.value)
+        except executables.SavedExecutablesError as e:
+            print(e, file=sys.stderr)
+            return 2
     config = _CONFIG.value
     spec = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
@@ -76,7 +103,12 @@ def main(argv):
         if _NUM_SLICES.value > 1:
             topology += f" x {_NUM_SLICES.value} slices"
         report = aot.compile_experiment(
-            config, devices, topology=topology, name=name, steps=tuple(_STEPS.value)
+            config,
+            devices,
+            topology=topology,
+            name=name,
+            steps=tuple(_STEPS.value),
+            save_to=_SAVE.value,
         )
     except aot.CompileError as e:
         print(f"{name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
@@ -85,6 +117,12 @@ def main(argv):
         print(f"{name}: {e}", file=sys.stderr)
         return 2
     print(aot.format_report(report))
+    if _SAVE.value:
+        print(
+            f"  saved to {_SAVE.value}: {', '.join(os.path.basename(p) for p in report.saved)}"
+            if report.saved
+            else f"  nothing saved to {_SAVE.value}: a step does not fit"
+        )
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             json.dump(report.as_dict(), f, indent=2)

@@ -63,6 +63,16 @@ def test_compile_time_tiny(tmp_path):
 
 
 @pytest.mark.slow
+def test_saved_executables_tiny(tmp_path):
+    out, result = _run("saved_executables.py", tmp_path / "saved_executables.json")
+    assert "ratio compile/saved launch to first step = " in out
+    assert "ratio compile/saved whole run = " in out
+    assert [x["loaded"] for x in result["runs"]["saved"]] == [3]  # init, train and eval
+    assert [x["loaded"] for x in result["runs"]["compile"]] == [0]
+    assert result["saved_bytes"] > 0 and result["median"]["saved"]["first_step_s"] >= 0
+
+
+@pytest.mark.slow
 def test_attention_layouts_tiny(tmp_path):
     out, result = _run("attention_layouts.py", tmp_path / "attention_layouts.json", "--rounds=1")
     for model in ("vit", "decoder"):
@@ -133,3 +143,15 @@ def test_decode_layout_tiny(tmp_path):
     assert "same tokens: True" in out and "ratio speed auto / as-given = " in out
     assert [r["layout"] for r in result["rows"]] == ["as-given", "auto"]
     assert all(r["tokens_per_s"] > 0 for r in result["rows"])
+
+
+@pytest.mark.slow
+def test_batch_fit_tiny(tmp_path):
+    out, result = _run("batch_fit.py", tmp_path / "batch_fit.json")
+    assert "per extra row: " in out and "largest fitting batch: " in out
+    tried = {t["rows"]: t["fits"] for t in result["tried"]}
+    largest = result["largest_rows"]
+    # The bisection's answer: that batch fits and the next one does not (or is past the cap).
+    assert tried[largest] and (result["capped_by_max_rows"] or tried[largest + 1] is False)
+    assert all(fits == (rows <= largest) for rows, fits in tried.items())
+    assert result["slope_bytes_per_row"] > 0

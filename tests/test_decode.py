@@ -325,19 +325,13 @@ def test_generation_stops_at_the_first_of_several_eos_ids(method):
         assert {int(tokens[b, e]) for b, e in enumerate(ends)} == {E1, E2}  # each ends a row
 
 
-@pytest.mark.parametrize("method", ["greedy", "beam"])
-def test_every_parameter_layout_generates_the_same_tokens(method):
-    """From float32 parameters FSDP-sharded over the 8 host devices, bf16 compute: the token
-    loop's layouts (cast once and replicated, split over the mesh, or as given) decode alike,
-    for greedy and for beam search."""
+def _fsdp_layouts(model, method):
+    """{layout: generate's (tokens, scores)} from float32 parameters FSDP-sharded over the 8
+    host devices."""
     from tfjax import sharding
 
     mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
     rules = sharding.DEFAULT_RULES
-    model = decoder.Model(
-        variant="tiny", vocab_size=256, width=64, num_heads=8, num_kv_heads=8, mlp_dim=128,
-        max_len=32, dtype=jnp.bfloat16, scan_layers=True,
-    )  # fmt: skip
     prompts = jax.random.randint(jax.random.key(1), (8, 5), 1, 256)
     with sharding.logical_context(mesh, rules):
         boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), prompts))["params"]
@@ -347,7 +341,7 @@ def test_every_parameter_layout_generates_the_same_tokens(method):
         )
         params = nn.unbox(init())
         prompts = jax.device_put(prompts, sharding.batch_sharding(mesh, rules, 2))
-        tokens = {
+        out = {
             layout: decode.generate(
                 model,
                 params,
@@ -360,15 +354,40 @@ def test_every_parameter_layout_generates_the_same_tokens(method):
             )  # fmt: skip
             for layout in decode.LAYOUTS
         }
-    base, base_scores = tokens["as-given"]
-    for layout, (got, scores) in tokens.items():
+        with pytest.raises(decode.OptionError, match="layout='fsdp' is unknown; allowed"):
+            decode.generate(model, params, prompts, max_new_tokens=2, eos_id=255, layout="fsdp")
+    return params, out
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_every_parameter_layout_generates_the_same_tokens(method):
+    """bf16 compute: the token loop's layouts (cast once and replicated, split over the mesh,
+    or as given) decode alike, for greedy and for beam search."""
+    model = decoder.Model(
+        variant="tiny", vocab_size=256, width=64, num_heads=8, num_kv_heads=8, mlp_dim=128,
+        max_len=32, dtype=jnp.bfloat16, scan_layers=True,
+    )  # fmt: skip
+    params, out = _fsdp_layouts(model, method)
+    base, base_scores = out["as-given"]
+    for layout, (got, scores) in out.items():
         np.testing.assert_array_equal(got, base, err_msg=layout)
         # Split over the mesh, a contraction over heads or mlp sums its bf16 partial products
-        # in another order (across devices): scores ~1e-4 apart; the cast alone changes none.
+        # across devices in bf16: scores ~1e-4 apart; the cast alone changes none.
         rtol = 1e-3 if layout == "tensor" else 1e-6
         np.testing.assert_allclose(scores, base_scores, rtol=rtol, err_msg=layout)
     plan = decode.decode_layout(model, params, "replicated")
     cast = {d for d in plan.dtypes if d is not None}
     assert cast == {jnp.dtype(jnp.bfloat16)} and plan.dtypes.count(None) > 0  # norms keep f32
-    with pytest.raises(decode.OptionError, match="layout='fsdp' is unknown; allowed"):
-        decode.generate(model, params, prompts, max_new_tokens=2, eos_id=255, layout="fsdp")
+
+
+def test_a_mixture_decodes_alike_in_every_layout():
+    """Its experts' kernels split along mlp under "tensor" (what "auto" takes for Mixtral and
+    Qwen3-MoE on v5p): in float32 every layout gives the same tokens and scores."""
+    model = decoder.Model(
+        variant="moe-tiny", vocab_size=256, num_heads=8, num_kv_heads=8, mlp_dim=64,
+        expert_mlp_dim=64, scan_layers=True,
+    )  # fmt: skip
+    _, out = _fsdp_layouts(model, "greedy")
+    for layout, (got, scores) in out.items():
+        np.testing.assert_array_equal(got, out["as-given"][0], err_msg=layout)
+        np.testing.assert_allclose(scores, out["as-given"][1], rtol=1e-6, err_msg=layout)

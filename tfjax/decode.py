@@ -582,12 +582,15 @@ def _hf_beam_loop(
 #
 # Training lays the parameters out for the train step (FSDP shards every kernel over the data
 # axes, in float32). Read from that layout every step of the token loop would all-gather the
-# whole model per generated token: libtpu does not hoist a loop-invariant gather out of a
-# while loop. So `_generate` lays them out once per call, before the loop, as `layout` says:
+# whole model per generated token: neither libtpu nor XLA's GPU compiler hoists that
+# loop-invariant gather out of the while loop. So `_generate` lays them out once per call,
+# before the loop, as `layout` says:
 #   "replicated": every device holds the whole model in the compute dtype (one all-gather of a
 #       compute-dtype copy per call; the loop is data parallel and moves no weights);
 #   "tensor": the kernels split over every mesh axis along their heads / mlp / vocab dimension
-#       (the embed dimension whole), the rows replicated: the loop moves activations only;
+#       (the embed dimension whole), the rows replicated: the loop moves activations only
+#       (a contraction split over devices sums its partial results in the compute dtype: in
+#       bf16 the logits round otherwise than on one device; in float32 they are the same);
 #   "auto": "replicated" when that copy takes at most REPLICATE_FRACTION of a device's memory,
 #       else "tensor";
 #   "as-given": the parameters as they come (storage dtype, training layout).

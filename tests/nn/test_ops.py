@@ -95,3 +95,28 @@ def test_dot_product_attention_is_the_same_function_in_ops_and_nn():
     a = ops.dot_product_attention(q, q, q, is_causal=True)
     np.testing.assert_array_equal(a, tnn.dot_product_attention(q, q, q, is_causal=True))
     assert jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def test_head_matmul_gives_autodiffs_gradients_made_together():
+    """tfjax.ops.head.matmul: autodiff's numbers; an optimization barrier over the input's and
+    the kernel's gradients, and with a frozen kernel no kernel gradient at all."""
+    from tfjax.ops import head
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 3, 4)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+
+    def loss(x, w, matmul):
+        return jnp.sum(jnp.sin(matmul(x, w)))
+
+    plain = lambda x, w: jnp.einsum("btd,dv->btv", x, w)  # noqa: E731
+    want = jax.grad(loss, (0, 1))(x, w, plain)
+    got = jax.grad(loss, (0, 1))(x, w, head.matmul)
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss)(x, w, head.matmul), want[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss, 1)(x, w, head.matmul), want[1], rtol=1e-6, atol=1e-6)
+    both = str(jax.make_jaxpr(jax.grad(loss, (0, 1)), static_argnums=2)(x, w, head.matmul))
+    frozen = str(jax.make_jaxpr(jax.grad(loss), static_argnums=2)(x, w, head.matmul))
+    assert "optimization_barrier" in both
+    assert "optimization_barrier" not in frozen and frozen.count("dot_general") == 2  # fwd, dx

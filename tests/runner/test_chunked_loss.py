@@ -291,9 +291,10 @@ def test_vit_configs_have_no_chunks_and_need_none():
 
 
 def test_chunked_train_step_compiles_for_v5e_and_needs_less_memory(v5e):
-    """The tiny LM with Llama 3's vocabulary (128,256) at T=128, on a (fsdp 2, tensor 2) v5e:2x2
+    """The tiny LM with Llama 3's vocabulary (128,256) at T=256, on a (fsdp 2, tensor 2) v5e:2x2
     mesh: with 8 slices the train step compiles, fits, and its peak memory per device is lower
-    than with the full logits (which dominate it at this size)."""
+    than with the full logits (which dominate it at this size; at T=128 they no longer do since
+    the loss keeps no float32 copy of them: 0.55 there)."""
     peaks = {}
     for chunks in (1, 8):
         config = _config(
@@ -305,12 +306,12 @@ def test_chunked_train_step_compiles_for_v5e_and_needs_less_memory(v5e):
                 "dtype": "bfloat16",
                 "model.scan_layers": True,
                 "model.vocab_size": 128256,
-                "dataset.seq_len": 128,
+                "dataset.seq_len": 256,
                 "loss.chunks": chunks,
             },
         )
         report = aot.compile_experiment(config, v5e, steps=("train", "eval"))
         assert report.fits, report.steps
         peaks[chunks] = {s.name: s.peak_bytes for s in report.steps}
-    assert peaks[8]["train"] < 0.5 * peaks[1]["train"], peaks  # 0.11 when measured
+    assert peaks[8]["train"] < 0.5 * peaks[1]["train"], peaks  # 0.27 when measured
     assert peaks[8]["eval"] < peaks[1]["eval"], peaks

@@ -51,7 +51,8 @@ from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import check_tokens, from_variant
 from tfjax.nn import axes
-from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
+from tfjax.ops import head
+from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT, softcap
 from tfjax.ops.cache import next_position
 
 _MODERN = dict(
@@ -537,6 +538,7 @@ class Decoder(nn.Module):
                 kernel_init=nn.initializers.normal(self.init_stddev),
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
+                dot_general=head.dot_general,  # its two gradients made together
             )
 
     def logits(self, x):
@@ -544,8 +546,7 @@ class Decoder(nn.Module):
         # [B, T, V]
         logits = self.embed.attend(x) if self.tie_embeddings else self.output_proj(x)
         if self.final_logit_softcap is not None:
-            cap = self.final_logit_softcap
-            logits = cap * jnp.tanh(logits / cap)
+            logits = softcap(logits, self.final_logit_softcap)
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
 
     @nn.compact

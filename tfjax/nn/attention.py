@@ -196,26 +196,21 @@ class MultiHeadAttention(nn.Module):
             self.param_dtype,
         )
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-        # One 2-D matmul with the kernel seen as [D, E] (a free reshape), the form of a plain
-        # dense layer.
-        # [B, T, E]
-        y = jnp.einsum("btd,de->bte", x, kernel.reshape(d, heads * head_dim))
-        # [B, T, N|K, H]
-        y = y.reshape(*x.shape[:2], heads, head_dim)
         qkv_bias = self.config.qkv_bias
+        bias = None
         if self.config.use_bias if qkv_bias is None else qkv_bias:
-            y = y + self._bias(f"{name}_bias", (heads, head_dim), (head_axis, axes.HEAD_DIM), y)
-        return y
+            bias = self._bias(f"{name}_bias", (heads, head_dim), (head_axis, axes.HEAD_DIM))
+        # [B, T, N|K, H]
+        return multihead.project(x, kernel, heads, head_dim, bias)
 
-    def _bias(self, name, shape, names, y):
-        """A zero-initialised bias parameter of `shape`, in y's dtype."""
-        b = self.param(
+    def _bias(self, name, shape, names):
+        """A zero-initialised bias parameter of `shape`."""
+        return self.param(
             name,
             nn.with_logical_partitioning(nn.initializers.zeros, names),
             shape,
             self.param_dtype,
         )
-        return b.astype(y.dtype)
 
     def _project_out(self, out, width):
         """[B, T, N, H] -> [B, T, out_features] (out_features: `width` when None)."""
@@ -228,13 +223,11 @@ class MultiHeadAttention(nn.Module):
             self.param_dtype,
         )
         out, out_kernel = nn.dtypes.promote_dtype(out, out_kernel, dtype=self.dtype)
-        # [B, T, E] (a 2-D matmul, as in _project)
-        out = out.reshape(*out.shape[:2], n * h)
-        # [B, T, D]
-        y = jnp.einsum("bte,ed->btd", out, out_kernel.reshape(n * h, out_features))
+        bias = None
         if self.config.use_bias:
-            y = y + self._bias("out_bias", (out_features,), (axes.EMBED,), y)
-        return y
+            bias = self._bias("out_bias", (out_features,), (axes.EMBED,))
+        # [B, T, D]
+        return multihead.project_out(out, out_kernel, out_features, bias)
 
     def _sinks(self):
         """The attention sinks [N], one logit per query head (zero-initialised: at init each

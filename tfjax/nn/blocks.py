@@ -4,10 +4,7 @@ Letters: B batch, T length, S context length, D model width.
 
 A `Block` (configured by a BlockConfig) is self-attention (+ cross-attention when
 `cross_attention`) + FFN (an Mlp, or a MoeMlp for a MoeConfig), each a residual sub-layer with
-the norm placed per `norm_position`:
-  "post": x = LN(x + Dropout(F(x)))      Vaswani et al. (2017), BERT
-  "pre":  x = x + Dropout(F(LN(x)))      GPT-2, ViT, Llama (the stack adds a final norm)
-  "sandwich": x = x + Dropout(LN'(F(LN(x))))  Gemma 2 / 3: a norm before and after (as "pre")
+the norm placed per `norm_position` ("post", "pre" or "sandwich": tfjax.ops.residual).
 `Stack` applies `num_layers` blocks of one config, unrolled (params `layers_0`, `layers_1`, ...)
 or with `nn.scan` (params `layers`, with a leading layer axis); `unrolled_to_scanned` and
 `scanned_to_unrolled` convert the parameters, and both layouts compute the same function.
@@ -27,6 +24,7 @@ from tfjax.nn.attention import MultiHeadAttention, default_kernel_init
 from tfjax.nn.ffn import make_mlp
 from tfjax.nn.moe import AUX_LOSSES, MoeMlp
 from tfjax.nn.norms import make_norm
+from tfjax.ops import residual
 from tfjax.ops.cache import KVCache
 from tfjax.ops.config import NORM_POSITIONS, BlockConfig, MoeConfig  # noqa: F401 (re-exported)
 
@@ -56,6 +54,21 @@ REMAT_POLICIES = {
         offload_dst="pinned_host",
     ),
 }
+
+
+def check_stack(num_layers: int, remat_policy: str, variants) -> None:
+    """A stack's options (this Stack's and tfjax.nnx's), each error naming its field."""
+    if remat_policy not in REMAT_POLICIES:
+        raise ValueError(
+            f"remat_policy={remat_policy!r} is unknown; allowed: {tuple(REMAT_POLICIES)}"
+        )
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+    if variants is not None and len(variants) != num_layers:
+        raise ValueError(
+            f"variants has {len(variants)} entries; it needs one per layer "
+            f"(num_layers={num_layers})"
+        )
 
 
 def _norm(module, name: str) -> nn.Module:
@@ -94,15 +107,15 @@ class Block(nn.Module):
 
     def _residual(self, x, sublayer, name, train):
         """One residual sub-layer with the norm before (pre), after (post) or both (sandwich)."""
-        position, rate = self.config.norm_position, self.config.dropout_rate
-        if position in ("pre", "sandwich"):
-            y = sublayer(_norm(self, f"{name}_norm")(x))
-            if position == "sandwich":
-                y = _norm(self, f"{name}_post_norm")(y)
-            y = self._scaled(y, name)
-            return x + nn.Dropout(rate)(y, deterministic=not train)
-        y = nn.Dropout(rate)(self._scaled(sublayer(x), name), deterministic=not train)
-        return _norm(self, f"{name}_norm")(x + y)
+        return residual.sublayer(
+            x,
+            sublayer,
+            norm_position=self.config.norm_position,
+            norm=lambda y: _norm(self, f"{name}_norm")(y),
+            post_norm=lambda y: _norm(self, f"{name}_post_norm")(y),
+            scale=lambda y: self._scaled(y, name),
+            dropout=lambda y: nn.Dropout(self.config.dropout_rate)(y, deterministic=not train),
+        )
 
     @nn.compact
     def __call__(
@@ -219,17 +232,7 @@ class Stack(nn.Module):
     param_dtype: Any = jnp.float32  # storage dtype
 
     def __post_init__(self):
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"remat_policy={self.remat_policy!r} is unknown; allowed: {tuple(REMAT_POLICIES)}"
-            )
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be at least 1, got {self.num_layers}")
-        if self.variants is not None and len(self.variants) != self.num_layers:
-            raise ValueError(
-                f"variants has {len(self.variants)} entries; it needs one per layer "
-                f"(num_layers={self.num_layers})"
-            )
+        check_stack(self.num_layers, self.remat_policy, self.variants)
         super().__post_init__()
 
     @nn.compact

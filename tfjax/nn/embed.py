@@ -1,4 +1,5 @@
-"""Token embeddings, with the output projection that shares their matrix.
+"""Token embeddings, with the output projection that shares their matrix (the maths:
+tfjax.ops.embed).
 
 Letters: B batch, T length, D model width, V vocab.
 """
@@ -9,6 +10,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax.nn import axes
+from tfjax.ops import embed
 
 
 class Embed(nn.Module):
@@ -38,19 +40,16 @@ class Embed(nn.Module):
 
     def __call__(self, ids):
         """ids: [B, T] ints -> [B, T, D]."""
-        if not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ValueError(f"Embed: token ids must be integers, got dtype {ids.dtype}")
-        x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype or jnp.float32)
-        if self.scale_by_sqrt_width:
-            if self.scale_dtype is None:
-                scale = jnp.sqrt(jnp.asarray(self.width, x.dtype))
-            else:  # as transformers' Gemma: a float32 sqrt(D) cast to the table's dtype
-                scale = jnp.asarray(self.width**0.5, jnp.float32).astype(self.scale_dtype)
-            x = x * scale.astype(x.dtype)
-        return x
+        return embed.lookup(
+            self.embedding,
+            ids,
+            dtype=self.dtype,
+            scale_by_sqrt_width=self.scale_by_sqrt_width,
+            scale_dtype=self.scale_dtype,
+        )
 
     def attend(self, x):
         """x: [B, T, D] -> [B, T, V] logits against the (shared) embedding matrix."""
         x, table = nn.dtypes.promote_dtype(x, self.embedding, dtype=self.dtype)
         # [B, T, V]
-        return jnp.einsum("btd,vd->btv", x, table)
+        return embed.attend(x, table)

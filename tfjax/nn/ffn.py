@@ -27,10 +27,12 @@ from tfjax.ops.config import MlpConfig
 default_kernel_init = nn.initializers.xavier_uniform()
 
 
-def dense(features, names, *, name, use_bias, kernel_init, dtype, param_dtype):
-    """nn.Dense whose kernel [in, out] and bias [out] carry the logical axis `names`."""
+def dense(features, names, *, name, use_bias, kernel_init, dtype, param_dtype, **dense_kwargs):
+    """nn.Dense whose kernel [in, out] and bias [out] carry the logical axis `names`;
+    `dense_kwargs` go to nn.Dense (a vocabulary head's `dot_general`: tfjax.ops.head)."""
     return nn.Dense(
         features,
+        **dense_kwargs,
         use_bias=use_bias,
         kernel_init=nn.with_logical_partitioning(kernel_init, names),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),

@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax.nn import axes
+from tfjax.ops import embed
 from tfjax.ops.position import (  # noqa: F401 (re-exported)
     SCALING_KINDS,
     RopeScaling,
@@ -44,7 +45,7 @@ class LearnedPositions(nn.Module):
         )
         # Cast after the lookup: a bfloat16 model's residual stream stays bfloat16 (a float32
         # table added to it would promote the whole stream to float32).
-        return jnp.take(table, positions, axis=0).astype(self.dtype or self.param_dtype)
+        return embed.lookup(table, positions, dtype=self.dtype or self.param_dtype)
 
 
 class RelativePositionBias(nn.Module):

@@ -1,15 +1,20 @@
 """The maths of tfjax's layers without a module system: JAX and NumPy only, never Flax.
 
 tfjax.nn wraps these in Linen modules (parameters, the "cache" collection, logical sharding
-names); another module system (Flax NNX, Equinox, plain functions) can share them unchanged.
+names), tfjax.nnx in Flax NNX modules; another module system (Equinox, plain functions) can
+share them unchanged.
 
   attention    dot_product_attention (the formula; cuDNN, splash and chunked backends, chosen
                per call), attention_weights
-  multihead    multi-head attention between its projections: RoPE, variants, ALiBi, decoding
+  multihead    multi-head attention given its parameters: the projections, RoPE, variants,
+               ALiBi, decoding
   chunked, splash   the memory-lean kernels behind dot_product_attention
   masks        boolean attention masks
   position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets
-  norms, activations   the norm and FFN activation maths
+  norms, activations   the norm and FFN activation maths (and the logits' soft cap)
+  embed        the token embedding's lookup and the output projection that shares its table
+  head         the vocabulary head's matmul, its two gradients released together
+  residual     a block's residual sub-layer wired by the norm's position (pre, post, sandwich)
   moe          mixture of experts: routing, dropless grouped-matmul dispatch, expert
                parallelism, the load-balancing and router z losses
   config       AttentionConfig, MlpConfig, MoeConfig, BlockConfig, LayerAttention: what a
@@ -23,11 +28,14 @@ from tfjax.ops import (
     cache,
     chunked,
     config,
+    embed,
+    head,
     masks,
     moe,
     multihead,
     norms,
     position,
+    residual,
     splash,
 )
 from tfjax.ops.activations import ACTIVATIONS, ALL_ACTIVATIONS, GATED_ACTIVATIONS, gelu
@@ -58,13 +66,16 @@ __all__ = [
     "chunked",
     "config",
     "dot_product_attention",
+    "embed",
     "gelu",
+    "head",
     "init_cache",
     "masks",
     "moe",
     "multihead",
     "norms",
     "position",
+    "residual",
     "rms_norm_plus_one",
     "rope",
     "sincos_2d",

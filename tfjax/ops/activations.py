@@ -22,6 +22,12 @@ def gelu(x):
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2**-0.5, x.dtype)))
 
 
+def softcap(x, cap: float):
+    """cap * tanh(x / cap): x squashed smoothly into (-cap, cap) (Gemma 2's soft cap on the
+    attention and output logits)."""
+    return cap * jnp.tanh(x / cap)
+
+
 def quick_gelu(x):
     """x * sigmoid(1.702 x): the sigmoid approximation of GELU (Hendrycks and Gimpel, 2016) that
     CLIP was trained with; a different function from gelu, not a faster form of it."""

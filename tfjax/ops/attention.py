@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tfjax.ops import chunked, masks, splash
+from tfjax.ops import activations, chunked, masks, splash
 
 IMPLEMENTATIONS = ("xla", "cudnn", "splash", "chunked")
 # With implementation=None, key lengths from here on use "chunked" (when no fused kernel
@@ -162,7 +162,7 @@ def _logits(q, k, p: Pattern):
     # [B, N, T, S] or [B, K, G, T, S]
     logits = _einsum_f32(f"b{q_heads}th,b{kv_heads}sh->b{q_heads}ts", _heads_first(q, groups), kt)
     if p.softcap is not None:
-        logits = p.softcap * jnp.tanh(logits / p.softcap)
+        logits = activations.softcap(logits, p.softcap)
     if p.bias is not None:
         logits = logits + _grouped_like_heads(p.bias, groups).astype(jnp.float32)
     # [B|1, N|1, T, S]

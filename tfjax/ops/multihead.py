@@ -1,6 +1,7 @@
-"""Multi-head attention between its projections, for an AttentionConfig: RoPE on the heads, the
-per-layer variants (Gemma's local and global layers), ALiBi, the decoding mask, then
-dot_product_attention. A module system adds the parameters (tfjax.nn.MultiHeadAttention).
+"""Multi-head attention for an AttentionConfig, given its parameters: the projections, RoPE on
+the heads, the per-layer variants (Gemma's local and global layers), ALiBi, the decoding mask,
+then dot_product_attention. A module system holds the parameters (tfjax.nn.MultiHeadAttention
+in Linen, tfjax.nnx.Attention in NNX).
 
 Letters: B batch, T query length, S key/value length, N query heads, K key/value heads, H head
 dim.
@@ -13,6 +14,32 @@ from jax import lax
 
 from tfjax.ops import masks, position
 from tfjax.ops.attention import attention_weights, dot_product_attention
+
+
+def project(x, kernel, heads: int, head_dim: int, bias=None):
+    """[B, T, D] -> [B, T, heads, head_dim] by kernel [D, heads, head_dim] (+ bias [heads,
+    head_dim]): the query, key and value projections, in the operands' (already promoted)
+    dtype. The shapes come from the arguments, not the kernel: an interceptor (Qwix's QLoRA)
+    may hand over a kernel that is already the 2-D [D, E] one."""
+    d = x.shape[-1]
+    # One 2-D matmul with the kernel seen as [D, E] (a free reshape), the form of a plain
+    # dense layer.
+    # [B, T, E]
+    y = jnp.einsum("btd,de->bte", x, kernel.reshape(d, heads * head_dim))
+    # [B, T, N|K, H]
+    y = y.reshape(*x.shape[:2], heads, head_dim)
+    return y if bias is None else y + bias.astype(y.dtype)
+
+
+def project_out(out, kernel, out_features: int, bias=None):
+    """[B, T, N, H] -> [B, T, out_features] by kernel [N, H, out_features] (+ bias
+    [out_features]): the output projection (the shapes from the arguments, as in project)."""
+    n, h = out.shape[2:]
+    # [B, T, E] (a 2-D matmul, as in project)
+    out = out.reshape(*out.shape[:2], n * h)
+    # [B, T, D']
+    y = jnp.einsum("bte,ed->btd", out, kernel.reshape(n * h, out_features))
+    return y if bias is None else y + bias.astype(y.dtype)
 
 
 def by_variant(variant, choices, fn):

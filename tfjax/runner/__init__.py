@@ -21,6 +21,7 @@
   startup     what the entry points set first: JAX's platform, which INFO lines show
   chips       accelerators as data, model FLOPs and MFU
   aot         compile a config for a TPU slice or GPU hosts from a CPU host
+  executables the programs a run starts with, saved by compile.py --save, loaded at start-up
   distributed jax.distributed start-up with a deadline that names who is missing
   jax_internals  the one place that uses JAX's private modules
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from tfjax import allowed, sharding, tasks
-from tfjax.runner import checkpoint, defaults, optim, pretrained, profiling
+from tfjax.runner import checkpoint, defaults, executables, optim, pretrained, profiling
 
 COMPUTE_DTYPES = {name: getattr(jnp, name) for name in defaults.COMPUTE_DTYPES}
 
@@ -221,6 +221,8 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
             )
     if not restore:  # the step to restore, the user's own files and its tokenizer directory
         checkpoint.check_restore_step(config, workdir)
+        if config.get("compiled_dir"):  # the saved programs: present, whole and unaltered
+            executables.check_dir(config.compiled_dir)
         from tfjax.data import catalog
 
         data = pretrained.dataset_spec(config, workdir)

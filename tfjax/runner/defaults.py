@@ -55,6 +55,9 @@ def run(
     config.task = task  # tfjax.tasks module: loss and metrics
     config.data_dir = ""  # prepared datasets; "": $TFJAX_DATA_DIR or ~/tensorflow_datasets
     config.init_from = ""  # another run's workdir: start from its parameters ("": no)
+    # The programs a run starts with (init, train and eval steps) saved by compile.py --save=DIR,
+    # loaded when what they were compiled for matches ("": compile; tfjax.runner.executables)
+    config.compiled_dir = ""
 
     config.batch_size = batch_size  # global rows: split over the data and fsdp mesh axes
     config.eval_batch_size = eval_batch_size  # global
@@ -79,6 +82,7 @@ RUN = {
     "task": one_of(*tasks.TASKS),
     "data_dir": TEXT,
     "init_from": optional(TEXT),  # None: the config file leaves it to the command line
+    "compiled_dir": TEXT,
     "batch_size": POSITIVE,
     "eval_batch_size": POSITIVE,
     "num_microbatches": POSITIVE,

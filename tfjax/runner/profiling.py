@@ -115,7 +115,8 @@ class Window:
         begins at once (the jitted call then reuses the executable: no second compile)."""
         if not (self.dump_hlo or self.start == self._first_step):
             return
-        compiled = train_step.lower(*args).compile()
+        # A step loaded from config.compiled_dir is already compiled.
+        compiled = train_step.lower(*args).compile() if hasattr(train_step, "lower") else train_step
         if self.dump_hlo and jax.process_index() == 0:
             text = compiled.as_text()
             os.makedirs(self.directory, exist_ok=True)

@@ -60,6 +60,7 @@ from tfjax.runner import (
     checks,
     chips,
     evaluation,
+    executables,
     metrics,
     optim,
     preemption,
@@ -171,6 +172,8 @@ def train_and_evaluate(
             data, train_loader, eval_loader = _loaders(run, cleanup)
             inputs = setup.Inputs.from_loaders(config, data, train_loader, eval_loader)
             exp = setup.build(run, inputs)
+            if config.get("compiled_dir"):  # the programs compile.py --save wrote, if they match
+                exp = executables.use_saved(exp, config.compiled_dir)
             return _run(
                 exp,
                 run.workdir,

@@ -1,0 +1,1 @@
+"""The model families as Flax NNX modules (so far: decoder)."""

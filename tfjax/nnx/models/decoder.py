@@ -1,0 +1,158 @@
+"""The GPT-like decoder family (tfjax.models.decoder) as a Flax NNX module.
+
+Letters: B batch, T length, D model width, V vocab.
+
+The same fields, presets (`decoder.VARIANTS`) and checks as the Linen model: the fields are
+held, checked and translated into the layers' configs by an unbound Linen `Decoder` (its
+`spec`), so a field, preset or check added there holds here too; this file adds only the NNX
+modules, which compute the same function with the same parameter tree:
+
+    from flax import nnx
+    from tfjax.nnx.models import decoder
+    model = decoder.Model(variant="qwen3-0.6b", rngs=nnx.Rngs(0))
+    logits, aux = model(tokens)                    # [B, T] -> [B, T, V], {"pre_logits": ...}
+    nnx.to_pure_dict(nnx.state(model, nnx.Param))  # the Linen model's params tree
+
+A Linen checkpoint's `params` load with `load_params(model, params)`; the NNX model's go to
+Linen as `nnx.to_pure_dict(nnx.state(model, nnx.Param))`. Decoding passes
+the explicit KV cache (`model.init_cache`, `cache=`), as the Linen model's explicit form does;
+there is no "cache" collection. A mixture of experts (num_experts > 0) is Linen's only so far.
+"""
+
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import nnx
+
+from tfjax.models import decoder as linen
+from tfjax.models.common import check_tokens
+from tfjax.nn import axes
+from tfjax.nnx import blocks
+from tfjax.ops.activations import softcap
+from tfjax.ops.cache import next_position
+from tfjax.ops.position import sinusoidal
+
+VARIANTS = linen.VARIANTS
+
+
+class Decoder(nnx.Module):
+    """GPT-like decoder in NNX; see the module docstring. `spec`: a (Linen) tfjax.models.decoder
+    Decoder, unbound, whose fields say what to build."""
+
+    def __init__(self, spec: linen.Decoder, *, rngs: nnx.Rngs):
+        if spec.num_experts:
+            raise NotImplementedError(
+                f"Decoder.num_experts={spec.num_experts}: tfjax.nnx has no mixture-of-experts "
+                "layers yet (tfjax.models.decoder, the Linen model, has)"
+            )
+        self.spec = spec
+        dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
+        init = nn.initializers.normal(spec.init_stddev)
+        self.embed = blocks.Embed(
+            spec.vocab_size,
+            spec.width,
+            scale_by_sqrt_width=spec.scale_embeddings,
+            scale_dtype=spec.param_dtype if spec.scale_embeddings else None,
+            init_stddev=spec.init_stddev,
+            rngs=rngs,
+            **dtypes,
+        )
+        if not spec.tie_embeddings:
+            self.output_proj = blocks.dense(
+                spec.width,
+                spec.vocab_size,
+                (axes.EMBED, axes.VOCAB),
+                use_bias=False,
+                kernel_init=init,
+                rngs=rngs,
+                **dtypes,
+            )
+        if spec.position == "learned":
+            self.pos_embed = blocks.LearnedPositions(
+                spec.max_len, spec.width, init_stddev=spec.init_stddev, rngs=rngs, **dtypes
+            )
+        ((_, config, _, n),) = spec.stacks()  # one stack, "decoder", without experts
+        self.decoder = blocks.Stack(
+            config,
+            n,
+            spec.width,
+            scan_layers=spec.scan_layers,
+            remat_policy=spec.remat_policy,
+            variants=spec.layer_variants()[1],
+            kernel_init=init,
+            rngs=rngs,
+            **dtypes,
+        )
+        # Where training's dropout keys come from (the "dropout" stream, else "default").
+        self.rngs = rngs.fork()
+
+    def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
+        """The Linen model's `init_cache`: an empty explicit KV cache for `cache=`."""
+        return self.spec.init_cache(batch_size, length, dtype=dtype, sharding=sharding)
+
+    def logits(self, x):
+        """The output head: x [B, T, D] final hidden states -> [B, T, V] logits."""
+        # [B, T, V]
+        logits = self.embed.attend(x) if self.spec.tie_embeddings else self.output_proj(x)
+        if self.spec.final_logit_softcap is not None:
+            logits = softcap(logits, self.spec.final_logit_softcap)
+        return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
+
+    def __call__(
+        self,
+        tokens,
+        *,
+        segment_ids=None,
+        positions=None,
+        train: bool = False,
+        apply_head: bool = True,
+        cache=None,
+        rngs: nnx.Rngs | None = None,
+    ):
+        """The Linen model's call: tokens [B, T] ids -> ([B, T, V] logits, aux) with
+        aux["pre_logits"] [B, T, D]; with `cache` (decoding), (that, the updated cache).
+
+        train: dropout on, its keys from `rngs` (else the model's own) "dropout" stream.
+        """
+        spec = self.spec
+        check_tokens(tokens, "tokens")
+        t = tokens.shape[1]
+        if spec.position == "learned" and t > spec.max_len:
+            raise ValueError(f"tokens are {t} long; max_len={spec.max_len} (position='learned')")
+        if positions is None:
+            positions = jnp.arange(t) if cache is None else next_position(cache) + jnp.arange(t)
+        key = None
+        if train:
+            key = (rngs or self.rngs).dropout()
+        # [B, T, D]
+        x = self.embed(tokens)
+        if spec.position == "learned":
+            x = x + self.pos_embed(positions)
+        elif spec.position == "sinusoidal":
+            x = x + sinusoidal(positions, spec.width, dtype=x.dtype)
+        x = blocks.dropout(x, spec.dropout_rate, blocks.fold_key(key, 0))
+        pos = positions if positions.ndim == 2 else positions[None]
+        x = self.decoder(
+            x,
+            segment_ids=segment_ids,
+            positions=pos,
+            dropout_rng=blocks.fold_key(key, 1),
+            cache=cache,
+        )
+        if cache is not None:
+            x, cache = x
+        out = (self.logits(x) if apply_head else x), {"pre_logits": x}
+        return out if cache is None else (out, cache)
+
+
+def Model(variant: str | None = None, *, rngs: nnx.Rngs, **overrides) -> Decoder:  # noqa: N802
+    """Decoder(spec=tfjax.models.decoder.Model(variant, **overrides)): the Linen family's
+    presets, fields and checks; `vocab_size` is required."""
+    return Decoder(linen.Model(variant, **overrides), rngs=rngs)
+
+
+def load_params(model: Decoder, params) -> None:
+    """Puts a Linen model's `params` tree (the same layout; boxed with logical names, as
+    `init` returns it, or not) into `model`, in place."""
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
+    nnx.update(model, state)
