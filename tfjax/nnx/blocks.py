@@ -49,7 +49,18 @@ def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
     return nnx.Param(init(rngs.params(), shape, dtype), **metadata(names))
 
 
-def dense(in_features, out_features, names, *, use_bias, kernel_init, dtype, param_dtype, rngs):
+def dense(
+    in_features,
+    out_features,
+    names,
+    *,
+    use_bias,
+    kernel_init,
+    dtype,
+    param_dtype,
+    rngs,
+    dot_general=jax.lax.dot_general,
+):
     """nnx.Linear (Linen's nn.Dense) whose kernel [in, out] and bias [out] carry `names`."""
     return nnx.Linear(
         in_features,
@@ -61,6 +72,7 @@ def dense(in_features, out_features, names, *, use_bias, kernel_init, dtype, par
         param_dtype=param_dtype,
         kernel_metadata=metadata(names),
         bias_metadata=metadata(names[1:]),
+        dot_general=dot_general,
         rngs=rngs,
     )
 

@@ -27,6 +27,7 @@ from tfjax.models import decoder as linen
 from tfjax.models.common import check_tokens
 from tfjax.nn import axes
 from tfjax.nnx import blocks
+from tfjax.ops import head
 from tfjax.ops.activations import softcap
 from tfjax.ops.cache import next_position
 from tfjax.ops.position import sinusoidal
@@ -64,6 +65,7 @@ class Decoder(nnx.Module):
                 use_bias=False,
                 kernel_init=init,
                 rngs=rngs,
+                dot_general=head.dot_general,  # its two gradients made together, as Linen's
                 **dtypes,
             )
         if spec.position == "learned":
