@@ -155,3 +155,11 @@ def test_batch_fit_tiny(tmp_path):
     assert tried[largest] and (result["capped_by_max_rows"] or tried[largest + 1] is False)
     assert all(fits == (rows <= largest) for rows, fits in tried.items())
     assert result["slope_bytes_per_row"] > 0
+
+
+@pytest.mark.slow
+def test_nnx_step_tiny(tmp_path):
+    out, result = _run("nnx_step.py", tmp_path / "nnx_step.json")
+    assert "ratio step time nnx/linen = " in out
+    assert result["first_loss"]["nnx"] == pytest.approx(result["first_loss"]["linen"], rel=1e-6)
+    assert set(result["seconds"]) == {"linen", "nnx"}
