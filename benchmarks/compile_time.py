@@ -29,23 +29,19 @@ benchmarks/results/compile_time.json (or --out). --tiny: depths 1,2 of a toy mod
 """
 
 import os
-import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 import contenders
 import harness
-from harness import ROOT, log
+from harness import log
 
 SPEC = dict(width=512, heads=8, mlp=2048, vocab=8192, length=256, batch=4)
 TINY_SPEC = dict(width=32, heads=4, mlp=64, vocab=128, length=16, batch=2)
 SCAN_TARGET = 1.25  # scanned deepest / scanned shallowest compile time, at most
 CACHE_TARGET = 3.0  # cold / warm first-step (compile) time, at least
-FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
 
 
 def compile_once(spec, depth, scan):
@@ -86,31 +82,9 @@ def depth_part(spec, depths, reps, log):
 
 def launch(config, env, log):
     """Runs the runner once in a fresh workdir; returns its timings."""
-    workdir = tempfile.mkdtemp(prefix="tfjax_compile_bench_")
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "experiments/run.py"),
-        f"--config={config}",
-        f"--workdir={workdir}",
-    ]
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    first_step = to_first = None
-    tail = []
-    for line in proc.stdout:
-        tail = (tail + [line])[-30:]
-        m = FIRST_STEP.search(line)
-        if m and first_step is None:
-            first_step, to_first = float(m.group(1)), time.perf_counter() - start
-    rc = proc.wait()
-    total = time.perf_counter() - start
-    shutil.rmtree(workdir, ignore_errors=True)
-    if rc != 0 or first_step is None:
-        log("".join(tail))
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc})")
-    return dict(first_step_s=first_step, to_first_step_s=to_first, total_s=total)
+    result = harness.launch_runner(config, env, log=log)
+    del result["marked"]
+    return result
 
 
 def cache_part(config, modes, reps, log):

@@ -9,7 +9,9 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from importlib import metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # gitignored
+FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")  # the runner's line
 
 
 def log(message=""):
@@ -261,3 +264,37 @@ def write_json(path: str, result) -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=float)
     log(f"wrote {path}")
+
+
+def launch_runner(config: str, env: dict, args=(), *, marker: str | None = None, log=log) -> dict:
+    """Runs experiments/run.py once in a fresh workdir (removed after) and times it: seconds from
+    launch to its first step (to_first_step_s), the first step's own as the runner logs it
+    (first_step_s), the whole run (total_s), and with `marker` how many output lines hold it
+    (marked). A failed run logs its last lines and raises."""
+    workdir = tempfile.mkdtemp(prefix="tfjax_runner_bench_")
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "experiments/run.py"),
+        f"--config={config}",
+        f"--workdir={workdir}",
+        *args,
+    ]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    first_step = to_first = None
+    marked, tail = 0, []
+    for line in proc.stdout:
+        tail = (tail + [line])[-30:]
+        marked += marker is not None and marker in line
+        m = FIRST_STEP.search(line)
+        if m and first_step is None:
+            first_step, to_first = float(m.group(1)), time.perf_counter() - start
+    rc = proc.wait()
+    total = time.perf_counter() - start
+    shutil.rmtree(workdir, ignore_errors=True)
+    if rc != 0 or first_step is None:
+        log("".join(tail))
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc})")
+    return dict(first_step_s=first_step, to_first_step_s=to_first, total_s=total, marked=marked)

@@ -23,7 +23,6 @@ Prints the table and ratios and writes benchmarks/results/saved_executables.json
 """
 
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -34,7 +33,6 @@ import time
 import harness
 from harness import ROOT, log
 
-FIRST_STEP = re.compile(r"First step \(compilation included\): ([0-9.]+)s")
 LOADED = "program: loaded from"
 # Fields outside the programs (tfjax.runner.executables.NOT_IN_PROGRAM): one eval batch, no
 # samples. Two steps with a one-step warm-up shape the schedule: compile.py gets them too.
@@ -78,37 +76,13 @@ def save(config, directory, env):
 
 
 def launch(config, env, extra=()):
-    """Runs the runner once in a fresh workdir; returns its timings."""
-    workdir = tempfile.mkdtemp(prefix="tfjax_saved_bench_")
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "experiments/run.py"),
-        f"--config={config}",
-        f"--workdir={workdir}",
-        "--compilation_cache_dir=",
-        *PROGRAM,
-        *RUN_ONLY,
-        *extra,
-    ]
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    """Runs the runner once in a fresh workdir; returns its timings and how many programs it
+    loaded."""
+    result = harness.launch_runner(
+        config, env, ("--compilation_cache_dir=", *PROGRAM, *RUN_ONLY, *extra), marker=LOADED
     )
-    first_step = to_first = None
-    loaded, tail = 0, []
-    for line in proc.stdout:
-        tail = (tail + [line])[-30:]
-        loaded += LOADED in line
-        m = FIRST_STEP.search(line)
-        if m and first_step is None:
-            first_step, to_first = float(m.group(1)), time.perf_counter() - start
-    rc = proc.wait()
-    total = time.perf_counter() - start
-    shutil.rmtree(workdir, ignore_errors=True)
-    if rc != 0 or first_step is None:
-        log("".join(tail))
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc})")
-    return dict(to_first_step_s=to_first, first_step_s=first_step, total_s=total, loaded=loaded)
+    result["loaded"] = result.pop("marked")
+    return result
 
 
 def main():
