@@ -614,7 +614,6 @@ class _Layout:
     unconstrained); `rules`: the logical rules the loop's activations follow (None: the
     caller's). Hashable: a static argument of the jitted `_generate`."""
 
-    name: str
     treedef: Any
     dtypes: tuple
     shardings: tuple
@@ -638,22 +637,15 @@ class _Layout:
 
 
 @functools.lru_cache(maxsize=8)
-def _logical_names(model):
-    """The model's parameter tree with each leaf's logical axis names (None: unnamed)."""
+def _logical_names(model) -> list[tuple]:
+    """Each parameter leaf's logical axis names, in tree order (() where it has none)."""
     ids = jnp.zeros((1, 1), jnp.int32)
     args = (ids, ids) if _is_encoder_decoder(model) else (ids,)
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *args))["params"]
-    is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
-    return jax.tree.map(lambda x: x.names if is_box(x) else None, boxed, is_leaf=is_box)
-
-
-def _mesh_of(leaves):
-    """The mesh of the first leaf laid out on one (concrete arrays and ShapeDtypeStructs)."""
-    for x in leaves:
-        sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, NamedSharding):
-            return sharding.mesh
-    return None
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *args)).get("params", {})
+    specs = nn.get_partition_spec(boxed)
+    return [
+        tuple(s) for s in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    ]
 
 
 def _device_memory(device) -> int | None:
@@ -674,15 +666,13 @@ def decode_layout(model, params, layout="auto", *, memory_bytes=None) -> _Layout
     leaves, treedef = jax.tree.flatten(params)
     if layout == "as-given" or not leaves:
         return None
-    names = jax.tree.leaves(
-        _logical_names(model), is_leaf=lambda x: x is None or isinstance(x, tuple)
-    )
+    names = _logical_names(model)
     if len(names) != len(leaves):  # a tree the model does not make (e.g. a wrapped model's)
-        names = [None] * len(leaves)
+        names = [()] * len(leaves)
     compute = jnp.dtype(getattr(model, "dtype", None) or jnp.float32)
 
     def cast(x, n):
-        kernel = n and axes.EMBED in n and any(a in n for a in _SPLIT_AXES)
+        kernel = axes.EMBED in n and any(a in n for a in _SPLIT_AXES)
         floating = jnp.issubdtype(x.dtype, jnp.floating)
         return compute if kernel and floating and x.dtype.itemsize > compute.itemsize else None
 
@@ -691,13 +681,13 @@ def decode_layout(model, params, layout="auto", *, memory_bytes=None) -> _Layout
         math.prod(x.shape) * jnp.dtype(d or x.dtype).itemsize
         for x, d in zip(leaves, dtypes, strict=True)
     )
-    mesh = _mesh_of(leaves)
     sources = tuple(
         x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding) else None
         for x in leaves
     )
+    mesh = next((s.mesh for s in sources if s is not None), None)
     if mesh is None or mesh.size == 1:  # one device: the cast is the whole layout
-        return _Layout("replicated", treedef, dtypes, (None,) * len(leaves), sources)
+        return _Layout(treedef, dtypes, (None,) * len(leaves), sources)
     if layout == "auto":
         if memory_bytes is None:
             memory_bytes = _device_memory(mesh.devices.flat[0])
@@ -705,19 +695,17 @@ def decode_layout(model, params, layout="auto", *, memory_bytes=None) -> _Layout
         layout = "replicated" if fits else "tensor"
     if layout == "replicated":
         replicated = (NamedSharding(mesh, PartitionSpec()),) * len(leaves)
-        return _Layout(layout, treedef, dtypes, replicated, sources)
+        return _Layout(treedef, dtypes, replicated, sources)
     # Split a kernel axis over the whole mesh where every kernel's dimension of it divides.
     mesh_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
     parts, split = mesh.size, mesh_axes if len(mesh_axes) > 1 else mesh_axes[0]
     dims = [
-        (name, x.shape[d])
-        for x, n in zip(leaves, names, strict=True)
-        for d, name in enumerate(n or ())
+        (name, x.shape[d]) for x, n in zip(leaves, names, strict=True) for d, name in enumerate(n)
     ]
     splits = {a for a in _SPLIT_AXES if all(size % parts == 0 for name, size in dims if name == a)}
 
     def spec(n, ndim):
-        dim = next((d for d, name in enumerate(n or ()) if name in splits), None)
+        dim = next((d for d, name in enumerate(n) if name in splits), None)
         return PartitionSpec(*(split if d == dim else None for d in range(ndim)))
 
     shardings = tuple(
@@ -728,7 +716,7 @@ def decode_layout(model, params, layout="auto", *, memory_bytes=None) -> _Layout
     acts[axes.ACT_HEADS] = {axes.HEADS, axes.KV_HEADS}
     rules = tuple((act, split) for act, kernel in acts.items() if kernel <= splits)
     rules += ((axes.BATCH, None),)
-    return _Layout(layout, treedef, dtypes, shardings, sources, rules)
+    return _Layout(treedef, dtypes, shardings, sources, rules)
 
 
 # ----------------------------------------------------------------------------------------------
