@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from tfjax import sharding
 from tfjax.models import decoder as linen
 from tfjax.nn import RopeScaling, scanned_to_unrolled
+from tfjax.nnx import models
 from tfjax.nnx.models import decoder
 
 VOCAB = 64
@@ -124,7 +125,7 @@ def test_bfloat16_storage_and_compute_as_linen():
     layout = _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     assert layout == _layout(params)
     assert {dtype for _, dtype in layout.values()} == {jnp.dtype(jnp.bfloat16)}
-    decoder.load_params(model, params)
+    models.load_params(model, params)
     got, want = model(tokens)[0], lm.apply({"params": params}, tokens)[0]
     assert got.dtype == want.dtype == jnp.bfloat16
     np.testing.assert_array_equal(got, want)  # the same operations, so the same roundings
@@ -178,7 +179,7 @@ def test_linen_parameters_give_the_same_logits_and_gradients(name, scan_layers):
     positions = jnp.asarray([list(range(5)) + list(range(4)), list(range(9))])
     call = dict(segment_ids=segment_ids, positions=positions)
     params = nn.meta.unbox(_linen_params(lm, tokens))
-    decoder.load_params(model, params)
+    models.load_params(model, params)
 
     def linen_loss(p):
         logits, aux = lm.apply({"params": p}, tokens, **call)
@@ -209,7 +210,7 @@ def test_params_go_back_to_linen_and_across_layouts():
     want, _ = scanned(tokens)
     _close(lm.apply({"params": params}, tokens)[0], want)
     _, unrolled = _models("gemma", False)
-    decoder.load_params(unrolled, scanned_to_unrolled(params))
+    models.load_params(unrolled, scanned_to_unrolled(params))
     _close(unrolled(tokens)[0], want)
 
 
@@ -254,7 +255,7 @@ def test_decoding_with_the_explicit_cache_matches_linen(scan_layers):
     lm, model = _models("gemma", scan_layers)
     tokens = _tokens(length=7)
     params = nn.meta.unbox(_linen_params(lm, tokens))
-    decoder.load_params(model, params)
+    models.load_params(model, params)
     want_cache, cache = lm.init_cache(2, 8), model.init_cache(2, 8)
     for step in (tokens[:, :4], tokens[:, 4:5], tokens[:, 5:7]):
         (want, _), want_cache = lm.apply({"params": params}, step, decode=True, cache=want_cache)

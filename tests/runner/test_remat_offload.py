@@ -3,8 +3,10 @@
 Every policy computes the same loss and gradients as "none" on the CPU, scanned and unrolled,
 with dropout; the offload policies move what they save to host memory in the program JAX
 traces, the CPU backend lowers that move as nothing, and a TPU (and a GPU) compile places
-exactly the saved activations in host memory.
+the saved activations in host memory (newer libtpu adds a buffer of its own).
 """
+
+import re
 
 import flax.linen as nn
 import jax
@@ -121,6 +123,18 @@ def tiny_lm(policy: str):
     return config
 
 
+def assert_layer_inputs_on_host(config, hlo: str | None, host_bytes: int):
+    """offload_layer_inputs keeps the scan's stacked layer inputs, [L, B, T, D] bf16, in host
+    memory. libtpu 0.0.42 puts exactly that there; 0.0.50 also spills one layer-input-sized
+    buffer of its own (double-buffered), so the bytes are bounded, not equal."""
+    rows = config.batch_size // 2  # the batch is split over data x fsdp
+    T, D, L = config.dataset.seq_len, config.model.width, config.model.num_layers
+    layer_input = rows * T * D * 2
+    if hlo is not None:  # the stacked buffer itself, in host memory space S(5)
+        assert re.search(rf"bf16\[{L},{rows},{T},{D}\]{{[^}}]*S\(5\)}}", hlo), "no stacked inputs"
+    assert L * layer_input <= host_bytes <= (L + 2) * layer_input, (host_bytes, layer_input)
+
+
 @pytest.mark.parametrize(
     ("topology", "policy"),
     [
@@ -137,7 +151,7 @@ def test_train_step_compiles_with_host_offload(topology, policy):
     rows = config.batch_size // 2  # the batch is split over data x fsdp
     layer_input = rows * config.dataset.seq_len * config.model.width * 2  # [B, T, D] bf16
     if policy == "offload_layer_inputs":
-        assert host == config.model.num_layers * layer_input
+        assert_layer_inputs_on_host(config, compiled.as_text(), host)
     elif policy == "offload_dots_no_batch":
         assert host > config.model.num_layers * layer_input
     else:
@@ -149,9 +163,8 @@ def test_the_compile_report_counts_offloaded_bytes_apart_from_hbm():
     config = tiny_lm("offload_layer_inputs")
     report = aot.compile_experiment(config, aot.topology_devices("v5e:2x2"), steps=("train",))
     (train,) = report.steps
-    rows = config.batch_size // 2
-    layer_input = rows * config.dataset.seq_len * config.model.width * 2  # [B, T, D] bf16
-    assert train.host_bytes == config.model.num_layers * layer_input
+    assert train.host_bytes > 0
+    assert_layer_inputs_on_host(config, None, train.host_bytes)
     assert train.peak_bytes == (
         train.argument_bytes + train.output_bytes - train.alias_bytes + train.temp_bytes
     )

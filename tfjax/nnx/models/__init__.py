@@ -1,1 +1,39 @@
-"""The model families as Flax NNX modules (so far: decoder)."""
+"""The model families as Flax NNX modules, one file per family as in tfjax.models (so far:
+decoder).
+
+Each NNX family model is built from an unbound Linen model of the same family (its `spec`),
+which holds, checks and translates the fields; so one place builds the NNX model of any Linen
+family model, and one loads a Linen `params` tree into it:
+
+    from tfjax.models import decoder
+    from tfjax.nnx import models
+    model = models.from_linen(decoder.Model("gpt2-small", vocab_size=50257), rngs=nnx.Rngs(0))
+    models.load_params(model, params)  # a Linen model's (or checkpoint's) params
+"""
+
+import importlib
+
+import flax.linen as nn
+from flax import nnx
+
+# The Linen family model's class name -> the module here that has its NNX model.
+FAMILIES = {"Decoder": "decoder"}
+
+
+def from_linen(spec: nn.Module, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The NNX model of the same family and fields as the (unbound) Linen model `spec`."""
+    name = type(spec).__name__
+    if name not in FAMILIES:
+        raise NotImplementedError(
+            f"tfjax.nnx has no NNX model for {name} yet; it has: {', '.join(sorted(FAMILIES))}"
+        )
+    family = importlib.import_module(f"{__name__}.{FAMILIES[name]}")
+    return getattr(family, name)(spec, rngs=rngs)
+
+
+def load_params(model: nnx.Module, params) -> None:
+    """Puts a Linen model's `params` tree (the same layout; boxed with logical names, as `init`
+    returns it, or not) into the NNX `model`, in place."""
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
+    nnx.update(model, state)

@@ -13,10 +13,10 @@ modules, which compute the same function with the same parameter tree:
     logits, aux = model(tokens)                    # [B, T] -> [B, T, V], {"pre_logits": ...}
     nnx.to_pure_dict(nnx.state(model, nnx.Param))  # the Linen model's params tree
 
-A Linen checkpoint's `params` load with `load_params(model, params)`; the NNX model's go to
-Linen as `nnx.to_pure_dict(nnx.state(model, nnx.Param))`. Decoding passes
-the explicit KV cache (`model.init_cache`, `cache=`), as the Linen model's explicit form does;
-there is no "cache" collection. A mixture of experts (num_experts > 0) is Linen's only so far.
+A Linen checkpoint's `params` load with `tfjax.nnx.models.load_params(model, params)`; the
+NNX model's go to Linen as `nnx.to_pure_dict(nnx.state(model, nnx.Param))`. Decoding passes the
+explicit KV cache (`model.init_cache`, `cache=`), as the Linen model's explicit form does; there
+is no "cache" collection. A mixture of experts (num_experts > 0) is Linen's only so far.
 """
 
 import jax.numpy as jnp
@@ -150,11 +150,3 @@ def Model(variant: str | None = None, *, rngs: nnx.Rngs, **overrides) -> Decoder
     """Decoder(spec=tfjax.models.decoder.Model(variant, **overrides)): the Linen family's
     presets, fields and checks; `vocab_size` is required."""
     return Decoder(linen.Model(variant, **overrides), rngs=rngs)
-
-
-def load_params(model: Decoder, params) -> None:
-    """Puts a Linen model's `params` tree (the same layout; boxed with logical names, as
-    `init` returns it, or not) into `model`, in place."""
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
-    nnx.update(model, state)
