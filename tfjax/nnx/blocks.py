@@ -33,6 +33,12 @@ from tfjax.ops.norms import NORMS, rms_norm_plus_one
 default_kernel_init = nn.initializers.xavier_uniform()  # Linen's modules' default
 
 
+class AuxLoss(nnx.Variable):
+    """The auxiliary losses a layer sows in a call (a router's), Linen's AUX_LOSSES collection:
+    `nnx.to_pure_dict(nnx.pop(model, AuxLoss))` has that collection's tree (per layer, named
+    scalars), which tfjax.runner.steps.with_aux_losses adds to the loss."""
+
+
 def _eager():
     """NNX's eager sharding of a new parameter: its default (on) under a mesh, else off, so the
     logical names stay metadata and creation works outside any mesh."""
