@@ -5,6 +5,10 @@
     logits, aux = model.apply({"params": params}, tokens)
     interop.save(model, params, "path/to/out")           # model.safetensors + config.json
 
+    model = interop.load("path/to/checkpoint", nnx=True)  # a Flax NNX model (tfjax.nnx)
+    logits, aux = model(tokens)
+    interop.save(model, "path/to/out")                   # its nnx.Param state is the params
+
 One module per Hugging Face family converts its architectures both ways (`families/`: gpt2,
 llama, moe, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn), each also from a state dict
 plus a config (`from_gpt2(state, cfg)`). Each architecture is a `core.tables.Family` (GPT2,
@@ -82,6 +86,7 @@ import os
 import flax
 import jax
 import numpy as np
+from flax import nnx as _nnx
 
 from tfjax.interop import core, families
 from tfjax.interop.core import convert, tables, towers
@@ -147,14 +152,73 @@ REGISTRY = Registry(family.CONVERTS for family in families.ALL)
 ARCHITECTURES = REGISTRY.loaders  # Hugging Face architecture -> loader(directory, config, **kw)
 
 
-def load(directory, **overrides):
+def load(directory, *, nnx: bool = False, rngs: _nnx.Rngs | None = None, **overrides):
     """(model, params) from a local Hugging Face checkpoint directory (no hub access).
 
     `overrides` go to the converter (e.g. scan_layers=True, dtype, image_size for ViT).
+
+    nnx=True: the Flax NNX model instead (`tfjax.nnx.models.from_linen` of the same model,
+    which holds the params as its nnx.Param state; see `as_nnx`); `rngs` seeds its own
+    streams (dropout when training), nnx.Rngs(0) when None.
     """
+    if rngs is not None and not nnx:
+        raise ValueError("load: rngs= is for the NNX model (nnx=True)")
     config = read_config(directory)
     where = os.path.join(os.fspath(directory), CONFIG)
-    return REGISTRY.loader(config, where)(directory, config, **overrides)
+    model, params = REGISTRY.loader(config, where)(directory, config, **overrides)
+    return as_nnx(model, params, rngs=rngs) if nnx else (model, params)
+
+
+def as_nnx(model, params, *, rngs: _nnx.Rngs | None = None):
+    """The Flax NNX model (tfjax.nnx) of the Linen `model` (its `spec`) holding `params` (that
+    model's params tree, boxed or not), built without drawing its parameters at random: its
+    layout comes from `nnx.eval_shape`, and only its non-parameter state (RNG streams, from
+    `rngs`, nnx.Rngs(0) when None) is computed. Any family `tfjax.nnx.models.FAMILIES` has."""
+    from tfjax.nnx import models as nnx_models  # NNX only when asked for
+
+    rngs = _nnx.Rngs(0) if rngs is None else rngs
+    abstract = _nnx.eval_shape(lambda: nnx_models.from_linen(model, rngs=_nnx.Rngs(0)))
+    graphdef, layout, _ = _nnx.split(abstract, _nnx.Param, ...)
+
+    # The parameter initialisers are traced but not run: XLA drops what is not returned.
+    @_nnx.jit
+    def rest(rngs):
+        return _nnx.state(nnx_models.from_linen(model, rngs=rngs), _nnx.Not(_nnx.Param))
+
+    want = flax.traverse_util.flatten_dict(_nnx.to_pure_dict(layout), sep="/")
+    got = flax.traverse_util.flatten_dict(flax.linen.meta.unbox(params), sep="/")
+    for path in sorted(want.keys() | got.keys()):
+        w, g = want.get(path), got.get(path)
+        if w is None or g is None or (w.shape, w.dtype) != (g.shape, g.dtype):
+            describe = lambda x: "none" if x is None else f"{x.dtype}{list(x.shape)}"
+            raise ValueError(
+                f"as_nnx: params[{path!r}] is {describe(g)}; the NNX {type(abstract).__name__} "
+                f"has {describe(w)}"
+            )
+    out = _nnx.merge(graphdef, layout, rest(rngs))
+    nnx_models.load_params(out, params)
+    return out
+
+
+def _linen(model, params):
+    """(Linen model, params) of the arguments of export/save: an NNX model gives its `spec`
+    and its nnx.Param state (the Linen params tree)."""
+    if not isinstance(model, _nnx.Module):
+        if params is None:
+            raise TypeError(f"a Linen {type(model).__name__} needs its params")
+        return model, params
+    if params is not None:
+        raise TypeError(f"an NNX {type(model).__name__} holds its params; pass none")
+    if _nnx.state(model, _nnx.LoRAParam):
+        raise ValueError(
+            f"the NNX {type(model).__name__} holds LoRA adapters (nnx.LoRAParam); export the "
+            "merged params: lora.merge(nnx.to_pure_dict(nnx.state(model, nnx.Param)), config) "
+            "with the model's `spec`"
+        )
+    spec = getattr(model, "spec", None)
+    if not isinstance(spec, flax.linen.Module):
+        raise TypeError(f"{type(model).__name__} is not a tfjax.nnx family model (no Linen `spec`)")
+    return spec, _nnx.to_pure_dict(_nnx.state(model, _nnx.Param))
 
 
 def _run_loader(directory):
@@ -220,24 +284,35 @@ def stream_pretrained_params(directory, model, *, image_size=None):
     return convert.stream_params(family, model, read_state_dict(directory, lazy=True))
 
 
-def export(model, params):
-    """({Hugging Face key: numpy array}, config dict) for a tfjax model."""
+def export(model, params=None):
+    """({Hugging Face key: numpy array}, config dict) for a tfjax model: a Linen model and its
+    params, or a tfjax.nnx model alone (its params are its nnx.Param state)."""
+    model, params = _linen(model, params)
     return REGISTRY.exporter(model).export(model, params)
 
 
-def save(model, params, directory) -> str:
-    """Writes model.safetensors and config.json (Hugging Face layout); returns the weights path.
+def save(model, *args) -> str:
+    """save(model, params, directory) for a Linen model, save(model, directory) for a
+    tfjax.nnx model: writes model.safetensors and config.json (Hugging Face layout); returns
+    the weights path.
 
-    `load(directory)` gives the same params back bit for bit, and transformers'
+    `load(directory)` (`nnx=True`) gives the same params back bit for bit, and transformers'
     `from_pretrained(directory)` reads it.
     """
-    state, config = export(model, params)
-    return write_safetensors(state, directory, config)
+    nnx = isinstance(model, _nnx.Module)
+    if len(args) != (1 if nnx else 2):
+        raise TypeError(
+            "save takes (model, directory) for an NNX model, (model, params, directory) for a "
+            f"Linen one; got {1 + len(args)} arguments for a {type(model).__name__}"
+        )
+    state, config = export(model, *args[:-1])
+    return write_safetensors(state, args[-1], config)
 
 
 __all__ = [
     "ARCHITECTURES",
     "REGISTRY",
+    "as_nnx",
     "core",
     "export",
     "families",
