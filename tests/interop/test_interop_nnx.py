@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import assert_params_identical, module_fields
 from flax import nnx
-from interop_references import V, torch, transformers
+from interop_references import V, torch
 from test_interop_gemma import gemma2, gemma3  # noqa: F401 (fixtures)
 from test_interop_llama import llama, mistral, qwen3  # noqa: F401 (fixtures)
 

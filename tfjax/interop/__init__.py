@@ -185,12 +185,14 @@ def as_nnx(model, params, *, rngs: _nnx.Rngs | None = None):
     def rest(rngs):
         return _nnx.state(nnx_models.from_linen(model, rngs=rngs), _nnx.Not(_nnx.Param))
 
+    def describe(x):
+        return "none" if x is None else f"{x.dtype}{list(x.shape)}"
+
     want = flax.traverse_util.flatten_dict(_nnx.to_pure_dict(layout), sep="/")
     got = flax.traverse_util.flatten_dict(flax.linen.meta.unbox(params), sep="/")
     for path in sorted(want.keys() | got.keys()):
         w, g = want.get(path), got.get(path)
         if w is None or g is None or (w.shape, w.dtype) != (g.shape, g.dtype):
-            describe = lambda x: "none" if x is None else f"{x.dtype}{list(x.shape)}"
             raise ValueError(
                 f"as_nnx: params[{path!r}] is {describe(g)}; the NNX {type(abstract).__name__} "
                 f"has {describe(w)}"
