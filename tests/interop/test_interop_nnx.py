@@ -111,6 +111,8 @@ def test_wrong_uses_are_refused(gpt2, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match=r"as_nnx: params\['.*'\] is float32\[.*1\]"):
         interop.as_nnx(linen, small)
     # a LoRA model's adapters are not exported silently
-    lora_model = lora.apply_lora(model, lora.LoraConfig(rank=2), jnp.zeros((1, 4), jnp.int32))
+    lora_model = lora.apply_lora(
+        model, lora.LoraConfig(rank=2), jnp.zeros((1, 4), jnp.int32), rngs=nnx.Rngs(0)
+    )
     with pytest.raises(ValueError, match="holds LoRA adapters"):
         interop.save(lora_model, tmp_path)
