@@ -5,6 +5,7 @@ for the decoder families; the NNX model exports back bit for bit; wrong uses are
 import copy
 import os
 
+import flax
 import interop_references as references
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ from test_interop_gemma import gemma2, gemma3  # noqa: F401 (fixtures)
 from test_interop_llama import llama, mistral, qwen3  # noqa: F401 (fixtures)
 
 from tfjax import interop, lora
-from tfjax.nnx.models import decoder
+from tfjax.nnx.models import decoder, load_params
 
 gpt2 = references.gpt2
 FAMILIES = ["gpt2", "llama", "mistral", "qwen3", "gemma2", "gemma3"]
@@ -116,3 +117,41 @@ def test_wrong_uses_are_refused(gpt2, tmp_path):  # noqa: F811
     )
     with pytest.raises(ValueError, match="holds LoRA adapters"):
         interop.save(lora_model, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_nnx_lora_adapters_export_for_peft(family, request, tmp_path):
+    """An NNX LoRA model's adapters (random B, as after training) written by the runner's
+    --adapters_only exporter (tfjax.runner.export.adapter_state, fed the NNX model's `spec`
+    and params) and loaded by peft onto the reference: peft's logits are the NNX model's."""
+    peft = pytest.importorskip("peft")
+    from tfjax.runner import export
+
+    ref, path = request.getfixturevalue(family)
+    config = lora.LoraConfig(rank=2, alpha=4.0)
+    ids = references.tokens((2, 9))
+    model = interop.load(path, nnx=True)
+    model = lora.apply_lora(model, config, jnp.asarray(ids), rngs=nnx.Rngs(0))
+    flat = flax.traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    for i, key in enumerate(sorted(flat)):
+        if key[-1].endswith("_lora_b"):
+            k = jax.random.fold_in(jax.random.key(1), i)
+            flat[key] = 0.3 * jax.random.normal(k, flat[key].shape, flat[key].dtype)
+    params = flax.traverse_util.unflatten_dict(flat)
+    load_params(model, params)
+    got = _nnx_logits(model, jnp.asarray(ids))
+
+    state, targets = export.adapter_state(model.spec, params, interop.family_of(path)[0])
+    tuned = peft.get_peft_model(
+        copy.deepcopy(ref).double(),
+        peft.LoraConfig(r=2, lora_alpha=4.0, lora_dropout=0.0, target_modules=targets),
+    )
+    result = peft.set_peft_model_state_dict(
+        tuned, {k: torch.tensor(np.asarray(v, np.float64)) for k, v in state.items()}
+    )
+    assert not result.unexpected_keys
+    with torch.no_grad():
+        want = tuned.eval()(torch.tensor(ids)).logits.numpy()
+        before = copy.deepcopy(ref).double()(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got, want, atol=references.ATOL, rtol=0)
+    assert np.abs(want - before).max() > 0.05  # the adapters act
