@@ -9,6 +9,14 @@ Letters: D model width, N heads, H head dim, F mlp width, L layers, r rank.
     logits, _ = model.apply({"params": lora.combine(base, adapters)}, tokens)
     merged = lora.merge(params, config)   # plain base params, W + A B alpha / r: the base model
 
+A Flax NNX model (tfjax.nnx) or one of its submodules gets the same adapters, as nnx.LoRAParam
+beside the kernels, in a copy made from one abstract call on example inputs (see the NNX
+section at the end):
+
+    model = lora.apply_lora(nnx_model, config, tokens, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-4), wrt=nnx.LoRAParam)  # adapters only
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))  # the Linen LoRA params tree
+
 Each kernel W whose parameter path ("decoder/layers_0/self_attention/query_kernel") matches
 `config.targets` gets two adapters beside it in its module, `{W}_lora_a` and `{W}_lora_b`,
 and each matmul x W of the model becomes x W + (x A) B alpha / r. A and B are laid out as the
@@ -192,7 +200,7 @@ def apply_lora(model, config: LoraConfig, *example_args, rngs=None, **example_kw
     nnx.LoRAParam beside its kernel (`query_kernel_lora_a`, ... as in the Linen params), made
     from one abstract call (nnx.eval_shape) on `example_args` / `example_kwargs` (their values
     do not matter), A drawn from `rngs` (an nnx.Rngs, required); `targets` are matched against
-    the paths from `model`. See `nnx_lora` below for training and exporting.
+    the paths from `model`. Training, merging and exporting: this module's NNX section.
     """
     if not isinstance(config, LoraConfig):
         raise TypeError(f"apply_lora takes a LoraConfig, got {type(config).__name__}")
@@ -747,22 +755,31 @@ def _rebox(box, value, axes):
 #
 #     model = lora.apply_lora(model, config, tokens, rngs=nnx.Rngs(0))   # a copy, with adapters
 #     optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.LoRAParam)  # adapters only
+#     grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
 #     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))  # base + adapters: the Linen tree
 #     plain = interop.as_nnx(model.spec, lora.merge(params, config))  # merged, no adapters
+#     state, targets = tfjax.runner.export.adapter_state(model.spec, params, family)  # peft's
 #
-# One submodule: model.decoder.layers_3.self_attention = lora.apply_lora(
-#     model.decoder.layers_3.self_attention, LoraConfig(targets=".*_kernel"), x, rngs=...)
+# One submodule, its targets matched against its own paths:
+#     model.decoder.layers_3.self_attention = lora.apply_lora(
+#         model.decoder.layers_3.self_attention, LoraConfig(targets="(query|value)_kernel"),
+#         x, rngs=nnx.Rngs(0))
+# A scanned stack's layer is one module holding every layer's parameters, run only inside the
+# stack's scan: it is refused; a targets regex on the whole model names it instead
+# ("decoder/layers/self_attention/(query|value)_kernel").
 #
 # Qwix's NNX path creates adapters on the module that runs the matmul, during a first call.
 # tfjax.nnx's stacks run each layer as nnx.merge(graphdef, state) (unrolled) or inside
 # jax.lax.scan (scanned): a copy, whose new attributes are lost, and inside scan a traced one.
 # So here the first call only records each targeted kernel's adapter shapes and logical names
-# (an abstract call: nothing is computed), and the adapters are then created on the model's own
-# modules: stacked [L, ...] under a scanned stack's `layers` (one A per layer, He-uniform as
-# Linen's nn.scan makes them), where the scan slices them as it slices the kernels. The
-# matmuls are then the Linen provider's (the same maths), the kernel identified by object among
-# the running module's nnx.Params (`module.query_kernel[...]` is the stored array itself) and
-# followed through promote_dtype and reshape as in Linen.
+# (an abstract call, nnx.eval_shape: nothing is computed), and the adapters are then created
+# on the model's own modules: stacked [L, ...] under a scanned stack's `layers` (one A per
+# layer, as Linen's nn.scan makes them), which the scan slices as it slices the kernels. The
+# matmuls are then the Linen provider's (the same maths), the kernel identified by object
+# among the running module's nnx.Params (`module.query_kernel[...]` is the stored array itself;
+# numpy-held ones are converted in promote_dtype) and followed through promote_dtype and
+# reshape as in Linen. Qwix intercepts one method of an NNX model (__call__); the others of
+# METHODS (the head's `logits`, which the chunked loss calls alone) are intercepted here.
 # Not yet on NNX: adapter dropout (LoraConfig.dropout; tfjax.nnx takes explicit dropout keys,
 # which the provider does not see) and QLoRA (base_dtype; tfjax.nnx's attention reads the
 # kernel's [D, N, H] shape, which a kernel stored quantized as [D, N H] does not have).
