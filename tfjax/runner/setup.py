@@ -18,6 +18,10 @@ The state is created shape-first: `jax.eval_shape` of the initialiser gives the 
 logical names, the rules turn those into shardings, and `exp.init` (jitted with those
 out_shardings) creates every parameter directly in its shards, so no device ever holds a full
 copy of a sharded model. `exp.train_step` donates the state it is given.
+
+The model is a Linen family model (tfjax.models); with config.model.api="nnx" the steps call
+its NNX form (tfjax.nnx) through Linen's init and apply (`for_api`): the same parameters,
+state and checkpoints, so a run may resume in either API.
 """
 
 from __future__ import annotations
