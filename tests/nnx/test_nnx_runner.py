@@ -180,6 +180,23 @@ def test_restore_model_gives_the_runs_api(data_dir, runs):
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), want)
 
 
+def test_nnx_run_exports_as_the_linen_run(runs, tmp_path):
+    """experiments/export.py's Hugging Face checkpoint of an NNX run: the Linen run's."""
+    from safetensors.numpy import load_file
+
+    from tfjax.runner import export
+
+    files = {}
+    for name in ("linen", "nnx"):
+        out = export.export_run(runs[name], str(tmp_path / name))
+        with open(os.path.join(out, "config.json")) as f:
+            files[name] = json.load(f), load_file(os.path.join(out, "model.safetensors"))
+    (want_config, want), (got_config, got) = files["linen"], files["nnx"]
+    assert got_config == want_config and got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=1e-7, err_msg=k)
+
+
 # --------------------------------------------------------------------------------- refusals
 def test_bad_api_is_refused_naming_the_field():
     config = _config(**{"model.api": "flax"})
