@@ -73,6 +73,7 @@ def _model(name: str) -> ml_collections.ConfigDict:
     model.remat_policy = "none"
     model.implementation = config_dict.placeholder(str)
     model.dropout_rate = config_dict.placeholder(float)
+    model.api = "linen"  # or "nnx" (tfjax.runner.defaults.model)
     return model
 
 

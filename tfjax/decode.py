@@ -6,7 +6,9 @@ Letters: B batch, K beams, L buffer length, P prompt length, V vocab.
                                      eos_id=eos)
     outputs = [row[:end] for row, end in zip(tokens, decode.first_eos(tokens, eos))]
 
-`model` is a `tfjax.models.decoder` model or a `tfjax.models.transformer` model. A decoder
+`model` is a `tfjax.models.decoder` model or a `tfjax.models.transformer` model, or an NNX
+model of `tfjax.nnx.models`, which holds its parameters: `decode.generate(model, prompts, ...)`
+runs it through `tfjax.nnx.functional` on the same code path (and explicit cache). A decoder
 continues prompts [B, P]; `mask` [B, P] (bool or 0/1, as transformers' `attention_mask`) is
 true on prompt tokens: each row's are one run of columns starting at column 0 (right padding)
 or ending at column P-1 (left padding: such rows are moved to the left edge first); no mask
@@ -52,6 +54,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -817,10 +820,26 @@ def _generate_body(
     return jnp.take_along_axis(buffer, idx, axis=1), scores
 
 
+def _functional(model, params, inputs):
+    """(model, params, inputs) of generate's arguments: an NNX model, given as
+    generate(model, inputs, ...), as its Functional and parameters (tfjax.nnx.functional)."""
+    if not isinstance(model, nnx.Module):
+        if inputs is None:
+            raise TypeError("generate(model, params, inputs, ...): inputs are missing")
+        return model, params, inputs
+    if inputs is not None:
+        raise TypeError(
+            "an NNX model holds its parameters: generate(model, inputs, ...), without params"
+        )
+    from tfjax.nnx import functional
+
+    return (*functional.split(model), params)
+
+
 def generate(
-    model: nn.Module,
+    model: nn.Module | nnx.Module,
     params: Any,
-    inputs,
+    inputs=None,
     *,
     mask=None,
     max_new_tokens: int,
@@ -842,8 +861,9 @@ def generate(
     """Generates up to `max_new_tokens` tokens per row; see the module docstring.
 
     Args:
-      model: a decoder (prompt -> continuation) or transformer (source -> target) model.
-      params: its parameters (plain arrays or logically boxed).
+      model: a decoder (prompt -> continuation) or transformer (source -> target) model; or an
+        NNX model (tfjax.nnx.models), called as generate(model, inputs, ...).
+      params: its parameters (plain arrays or logically boxed); an NNX model's inputs.
       inputs: [B, P] prompts, or [B, S] source ids (an encoder-decoder's: 0 is its padding).
       mask: [B, P] bool or 0/1, true on prompt tokens (transformers' attention_mask): each row's
         are one run from column 0 (right padding) or up to column P-1 (left padding). None: no
@@ -868,6 +888,7 @@ def generate(
     Returns:
       (tokens [B, max_new_tokens] int32, scores [B] float32).
     """
+    model, params, inputs = _functional(model, params, inputs)
     options = dict(
         method=method,
         max_new_tokens=max_new_tokens,
@@ -909,13 +930,14 @@ def generate(
     )
 
 
-def lower(model, params, inputs, *, mask=None, layout="auto", memory_bytes=None, **options):
+def lower(model, params, inputs=None, *, mask=None, layout="auto", memory_bytes=None, **options):
     """`generate`'s jitted program lowered for abstract `params`, `inputs` and `mask` (None or
     a [B, P] bool ShapeDtypeStruct; ShapeDtypeStructs with shardings): compile it ahead of time
     for a target (`tfjax.runner.aot`) without any data. `options` are generate's
     PROGRAM_OPTIONS, with its defaults; `layout` as generate's, for devices of `memory_bytes`
     each (`decode_layout`). With a mask the prompts are taken as fed token by token from the
-    start, as in the runner's eval."""
+    start, as in the runner's eval. An NNX model as in `generate`: lower(model, inputs, ...)."""
+    model, params, inputs = _functional(model, params, inputs)
     unknown = sorted(set(options) - set(PROGRAM_OPTIONS))
     if unknown:
         raise TypeError(f"lower: unknown options {unknown}; allowed: {PROGRAM_OPTIONS}")

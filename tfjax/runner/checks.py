@@ -61,7 +61,12 @@ def check_config(config) -> None:
     # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
     # only scales the values of the "rsqrt" schedule.
     optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
-    optim.lora_config(config)
+    lora = optim.lora_config(config)
+    if lora is not None and config.model.get("api") == "nnx":
+        raise ValueError(
+            f"lora.rank={config.lora.rank} with model.api='nnx': tfjax.nnx has no LoRA "
+            "adapters yet; set model.api='linen' (the same checkpoints) or lora.rank=0"
+        )
 
 
 def check_run(config, workdir: str) -> None:
@@ -122,6 +127,7 @@ def check_model(config, workdir: str | None = None) -> None:
     trainable = optim.trainable(config.optim, lora=lora is not None)
     if trainable is not None:
         optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
+    setup.for_api(config, model)  # what tfjax.nnx cannot run yet, refused by name
     if config.task == "classification" and data.num_classes:
         head = output.shape[-1]
         if head < data.num_classes:

@@ -35,6 +35,7 @@ from tfjax.allowed import BOOLEAN, FRACTION, TEXT, integer, number, one_of, opti
 from tfjax.runner import optim as optimizers
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # config.dtype
+APIS = ("linen", "nnx")  # config.model.api
 NONFINITE = ("error", "skip")  # config.nonfinite: what a NaN/Inf loss or gradient does
 POSITIVE = integer(1)  # a count that must be at least one (steps, rows, seconds)
 COUNT = integer(0)  # a count where 0 means none (or: off, all, the default)
@@ -117,12 +118,16 @@ def model(name: str, variant: str) -> ml_collections.ConfigDict:
     m.remat_policy = "none"  # recompute activations in the backward pass
     # Attention backend: "xla", "cudnn", "chunked", "splash"; None: the best for the target.
     m.implementation = config_dict.placeholder(str)
+    # Which of tfjax's APIs computes the model: "linen" (tfjax.models) or "nnx" (tfjax.nnx, run
+    # through tfjax.nnx.functional): the same parameters and checkpoints, so a run may resume in
+    # either.
+    m.api = "linen"
     return m
 
 
 # The family's fields (sizes and the rest) are checked by the family when the model is built
-# (tfjax.models.common.ALLOWED); these two choose it.
-MODEL = {"name": TEXT, "variant": optional(TEXT)}
+# (tfjax.models.common.ALLOWED); these choose it and the API that runs it.
+MODEL = {"name": TEXT, "variant": optional(TEXT), "api": one_of(*APIS)}
 
 
 def optim(

@@ -73,6 +73,7 @@ def export_run(
     without LoRA or Hugging Face base (`adapters_only`) before any work, and adapters peft
     cannot load before writing."""
     from tfjax import interop
+    from tfjax.nnx.functional import Functional
     from tfjax.runner import train
 
     output = os.path.abspath(os.path.expanduser(output))
@@ -90,6 +91,8 @@ def export_run(
         float_base=adapters_only,
     )
     params = jax.device_get(params)
+    if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
+        model = model.spec
     if adapters_only:
         state, targets = adapter_state(model, params, interop.family_of(base)[0])
         adapter_config = _adapter_config(config, base, targets)

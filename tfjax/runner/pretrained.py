@@ -246,6 +246,7 @@ def model_fields(pretrained: Pretrained, config_model) -> dict:
     sets. A name or size config.model sets that differs from the checkpoint's is a ValueError
     naming both values."""
     given = {k: v for k, v in dict(config_model).items() if v is not None}
+    given.pop("api", None)  # which API runs the model, not a field of it
     name = given.pop("name", pretrained.model_name)
     if name != pretrained.model_name:
         raise ValueError(

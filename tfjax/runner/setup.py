@@ -18,6 +18,10 @@ The state is created shape-first: `jax.eval_shape` of the initialiser gives the 
 logical names, the rules turn those into shardings, and `exp.init` (jitted with those
 out_shardings) creates every parameter directly in its shards, so no device ever holds a full
 copy of a sharded model. `exp.train_step` donates the state it is given.
+
+The model is a Linen family model (tfjax.models); with config.model.api="nnx" the steps call
+its NNX form (tfjax.nnx) through Linen's init and apply (`for_api`): the same parameters,
+state and checkpoints, so a run may resume in either API.
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ def build_model(
             fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
         return _family_model(checks.model_module(pretrained.model_name), fields)
     fields = dict(config.model)
+    fields.pop("api", None)  # which API runs the model (`for_api`), not a field of it
     module = checks.model_module(fields.pop("name"))
     if fields.get("vocab_size") is None and vocab_size is not None:
         # Rounded up so that the vocab axis shards evenly over any tensor-parallel size up to
@@ -161,6 +166,26 @@ def build_model(
     if config.dtype != "float32":
         fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
     return _family_model(module, fields)
+
+
+def api(config) -> str:
+    """config.model.api: "linen" or "nnx" ("linen" for configs recorded before the field)."""
+    return config.model.get("api", "linen")
+
+
+def for_api(config, model):
+    """`model` (a Linen family model, as `build_model` gives it) as config.model.api runs it:
+    itself ("linen"), or its NNX model behind Linen's init and apply ("nnx":
+    `tfjax.nnx.functional.Functional`, which the steps and decoding take as they take the Linen
+    model). Both have the same parameter tree, so the state and the checkpoints are the same."""
+    if api(config) == "linen":
+        return model
+    from tfjax.nnx.functional import Functional
+
+    try:
+        return Functional(model)
+    except NotImplementedError as e:  # a family or layer tfjax.nnx does not have yet
+        raise ValueError(f"model.api='nnx': {e}; model.api='linen' runs it") from None
 
 
 def _family_model(module, fields: dict):
@@ -289,7 +314,7 @@ class Experiment:
     mesh: jax.sharding.Mesh
     rules: tuple
     task: Any  # the tfjax.tasks module
-    model: nn.Module
+    model: Any  # the Linen model, or its `for_api` Functional with model.api="nnx"
     tx: optax.GradientTransformation
     schedule: Callable[[int], Any]
     inputs: Inputs
@@ -400,10 +425,11 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         from tfjax import lora
 
         model = lora.apply_lora(model, lora_config)
+    runs = for_api(config, model)  # what the steps and decoding call (the same parameters)
     ema = config.optim.ema_decay > 0
     trainable = optim.trainable(config.optim, lora=lora_config is not None)
     init_fn, abstract_state, param_shardings = abstract_train_state(
-        model, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema, trainable=trainable
+        runs, tx, task, inputs.train, mesh=mesh, rules=rules, ema=ema, trainable=trainable
     )
     if trainable is not None:
         trained = optim.check_trainable(config.optim, abstract_state.params, trainable)
@@ -422,7 +448,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
     train_batch, eval_batch = batch_of(inputs.train), batch_of(inputs.eval)
     train_step = jax.jit(
         make_train_step(
-            model,
+            runs,
             task,
             tx,
             mesh=mesh,
@@ -439,7 +465,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         donate_argnums=0,
     )
     eval_step = jax.jit(
-        make_eval_step(model, task, mesh=mesh, rules=rules, loss_chunks=chunks),
+        make_eval_step(runs, task, mesh=mesh, rules=rules, loss_chunks=chunks),
         in_shardings=(param_shardings, {k: s.sharding for k, s in eval_batch.items()}),
         out_shardings=repl,
     )
@@ -452,7 +478,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         mesh=mesh,
         rules=rules,
         task=task,
-        model=model,
+        model=runs,
         tx=tx,
         schedule=schedule,
         inputs=inputs,

@@ -90,7 +90,8 @@ def restore_model(
     """(model, params, tokenizer) of a run's newest checkpoint (or `step`), for decoding,
     exporting and analysis.
 
-    The model is built from `config` as training built it (with its LoRA adapters when
+    The model is built from `config` as training built it (the Linen model, or with
+    model.api="nnx" its NNX model as `setup.for_api` gives it; with its LoRA adapters when
     config.lora has a rank; `merge_lora` folds them into the base kernels and gives the model
     without them; `float_base`: a QLoRA run's quantized kernels dequantized into their float
     layout, as `merge_lora` does before merging); params land on the config's mesh (over
@@ -136,7 +137,7 @@ def restore_model(
         params = lora.dequantized(params, like)
     if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
         model, params = base, lora.merge(params, lora_config)
-    return model, params, tokenizer
+    return setup.for_api(config, model), params, tokenizer
 
 
 def train_and_evaluate(

@@ -1,0 +1,236 @@
+"""The runner with config.model.api="nnx" (tfjax.nnx.functional): from the same initial state
+the same losses, evaluations and parameters step for step as api="linen", on one device and
+on a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices; the same checkpoints, so a Linen run
+resumes as NNX (and back) and its losses continue as the Linen-only run's; what NNX cannot run
+yet, and a bad api, refused by name before any work."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, read_checkpoint, set_fields
+
+from tfjax import sharding
+from tfjax.nnx.functional import Functional
+from tfjax.runner import checks, defaults, metrics, setup, train
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
+RTOL = 1e-6  # float32: the two APIs' programs may fuse (and so round) differently
+STEPS = 3
+
+
+def _config(spec="lm.py:tiny", **overrides):
+    config = setup.load_config(os.path.join(ROOT, "configs", spec))
+    with config.unlocked():
+        return set_fields(config, overrides)
+
+
+def _steps(api, mesh_fields, devices):
+    """(per-step train stats, eval stats, final params, the Experiment) of STEPS train steps of
+    lm.py:tiny from one seed's initial state, with model.api=`api`."""
+    config = _config(**{"model.api": api, **{f"mesh.{k}": v for k, v in mesh_fields.items()}})
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
+    exp = setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
+    rng = np.random.default_rng(0)
+    batch = {k: rng.integers(1, 64, s.shape).astype(s.dtype) for k, s in exp.train_batch.items()}
+    batch["tokens_segment_ids"] = np.repeat(  # packed rows: two segments each
+        np.array([[1] * 20 + [2] * 12], np.int32), batch["tokens"].shape[0], 0
+    )
+    batch = sharding.shard_batch(batch, mesh, exp.rules)
+    state = exp.init(jax.random.key(0))
+    train_stats = []
+    for _ in range(STEPS):
+        state, stats = exp.train_step(state, batch, jax.random.key(1))
+        train_stats.append(jax.device_get(stats))
+    evals = jax.device_get(exp.eval_step(state.params, batch))
+    return train_stats, evals, jax.device_get(state.params), exp
+
+
+MESHES = {
+    "1 device": (dict(data=1, fsdp=1, tensor=1), 1),
+    "2x2x2": (dict(data=2, fsdp=2, tensor=2), 8),
+}
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_nnx_steps_give_linens_losses_and_parameters(mesh):
+    fields, devices = MESHES[mesh]
+    linen_stats, linen_eval, linen_params, linen_exp = _steps("linen", fields, devices)
+    nnx_stats, nnx_eval, nnx_params, nnx_exp = _steps("nnx", fields, devices)
+    assert isinstance(nnx_exp.model, Functional) and not isinstance(linen_exp.model, Functional)
+    # The same abstract state, laid out alike: one checkpoint layout for both.
+    assert jax.tree.structure(nnx_exp.abstract_state) == jax.tree.structure(
+        linen_exp.abstract_state
+    )
+    for a, b in zip(
+        jax.tree.leaves(nnx_exp.abstract_state),
+        jax.tree.leaves(linen_exp.abstract_state),
+        strict=True,
+    ):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype) and a.sharding == b.sharding
+    losses = [s["loss"] for s in linen_stats]
+    assert losses[-1] < losses[0]  # it learns: the steps differ from each other
+    for got, want in zip(nnx_stats, linen_stats, strict=True):
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=RTOL, err_msg=k)
+    for k in linen_eval:
+        np.testing.assert_allclose(nnx_eval[k], linen_eval[k], rtol=RTOL, err_msg=k)
+    scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(linen_params))
+    jax.tree.map(
+        lambda got, want: np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * scale),
+        nnx_params,
+        linen_params,
+    )
+
+
+# ------------------------------------------------------------------------- runs and resume
+def _run_config(data_dir, api, **overrides):
+    """lm.py:tiny for 4 steps, a checkpoint every 2, one evaluation at the end that writes
+    decoded samples (sampling, decode.layout "auto") of the API's model."""
+    config = _config(**{"model.api": api})
+    config.data_dir = data_dir
+    config.update(num_train_steps=4, log_every=1, eval_every=0, eval_steps=1)
+    config.checkpoint.every = 2
+    return set_fields(config, overrides)
+
+
+def _losses(workdir):
+    return [(r["step"], r["loss"]) for r in metrics.read_metrics(workdir, "train")]
+
+
+def _samples(workdir, step):
+    """(prompt, output) of each sample the evaluation at `step` decoded."""
+    with open(os.path.join(workdir, "samples.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [(r["prompt"], r["output"]) for r in rows if r["step"] == step]
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    """Workdirs: "linen" and "nnx" straight 4-step runs; "linen->nnx" 2 steps in Linen resumed
+    as NNX, "nnx->linen" the other way."""
+    out = {}
+    for name, apis in {
+        "linen": ("linen",),
+        "nnx": ("nnx",),
+        "linen->nnx": ("linen", "nnx"),
+        "nnx->linen": ("nnx", "linen"),
+    }.items():
+        workdir = str(tmp_path_factory.mktemp(name.replace("->", "_to_")))
+        if len(apis) == 1:
+            assert train.train_and_evaluate(_run_config(data_dir, apis[0]), workdir)["step"] == 4
+        else:
+            first = train.train_and_evaluate(
+                _run_config(data_dir, apis[0]), workdir, stop_after_step=2
+            )
+            assert first["step"] == 2
+            assert train.train_and_evaluate(_run_config(data_dir, apis[1]), workdir)["step"] == 4
+        out[name] = workdir
+    return out
+
+
+def _assert_same_checkpoint(got_dir, want_dir, step):
+    got, want = read_checkpoint(got_dir, step), read_checkpoint(want_dir, step)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for (path, a), b in zip(
+        jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), strict=True
+    ):
+        where = jax.tree_util.keystr(path)
+        assert (np.shape(a), np.asarray(a).dtype) == (np.shape(b), np.asarray(b).dtype), where
+        if np.asarray(b).dtype.kind in "fc":
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-7, err_msg=where)
+        else:  # steps, counters, the data position and the arrays' checksums
+            np.testing.assert_array_equal(a, b, err_msg=where)
+
+
+@pytest.mark.parametrize("name", ["nnx", "linen->nnx", "nnx->linen"])
+def test_runs_across_apis_continue_as_the_linen_run(runs, name):
+    """Every step's loss, both checkpoints (the same tree: parameters, optimizer state, data
+    position) and the decoded samples of a run that trained in NNX, or resumed across APIs,
+    are the Linen-only run's."""
+    reference, workdir = runs["linen"], runs[name]
+    want = _losses(reference)
+    assert [s for s, _ in want] == [1, 2, 3, 4]
+    got = _losses(workdir)
+    assert [s for s, _ in got] == [s for s, _ in want]
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=RTOL)
+    for step in (2, 4):
+        _assert_same_checkpoint(workdir, reference, step)
+    samples = _samples(reference, 4)
+    assert len(samples) == 2 and all(output for _, output in samples)  # decoded something
+    assert _samples(workdir, 4) == samples
+
+
+def test_resumed_run_records_the_api_change(runs):
+    with open(os.path.join(runs["linen->nnx"], "config.json")) as f:
+        assert json.load(f)["model"]["api"] == "nnx"
+    with open(os.path.join(runs["linen->nnx"], "config.2.json")) as f:
+        assert json.load(f)["model"]["api"] == "linen"
+
+
+def test_restore_model_gives_the_runs_api(data_dir, runs):
+    config = _run_config(data_dir, "nnx")
+    model, params, _ = train.restore_model(config, runs["nnx"], devices=jax.devices()[:1])
+    assert isinstance(model, Functional)
+    want = read_checkpoint(runs["nnx"], 4)["params"]
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), want)
+
+
+def test_nnx_run_exports_as_the_linen_run(runs, tmp_path):
+    """experiments/export.py's Hugging Face checkpoint of an NNX run: the Linen run's."""
+    from safetensors.numpy import load_file
+
+    from tfjax.runner import export
+
+    files = {}
+    for name in ("linen", "nnx"):
+        out = export.export_run(runs[name], str(tmp_path / name))
+        with open(os.path.join(out, "config.json")) as f:
+            files[name] = json.load(f), load_file(os.path.join(out, "model.safetensors"))
+    (want_config, want), (got_config, got) = files["linen"], files["nnx"]
+    assert got_config == want_config and got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=1e-7, err_msg=k)
+
+
+# --------------------------------------------------------------------------------- refusals
+def test_bad_api_is_refused_naming_the_field():
+    config = _config(**{"model.api": "flax"})
+    with pytest.raises(
+        ValueError, match=r"model.api must be one of \('linen', 'nnx'\), got 'flax'"
+    ):
+        checks.check_config(config)
+    assert defaults.APIS == ("linen", "nnx")
+
+
+def test_lora_with_nnx_is_refused_by_name():
+    config = _config(**{"model.api": "nnx"})
+    with config.unlocked():
+        config.lora = defaults.lora()
+        config.lora.rank = 4
+    with pytest.raises(ValueError, match=r"lora.rank=4 with model.api='nnx': tfjax.nnx has no"):
+        checks.check_config(config)
+    config.model.api = "linen"
+    checks.check_config(config)  # the same LoRA config runs in Linen
+
+
+def test_a_family_without_an_nnx_model_is_refused_by_name():
+    config = _config("vit.py:tiny", **{"model.api": "nnx"})
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    message = r"model.api='nnx': tfjax.nnx has no NNX model for VisionTransformer yet"
+    with pytest.raises(ValueError, match=message):
+        setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
+    with pytest.raises(ValueError, match=message):
+        checks.check_model(config)
+
+
+def test_configs_recorded_before_the_field_run_in_linen():
+    config = _config()
+    with config.unlocked():
+        del config.model["api"]
+    assert setup.api(config) == "linen"
+    assert setup.for_api(config, setup.build_model(config, vocab_size=256)).vocab_size == 256

@@ -1,0 +1,136 @@
+"""An NNX family model behind Linen's functional API (`init` / `apply`), so that the runner's
+steps, its ahead-of-time compiles and `tfjax.decode` run an NNX model on the code path they
+run a Linen model on, with the same parameter trees and checkpoints:
+
+    from tfjax.models import decoder
+    from tfjax.nnx.functional import Functional
+    model = Functional(decoder.Model("tiny", vocab_size=256))  # the NNX decoder, as a function
+    params = model.init(key, tokens)["params"]                  # Linen's tree, names, values
+    logits, aux = model.apply({"params": params}, tokens)       # computed by the NNX model
+
+`apply` is pure: each call merges the NNX model's structure (its graphdef, made once,
+abstractly) with the given parameters and calls it, so it traces inside the caller's `jax.jit`
+(split and merge inside one jit, not `nnx.jit`'s graph walk per call). `init` is the Linen
+model's (the NNX model's parameter tree is the Linen one by construction, so a run starts from
+the same values whichever API it uses). Fields and the explicit cache (`vocab_size`,
+`scan_layers`, `init_cache`, ...) are read off the Linen model, `spec`.
+
+`split(model)` turns an NNX model (`tfjax.nnx.models`) into (Functional, params), as
+`tfjax.decode.generate` does with one it is given.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tfjax.nn.moe import AUX_LOSSES
+from tfjax.nnx import blocks, models
+
+# What `apply(mutable=...)` may ask for: the auxiliary losses the layers sow (tfjax.nnx.blocks
+# AuxLoss). Linen's other collections have no NNX counterpart here: the KV cache is explicit
+# (`cache=`), and NNX layers sow no intermediates.
+MUTABLE = (AUX_LOSSES,)
+
+
+class Functional:
+    """The NNX model of the (unbound) Linen family model `spec`, as `init` and `apply`. Equal
+    (and hashing equal) when the specs are: a static argument of jitted functions."""
+
+    def __init__(self, spec: nn.Module):
+        # The structure only: nnx.eval_shape makes no parameter.
+        model = nnx.eval_shape(lambda: models.from_linen(spec, rngs=nnx.Rngs(0)))
+        self.spec = spec
+        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.spec == self.spec
+
+    def __hash__(self):
+        return hash((type(self), self.spec))
+
+    def __repr__(self):
+        return f"Functional({self.spec!r})"
+
+    def __getattr__(self, name):
+        # Called for what the class lacks: the Linen model's fields and its own methods
+        # (init_cache). Linen's machinery (bind, clone, init_with_output, ...) would run the
+        # Linen model, not this one: refused.
+        if name.startswith("_") or hasattr(nn.Module, name):
+            raise AttributeError(
+                f"Functional has no {name!r}: it runs the NNX model through init and apply; "
+                "the Linen model is its .spec"
+            )
+        return getattr(self.spec, name)
+
+    def init(self, rngs, *args, **kwargs):
+        """The Linen model's `init`: the same boxed params, with their logical names."""
+        return self.spec.init(rngs, *args, **kwargs)
+
+    def model(self, params) -> nnx.Module:
+        """The NNX model holding `params` (a Linen params tree, boxed or not); inside a trace,
+        the NNX model of traced parameters."""
+        state = jax.tree.map(lambda v: v, self._params)  # a copy: filled in place below
+        nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
+        # The model's own RNG streams (used only by a training call without `rngs`).
+        rest = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._rest)
+        return nnx.merge(self._graphdef, state, rest)
+
+    def apply(self, variables, *args, method=None, mutable=False, rngs=None, **kwargs):
+        """Linen's `apply`, computed by the NNX model: `variables` {"params": ...}; `method` a
+        name (or a Linen method, by its name) of the NNX model, its call by default; `rngs`
+        {"dropout": key} (or a key) for a training call; `mutable` only the auxiliary losses
+        (then (out, {"aux_losses": ...}), {} when no layer sowed any). `decode` is the Linen
+        flag of the KV cache: the explicit one (`cache=`) only."""
+        extra = sorted(set(variables) - {"params"})
+        if extra:
+            raise ValueError(
+                f"variables hold {extra}; the NNX model takes only 'params' (its KV cache is "
+                "explicit: cache=model.init_cache(...))"
+            )
+        collections = _collections(mutable)
+        if kwargs.pop("decode", False) and kwargs.get("cache") is None:
+            raise ValueError(
+                "decode=True without cache=: the NNX model has no 'cache' collection; pass the "
+                "explicit cache (cache=model.init_cache(batch, length))"
+            )
+        model = self.model(variables["params"])
+        name = method if isinstance(method, str) or method is None else method.__name__
+        fn = model if name in (None, "__call__") else getattr(model, name)
+        if rngs is not None and "rngs" in inspect.signature(fn).parameters:
+            kwargs["rngs"] = nnx.Rngs(**rngs) if isinstance(rngs, dict) else nnx.Rngs(rngs)
+        out = fn(*args, **kwargs)
+        if not collections:
+            return out
+        sown = nnx.to_pure_dict(nnx.pop(model, blocks.AuxLoss))
+        return out, ({AUX_LOSSES: sown} if sown else {})
+
+
+def _collections(mutable) -> tuple:
+    """Linen's `mutable` (False, a name, a list of names, True) as a tuple of collections,
+    refused unless MUTABLE allows each."""
+    if mutable is False or mutable is None:
+        return ()
+    names = (mutable,) if isinstance(mutable, str) else mutable
+    if names is True or any(n not in MUTABLE for n in names):
+        raise ValueError(
+            f"mutable={mutable!r}: an NNX model's apply can return only {MUTABLE} (its KV "
+            "cache is explicit, cache=; it sows no intermediates)"
+        )
+    return tuple(names)
+
+
+def split(model: nnx.Module) -> tuple[Functional, dict]:
+    """(Functional, params) of an NNX family model (tfjax.nnx.models): its function and its
+    parameters as the Linen params tree (plain arrays)."""
+    spec = getattr(model, "spec", None)
+    if not isinstance(spec, nn.Module):
+        raise TypeError(
+            f"{type(model).__name__} is not a tfjax.nnx.models family model (one built from a "
+            "Linen model, its .spec)"
+        )
+    return Functional(spec), nnx.to_pure_dict(nnx.state(model, nnx.Param))
