@@ -115,6 +115,8 @@ def test_what_nnx_cannot_do_is_refused(built):
         fn.apply({"params": params}, tokens, decode=True)
     with pytest.raises(ValueError, match=r"variables hold \['cache'\]"):
         fn.apply({"params": params, "cache": {}}, tokens)
+    with pytest.raises(ValueError, match=r"train=True\) needs rngs=\{'dropout': key\}"):
+        fn.apply({"params": params}, tokens, train=True)
     with pytest.raises(AttributeError, match="Functional has no 'clone'"):
         fn.clone(scan_layers=False)
     with pytest.raises(NotImplementedError, match="no NNX model for"):

@@ -76,7 +76,8 @@ class Functional:
         the NNX model of traced parameters."""
         state = jax.tree.map(lambda v: v, self._params)  # a copy: filled in place below
         nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
-        # The model's own RNG streams (used only by a training call without `rngs`).
+        # The model's own RNG streams: placeholders, never drawn from (a training call must
+        # pass `rngs`, see apply).
         rest = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._rest)
         return nnx.merge(self._graphdef, state, rest)
 
@@ -97,6 +98,11 @@ class Functional:
             raise ValueError(
                 "decode=True without cache=: the NNX model has no 'cache' collection; pass the "
                 "explicit cache (cache=model.init_cache(batch, length))"
+            )
+        if kwargs.get("train") and rngs is None:
+            raise ValueError(
+                "a training call (train=True) needs rngs={'dropout': key}: the NNX model's "
+                "dropout keys come from it"
             )
         model = self.model(variables["params"])
         name = method if isinstance(method, str) or method is None else method.__name__
