@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from tfjax import sharding
 from tfjax.models import decoder as linen
 from tfjax.nn import RopeScaling, scanned_to_unrolled
-from tfjax.nnx import models
+from tfjax.nnx import blocks, models
 from tfjax.nnx.models import decoder
 
 VOCAB = 64
@@ -74,6 +74,17 @@ CONFIGS = {
         sliding_window=4,
         attention_pattern=("local", "global"),
     ),
+    # A mixture of experts (DeepSeek-like): a dense first layer, then 8 experts (2 per token)
+    # with a sigmoid router and a gated shared expert
+    "moe": dict(
+        TINY,
+        variant="moe-tiny",
+        num_layers=3,
+        first_dense_layers=1,
+        router_score="sigmoid",
+        shared_expert_dim=16,
+        shared_expert_gate=True,
+    ),
     # ALiBi and sinusoidal positions, with remat
     "alibi": dict(TINY, num_layers=2, position="alibi", norm="rms", remat_policy="full"),
     "sinusoidal": dict(TINY, num_layers=2, position="sinusoidal", remat_policy="dots"),
@@ -115,7 +126,12 @@ def test_same_parameter_tree_and_logical_names(name, scan_layers):
     names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
     assert names == flatten_dict(nn.get_partition_spec(params))
     if scan_layers:
-        assert names["decoder", "layers", "mlp", "wo", "kernel"] == P("layers", "mlp", "embed")
+        out = P("layers", "heads", "head_dim", "embed")
+        assert names["decoder", "layers", "self_attention", "out_kernel"] == out
+    if name == "moe":
+        experts = ("mlp", "experts", "wo")
+        layer, lead = (("layers",), ("layers",)) if scan_layers else (("layers_0",), ())
+        assert names[("decoder", *layer, *experts)] == P(*lead, "experts", "mlp", "embed")
 
 
 def test_bfloat16_storage_and_compute_as_linen():
@@ -201,6 +217,44 @@ def test_linen_parameters_give_the_same_logits_and_gradients(name, scan_layers):
     assert all(np.abs(g).max() > 0 for g in grads.values())  # every parameter is reached
 
 
+def _total(losses):
+    return sum(jnp.sum(x) for x in jax.tree.leaves(losses))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_experts_sow_linens_aux_losses(scan_layers):
+    """A call's routers' losses, popped as AuxLoss, are Linen's "aux_losses" collection (stacked
+    [L] when scanned), with the same gradients; a second call replaces them."""
+    lm, model = _models("moe", scan_layers, remat_policy="full")
+    tokens = _tokens()
+    params = nn.meta.unbox(_linen_params(lm, tokens))
+    models.load_params(model, params)
+
+    def linen_loss(p):
+        _, state = lm.apply({"params": p}, tokens, mutable=["aux_losses"])
+        return _total(state["aux_losses"]), state["aux_losses"]
+
+    def nnx_loss(m):
+        m(tokens)
+        aux = nnx.to_pure_dict(nnx.pop(m, blocks.AuxLoss))
+        return _total(aux), aux
+
+    (_, want), want_grads = jax.value_and_grad(linen_loss, has_aux=True)(params)
+    (_, got), grads = nnx.value_and_grad(nnx_loss, has_aux=True)(model)
+    assert _flat(got).keys() == _flat(want).keys()
+    jax.tree.map(_close, got, want)
+    if scan_layers:
+        assert got["decoder"]["layers"]["mlp"]["loss"][0].shape == (2,)
+    grads, want_grads = _flat(nnx.to_pure_dict(grads)), _flat(want_grads)
+    for path in want_grads:
+        _close(grads[path], want_grads[path])
+    model(tokens)
+    model(tokens)
+    assert jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.pop(model, blocks.AuxLoss))) == (
+        jax.tree.map(jnp.shape, want)
+    )
+
+
 def test_params_go_back_to_linen_and_across_layouts():
     """NNX -> Linen: the NNX model's own (random) parameters in the Linen model; and the
     scanned NNX model's parameters, unrolled, in the unrolled NNX model."""
@@ -278,25 +332,19 @@ def test_dropout_in_training_only():
     assert not np.allclose(first, evaluated) and not np.allclose(first, other)
 
 
-def test_same_errors_as_linen_and_experts_refused():
+def test_same_errors_as_linen():
     with pytest.raises(ValueError, match="Decoder.num_kv_heads=3 must divide"):
         decoder.Model("modern-tiny", vocab_size=VOCAB, num_kv_heads=3, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="variant='nope' is unknown"):
         decoder.Model("nope", vocab_size=VOCAB, rngs=nnx.Rngs(0))
-    with pytest.raises(NotImplementedError, match="Decoder.num_experts=8"):
-        decoder.Model("moe-tiny", vocab_size=VOCAB, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("variant", ["qwen3-0.6b", "gemma-3-1b", "gpt-oss-20b"])
 def test_published_presets_have_linens_tree(variant):
-    """The presets themselves, abstractly (nothing allocated): the Linen model's tree, scanned;
-    a mixture of experts is refused by name."""
+    """The presets themselves, abstractly (nothing allocated): the Linen model's tree, scanned
+    (GPT-OSS's experts included)."""
     tokens = jnp.zeros((1, 8), jnp.int32)
     lm = linen.Model(variant, scan_layers=True)
-    if lm.num_experts:
-        with pytest.raises(NotImplementedError, match="Decoder.num_experts"):
-            decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0))
-        return
     model = nnx.eval_shape(lambda: decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0)))
     params = jax.eval_shape(lambda: lm.init(jax.random.key(0), tokens))["params"]
     assert _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param))) == _layout(params)
