@@ -1,0 +1,132 @@
+"""tfjax.nnx.blocks against tfjax.nn (Linen), module by module where the families do not reach
+an option: cross-attention over a context of another width, a mixture of experts with biases,
+a shared gated expert and its sown losses, and T5's relative position bias."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from nnx_checks import assert_same_tree, close, flat
+
+from tfjax import nn as tnn
+from tfjax.nn.moe import AUX_LOSSES
+from tfjax.nnx import blocks, models
+from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig, MoeConfig
+
+
+def _x(shape, seed=0):
+    return jax.random.normal(jax.random.key(seed), shape)
+
+
+def _same(linen_module, nnx_module, *args, mutable=False, **kwargs):
+    """Linen `linen_module` initialised on `args`, its parameters in `nnx_module`: the same
+    tree, and the same outputs and gradients (of their sum of squares, and of any sown
+    losses); returns the NNX module's sown AuxLoss tree and Linen's collection."""
+    variables = linen_module.init(jax.random.key(0), *args, **kwargs)
+    assert_same_tree(variables["params"], nnx_module)
+    params = nn.meta.unbox(variables["params"])
+    models.load_params(nnx_module, params)
+
+    def total(out, aux):
+        return jnp.sum(out**2) + sum(jnp.sum(x) for x in jax.tree.leaves(aux))
+
+    def linen_loss(p):
+        if mutable:
+            out, state = linen_module.apply({"params": p}, *args, mutable=[AUX_LOSSES], **kwargs)
+            aux = state[AUX_LOSSES]
+        else:
+            out, aux = linen_module.apply({"params": p}, *args, **kwargs), {}
+        return total(out, aux), (out, aux)
+
+    def nnx_loss(m):
+        out = m(*args, **kwargs)
+        aux = nnx.to_pure_dict(nnx.pop(m, blocks.AuxLoss))
+        return total(out, aux), (out, aux)
+
+    (_, (want, want_aux)), want_grads = jax.value_and_grad(linen_loss, has_aux=True)(params)
+    (_, (got, aux)), grads = nnx.value_and_grad(nnx_loss, has_aux=True)(nnx_module)
+    close(got, want)
+    assert flat(aux).keys() == flat(want_aux).keys()
+    jax.tree.map(close, aux, want_aux)
+    grads, want_grads = flat(nnx.to_pure_dict(grads)), flat(want_grads)
+    assert grads.keys() == want_grads.keys()
+    for path in grads:
+        close(grads[path], want_grads[path])
+    return aux, want_aux
+
+
+ATTENTION = AttentionConfig(num_heads=4, num_kv_heads=2, position="rope")
+
+
+@pytest.mark.parametrize("norm_position", ["post", "sandwich"])
+def test_block_with_cross_attention_over_a_wider_context(norm_position):
+    config = BlockConfig(
+        ATTENTION,
+        MlpConfig(48, activation="geglu"),
+        norm="rms",
+        norm_position=norm_position,
+        causal=True,
+        cross_attention=True,
+        layer_scale=0.5,
+    )
+    x, context = _x((2, 5, 32)), _x((2, 7, 24), seed=1)
+    ids = jnp.asarray([[1, 1, 1, 2, 2], [1, 1, 1, 1, 1]])
+    context_ids = jnp.asarray([[1, 1, 1, 2, 2, 2, 0], [1] * 7])
+    block = blocks.Block(config, 32, context_width=24, rngs=nnx.Rngs(1))
+    _same(
+        tnn.Block(config),
+        block,
+        x,
+        context,
+        segment_ids=ids,
+        context_segment_ids=context_ids,
+        positions=jnp.arange(5)[None],
+    )
+    assert block.cross_attention.key_kernel[...].shape == (24, 2, 8)
+    with pytest.raises(ValueError, match="cross_attention=True needs the encoder output"):
+        block(x)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_stack_of_cross_attention_blocks_with_a_context_mask(scan_layers):
+    config = BlockConfig(ATTENTION, MlpConfig(48), causal=True, cross_attention=True)
+    x, context = _x((2, 5, 32)), _x((2, 7, 32), seed=1)
+    mask = jnp.arange(7)[None, None, None, :] < jnp.asarray([7, 4])[:, None, None, None]
+    stack = blocks.Stack(config, 2, 32, scan_layers=scan_layers, rngs=nnx.Rngs(1))
+    linen_stack = tnn.Stack(config, 2, scan_layers=scan_layers)
+    _same(linen_stack, stack, x, context, context_mask=mask)
+
+
+def test_mixture_of_experts_with_biases_and_a_shared_gated_expert():
+    config = MoeConfig(
+        num_experts=4,
+        top_k=2,
+        hidden_dim=16,
+        activation="gelu",
+        use_bias=True,
+        router_bias=True,
+        shared_dim=24,
+        shared_gate=True,
+        router_z_weight=0.1,
+    )
+    mlp = blocks.MoeMlp(config, 32, rngs=nnx.Rngs(1))
+    aux, _ = _same(tnn.MoeMlp(config), mlp, _x((2, 5, 32)), mutable=True)
+    assert set(aux) == {"load_balance", "router_z", "loss"}
+    assert aux["loss"][0].shape == ()
+
+
+def test_relative_position_bias_as_t5s():
+    for bidirectional in (True, False):
+        bias = blocks.RelativePositionBias(
+            4, bidirectional=bidirectional, num_buckets=8, max_distance=16, rngs=nnx.Rngs(1)
+        )
+        linen_bias = tnn.position.RelativePositionBias(
+            4, bidirectional=bidirectional, num_buckets=8, max_distance=16
+        )
+        params = linen_bias.init(jax.random.key(0), jnp.arange(6))["params"]
+        assert_same_tree(params, bias)
+        models.load_params(bias, params)
+        q, k = jnp.arange(3) + 4, jnp.arange(9)
+        close(bias(q, k), linen_bias.apply({"params": params}, q, k))
+        assert bias(q, k).shape == (1, 4, 3, 9)
