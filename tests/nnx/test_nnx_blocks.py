@@ -7,9 +7,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from nnx_checks import assert_same_tree, close, flat
 
 from tfjax import nn as tnn
+from tfjax import sharding
 from tfjax.nn.moe import AUX_LOSSES
 from tfjax.nnx import blocks, models
 from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig, MoeConfig
@@ -130,3 +133,45 @@ def test_relative_position_bias_as_t5s():
         q, k = jnp.arange(3) + 4, jnp.arange(9)
         close(bias(q, k), linen_bias.apply({"params": params}, q, k))
         assert bias(q, k).shape == (1, 4, 3, 9)
+
+
+def test_experts_created_split_over_the_mesh_compute_one_devices_numbers():
+    """Created under a mesh and the expert-parallel rules, the expert kernels lie where the
+    rules put Linen's (E over fsdp, F over tensor; not D too, which NNX's own eager sharding
+    would claim); run in the logical context (the tokens travel to their experts,
+    tfjax.ops.moe), the outputs and losses are one device's."""
+    assert len(jax.devices()) >= 8, f"needs 8 devices, has {len(jax.devices())}"
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    rules = sharding.expert_parallel(sharding.DEFAULT_RULES, "fsdp")
+    config = MoeConfig(num_experts=4, top_k=2, hidden_dim=16, shared_dim=8)
+    x = _x((8, 3, 32))
+    abstract = jax.eval_shape(lambda: tnn.MoeMlp(config).init(jax.random.key(0), x))["params"]
+    want_shardings = flat(sharding.logical_shardings(abstract, mesh, rules))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        mlp = blocks.MoeMlp(config, 32, rngs=nnx.Rngs(1))
+    params = flat(nnx.to_pure_dict(nnx.state(mlp, nnx.Param)))
+    for path, p in params.items():
+        assert p.sharding.is_equivalent_to(want_shardings[path], p.ndim), path
+    wo = params["experts", "wo"]  # [E, F, D]
+    assert wo.sharding.is_equivalent_to(NamedSharding(mesh, P("fsdp", "tensor")), 3)
+    reference = blocks.MoeMlp(config, 32, rngs=nnx.Rngs(1))  # same seed, no mesh
+    want = reference(x)
+    want_aux = nnx.to_pure_dict(nnx.pop(reference, blocks.AuxLoss))
+
+    @nnx.jit
+    def run(m, x):
+        with sharding.logical_context(mesh, rules):
+            y = m(x)
+        return y, nnx.to_pure_dict(nnx.pop(m, blocks.AuxLoss))
+
+    got, aux = run(mlp, jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp")))))
+    close(got, want)
+    jax.tree.map(close, aux, want_aux)
+    # Under a mesh of Explicit axes too (jax.sharding.reshard places them).
+    explicit = jax.make_mesh(
+        (2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Explicit,) * 3
+    )
+    with jax.set_mesh(explicit), nn.logical_axis_rules(rules):
+        mlp = blocks.MoeMlp(config, 32, rngs=nnx.Rngs(1))
+    assert mlp.experts.wo[...].sharding.spec == P("fsdp", "tensor", None)
+    close(mlp.experts.wo[...], reference.experts.wo[...])

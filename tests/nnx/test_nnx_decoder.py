@@ -74,25 +74,28 @@ CONFIGS = {
         sliding_window=4,
         attention_pattern=("local", "global"),
     ),
-    # A mixture of experts (DeepSeek-like): a dense first layer, then 8 experts (2 per token)
-    # with a sigmoid router and a gated shared expert
-    "moe": dict(
-        TINY,
-        variant="moe-tiny",
-        num_layers=3,
-        first_dense_layers=1,
-        router_score="sigmoid",
-        shared_expert_dim=16,
-        shared_expert_gate=True,
-    ),
     # ALiBi and sinusoidal positions, with remat
     "alibi": dict(TINY, num_layers=2, position="alibi", norm="rms", remat_policy="full"),
     "sinusoidal": dict(TINY, num_layers=2, position="sinusoidal", remat_policy="dots"),
 }
 
 
+# A mixture of experts (DeepSeek-like): a dense first layer, then 8 experts (2 per token) with a
+# sigmoid router and a gated shared expert, with remat
+MOE = dict(
+    TINY,
+    variant="moe-tiny",
+    num_layers=3,
+    first_dense_layers=1,
+    router_score="sigmoid",
+    shared_expert_dim=16,
+    shared_expert_gate=True,
+    remat_policy="full",
+)
+
+
 def _models(name, scan_layers, **more):
-    fields = dict(CONFIGS[name], scan_layers=scan_layers, **more)
+    fields = dict(CONFIGS[name] if name in CONFIGS else MOE, scan_layers=scan_layers, **more)
     variant = fields.pop("variant", None)
     return (
         linen.Model(variant, **fields),
@@ -128,10 +131,6 @@ def test_same_parameter_tree_and_logical_names(name, scan_layers):
     if scan_layers:
         out = P("layers", "heads", "head_dim", "embed")
         assert names["decoder", "layers", "self_attention", "out_kernel"] == out
-    if name == "moe":
-        experts = ("mlp", "experts", "wo")
-        layer, lead = (("layers",), ("layers",)) if scan_layers else (("layers_0",), ())
-        assert names[("decoder", *layer, *experts)] == P(*lead, "experts", "mlp", "embed")
 
 
 def test_bfloat16_storage_and_compute_as_linen():
@@ -222,37 +221,48 @@ def _total(losses):
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_experts_sow_linens_aux_losses(scan_layers):
-    """A call's routers' losses, popped as AuxLoss, are Linen's "aux_losses" collection (stacked
-    [L] when scanned), with the same gradients; a second call replaces them."""
-    lm, model = _models("moe", scan_layers, remat_policy="full")
+def test_experts_as_linens_and_their_aux_losses(scan_layers):
+    """A mixture of experts: the same tree, logits and gradients; the call's routers' losses,
+    popped as AuxLoss, are Linen's "aux_losses" collection (stacked [L] when scanned), with the
+    same gradients; a second call replaces the first's."""
+    lm, model = _models("moe", scan_layers)
     tokens = _tokens()
-    params = nn.meta.unbox(_linen_params(lm, tokens))
+    boxed = _linen_params(lm, tokens)
+    state = nnx.state(model, nnx.Param)
+    assert _layout(nnx.to_pure_dict(state)) == _layout(boxed)
+    names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
+    assert names == flatten_dict(nn.get_partition_spec(boxed))
+    layer, lead = (("layers",), ("layers",)) if scan_layers else (("layers_0",), ())
+    experts = names[("decoder", *layer, "mlp", "experts", "wo")]
+    assert experts == P(*lead, "experts", "mlp", "embed")
+    params = nn.meta.unbox(boxed)
     models.load_params(model, params)
 
     def linen_loss(p):
-        _, state = lm.apply({"params": p}, tokens, mutable=["aux_losses"])
-        return _total(state["aux_losses"]), state["aux_losses"]
+        (logits, aux), state = lm.apply({"params": p}, tokens, mutable=["aux_losses"])
+        losses = state["aux_losses"]
+        return _loss(logits, aux["pre_logits"]) + _total(losses), (logits, losses)
 
     def nnx_loss(m):
-        m(tokens)
-        aux = nnx.to_pure_dict(nnx.pop(m, blocks.AuxLoss))
-        return _total(aux), aux
+        logits, aux = m(tokens)
+        losses = nnx.to_pure_dict(nnx.pop(m, blocks.AuxLoss))
+        return _loss(logits, aux["pre_logits"]) + _total(losses), (logits, losses)
 
-    (_, want), want_grads = jax.value_and_grad(linen_loss, has_aux=True)(params)
-    (_, got), grads = nnx.value_and_grad(nnx_loss, has_aux=True)(model)
-    assert _flat(got).keys() == _flat(want).keys()
-    jax.tree.map(_close, got, want)
+    (_, (want, want_aux)), want_grads = jax.value_and_grad(linen_loss, has_aux=True)(params)
+    (_, (got, aux)), grads = nnx.value_and_grad(nnx_loss, has_aux=True)(model)
+    _close(got, want)
+    assert _flat(aux).keys() == _flat(want_aux).keys()
+    jax.tree.map(_close, aux, want_aux)
     if scan_layers:
-        assert got["decoder"]["layers"]["mlp"]["loss"][0].shape == (2,)
+        assert aux["decoder"]["layers"]["mlp"]["loss"][0].shape == (2,)
     grads, want_grads = _flat(nnx.to_pure_dict(grads)), _flat(want_grads)
-    for path in want_grads:
+    assert grads.keys() == want_grads.keys()
+    for path in grads:
         _close(grads[path], want_grads[path])
     model(tokens)
     model(tokens)
-    assert jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.pop(model, blocks.AuxLoss))) == (
-        jax.tree.map(jnp.shape, want)
-    )
+    shapes = jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.pop(model, blocks.AuxLoss)))
+    assert shapes == jax.tree.map(jnp.shape, want_aux)
 
 
 def test_params_go_back_to_linen_and_across_layouts():

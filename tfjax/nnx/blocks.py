@@ -9,10 +9,10 @@ D model width, F mlp width, V vocab, L layers.
 One parameter layout: `nnx.to_pure_dict(nnx.state(module, nnx.Param))` is the Linen
 module's `params` tree, so a Linen checkpoint loads into these modules and back. Each parameter's
 logical axis names are its `out_sharding` metadata (`nnx.get_partition_spec`), the names the
-Linen module gives `nn.get_partition_spec`. NNX shards a parameter as it is created
-("eager sharding") only when a mesh is in context (`jax.set_mesh`, with the rules of
-`nn.logical_axis_rules` mapping the names onto it); without one the names stay metadata, and
-creation needs no context manager.
+Linen module gives `nn.get_partition_spec`. A parameter is placed on the mesh as it is created
+only when a mesh is in context (`jax.set_mesh`, with the rules of `nn.logical_axis_rules`
+mapping the names onto it), where the same rules put the Linen model's (`_place`); without one
+the names stay metadata, and creation needs no context manager.
 """
 
 from collections.abc import Callable
@@ -51,20 +51,41 @@ def sow(module: nnx.Module, name: str, value) -> None:
     setattr(module, name, AuxLoss((value,)))
 
 
-def _eager():
-    """NNX's eager sharding of a new parameter: its default (on) under a mesh, else off, so the
-    logical names stay metadata and creation works outside any mesh."""
-    return None if not jax.sharding.get_abstract_mesh().empty else False
+def _place(value, names):
+    """`value` placed where the logical axis rules in context put a parameter of logical
+    `names` on the mesh in context (jax.set_mesh); as it is without a mesh or rules. Resolved by
+    Linen's nn.logical_to_mesh_axes, so as the Linen model's parameter: a mesh axis goes to the
+    first name whose rule names it (the expert-parallel rules give E the fsdp axis before D);
+    NNX's own eager sharding maps each name alone, and two names can then claim one axis."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not nn.get_logical_axis_rules():
+        return value
+    spec = nn.logical_to_mesh_axes(tuple(names))
+    if mesh.are_all_axes_explicit:
+        return jax.sharding.reshard(value, spec)
+    return jax.lax.with_sharding_constraint(value, spec)
+
+
+def _placed(module, names: dict):
+    """`module` (an nnx.Linear or norm) with its parameters (attribute -> logical names)
+    placed as `_place` says."""
+    for attr, n in names.items():
+        variable = getattr(module, attr, None)
+        if variable is not None:
+            variable.set_value(_place(variable.get_value(), n))
+    return module
 
 
 def metadata(names) -> dict:
-    """A parameter's metadata: its logical axis `names` (one per dimension)."""
-    return {"out_sharding": tuple(names), "eager_sharding": _eager()}
+    """A parameter's metadata: its logical axis `names` (one per dimension); its placement on a
+    mesh is `_place`'s, not NNX's eager sharding."""
+    return {"out_sharding": tuple(names), "eager_sharding": False}
 
 
 def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
-    """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names`."""
-    return nnx.Param(init(rngs.params(), shape, dtype), **metadata(names))
+    """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names` (and
+    placed by them under a mesh)."""
+    return nnx.Param(_place(init(rngs.params(), shape, dtype), names), **metadata(names))
 
 
 def dense(
@@ -80,7 +101,7 @@ def dense(
     dot_general=jax.lax.dot_general,
 ):
     """nnx.Linear (Linen's nn.Dense) whose kernel [in, out] and bias [out] carry `names`."""
-    return nnx.Linear(
+    linear = nnx.Linear(
         in_features,
         out_features,
         use_bias=use_bias,
@@ -93,6 +114,7 @@ def dense(
         dot_general=dot_general,
         rngs=rngs,
     )
+    return _placed(linear, {"kernel": names, "bias": names[1:]})
 
 
 class RMSNormPlusOne(nnx.Module):
@@ -114,10 +136,12 @@ def make_norm(kind: str, width: int, *, eps, dtype, param_dtype, rngs, axis_name
     RMSNorm with (1 + scale) over the last axis [.., D] of `width`."""
     meta = metadata((axis_name,))
     common = dict(epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    names = {"scale": (axis_name,), "bias": (axis_name,)}
     if kind == "layer":
-        return nnx.LayerNorm(width, scale_metadata=meta, bias_metadata=meta, **common)
+        norm = nnx.LayerNorm(width, scale_metadata=meta, bias_metadata=meta, **common)
+        return _placed(norm, names)
     if kind == "rms":
-        return nnx.RMSNorm(width, scale_metadata=meta, **common)
+        return _placed(nnx.RMSNorm(width, scale_metadata=meta, **common), names)
     if kind == "rms_plus_one":
         return RMSNormPlusOne(width, axis_name=axis_name, **common)
     raise ValueError(f"norm={kind!r} is unknown; allowed: {NORMS}")
