@@ -3,6 +3,8 @@ parameter tree (paths, shapes, dtypes, logical names), and from the same paramet
 outputs, gradients and decoding steps (the explicit cache), unrolled and scanned, for the
 paper's model, T5 v1.1 (relative position bias) and a Marian-like variant."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -61,11 +63,10 @@ def _batch():
     return jnp.asarray(inputs), jnp.asarray(targets)
 
 
-@pytest.fixture(scope="module", params=[(n, s) for n in CONFIGS for s in (False, True)])
-def pair(request):
-    """(Linen model, NNX model given its parameters, the parameters): one per config and
-    layout, shared by the module's tests."""
-    name, scan_layers = request.param
+@functools.cache
+def _pair(name, scan_layers):
+    """(Linen model, NNX model given its parameters, the parameters), the trees compared: one
+    per config and layout, made once for the module's tests."""
     lm, model = _models(name, scan_layers)
     params = lm.init(jax.random.key(0), *_batch())["params"]
     assert_same_tree(params, model)
@@ -74,8 +75,10 @@ def pair(request):
     return lm, model, params
 
 
-def test_same_tree_outputs_and_gradients(pair):
-    lm, model, params = pair
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_same_tree_outputs_and_gradients(name, scan_layers):
+    lm, model, params = _pair(name, scan_layers)
     inputs, targets = _batch()
     (logits, aux) = assert_same_function(lm, model, params, inputs, targets)
     assert logits.shape == (2, 7, VOCAB) and aux["encoded"].shape == (2, 9, 32)
@@ -90,8 +93,10 @@ def test_same_tree_outputs_and_gradients(pair):
     close(model(inputs, targets, **packed)[0], want)
 
 
-def test_encode_then_decode_with_the_explicit_cache_matches_linen(pair):
-    lm, model, params = pair
+# T5 (its bias against the cache's slots) in both layouts, the paper's model scanned
+@pytest.mark.parametrize("name, scan_layers", [("t5", False), ("t5", True), ("paper", True)])
+def test_encode_then_decode_with_the_explicit_cache_matches_linen(name, scan_layers):
+    lm, model, params = _pair(name, scan_layers)
     inputs, targets = _batch()
     variables = {"params": params}
     encoded = model.encode(inputs)
