@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from tfjax import sharding
 from tfjax.models import decoder as linen
 from tfjax.nn import RopeScaling, scanned_to_unrolled
-from tfjax.nnx import models
+from tfjax.nnx import blocks, models
 from tfjax.nnx.models import decoder
 
 VOCAB = 64
@@ -80,8 +80,22 @@ CONFIGS = {
 }
 
 
+# A mixture of experts (DeepSeek-like): a dense first layer, then 8 experts (2 per token) with a
+# sigmoid router and a gated shared expert, with remat
+MOE = dict(
+    TINY,
+    variant="moe-tiny",
+    num_layers=3,
+    first_dense_layers=1,
+    router_score="sigmoid",
+    shared_expert_dim=16,
+    shared_expert_gate=True,
+    remat_policy="full",
+)
+
+
 def _models(name, scan_layers, **more):
-    fields = dict(CONFIGS[name], scan_layers=scan_layers, **more)
+    fields = dict(CONFIGS[name] if name in CONFIGS else MOE, scan_layers=scan_layers, **more)
     variant = fields.pop("variant", None)
     return (
         linen.Model(variant, **fields),
@@ -115,7 +129,8 @@ def test_same_parameter_tree_and_logical_names(name, scan_layers):
     names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
     assert names == flatten_dict(nn.get_partition_spec(params))
     if scan_layers:
-        assert names["decoder", "layers", "mlp", "wo", "kernel"] == P("layers", "mlp", "embed")
+        out = P("layers", "heads", "head_dim", "embed")
+        assert names["decoder", "layers", "self_attention", "out_kernel"] == out
 
 
 def test_bfloat16_storage_and_compute_as_linen():
@@ -201,6 +216,55 @@ def test_linen_parameters_give_the_same_logits_and_gradients(name, scan_layers):
     assert all(np.abs(g).max() > 0 for g in grads.values())  # every parameter is reached
 
 
+def _total(losses):
+    return sum(jnp.sum(x) for x in jax.tree.leaves(losses))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_experts_as_linens_and_their_aux_losses(scan_layers):
+    """A mixture of experts: the same tree, logits and gradients; the call's routers' losses,
+    popped as AuxLoss, are Linen's "aux_losses" collection (stacked [L] when scanned), with the
+    same gradients; a second call replaces the first's."""
+    lm, model = _models("moe", scan_layers)
+    tokens = _tokens()
+    boxed = _linen_params(lm, tokens)
+    state = nnx.state(model, nnx.Param)
+    assert _layout(nnx.to_pure_dict(state)) == _layout(boxed)
+    names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
+    assert names == flatten_dict(nn.get_partition_spec(boxed))
+    layer, lead = (("layers",), ("layers",)) if scan_layers else (("layers_0",), ())
+    experts = names[("decoder", *layer, "mlp", "experts", "wo")]
+    assert experts == P(*lead, "experts", "mlp", "embed")
+    params = nn.meta.unbox(boxed)
+    models.load_params(model, params)
+
+    def linen_loss(p):
+        (logits, aux), state = lm.apply({"params": p}, tokens, mutable=["aux_losses"])
+        losses = state["aux_losses"]
+        return _loss(logits, aux["pre_logits"]) + _total(losses), (logits, losses)
+
+    def nnx_loss(m):
+        logits, aux = m(tokens)
+        losses = nnx.to_pure_dict(nnx.pop(m, blocks.AuxLoss))
+        return _loss(logits, aux["pre_logits"]) + _total(losses), (logits, losses)
+
+    (_, (want, want_aux)), want_grads = jax.value_and_grad(linen_loss, has_aux=True)(params)
+    (_, (got, aux)), grads = nnx.value_and_grad(nnx_loss, has_aux=True)(model)
+    _close(got, want)
+    assert _flat(aux).keys() == _flat(want_aux).keys()
+    jax.tree.map(_close, aux, want_aux)
+    if scan_layers:
+        assert aux["decoder"]["layers"]["mlp"]["loss"][0].shape == (2,)
+    grads, want_grads = _flat(nnx.to_pure_dict(grads)), _flat(want_grads)
+    assert grads.keys() == want_grads.keys()
+    for path in grads:
+        _close(grads[path], want_grads[path])
+    model(tokens)
+    model(tokens)
+    shapes = jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.pop(model, blocks.AuxLoss)))
+    assert shapes == jax.tree.map(jnp.shape, want_aux)
+
+
 def test_params_go_back_to_linen_and_across_layouts():
     """NNX -> Linen: the NNX model's own (random) parameters in the Linen model; and the
     scanned NNX model's parameters, unrolled, in the unrolled NNX model."""
@@ -278,25 +342,19 @@ def test_dropout_in_training_only():
     assert not np.allclose(first, evaluated) and not np.allclose(first, other)
 
 
-def test_same_errors_as_linen_and_experts_refused():
+def test_same_errors_as_linen():
     with pytest.raises(ValueError, match="Decoder.num_kv_heads=3 must divide"):
         decoder.Model("modern-tiny", vocab_size=VOCAB, num_kv_heads=3, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="variant='nope' is unknown"):
         decoder.Model("nope", vocab_size=VOCAB, rngs=nnx.Rngs(0))
-    with pytest.raises(NotImplementedError, match="Decoder.num_experts=8"):
-        decoder.Model("moe-tiny", vocab_size=VOCAB, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("variant", ["qwen3-0.6b", "gemma-3-1b", "gpt-oss-20b"])
 def test_published_presets_have_linens_tree(variant):
-    """The presets themselves, abstractly (nothing allocated): the Linen model's tree, scanned;
-    a mixture of experts is refused by name."""
+    """The presets themselves, abstractly (nothing allocated): the Linen model's tree, scanned
+    (GPT-OSS's experts included)."""
     tokens = jnp.zeros((1, 8), jnp.int32)
     lm = linen.Model(variant, scan_layers=True)
-    if lm.num_experts:
-        with pytest.raises(NotImplementedError, match="Decoder.num_experts"):
-            decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0))
-        return
     model = nnx.eval_shape(lambda: decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0)))
     params = jax.eval_shape(lambda: lm.init(jax.random.key(0), tokens))["params"]
     assert _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param))) == _layout(params)

@@ -40,6 +40,7 @@ from tfjax.allowed import one_of
 from tfjax.models import common
 from tfjax.models.common import from_variant
 from tfjax.nn import axes
+from tfjax.ops import vision
 
 SIZES = {
     "tiny": dict(width=32, num_layers=2, mlp_dim=64, num_heads=4),
@@ -152,11 +153,8 @@ class PatchEmbed(nn.Module):
                 self.param_dtype,
             )
         images, kernel, bias = nn.dtypes.promote_dtype(images, kernel, bias, dtype=self.dtype)
-        # [B, X, I, Y, J, C]: patch (x, y) of the grid, its pixel row i and column j
-        patches = images.reshape(b, h // p, p, w // p, p, c)
         # [B, X, Y, D]
-        out = jnp.einsum("bxiyjc,ijcd->bxyd", patches, kernel)
-        return out + bias if self.use_bias else out
+        return vision.patch_embed(images, kernel, bias if self.use_bias else None)
 
 
 class MapHead(nn.Module):
@@ -278,17 +276,12 @@ class VisionTransformer(nn.Module):
             x, train=train
         )
         # [B, D]
-        if self.pool == "cls":
-            pre_logits = x[:, 0]
-        elif self.pool == "gap":  # the patch tokens (not the registers)
-            pre_logits = x[:, self.num_registers :].mean(axis=1)
-        elif self.pool == "cls_gap":  # [B, 2 D]: the class token, then the patches' mean
-            patches = x[:, 1 + self.num_registers :]
-            pre_logits = jnp.concatenate([x[:, 0], patches.mean(axis=1)], axis=-1)
-        else:
+        if self.pool == "map":
             pre_logits = MapHead(
                 self.block_config(), self.dtype, self.param_dtype, name="map_head"
             )(x)
+        else:
+            pre_logits = vision.pool(x, self.pool, self.num_registers)
         if self.final_norm == "pooled":
             pre_logits = self._norm("pooled_norm")(pre_logits)
         aux = {"encoded": x, "pre_logits": pre_logits}
@@ -309,18 +302,8 @@ class VisionTransformer(nn.Module):
     def _tokens(self, images, mask):
         """images [B, H, W, C] -> the blocks' input [B, 1 + R + P, D]: the patches (masked ones
         replaced), the class token, position embeddings and the registers."""
-        if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
-            raise ValueError(
-                f"images must be [B, H, W, C] floats, got shape {images.shape} {images.dtype}"
-            )
-        _, height, width, _ = images.shape
         p = self.patch_size
-        if (height % p or width % p) and not self.drop_remainder:
-            raise ValueError(
-                f"image size {height}x{width} is not divisible by patch_size={p} (set "
-                "drop_remainder=True to drop the last rows and columns)"
-            )
-        images = images[:, : height - height % p, : width - width % p]
+        images = vision.crop_to_patches(images, p, drop_remainder=self.drop_remainder)
         # [B, X, Y, D]
         x = PatchEmbed(
             self.width,
@@ -331,32 +314,21 @@ class VisionTransformer(nn.Module):
             name="patch_embed",
         )(images)
         b, gh, gw, d = x.shape
-        # [B, P, D]
-        x = x.reshape(b, gh * gw, d)
-        if self.mask_token:
-            token = self._embedding("mask_token", (d,))
-            if mask is not None:
-                if mask.shape != (b, gh * gw):
-                    raise ValueError(f"mask must be [B, P] = {(b, gh * gw)}, got {mask.shape}")
-                x = jnp.where(mask[..., None], token.astype(x.dtype), x)
-        elif mask is not None:
-            raise ValueError("a mask needs a model with mask_token=True")
-        if self.pool in ("cls", "cls_gap"):
-            cls = self._embedding("cls", (1, 1, d))
-            # [B, 1 + P, D]
-            x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
-        n_cls = x.shape[1] - gh * gw
-        if self.posemb == "learned":  # one per token, the class token's included (as in the paper)
-            pe = self._embedding("pos_embed", (1, x.shape[1], d), nn.initializers.normal(0.02))
-        else:  # fixed; the class token gets none (as in MoCo v3)
-            pe = jnp.pad(tnn.sincos_2d(gh, gw, d), ((n_cls, 0), (0, 0)))[None]
-        x = x + pe.astype(x.dtype)
-        if self.num_registers:  # after the class token, with no position embedding
-            registers = self._embedding("registers", (1, self.num_registers, d))
-            registers = jnp.broadcast_to(registers.astype(x.dtype), (b, self.num_registers, d))
-            # [B, 1 + R + P, D]
-            x = jnp.concatenate([x[:, :n_cls], registers, x[:, n_cls:]], axis=1)
-        return x
+        n = gh * gw + (self.pool in ("cls", "cls_gap"))  # tokens with a position embedding
+        return vision.tokens(
+            # [B, P, D]
+            x.reshape(b, gh * gw, d),
+            (gh, gw),
+            mask=mask,
+            mask_token=self._embedding("mask_token", (d,)) if self.mask_token else None,
+            cls=self._embedding("cls", (1, 1, d)) if self.pool in ("cls", "cls_gap") else None,
+            pos_embed=self._embedding("pos_embed", (1, n, d), nn.initializers.normal(0.02))
+            if self.posemb == "learned"
+            else None,
+            registers=self._embedding("registers", (1, self.num_registers, d))
+            if self.num_registers
+            else None,
+        )
 
 
 def Model(variant: str | None = None, **overrides) -> VisionTransformer:  # noqa: N802 (a factory)

@@ -50,7 +50,15 @@ def expert_sharding(names: dict) -> moe.ExpertSharding | None:
     )
 
 
-def _stacked(init: Callable) -> Callable:
+def expert_names(config: MoeConfig) -> dict:
+    """Each expert parameter's logical axes (kernels by name; "<name>_bias" for biases)."""
+    wi = ("wi_0", "wi_1") if config.gated else ("wi",)
+    names = {name: (axes.EXPERTS, axes.EMBED, axes.MLP) for name in wi}
+    names["wo"] = (axes.EXPERTS, axes.MLP, axes.EMBED)
+    return names | {f"{name}_bias": (n[0], n[2]) for name, n in names.items()}
+
+
+def stacked_init(init: Callable) -> Callable:
     """An initializer of [E, ...] kernels: `init` of one [...] kernel per expert (a fan-in
     initializer must not count E as fan)."""
 
@@ -69,24 +77,17 @@ class Experts(nn.Module):
     dtype: Any = None  # compute dtype; the input's when None
     param_dtype: Any = jnp.float32  # storage dtype
 
-    def _names(self) -> dict:
-        """Each parameter's logical axes (kernels; "<name>_bias" for biases)."""
-        wi = ("wi_0", "wi_1") if self.config.gated else ("wi",)
-        names = {name: (axes.EXPERTS, axes.EMBED, axes.MLP) for name in wi}
-        names["wo"] = (axes.EXPERTS, axes.MLP, axes.EMBED)
-        return names | {f"{name}_bias": (n[0], n[2]) for name, n in names.items()}
-
     @nn.compact
     def __call__(self, x, weights, experts):
         """x [N, D], weights [N, k], experts [N, k] -> [N, D]."""
         c, d = self.config, x.shape[-1]
-        names = self._names()
+        names = expert_names(c)
         shapes = {"wo": (c.num_experts, c.hidden_dim, d)}
         kernels, biases = {}, {}
         for name in ("wi_0", "wi_1") if c.gated else ("wi",):
             shapes[name] = (c.num_experts, d, c.hidden_dim)
         for name in (*shapes,):
-            init = nn.with_logical_partitioning(_stacked(self.kernel_init), names[name])
+            init = nn.with_logical_partitioning(stacked_init(self.kernel_init), names[name])
             kernels[name] = self.param(name, init, shapes[name], self.param_dtype)
             if c.use_bias:
                 bias_names = names[f"{name}_bias"]
@@ -137,12 +138,16 @@ class MoeMlp(nn.Module):
             logits, c.top_k, score=c.router_score, renormalize=c.renormalize
         )
         if self.is_mutable_collection(AUX_LOSSES):
-            load_balance = moe.load_balance_loss(scores, experts, c.num_experts)
-            router_z = moe.router_z_loss(logits)
-            self.sow(AUX_LOSSES, "load_balance", load_balance)
-            self.sow(AUX_LOSSES, "router_z", router_z)
-            weighted = c.load_balance_weight * load_balance + c.router_z_weight * router_z
-            self.sow(AUX_LOSSES, "loss", weighted)
+            losses = moe.aux_losses(
+                logits,
+                scores,
+                experts,
+                num_experts=c.num_experts,
+                load_balance_weight=c.load_balance_weight,
+                router_z_weight=c.router_z_weight,
+            )
+            for name, value in losses.items():
+                self.sow(AUX_LOSSES, name, value)
         kwargs = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         y = Experts(c, self.kernel_init, **kwargs, name=EXPERTS)(tokens, weights, experts)
         y = y.reshape(b, t, d)

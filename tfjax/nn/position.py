@@ -15,6 +15,7 @@ from tfjax.ops.position import (  # noqa: F401 (re-exported)
     RopeScaling,
     alibi_bias,
     alibi_slopes,
+    relative_position_bias,
     relative_position_bucket,
     rope,
     rope_frequencies,
@@ -76,23 +77,20 @@ class RelativePositionBias(nn.Module):
             # Only its length is read: a cache is zeroed after it is sized (decode.generate).
             slots = self.variable("cache", "key_slots", jnp.zeros, jnp.shape(key_positions)[-1:])
             key_positions = jnp.arange(slots.value.shape[0])
-        q = jnp.atleast_2d(query_positions)[:, :, None]
-        k = jnp.atleast_2d(key_positions)[:, None, :]
-        # [B|1, T, S]
-        buckets = relative_position_bucket(
-            k - q,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )
         table = self.param(
             "embedding",
             nn.with_logical_partitioning(nn.initializers.normal(1.0), (None, axes.HEADS)),
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )
-        # [B|1, T, S, N] -> [B|1, N, T, S]
-        return jnp.take(table, buckets, axis=0).astype(jnp.float32).transpose(0, 3, 1, 2)
+        return relative_position_bias(
+            table,
+            query_positions,
+            key_positions,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
 
 
 class DecodePositions(nn.Module):

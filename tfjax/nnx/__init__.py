@@ -6,7 +6,8 @@ tfjax.models (Linen), with the same configs, presets and parameter trees.
     model = decoder.Model(variant="qwen3-0.6b", rngs=nnx.Rngs(0))
     logits, aux = model(tokens)
 
-So far: the decoder family (dense FFN, unrolled or scanned); see tfjax.nnx.blocks.
+The four families (tfjax.nnx.models: decoder, encoder, transformer, vit), unrolled or
+scanned, from the layers of tfjax.nnx.blocks.
 """
 
 from tfjax import _lazy

@@ -1,4 +1,5 @@
-"""Flax NNX building blocks: thin shells over tfjax.ops' maths, configured by the same config
+"""Flax NNX building blocks (attention, FFNs and mixtures of experts, norms, embeddings,
+positions, Block, Stack): thin shells over tfjax.ops' maths, configured by the same config
 objects as tfjax.nn's Linen modules (AttentionConfig, MlpConfig, BlockConfig), with the same
 parameter names, shapes, dtypes and logical axis names.
 
@@ -8,10 +9,10 @@ D model width, F mlp width, V vocab, L layers.
 One parameter layout: `nnx.to_pure_dict(nnx.state(module, nnx.Param))` is the Linen
 module's `params` tree, so a Linen checkpoint loads into these modules and back. Each parameter's
 logical axis names are its `out_sharding` metadata (`nnx.get_partition_spec`), the names the
-Linen module gives `nn.get_partition_spec`. NNX shards a parameter as it is created
-("eager sharding") only when a mesh is in context (`jax.set_mesh`, with the rules of
-`nn.logical_axis_rules` mapping the names onto it); without one the names stay metadata, and
-creation needs no context manager.
+Linen module gives `nn.get_partition_spec`. A parameter is placed on the mesh as it is created
+only when a mesh is in context (`jax.set_mesh`, with the rules of `nn.logical_axis_rules`
+mapping the names onto it), where the same rules put the Linen model's (`_place`); without one
+the names stay metadata, and creation needs no context manager.
 """
 
 from collections.abc import Callable
@@ -25,10 +26,12 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tfjax.nn import axes
 from tfjax.nn.blocks import LAYER_INPUT, REMAT_POLICIES, check_stack
-from tfjax.ops import embed, multihead, residual
+from tfjax.nn.moe import EXPERTS, expert_names, expert_sharding, stacked_init
+from tfjax.ops import embed, moe, multihead, residual
 from tfjax.ops.cache import KVCache, write
 from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig, MoeConfig
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
+from tfjax.ops.position import relative_position_bias
 
 default_kernel_init = nn.initializers.xavier_uniform()  # Linen's modules' default
 
@@ -39,20 +42,50 @@ class AuxLoss(nnx.Variable):
     scalars), which tfjax.runner.steps.with_aux_losses adds to the loss."""
 
 
-def _eager():
-    """NNX's eager sharding of a new parameter: its default (on) under a mesh, else off, so the
-    logical names stay metadata and creation works outside any mesh."""
-    return None if not jax.sharding.get_abstract_mesh().empty else False
+def sow(module: nnx.Module, name: str, value) -> None:
+    """Module.sow's AuxLoss: `value` kept as module's AuxLoss `name`, as the tuple (value,) that
+    Linen's sow keeps. A call replaces the last call's value (a Linen apply starts its collection
+    empty), so a model called twice without popping holds one call's losses, not two. Set
+    directly: flax 0.12's Module.sow warns (deprecated) outside nnx.capture, and capture cannot
+    see the blocks a scanned Stack merges inside its scan."""
+    setattr(module, name, AuxLoss((value,)))
+
+
+def _place(value, names):
+    """`value` placed where the logical axis rules in context put a parameter of logical
+    `names` on the mesh in context (jax.set_mesh); as it is without a mesh or rules. Resolved by
+    Linen's nn.logical_to_mesh_axes, so as the Linen model's parameter: a mesh axis goes to the
+    first name whose rule names it (the expert-parallel rules give E the fsdp axis before D);
+    NNX's own eager sharding maps each name alone, and two names can then claim one axis."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not nn.get_logical_axis_rules():
+        return value
+    spec = nn.logical_to_mesh_axes(tuple(names))
+    if mesh.are_all_axes_explicit:
+        return jax.sharding.reshard(value, spec)
+    return jax.lax.with_sharding_constraint(value, spec)
+
+
+def _placed(module, names: dict):
+    """`module` (an nnx.Linear or norm) with its parameters (attribute -> logical names)
+    placed as `_place` says."""
+    for attr, n in names.items():
+        variable = getattr(module, attr, None)
+        if variable is not None:
+            variable.set_value(_place(variable.get_value(), n))
+    return module
 
 
 def metadata(names) -> dict:
-    """A parameter's metadata: its logical axis `names` (one per dimension)."""
-    return {"out_sharding": tuple(names), "eager_sharding": _eager()}
+    """A parameter's metadata: its logical axis `names` (one per dimension); its placement on a
+    mesh is `_place`'s, not NNX's eager sharding."""
+    return {"out_sharding": tuple(names), "eager_sharding": False}
 
 
 def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
-    """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names`."""
-    return nnx.Param(init(rngs.params(), shape, dtype), **metadata(names))
+    """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names` (and
+    placed by them under a mesh)."""
+    return nnx.Param(_place(init(rngs.params(), shape, dtype), names), **metadata(names))
 
 
 def dense(
@@ -68,7 +101,7 @@ def dense(
     dot_general=jax.lax.dot_general,
 ):
     """nnx.Linear (Linen's nn.Dense) whose kernel [in, out] and bias [out] carry `names`."""
-    return nnx.Linear(
+    linear = nnx.Linear(
         in_features,
         out_features,
         use_bias=use_bias,
@@ -81,6 +114,7 @@ def dense(
         dot_general=dot_general,
         rngs=rngs,
     )
+    return _placed(linear, {"kernel": names, "bias": names[1:]})
 
 
 class RMSNormPlusOne(nnx.Module):
@@ -102,10 +136,12 @@ def make_norm(kind: str, width: int, *, eps, dtype, param_dtype, rngs, axis_name
     RMSNorm with (1 + scale) over the last axis [.., D] of `width`."""
     meta = metadata((axis_name,))
     common = dict(epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    names = {"scale": (axis_name,), "bias": (axis_name,)}
     if kind == "layer":
-        return nnx.LayerNorm(width, scale_metadata=meta, bias_metadata=meta, **common)
+        norm = nnx.LayerNorm(width, scale_metadata=meta, bias_metadata=meta, **common)
+        return _placed(norm, names)
     if kind == "rms":
-        return nnx.RMSNorm(width, scale_metadata=meta, **common)
+        return _placed(nnx.RMSNorm(width, scale_metadata=meta, **common), names)
     if kind == "rms_plus_one":
         return RMSNormPlusOne(width, axis_name=axis_name, **common)
     raise ValueError(f"norm={kind!r} is unknown; allowed: {NORMS}")
@@ -287,6 +323,120 @@ class Mlp(nnx.Module):
         return self.wo(h)
 
 
+class Experts(nnx.Module):
+    """tfjax.nn.moe.Experts in NNX: E expert MLPs, stacked ([E, ...] kernels "wi_0", "wi_1" or
+    "wi", and "wo"; with use_bias "<name>_bias"), applied by tfjax.ops.moe's dropless dispatch."""
+
+    def __init__(
+        self,
+        config: MoeConfig,
+        width: int,
+        *,
+        kernel_init=default_kernel_init,
+        param_dtype=jnp.float32,
+        dtype=None,
+        rngs: nnx.Rngs,
+    ):
+        c, self.config, self.dtype = config, config, dtype
+        self.names = expert_names(c)
+        self.kernels = ("wi_0", "wi_1") if c.gated else ("wi",)
+        shapes = {name: (c.num_experts, width, c.hidden_dim) for name in self.kernels}
+        shapes["wo"] = (c.num_experts, c.hidden_dim, width)
+        self.kernels += ("wo",)
+        for name, shape in shapes.items():
+            init = stacked_init(kernel_init)
+            setattr(self, name, param(rngs, init, shape, param_dtype, self.names[name]))
+            if c.use_bias:
+                bias = f"{name}_bias"
+                zeros = nn.initializers.zeros
+                shape = (c.num_experts, shape[-1])
+                setattr(self, bias, param(rngs, zeros, shape, param_dtype, self.names[bias]))
+
+    def __call__(self, x, weights, experts):
+        """x [N, D], weights [N, k], experts [N, k] -> [N, D]."""
+        c = self.config
+        kernels = {name: getattr(self, name)[...] for name in self.kernels}
+        biases = None
+        if c.use_bias:
+            biases = {name: getattr(self, f"{name}_bias")[...] for name in self.kernels}
+        return moe.sharded_experts_ffn(
+            x.astype(self.dtype or x.dtype),
+            weights,
+            experts,
+            kernels,
+            biases,
+            activation=c.activation_fn(),
+            num_experts=c.num_experts,
+            sharding=expert_sharding(self.names),
+        )
+
+
+class MoeMlp(nnx.Module):
+    """tfjax.nn.MoeMlp in NNX: router, experts (dropless), optional shared experts. Each call
+    sows the router's losses ("load_balance", "router_z" and their weighted sum "loss", names
+    of Linen's AUX_LOSSES collection) as AuxLoss variables (`sow`)."""
+
+    def __init__(
+        self,
+        config: MoeConfig,
+        width: int,
+        *,
+        kernel_init=default_kernel_init,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        c, self.config, self.dtype = config, config, dtype
+        kw = dict(kernel_init=kernel_init, param_dtype=param_dtype, rngs=rngs)
+        # Computed in float32 or wider: the call casts its input up (see __call__).
+        self.router = dense(
+            width, c.num_experts, (axes.EMBED, None), use_bias=c.router_bias, dtype=None, **kw
+        )
+        # The attribute is named as Linen's module (EXPERTS), which active_parameters reads.
+        setattr(self, EXPERTS, Experts(c, width, dtype=dtype, **kw))
+        if c.shared_dim:
+            self.shared = Mlp(c.shared(), width, dtype=dtype, **kw)
+            if c.shared_gate:
+                self.shared_gate = dense(
+                    width, 1, (axes.EMBED, None), use_bias=False, dtype=dtype, **kw
+                )
+
+    def __call__(self, x, *, dropout_rng=None):
+        """x: [B, T, D] -> [B, T, D]; dropout_rng: the shared experts' (a key when training)."""
+        c = self.config
+        b, t, d = x.shape
+        # [N, D]
+        tokens = x.reshape(b * t, d)
+        # The router in float32 or wider (ST-MoE's selective precision), as Linen's; [N, E]
+        router_dtype = jnp.promote_types(self.dtype or x.dtype, jnp.float32)
+        logits = self.router(tokens.astype(router_dtype))
+        weights, experts, scores = moe.route(
+            logits, c.top_k, score=c.router_score, renormalize=c.renormalize
+        )
+        losses = moe.aux_losses(
+            logits,
+            scores,
+            experts,
+            num_experts=c.num_experts,
+            load_balance_weight=c.load_balance_weight,
+            router_z_weight=c.router_z_weight,
+        )
+        for name, value in losses.items():
+            sow(self, name, value)
+        y = getattr(self, EXPERTS)(tokens, weights, experts).reshape(b, t, d)
+        if c.shared_dim:
+            s = self.shared(x, dropout_rng=dropout_rng)
+            if c.shared_gate:
+                s = jax.nn.sigmoid(self.shared_gate(x)) * s
+            y = y + s.astype(y.dtype)
+        return y
+
+
+def make_mlp(config, width, **kwargs):
+    """The FFN of a BlockConfig's `mlp`: MoeMlp for a MoeConfig, else Mlp."""
+    return (MoeMlp if isinstance(config, MoeConfig) else Mlp)(config, width, **kwargs)
+
+
 def dropout(x, rate, key):
     """nnx.Dropout of `rate` with `key`; the identity when key is None (not training). Keys
     are passed down explicitly (folded per layer and site), so a scanned stack needs no RNG
@@ -300,34 +450,32 @@ def fold_key(key, i):
 
 
 class Block(nnx.Module):
-    """tfjax.nn.Block in NNX: self-attention, FFN (dense; a mixture of experts is Linen's only
-    for now), each a residual sub-layer (tfjax.ops.residual), from a BlockConfig."""
+    """tfjax.nn.Block in NNX: self-attention, cross-attention (config.cross_attention), FFN (an
+    Mlp, or a MoeMlp for a MoeConfig), each a residual sub-layer (tfjax.ops.residual), from a
+    BlockConfig."""
 
     def __init__(
         self,
         config: BlockConfig,
         width: int,
         *,
+        context_width: int | None = None,  # D' of the encoder output (cross-attention); width
         kernel_init=default_kernel_init,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        if isinstance(config.mlp, MoeConfig):
-            raise NotImplementedError(
-                "tfjax.nnx: a mixture-of-experts FFN (num_experts > 0) is tfjax.nn's (Linen) only "
-                "so far"
-            )
-        if config.cross_attention:
-            raise NotImplementedError(
-                "tfjax.nnx.Block: cross_attention=True is Linen's only so far"
-            )
         self.config = config
         kw = dict(kernel_init=kernel_init, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm = dict(eps=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.self_attention = Attention(config.attention, width, **kw)
-        self.mlp = Mlp(config.mlp, width, **kw)
-        for name in ("self_attention", "mlp"):
+        sublayers = ["self_attention", "mlp"]
+        if config.cross_attention:
+            cross = config.attention.for_cross_attention()
+            self.cross_attention = Attention(cross, width, context_width=context_width, **kw)
+            sublayers.append("cross_attention")
+        self.mlp = make_mlp(config.mlp, width, **kw)
+        for name in sublayers:
             setattr(self, f"{name}_norm", make_norm(config.norm, width, **norm))
             if config.norm_position == "sandwich":
                 setattr(self, f"{name}_post_norm", make_norm(config.norm, width, **norm))
@@ -354,16 +502,19 @@ class Block(nnx.Module):
     def __call__(
         self,
         x,
+        context=None,
         *,
         mask=None,
         bias=None,
+        context_mask=None,
         segment_ids=None,
+        context_segment_ids=None,
         positions=None,
         dropout_rng=None,
         variant=None,
         cache: KVCache | None = None,
     ):
-        """tfjax.nn.Block's call (self-attention only); dropout_rng: a key when training.
+        """tfjax.nn.Block's call (its arguments; `dropout_rng`, a key, in place of train=True).
         Returns [B, T, D]; with `cache`, ([B, T, D], the updated cache)."""
         if x.ndim != 3:
             raise ValueError(f"Block: x must be [B, T, D], got shape {x.shape}")
@@ -389,6 +540,22 @@ class Block(nnx.Module):
             return y
 
         x = self._residual(x, self_attention, "self_attention", fold_key(dropout_rng, 1))
+        if self.config.cross_attention:
+            if context is None:
+                raise ValueError("Block: cross_attention=True needs the encoder output `context`")
+            x = self._residual(
+                x,
+                lambda y: self.cross_attention(
+                    y,
+                    context,
+                    mask=context_mask,
+                    segment_ids=segment_ids,
+                    context_segment_ids=context_segment_ids,
+                    dropout_rng=fold_key(dropout_rng, 4),
+                ),
+                "cross_attention",
+                fold_key(dropout_rng, 5),
+            )
         x = self._residual(
             x,
             lambda y: self.mlp(y, dropout_rng=fold_key(dropout_rng, 2)),
@@ -420,6 +587,7 @@ class Stack(nnx.Module):
         remat_policy: str = "none",
         final_norm: bool | None = None,
         variants: tuple[int, ...] | None = None,
+        context_width: int | None = None,
         kernel_init: Callable = default_kernel_init,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
@@ -433,6 +601,7 @@ class Stack(nnx.Module):
             return Block(
                 config,
                 width,
+                context_width=context_width,
                 kernel_init=kernel_init,
                 dtype=dtype,
                 param_dtype=param_dtype,
@@ -459,19 +628,24 @@ class Stack(nnx.Module):
                 rngs=rngs,
             )
 
-    def __call__(self, x, *, cache=None, dropout_rng=None, **kwargs):
-        """x: [B, T, D] -> [B, T, D]; the keyword arguments (Block's: mask, bias, segment_ids,
-        positions) go to every block; dropout_rng: a key when training (one per layer is
-        folded from it).
+    def __call__(self, x, context=None, *, cache=None, dropout_rng=None, **kwargs):
+        """x: [B, T, D] -> [B, T, D]; `context` and the keyword arguments (Block's: mask, bias,
+        context_mask, segment_ids, context_segment_ids, positions) go to every block;
+        dropout_rng: a key when training (one per layer is folded from it).
 
         cache: the layers' KVCaches (a tuple of L, or one with [L, ...] leaves when scanned;
         tfjax.ops.init_cache makes them); then the call returns ([B, T, D], the caches).
+
+        The layers' sown AuxLoss values come out of each layer's call (as the scan's stacked
+        outputs when scanned: [L] per loss, Linen's nn.scan layout) and are put back on the
+        layers, where `nnx.pop(model, AuxLoss)` finds them.
         """
 
         def layer(state, graphdef, y, variant, key, layer_cache):
             block = nnx.merge(graphdef, state)
-            out = block(y, **kwargs, dropout_rng=key, variant=variant, cache=layer_cache)
-            return out if layer_cache is not None else (out, None)
+            out = block(y, context, **kwargs, dropout_rng=key, variant=variant, cache=layer_cache)
+            out, layer_cache = out if layer_cache is not None else (out, None)
+            return out, layer_cache, nnx.pop(block, AuxLoss)
 
         if self.remat_policy != "none":
             layer = jax.checkpoint(
@@ -491,16 +665,22 @@ class Stack(nnx.Module):
 
             def body(y, xs):
                 state, variant, key, layer_cache = xs
-                return layer(state, graphdef, y, variant, key, layer_cache)
+                y, layer_cache, aux = layer(state, graphdef, y, variant, key, layer_cache)
+                return y, (layer_cache, aux)
 
-            x, cache = jax.lax.scan(body, x, (state, variants, keys, cache))
+            x, (cache, aux) = jax.lax.scan(body, x, (state, variants, keys, cache))
+            nnx.update(self.layers, aux)
         else:
             caches = []
             for i in range(self.num_layers):
-                graphdef, state = nnx.split(getattr(self, f"layers_{i}"))
+                block = getattr(self, f"layers_{i}")
+                graphdef, state = nnx.split(block)
                 v = None if self.variants is None else self.variants[i]
                 layer_cache = None if cache is None else cache[i]
-                x, layer_cache = layer(state, graphdef, x, v, fold_key(dropout_rng, i), layer_cache)
+                x, layer_cache, aux = layer(
+                    state, graphdef, x, v, fold_key(dropout_rng, i), layer_cache
+                )
+                nnx.update(block, aux)
                 caches.append(layer_cache)
             cache = None if cache is None else tuple(caches)
         if hasattr(self, "final_norm"):
@@ -572,3 +752,45 @@ class LearnedPositions(nnx.Module):
     def __call__(self, positions):
         """positions: [T] or [B, T] ints -> [T, D] or [B, T, D]."""
         return embed.lookup(self.embedding[...], positions, dtype=self.dtype)
+
+
+class RelativePositionBias(nnx.Module):
+    """tfjax.nn.RelativePositionBias in NNX: T5's learned attention bias, one scalar per
+    (bucket, head) in the [num_buckets, N] table "embedding" (tfjax.ops.relative_position_bias).
+    Decoding passes the keys' positions (the cache's slots, 0 .. S - 1) in place of Linen's
+    "cache" collection."""
+
+    def __init__(
+        self,
+        num_heads,
+        *,
+        bidirectional: bool,
+        num_buckets=32,
+        max_distance=128,
+        param_dtype=jnp.float32,
+        rngs,
+    ):
+        self.bidirectional, self.num_buckets, self.max_distance = (
+            bidirectional,
+            num_buckets,
+            max_distance,
+        )
+        self.embedding = param(
+            rngs,
+            nn.initializers.normal(1.0),
+            (num_buckets, num_heads),
+            param_dtype,
+            (None, axes.HEADS),
+        )
+
+    def __call__(self, query_positions, key_positions=None):
+        """query_positions: [T] or [B, T]; key_positions: [S] or [B, S], the queries' when None
+        -> [B|1, N, T, S] float32."""
+        return relative_position_bias(
+            self.embedding[...],
+            query_positions,
+            query_positions if key_positions is None else key_positions,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )

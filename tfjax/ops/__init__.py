@@ -10,13 +10,15 @@ share them unchanged.
                ALiBi, decoding
   chunked, splash   the memory-lean kernels behind dot_product_attention
   masks        boolean attention masks
-  position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets
+  position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets and bias
   norms, activations   the norm and FFN activation maths (and the logits' soft cap)
   embed        the token embedding's lookup and the output projection that shares its table
   head         the vocabulary head's matmul, its two gradients released together
   residual     a block's residual sub-layer wired by the norm's position (pre, post, sandwich)
   moe          mixture of experts: routing, dropless grouped-matmul dispatch, expert
                parallelism, the load-balancing and router z losses
+  vision       a ViT's patches embedded, its tokens assembled (class token, positions,
+               registers, mask token) and pooled
   config       AttentionConfig, MlpConfig, MoeConfig, BlockConfig, LayerAttention: what a
                layer computes
   cache        KVCache, the decoding cache as a pytree the caller holds
@@ -37,6 +39,7 @@ from tfjax.ops import (
     position,
     residual,
     splash,
+    vision,
 )
 from tfjax.ops.activations import ACTIVATIONS, ALL_ACTIVATIONS, GATED_ACTIVATIONS, gelu
 from tfjax.ops.attention import attention_weights, choose_implementation, dot_product_attention
@@ -81,4 +84,5 @@ __all__ = [
     "sincos_2d",
     "sinusoidal",
     "splash",
+    "vision",
 ]

@@ -247,3 +247,30 @@ def relative_position_bucket(
         exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32), num_buckets - 1
     )
     return bucket + jnp.where(distance < exact, distance, far)
+
+
+def relative_position_bias(
+    table,
+    query_positions,
+    key_positions,
+    *,
+    bidirectional: bool,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+):
+    """T5's learned attention bias: the table's [num_buckets, N] scalar of each (key - query
+    offset's bucket, head).
+
+    Args:
+      query_positions: [T] or [B, T] ints; key_positions: [S] or [B, S] ints.
+    Returns:
+      [B|1, N, T, S] float32, added to the attention logits.
+    """
+    q = jnp.atleast_2d(query_positions)[:, :, None]
+    k = jnp.atleast_2d(key_positions)[:, None, :]
+    # [B|1, T, S]
+    buckets = relative_position_bucket(
+        k - q, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    # [B|1, T, S, N] -> [B|1, N, T, S]
+    return jnp.take(table, buckets, axis=0).astype(jnp.float32).transpose(0, 3, 1, 2)

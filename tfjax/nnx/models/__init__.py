@@ -1,5 +1,5 @@
-"""The model families as Flax NNX modules, one file per family as in tfjax.models (so far:
-decoder).
+"""The model families as Flax NNX modules, one file per family as in tfjax.models (decoder,
+encoder, transformer, vit).
 
 Each NNX family model is built from an unbound Linen model of the same family (its `spec`),
 which holds, checks and translates the fields; so one place builds the NNX model of any Linen
@@ -17,18 +17,24 @@ import flax.linen as nn
 from flax import nnx
 
 # The Linen family model's class name -> the module here that has its NNX model.
-FAMILIES = {"Decoder": "decoder"}
+FAMILIES = {
+    "Decoder": "decoder",
+    "Encoder": "encoder",
+    "Transformer": "transformer",
+    "VisionTransformer": "vit",
+}
 
 
-def from_linen(spec: nn.Module, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The NNX model of the same family and fields as the (unbound) Linen model `spec`."""
+def from_linen(spec: nn.Module, *, rngs: nnx.Rngs, **options) -> nnx.Module:
+    """The NNX model of the same family and fields as the (unbound) Linen model `spec`;
+    `options`: what the NNX model needs besides (a ViT's image_size and channels)."""
     name = type(spec).__name__
     if name not in FAMILIES:
         raise NotImplementedError(
             f"tfjax.nnx has no NNX model for {name} yet; it has: {', '.join(sorted(FAMILIES))}"
         )
     family = importlib.import_module(f"{__name__}.{FAMILIES[name]}")
-    return getattr(family, name)(spec, rngs=rngs)
+    return getattr(family, name)(spec, rngs=rngs, **options)
 
 
 def load_params(model: nnx.Module, params) -> None:

@@ -16,7 +16,9 @@ modules, which compute the same function with the same parameter tree:
 A Linen checkpoint's `params` load with `tfjax.nnx.models.load_params(model, params)`; the
 NNX model's go to Linen as `nnx.to_pure_dict(nnx.state(model, nnx.Param))`. Decoding passes the
 explicit KV cache (`model.init_cache`, `cache=`), as the Linen model's explicit form does; there
-is no "cache" collection. A mixture of experts (num_experts > 0) is Linen's only so far.
+is no "cache" collection. A mixture of experts (num_experts > 0) sows its routers' losses as
+`blocks.AuxLoss` variables: `nnx.to_pure_dict(nnx.pop(model, blocks.AuxLoss))` after a call is
+the Linen model's `mutable=["aux_losses"]` collection.
 """
 
 import jax.numpy as jnp
@@ -40,11 +42,6 @@ class Decoder(nnx.Module):
     Decoder, unbound, whose fields say what to build."""
 
     def __init__(self, spec: linen.Decoder, *, rngs: nnx.Rngs):
-        if spec.num_experts:
-            raise NotImplementedError(
-                f"Decoder.num_experts={spec.num_experts}: tfjax.nnx has no mixture-of-experts "
-                "layers yet (tfjax.models.decoder, the Linen model, has)"
-            )
         self.spec = spec
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
         init = nn.initializers.normal(spec.init_stddev)
@@ -72,18 +69,23 @@ class Decoder(nnx.Module):
             self.pos_embed = blocks.LearnedPositions(
                 spec.max_len, spec.width, init_stddev=spec.init_stddev, rngs=rngs, **dtypes
             )
-        ((_, config, _, n),) = spec.stacks()  # one stack, "decoder", without experts
-        self.decoder = blocks.Stack(
-            config,
-            n,
-            spec.width,
-            scan_layers=spec.scan_layers,
-            remat_policy=spec.remat_policy,
-            variants=spec.layer_variants()[1],
-            kernel_init=init,
-            rngs=rngs,
-            **dtypes,
-        )
+        # One stack, "decoder"; with first_dense_layers a "dense_decoder" before it.
+        variants = spec.layer_variants()[1]
+        stacks = spec.stacks()
+        for i, (name, config, first, n) in enumerate(stacks):
+            stack = blocks.Stack(
+                config,
+                n,
+                spec.width,
+                scan_layers=spec.scan_layers,
+                remat_policy=spec.remat_policy,
+                final_norm=None if i == len(stacks) - 1 else False,
+                variants=None if variants is None else variants[first : first + n],
+                kernel_init=init,
+                rngs=rngs,
+                **dtypes,
+            )
+            setattr(self, name, stack)
         # Where training's dropout keys come from (the "dropout" stream, else "default").
         self.rngs = rngs.fork()
 
@@ -133,15 +135,28 @@ class Decoder(nnx.Module):
             x = x + sinusoidal(positions, spec.width, dtype=x.dtype)
         x = blocks.dropout(x, spec.dropout_rate, blocks.fold_key(key, 0))
         pos = positions if positions.ndim == 2 else positions[None]
-        x = self.decoder(
-            x,
-            segment_ids=segment_ids,
-            positions=pos,
-            dropout_rng=blocks.fold_key(key, 1),
-            cache=cache,
-        )
+        stacks, caches = spec.stacks(), []
+        for i, (name, _, first, n) in enumerate(stacks):
+            stack_cache = None  # as the Linen model splits it
+            if cache is not None and len(stacks) == 1:
+                stack_cache = cache
+            elif cache is not None:  # one per stack (scanned), or the layers' own
+                stack_cache = cache[i] if spec.scan_layers else cache[first : first + n]
+            x = getattr(self, name)(
+                x,
+                segment_ids=segment_ids,
+                positions=pos,
+                dropout_rng=blocks.fold_key(key, 1 + i),
+                cache=stack_cache,
+            )
+            if cache is not None:
+                x, stack_cache = x
+                caches.append(stack_cache)
         if cache is not None:
-            x, cache = x
+            if len(stacks) == 1:
+                cache = caches[0]
+            else:
+                cache = tuple(caches) if spec.scan_layers else caches[0] + caches[1]
         out = (self.logits(x) if apply_head else x), {"pre_logits": x}
         return out if cache is None else (out, cache)
 
