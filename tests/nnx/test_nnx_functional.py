@@ -119,7 +119,20 @@ def test_what_nnx_cannot_do_is_refused(built):
         fn.apply({"params": params}, tokens, train=True)
     with pytest.raises(AttributeError, match="Functional has no 'clone'"):
         fn.clone(scan_layers=False)
-    with pytest.raises(NotImplementedError, match="no NNX model for"):
-        from tfjax.models import vit
+    with pytest.raises(NotImplementedError, match="no NNX model for Dense yet; it has: Decoder"):
+        functional.Functional(nn.Dense(3))
 
-        functional.Functional(vit.Model("tiny/4", num_classes=3))
+
+def test_a_vit_is_sized_by_example_images():
+    """A ViT's NNX model takes its image size from example inputs (as Linen's init does);
+    models of other sizes are other Functionals."""
+    from tfjax.models import vit
+
+    spec = vit.Model("tiny/4", num_classes=3, posemb="learned")
+    images = jax.ShapeDtypeStruct((1, 8, 12, 1), jnp.float32)
+    fn = functional.Functional(spec, images)
+    params = spec.init(jax.random.key(0), jnp.zeros(images.shape))["params"]
+    x = jax.random.normal(jax.random.key(1), (2, 8, 12, 1))
+    _close(fn.apply({"params": params}, x)[0], spec.apply({"params": params}, x)[0])
+    assert fn != functional.Functional(spec)  # 224 x 224 x 3 images
+    assert fn == functional.Functional(spec, jax.ShapeDtypeStruct((5, 8, 12, 1), jnp.float32))

@@ -218,14 +218,28 @@ def test_lora_with_nnx_is_refused_by_name():
     checks.check_config(config)  # the same LoRA config runs in Linen
 
 
-def test_a_family_without_an_nnx_model_is_refused_by_name():
-    config = _config("vit.py:tiny", **{"model.api": "nnx"})
-    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-    message = r"model.api='nnx': tfjax.nnx has no NNX model for VisionTransformer yet"
-    with pytest.raises(ValueError, match=message):
-        setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
-    with pytest.raises(ValueError, match=message):
-        checks.check_model(config)
+def test_a_vit_sized_by_the_datasets_images_steps_as_in_linen():
+    """The ViT's NNX model is sized by the dataset's 8x8 images, as Linen's init sizes the
+    model (a learned position table of 16 patches, not the 224-pixel default's): the same
+    train losses."""
+    losses = {}
+    for api in ("linen", "nnx"):
+        config = _config("vit.py:tiny", **{"model.api": api, "model.posemb": "learned"})
+        mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+        exp = setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
+        rng = np.random.default_rng(0)
+        batch = {
+            k: rng.normal(size=s.shape).astype(s.dtype)
+            if np.issubdtype(s.dtype, np.floating)
+            else rng.integers(0, 2, s.shape).astype(s.dtype)
+            for k, s in exp.train_batch.items()
+        }
+        batch = sharding.shard_batch(batch, mesh, exp.rules)
+        state, losses[api] = exp.init(jax.random.key(0)), []
+        for _ in range(2):
+            state, stats = exp.train_step(state, batch, jax.random.key(1))
+            losses[api].append(float(stats["loss"]))
+    np.testing.assert_allclose(losses["nnx"], losses["linen"], rtol=RTOL)
 
 
 def test_configs_recorded_before_the_field_run_in_linen():
@@ -233,4 +247,5 @@ def test_configs_recorded_before_the_field_run_in_linen():
     with config.unlocked():
         del config.model["api"]
     assert setup.api(config) == "linen"
-    assert setup.for_api(config, setup.build_model(config, vocab_size=256)).vocab_size == 256
+    model = setup.build_model(config, vocab_size=256)
+    assert setup.for_api(config, model, None, None) is model  # no NNX model made

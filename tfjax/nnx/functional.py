@@ -38,20 +38,46 @@ MUTABLE = (AUX_LOSSES,)
 
 
 class Functional:
-    """The NNX model of the (unbound) Linen family model `spec`, as `init` and `apply`. Equal
-    (and hashing equal) when the specs are: a static argument of jitted functions."""
+    """The NNX model of the (unbound) Linen family model `spec`, as `init` and `apply`;
+    `example_args` / `options` size what the fields do not (a ViT's images: see
+    tfjax.nnx.models.from_linen). Equal (and hashing equal) when the specs and the NNX models'
+    structures are: a static argument of jitted functions."""
 
-    def __init__(self, spec: nn.Module):
+    def __init__(self, spec: nn.Module, *example_args, **options):
         # The structure only: nnx.eval_shape makes no parameter.
-        model = nnx.eval_shape(lambda: models.from_linen(spec, rngs=nnx.Rngs(0)))
+        self._set(
+            spec,
+            nnx.eval_shape(
+                lambda: models.from_linen(spec, *example_args, rngs=nnx.Rngs(0), **options)
+            ),
+        )
+
+    def _set(self, spec, abstract_model):
         self.spec = spec
-        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self._graphdef, self._params, self._rest = nnx.split(abstract_model, nnx.Param, ...)
+
+    @classmethod
+    def of(cls, model: nnx.Module) -> Functional:
+        """The Functional of an NNX family model (its structure, whatever built it)."""
+        spec = getattr(model, "spec", None)
+        if not isinstance(spec, nn.Module):
+            raise TypeError(
+                f"{type(model).__name__} is not a tfjax.nnx.models family model (one built from "
+                "a Linen model, its .spec)"
+            )
+        fn = cls.__new__(cls)
+        fn._set(spec, nnx.eval_shape(lambda: model))
+        return fn
 
     def __eq__(self, other):
-        return type(other) is type(self) and other.spec == self.spec
+        return (
+            type(other) is type(self)
+            and other.spec == self.spec
+            and other._graphdef == self._graphdef
+        )
 
     def __hash__(self):
-        return hash((type(self), self.spec))
+        return hash((type(self), self.spec, self._graphdef))
 
     def __repr__(self):
         return f"Functional({self.spec!r})"
@@ -133,10 +159,4 @@ def _collections(mutable) -> tuple:
 def split(model: nnx.Module) -> tuple[Functional, dict]:
     """(Functional, params) of an NNX family model (tfjax.nnx.models): its function and its
     parameters as the Linen params tree (plain arrays)."""
-    spec = getattr(model, "spec", None)
-    if not isinstance(spec, nn.Module):
-        raise TypeError(
-            f"{type(model).__name__} is not a tfjax.nnx.models family model (one built from a "
-            "Linen model, its .spec)"
-        )
-    return Functional(spec), nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return Functional.of(model), nnx.to_pure_dict(nnx.state(model, nnx.Param))

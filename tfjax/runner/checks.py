@@ -127,7 +127,7 @@ def check_model(config, workdir: str | None = None) -> None:
     trainable = optim.trainable(config.optim, lora=lora is not None)
     if trainable is not None:
         optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
-    setup.for_api(config, model)  # what tfjax.nnx cannot run yet, refused by name
+    setup.for_api(config, model, task, inputs.train)  # what tfjax.nnx cannot run, by name
     if config.task == "classification" and data.num_classes:
         head = output.shape[-1]
         if head < data.num_classes:

@@ -173,17 +173,19 @@ def api(config) -> str:
     return config.model.get("api", "linen")
 
 
-def for_api(config, model):
+def for_api(config, model, task, element_spec):
     """`model` (a Linen family model, as `build_model` gives it) as config.model.api runs it:
     itself ("linen"), or its NNX model behind Linen's init and apply ("nnx":
     `tfjax.nnx.functional.Functional`, which the steps and decoding take as they take the Linen
-    model). Both have the same parameter tree, so the state and the checkpoints are the same."""
+    model), sized by a batch of `element_spec` as Linen's init is (a ViT's images). Both have
+    the same parameter tree, so the state and the checkpoints are the same."""
     if api(config) == "linen":
         return model
     from tfjax.nnx.functional import Functional
 
+    args, _ = task.model_inputs(dummy_batch(element_spec, 1))
     try:
-        return Functional(model)
+        return Functional(model, *args)
     except NotImplementedError as e:  # a family or layer tfjax.nnx does not have yet
         raise ValueError(f"model.api='nnx': {e}; model.api='linen' runs it") from None
 
@@ -425,7 +427,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         from tfjax import lora
 
         model = lora.apply_lora(model, lora_config)
-    runs = for_api(config, model)  # what the steps and decoding call (the same parameters)
+    runs = for_api(config, model, task, inputs.train)  # what the steps and decoding call
     ema = config.optim.ema_decay > 0
     trainable = optim.trainable(config.optim, lora=lora_config is not None)
     init_fn, abstract_state, param_shardings = abstract_train_state(

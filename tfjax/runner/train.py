@@ -137,7 +137,7 @@ def restore_model(
         params = lora.dequantized(params, like)
     if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
         model, params = base, lora.merge(params, lora_config)
-    return setup.for_api(config, model), params, tokenizer
+    return setup.for_api(config, model, run.task, spec), params, tokenizer
 
 
 def train_and_evaluate(

@@ -25,15 +25,21 @@ FAMILIES = {
 }
 
 
-def from_linen(spec: nn.Module, *, rngs: nnx.Rngs, **options) -> nnx.Module:
-    """The NNX model of the same family and fields as the (unbound) Linen model `spec`;
-    `options`: what the NNX model needs besides (a ViT's image_size and channels)."""
+def from_linen(spec: nn.Module, *example_args, rngs: nnx.Rngs, **options) -> nnx.Module:
+    """The NNX model of the same family and fields as the (unbound) Linen model `spec`.
+
+    `options`: what the NNX model needs besides (a ViT's image_size and channels), or
+    `example_args`, inputs as the model will take them (arrays or their shapes and dtypes), from
+    which a family that sizes parameters by its inputs reads those options (a ViT's images), as
+    Linen's `init` does."""
     name = type(spec).__name__
     if name not in FAMILIES:
         raise NotImplementedError(
             f"tfjax.nnx has no NNX model for {name} yet; it has: {', '.join(sorted(FAMILIES))}"
         )
     family = importlib.import_module(f"{__name__}.{FAMILIES[name]}")
+    if example_args and hasattr(family, "input_sizes"):
+        options = family.input_sizes(*example_args) | options
     return getattr(family, name)(spec, rngs=rngs, **options)
 
 

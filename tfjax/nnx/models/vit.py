@@ -202,6 +202,13 @@ class VisionTransformer(nnx.Module):
         return self.head(pre_logits), aux
 
 
+def input_sizes(images, *args, **kwargs) -> dict:
+    """The `image_size` and `channels` of a model that takes `images` [B, H, W, C] (an array or
+    its shape and dtype), as Linen's `init` sizes the model by the images it is given."""
+    _, height, width, channels = images.shape
+    return dict(image_size=(height, width), channels=channels)
+
+
 def Model(  # noqa: N802 (a factory)
     variant: str | None = None,
     *,
