@@ -206,6 +206,10 @@ def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch, re
     if name == "reuse_in_flax.ipynb":
         # The notebook asked for 8 CPU devices itself and split the model over them.
         assert "mesh: {'data': 4, 'model': 2}" in printed, printed
+        # Its NNX section: a block sharded as made, and a family model on Linen's parameters.
+        assert "NNX FFN kernel (64, 256) is sharded as P(None, 'model')" in printed, printed
+        assert "NNX vs Linen logits, same parameters: " in printed, printed
+        assert "same parameter tree: True" in printed, printed
     if name == "finetune.ipynb":
         # The eval loss fell, the samples of both evaluations were shown, and transformers'
         # logits of the export equal tfjax's (the notebook asserts this too).
