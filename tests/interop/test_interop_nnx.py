@@ -16,6 +16,7 @@ from flax import nnx
 from interop_references import V, torch
 from test_interop_gemma import gemma2, gemma3  # noqa: F401 (fixtures)
 from test_interop_llama import llama, mistral, qwen3  # noqa: F401 (fixtures)
+from test_interop_vit import hf_vit  # noqa: F401 (fixture)
 
 from tfjax import interop, lora
 from tfjax.nnx.models import decoder, load_params
@@ -155,3 +156,17 @@ def test_nnx_lora_adapters_export_for_peft(family, request, tmp_path):
         before = copy.deepcopy(ref).double()(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(got, want, atol=references.ATOL, rtol=0)
     assert np.abs(want - before).max() > 0.05  # the adapters act
+
+
+@pytest.mark.parametrize("size", [None, (48, 40)])
+def test_a_vit_loads_as_nnx_at_its_checkpoints_image_size(hf_vit, size):  # noqa: F811
+    """A vision tower's NNX model is sized by the checkpoint's images (32 px), or by the
+    image_size its positions are resampled to: the reference's logits either way."""
+    ref, path = hf_vit
+    model = interop.load(path, nnx=True, **({} if size is None else {"image_size": size}))
+    h, w = size or (32, 32)
+    images = np.random.RandomState(2).randn(2, 3, h, w).astype(np.float32)
+    with torch.no_grad():
+        want = ref(torch.tensor(images), interpolate_pos_encoding=size is not None).logits.numpy()
+    got = np.asarray(model(jnp.asarray(images.transpose(0, 2, 3, 1)))[0])
+    np.testing.assert_allclose(got, want, atol=references.ATOL, rtol=0)

@@ -91,7 +91,7 @@ from flax import nnx as _nnx
 from tfjax.interop import core, families
 from tfjax.interop.core import convert, tables, towers
 from tfjax.interop.core.files import CONFIG, read_config, read_state_dict, write_safetensors
-from tfjax.interop.core.posemb import resample_posemb
+from tfjax.interop.core.posemb import image_size_pair, resample_posemb
 from tfjax.interop.core.registry import Registry
 from tfjax.interop.families.bert import from_bert, to_bert
 from tfjax.interop.families.clip import (
@@ -166,28 +166,48 @@ def load(directory, *, nnx: bool = False, rngs: _nnx.Rngs | None = None, **overr
     config = read_config(directory)
     where = os.path.join(os.fspath(directory), CONFIG)
     model, params = REGISTRY.loader(config, where)(directory, config, **overrides)
-    return as_nnx(model, params, rngs=rngs) if nnx else (model, params)
+    if not nnx:
+        return model, params
+    return as_nnx(model, params, *_example_images(model, config, overrides), rngs=rngs)
 
 
-def as_nnx(model, params, *, rngs: _nnx.Rngs | None = None):
+def _example_images(model, config, overrides) -> tuple:
+    """A vision tower's example images (their shape, [1, H, W, C]) at the size its params are
+    for (image_size= when resampled, else the checkpoint's), which size its NNX model."""
+    if type(model).__name__ != "VisionTransformer":
+        return ()
+    vision = config.get("vision_config", config)
+    height, width = image_size_pair(overrides.get("image_size") or vision.get("image_size", 224))
+    channels = vision.get("num_channels", 3)
+    return (jax.ShapeDtypeStruct((1, height, width, channels), np.float32),)
+
+
+def as_nnx(model, params, *example_args, rngs: _nnx.Rngs | None = None):
     """The Flax NNX model (tfjax.nnx) of the Linen `model` (its `spec`) holding `params` (that
     model's params tree, boxed or not), built without drawing its parameters at random: its
     layout comes from `nnx.eval_shape`, and only its non-parameter state (RNG streams, from
-    `rngs`, nnx.Rngs(0) when None) is computed. Any family `tfjax.nnx.models.FAMILIES` has."""
+    `rngs`, nnx.Rngs(0) when None) is computed. Any family `tfjax.nnx.models.FAMILIES` has;
+    `example_args`: inputs as the model will take them, for a family that is sized by its
+    inputs (a ViT's images, [B, H, W, C] arrays or shapes; else its default size)."""
     from tfjax.nnx import models as nnx_models  # NNX only when asked for
 
     rngs = _nnx.Rngs(0) if rngs is None else rngs
-    abstract = _nnx.eval_shape(lambda: nnx_models.from_linen(model, rngs=_nnx.Rngs(0)))
+
+    def build(rngs):
+        return nnx_models.from_linen(model, *example_args, rngs=rngs)
+
+    abstract = _nnx.eval_shape(lambda: build(_nnx.Rngs(0)))
     graphdef, layout, _ = _nnx.split(abstract, _nnx.Param, ...)
 
     # The parameter initialisers are traced but not run: XLA drops what is not returned.
     @_nnx.jit
     def rest(rngs):
-        return _nnx.state(nnx_models.from_linen(model, rngs=rngs), _nnx.Not(_nnx.Param))
+        return _nnx.state(build(rngs), _nnx.Not(_nnx.Param))
 
     def describe(x):
         return "none" if x is None else f"{x.dtype}{list(x.shape)}"
 
+    example_hint = not example_args and hasattr(abstract, "num_patches")  # a ViT's size
     want = flax.traverse_util.flatten_dict(_nnx.to_pure_dict(layout), sep="/")
     got = flax.traverse_util.flatten_dict(flax.linen.meta.unbox(params), sep="/")
     for path in sorted(want.keys() | got.keys()):
@@ -196,6 +216,7 @@ def as_nnx(model, params, *, rngs: _nnx.Rngs | None = None):
             raise ValueError(
                 f"as_nnx: params[{path!r}] is {describe(g)}; the NNX {type(abstract).__name__} "
                 f"has {describe(w)}"
+                + (" (pass example images of the checkpoint's size)" if example_hint else "")
             )
     out = _nnx.merge(graphdef, layout, rest(rngs))
     nnx_models.load_params(out, params)
