@@ -1,5 +1,9 @@
 # Every target uses the virtual environment .venv in the checkout; `make install` creates it.
-PY ?= python3
+# The Python CI tests on: 3.12 (jax 0.12, flax 0.12.12, libtpu 0.0.50: the newest stack tfjax
+# supports) where the machine has it, on PATH or in pyenv, else python3. `make PY=python3.11 ...`
+# tests the floor (jax 0.10.2, flax 0.12.8).
+PY ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
+  $(if $(shell $(p) -c "" 2>/dev/null && echo ok),$(p))) python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -26,12 +30,13 @@ $(STAMP): pyproject.toml
 install-dev: $(DEV_STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	# torch first and pinned: the CPU wheel, never a multi-GB CUDA build pulled in by
-	# transformers. A CPU wheel pip already finds without an index (find-links, a wheel cache)
-	# is taken as it is; only otherwise is PyTorch's CPU index asked (where it is unreachable pip
-	# would retry it for every package first). Its dependencies come with the next line.
+	# torch first and pinned, so that transformers pulls in no other build: a CPU wheel pip
+	# already finds without an index (find-links, a wheel cache) is taken as it is; otherwise
+	# PyTorch's CPU index is asked (where it is unreachable, ~8 s of retries for torch alone)
+	# and else PyPI's build of the same release, whose CUDA libraries (2.6 GB to download, not
+	# loaded without a GPU) come with the next line, as the CPU wheel's dependencies do.
 	$(BIN)/python -m pip install -q --no-index --no-deps "torch==2.13.0+cpu" 2>/dev/null || \
-	  $(BIN)/python -m pip install -q "torch==2.13.0" $(TORCH_INDEX)
+	  $(BIN)/python -m pip install -q --no-deps "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e ".[data,dev,interop]"
 	# cuDNN's library (1.1 GB) without the cuBLAS and NVRTC it lists (1 GB more, not needed to
 	# compile): JAX checks cuDNN's version when it traces cuDNN attention, so with it a GPU
