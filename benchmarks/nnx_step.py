@@ -1,8 +1,9 @@
 """Train-step time of the decoder as a Linen model and as a tfjax.nnx model, same parameters.
 
 One jitted step each (forward, backward, AdamW from Optax): Linen's `apply`, and the NNX model
-split once into its graph and parameters and merged inside the jitted step (no `nnx.jit` graph
-walk in the hot path). Both start from the same parameters and take the same batches; their
+through `tfjax.nnx.functional.Functional`, as the runner runs it with model.api=nnx: its graph
+made once, merged with the parameters inside the jitted step (no `nnx.jit` graph walk in the
+hot path). Both start from the same parameters and take the same batches; their
 losses are checked to agree. Prints the median step time of each over rotated rounds and the
 ratio NNX / Linen.
 
@@ -18,6 +19,7 @@ import optax
 from flax import nnx
 
 from tfjax.models import decoder as linen_decoder
+from tfjax.nnx import functional
 from tfjax.nnx.models import decoder as nnx_decoder
 
 
@@ -38,9 +40,8 @@ def main():
     fields["max_len"] = args.seq_len
     linen = linen_decoder.Model(args.variant, **fields)
     model = nnx_decoder.Model(args.variant, rngs=nnx.Rngs(0), **fields)
-    graphdef, nnx_params, rest = nnx.split(model, nnx.Param, ...)
-    # The same starting point: the NNX model's parameters as Linen's tree.
-    linen_params = nnx.to_pure_dict(nnx_params)
+    nnx_fn, linen_params = functional.split(model)  # the params as Linen's tree
+    nnx_params = linen_params  # the same starting point
     tx = optax.adamw(1e-4)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(1, args.vocab, (args.batch, args.seq_len + 1)), jnp.int32)
@@ -55,7 +56,7 @@ def main():
         return loss_of(linen.apply({"params": params}, tokens[:, :-1])[0], tokens)
 
     def nnx_loss(params, tokens):
-        return loss_of(nnx.merge(graphdef, params, rest)(tokens[:, :-1])[0], tokens)
+        return loss_of(nnx_fn.apply({"params": params}, tokens[:, :-1])[0], tokens)
 
     def make_step(loss):
         @jax.jit
