@@ -984,7 +984,8 @@ def _nnx_adapter(where, kernel, want, initializer, shape, adapter_axes, key) -> 
         value, mapped = value.reshape(*lead, *shape), (*names[: len(lead)], *mapped)
     else:
         value = initializer(key, shape, kernel.dtype)
-    return nnx.LoRAParam(value, **_nnx_blocks().metadata(mapped))
+    blocks = _nnx_blocks()  # placed on the mesh in context as the model's parameters are
+    return nnx.LoRAParam(blocks.place(value, mapped), **blocks.metadata(mapped))
 
 
 def _nnx_blocks():

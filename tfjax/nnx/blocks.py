@@ -11,7 +11,7 @@ module's `params` tree, so a Linen checkpoint loads into these modules and back.
 logical axis names are its `out_sharding` metadata (`nnx.get_partition_spec`), the names the
 Linen module gives `nn.get_partition_spec`. A parameter is placed on the mesh as it is created
 only when a mesh is in context (`jax.set_mesh`, with the rules of `nn.logical_axis_rules`
-mapping the names onto it), where the same rules put the Linen model's (`_place`); without one
+mapping the names onto it), where the same rules put the Linen model's (`place`); without one
 the names stay metadata, and creation needs no context manager.
 """
 
@@ -51,7 +51,7 @@ def sow(module: nnx.Module, name: str, value) -> None:
     setattr(module, name, AuxLoss((value,)))
 
 
-def _place(value, names):
+def place(value, names):
     """`value` placed where the logical axis rules in context put a parameter of logical
     `names` on the mesh in context (jax.set_mesh); as it is without a mesh or rules. Resolved by
     Linen's nn.logical_to_mesh_axes, so as the Linen model's parameter: a mesh axis goes to the
@@ -68,24 +68,24 @@ def _place(value, names):
 
 def _placed(module, names: dict):
     """`module` (an nnx.Linear or norm) with its parameters (attribute -> logical names)
-    placed as `_place` says."""
+    placed as `place` says."""
     for attr, n in names.items():
         variable = getattr(module, attr, None)
         if variable is not None:
-            variable.set_value(_place(variable.get_value(), n))
+            variable.set_value(place(variable.get_value(), n))
     return module
 
 
 def metadata(names) -> dict:
     """A parameter's metadata: its logical axis `names` (one per dimension); its placement on a
-    mesh is `_place`'s, not NNX's eager sharding."""
+    mesh is `place`'s, not NNX's eager sharding."""
     return {"out_sharding": tuple(names), "eager_sharding": False}
 
 
 def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
     """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names` (and
     placed by them under a mesh)."""
-    return nnx.Param(_place(init(rngs.params(), shape, dtype), names), **metadata(names))
+    return nnx.Param(place(init(rngs.params(), shape, dtype), names), **metadata(names))
 
 
 def dense(
