@@ -104,8 +104,10 @@ def maxtext_lowered(overrides: dict):
     from maxtext.configs import pyconfig
     from maxtext.trainers.pre_train import train, train_compile
     from maxtext.utils import maxtext_utils, sharding
+    from maxtext.utils.globals import MAXTEXT_CONFIGS_DIR
 
-    config = pyconfig.initialize(["maxtext_fit", *(f"{k}={v}" for k, v in overrides.items())])
+    base = os.path.join(MAXTEXT_CONFIGS_DIR, "base.yml")
+    config = pyconfig.initialize(["fit", base, *(f"{k}={v}" for k, v in overrides.items())])
     train_compile.validate_config(config)
     prng = jax.config.jax_default_prng_impl
     jax.config.update("jax_default_prng_impl", "unsafe_rbg")  # as train_compile sets it
