@@ -76,13 +76,13 @@ def data_parallel_devices(config, devices) -> int:
     return sharding.data_parallel_size(mesh, sharding.check_rules(config.logical_axis_rules))
 
 
-def measure(config, rows: int, dp: int, devices, topology: str) -> dict:
+def measure(config, rows: int, dp: int, devices, topology: str, label: str = "") -> dict:
     """Compiles the config's train step at `rows` per data-parallel chip: record()'s row."""
     with config.unlocked():
         config.batch_size = config.eval_batch_size = rows * dp
     start = time.perf_counter()
     (train,) = aot.compile_experiment(config, devices, topology=topology, steps=("train",)).steps
-    return record(rows, train, time.perf_counter() - start)
+    return record(rows, train, time.perf_counter() - start, label)
 
 
 def record(rows: int, train: aot.StepReport, seconds: float, label: str = "") -> dict:
@@ -125,8 +125,12 @@ def search(measure, rows: int, max_rows: int, hbm: int, dp: int, label: str = ""
     # Bisection over rows: `fit` fits, `over` does not (None: not yet found).
     fit = max(r for r, t in tried.items() if t["fits"])
     over = min((r for r, t in tried.items() if not t["fits"]), default=None)
-    if over is None and slope and slope > 0:  # first guess: where the slope meets HBM
-        guess = fit + int((hbm - tried[fit]["peak_bytes"]) / slope)
+    # First guess: where HBM's slope meets HBM (the peak less buffers offloaded to the host,
+    # which a program with offloaded buffers counts in its peak: see tfjax.runner.aot).
+    hbm_slope = slope and (slope - (double["host_bytes"] - small["host_bytes"]) / rows)
+    if over is None and hbm_slope and hbm_slope > 0:
+        in_hbm = tried[fit]["peak_bytes"] - tried[fit]["host_bytes"]
+        guess = fit + int((hbm - in_hbm) / hbm_slope)
         guess = min(max(guess, fit + 1), max_rows)
     else:
         guess = min(2 * fit, max_rows) if over is None else (fit + over) // 2
@@ -142,10 +146,11 @@ def search(measure, rows: int, max_rows: int, hbm: int, dp: int, label: str = ""
     best = tried[fit]
     mean = (best["peak_bytes"] - small["peak_bytes"]) / (fit - rows) if fit > rows else 0
     at_least = "at least " if fit == max_rows else ""
+    host = f" (with {best['host_bytes'] / GiB:.2f} GiB on the host)" if best["host_bytes"] else ""
     log(
         f"{label}largest fitting batch: {at_least}{fit} rows per chip ({fit * dp} in all), peak "
-        f"{best['peak_bytes'] / GiB:.2f} of {hbm / GiB:.2f} GiB; {mean / GiB:.3f} GiB per row "
-        f"from {rows} rows"
+        f"{best['peak_bytes'] / GiB:.2f} of {hbm / GiB:.2f} GiB{host}; {mean / GiB:.3f} GiB per "
+        f"row from {rows} rows"
     )
     return {
         "slope_bytes_per_row": slope,

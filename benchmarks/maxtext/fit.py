@@ -215,7 +215,7 @@ def main():
         dp = batch_fit.data_parallel_devices(config, devices)
         log(f"tfjax: {TFJAX_CONFIG} {' '.join(sets)} on {TOPOLOGY}: {dp} data-parallel chips")
         found["tfjax"] = batch_fit.search(
-            lambda r: batch_fit.measure(config, r, dp, devices, TOPOLOGY),
+            lambda r: batch_fit.measure(config, r, dp, devices, TOPOLOGY, "tfjax: "),
             rows,
             args.max_rows,
             hbm,
