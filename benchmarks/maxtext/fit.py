@@ -159,7 +159,7 @@ def side_by_side(found: dict) -> list[str]:
             f"{'-' if slope is None else f'{slope / GiB:.2f} GiB':>15}"
             f"{at_least + str(f['largest_rows']):>15}"
         )
-    if len(found) == 2:
+    if len(found) == 2:  # both sides ran
         t, m = found["tfjax"], found["maxtext"]
         lines.append(
             harness.ratio_line(
@@ -209,31 +209,30 @@ def main():
     }
     devices = aot.topology_devices(TOPOLOGY)  # also sets up libtpu's environment for MaxText
     hbm = aot.usable_memory(chips.of(devices[0], devices))[0]
-    found = {}
+    sides = {}  # name -> (measure(rows), data-parallel chips)
     if args.only in (None, "tfjax"):
         config = batch_fit.load(TFJAX_CONFIG, sets)
         dp = batch_fit.data_parallel_devices(config, devices)
         log(f"tfjax: {TFJAX_CONFIG} {' '.join(sets)} on {TOPOLOGY}: {dp} data-parallel chips")
-        found["tfjax"] = batch_fit.search(
+        sides["tfjax"] = (
             lambda r: batch_fit.measure(config, r, dp, devices, TOPOLOGY, "tfjax: "),
-            rows,
-            args.max_rows,
-            hbm,
             dp,
-            "tfjax: ",
         )
     if args.only in (None, "maxtext"):
-        log(f"maxtext: {' '.join(f'{k}={v}' for k, v in overrides.items())}")
-        found["maxtext"] = batch_fit.search(
-            lambda r: maxtext_measure(overrides, r, hbm),
-            rows,
-            args.max_rows,
-            hbm,
-            len(devices),
-            "maxtext: ",
-        )
+        sides["maxtext"] = (lambda r: maxtext_measure(overrides, r, hbm), len(devices))
+    found, failed = {}, {}
+    for name, (measure, data_parallel) in sides.items():
+        if name == "maxtext":
+            log(f"maxtext: {' '.join(f'{k}={v}' for k, v in overrides.items())}")
+        try:
+            found[name] = batch_fit.search(
+                measure, rows, args.max_rows, hbm, data_parallel, f"{name}: "
+            )
+        except aot.CompileError as e:  # not a verdict on memory: said, and the other side runs
+            log(f"{name}: {e}")
+            failed[name] = str(e)
     log(f"\n{args.seq_len}-token rows, recipe {args.recipe}, {TOPOLOGY}, HBM {hbm / GiB:.2f} GiB")
-    for line in side_by_side(found):
+    for line in side_by_side(found) if found else []:
         log(line)
     harness.write_json(
         out,
@@ -247,6 +246,7 @@ def main():
             "tfjax_sets": sets,
             "maxtext_overrides": overrides,
             **found,
+            "failed": failed,
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
             "machine": harness.machine("jax", "jaxlib", "libtpu", "flax", "maxtext"),
         },
