@@ -70,8 +70,10 @@ MAXTEXT_MODEL = {
     "dataset_type": "synthetic",
     "enable_checkpointing": False,
     "skip_jax_distributed_system": True,
-    "base_output_directory": "/tmp/maxtext_fit",  # nothing is written for a compile
+    "base_output_directory": "/tmp/maxtext_fit",
     "run_name": "maxtext_fit",
+    # MaxText dumps the train step's HLO for every compile (its XLA_FLAGS unless set): here.
+    "dump_hlo_local_dir": "/tmp/maxtext_fit/xla_dump/",
 }
 RECIPES = {  # recipe -> (tfjax --set fields, MaxText overrides)
     "full": ([], {"remat_policy": "full"}),
@@ -247,6 +249,7 @@ def main():
             "maxtext_overrides": overrides,
             **found,
             "failed": failed,
+            "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
             "machine": harness.machine("jax", "jaxlib", "libtpu", "flax", "maxtext"),
         },
