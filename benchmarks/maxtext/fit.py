@@ -230,7 +230,9 @@ def main():
             found[name] = batch_fit.search(
                 measure, rows, args.max_rows, hbm, data_parallel, f"{name}: "
             )
-        except aot.CompileError as e:  # not a verdict on memory: said, and the other side runs
+        except (aot.CompileError, SystemExit) as e:
+            # A compiler failure (not a verdict on memory), or --rows refused: said, and the
+            # other side still runs.
             log(f"{name}: {e}")
             failed[name] = str(e)
     log(f"\n{args.seq_len}-token rows, recipe {args.recipe}, {TOPOLOGY}, HBM {hbm / GiB:.2f} GiB")
