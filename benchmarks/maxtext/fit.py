@@ -19,7 +19,13 @@ layers, splash attention (MaxText's "flash"), --rows rows of --seq_len tokens pe
          offloaded to host memory, 2,048-blocks for splash with the fused backward kernel, iota
          embedding) against tfjax's best levers: loss.chunks=8 and the offload_layer_inputs
          remat policy. The recipe's LIBTPU_INIT_ARGS (scheduler and collective tuning) are not
-         set; put them in the environment to give them to both compiles alike.
+         set; put them in the environment to give them to both compiles alike. Its 2,048
+         blocks need its VMEM limit (--xla_tpu_scoped_vmem_limit_kib=98304): without it
+         libtpu refuses every batch with CompileTimeScopedVmemOom (which aot, like the HBM
+         refusal, reads as "does not fit").
+libtpu 0.0.50.1 crashes on tfjax's full-logit step at 13 rows of 8,192 (RET_CHECK in
+sparse_core/gather_emitter.cc: the label-logit gather offloaded to the SparseCore);
+LIBTPU_INIT_ARGS=--xla_tpu_offload_gather_to_sparsecore=false compiles it.
 --set key=value adds tfjax config fields, --maxtext key=value MaxText ones (after the recipe's).
 
 Each side is the search of benchmarks/batch_fit.py: compiles at --rows and 2 x --rows for the
