@@ -76,28 +76,89 @@ def data_parallel_devices(config, devices) -> int:
     return sharding.data_parallel_size(mesh, sharding.check_rules(config.logical_axis_rules))
 
 
-def measure(config, rows: int, dp: int, devices, topology: str) -> dict:
+def measure(config, rows: int, dp: int, devices, topology: str, label: str = "") -> dict:
+    """Compiles the config's train step at `rows` per data-parallel chip: record()'s row."""
     with config.unlocked():
         config.batch_size = config.eval_batch_size = rows * dp
     start = time.perf_counter()
     (train,) = aot.compile_experiment(config, devices, topology=topology, steps=("train",)).steps
+    return record(rows, train, time.perf_counter() - start, label)
+
+
+def record(rows: int, train: aot.StepReport, seconds: float, label: str = "") -> dict:
+    """One compile's row of the results (fit, XLA's peak, every buffer's sum), and its log line
+    (after `label`)."""
     row = {
         "rows": rows,
         "fits": train.fits,
         "peak_bytes": train.peak_bytes,
         "total_bytes": train.total_bytes,
+        "host_bytes": train.host_bytes,
         "error": train.error,
-        "seconds": time.perf_counter() - start,
+        "seconds": seconds,
     }
-    took = f"({row['seconds']:.0f} s)"
+    took = f"({seconds:.0f} s)"
     if train.fits:
         total = train.total_bytes
         also = f" (all buffers {total / GiB:.2f} GiB)"
         also = also if f"{total / GiB:.2f}" != f"{train.peak_bytes / GiB:.2f}" else ""
-        log(f"rows {rows}: fits, peak {train.peak_bytes / GiB:.2f} GiB{also} {took}")
+        log(f"{label}rows {rows}: fits, peak {train.peak_bytes / GiB:.2f} GiB{also} {took}")
     else:
-        log(f"rows {rows}: DOES NOT FIT: {train.error or 'peak over the memory'} {took}")
+        log(f"{label}rows {rows}: DOES NOT FIT: {train.error or 'peak over the memory'} {took}")
     return row
+
+
+def search(measure, rows: int, max_rows: int, hbm: int, dp: int, label: str = "") -> dict:
+    """The slope and the largest fitting batch: `measure(r)` (a record() row) at `rows` and
+    2 x `rows`, then bisection up to `max_rows` from where the slope meets `hbm` (`dp`: the
+    data-parallel chips, for the log). Returns
+    slope_bytes_per_row (None where 2 x rows does not fit), mean_bytes_per_row (from `rows` to
+    the largest), largest_rows, capped_by_max_rows and every row tried."""
+    tried = {r: measure(r) for r in (rows, 2 * rows)}
+    small, double = tried[rows], tried[2 * rows]
+    if not small["fits"]:
+        raise SystemExit(f"{label}--rows={rows} does not fit: try fewer")
+    slope = None
+    if double["fits"]:
+        slope = (double["peak_bytes"] - small["peak_bytes"]) / rows
+        log(f"{label}per extra row: {slope / GiB:.3f} GiB ({rows} -> {2 * rows} rows)")
+    # Bisection over rows: `fit` fits, `over` does not (None: not yet found).
+    fit = max(r for r, t in tried.items() if t["fits"])
+    over = min((r for r, t in tried.items() if not t["fits"]), default=None)
+    # First guess: where HBM's slope meets HBM (the peak less buffers offloaded to the host,
+    # which a program with offloaded buffers counts in its peak: see tfjax.runner.aot).
+    hbm_slope = slope and (slope - (double["host_bytes"] - small["host_bytes"]) / rows)
+    if over is None and hbm_slope and hbm_slope > 0:
+        in_hbm = tried[fit]["peak_bytes"] - tried[fit]["host_bytes"]
+        guess = fit + int((hbm - in_hbm) / hbm_slope)
+        guess = min(max(guess, fit + 1), max_rows)
+    else:
+        guess = min(2 * fit, max_rows) if over is None else (fit + over) // 2
+    while fit < max_rows and (over is None or over - fit > 1):
+        tried[guess] = measure(guess)
+        if tried[guess]["fits"]:
+            fit = guess
+            step = max(1, fit // 8)  # past a guess that fits, a short step out
+            guess = min(fit + step, max_rows) if over is None else (fit + over) // 2
+        else:
+            over = guess
+            guess = (fit + over) // 2
+    best = tried[fit]
+    mean = (best["peak_bytes"] - small["peak_bytes"]) / (fit - rows) if fit > rows else 0
+    at_least = "at least " if fit == max_rows else ""
+    host = f" (with {best['host_bytes'] / GiB:.2f} GiB on the host)" if best["host_bytes"] else ""
+    log(
+        f"{label}largest fitting batch: {at_least}{fit} rows per chip ({fit * dp} in all), peak "
+        f"{best['peak_bytes'] / GiB:.2f} of {hbm / GiB:.2f} GiB{host}; {mean / GiB:.3f} GiB per "
+        f"row from {rows} rows"
+    )
+    return {
+        "slope_bytes_per_row": slope,
+        "mean_bytes_per_row": mean,
+        "largest_rows": fit,
+        "capped_by_max_rows": fit == max_rows,
+        "tried": [tried[r] for r in sorted(tried)],
+    }
 
 
 def main():
@@ -120,40 +181,12 @@ def main():
     dp = data_parallel_devices(config, devices)
     log(f"{args.config} {' '.join(args.sets)} on {args.topology}: {dp} data-parallel chips")
 
-    tried = {}
-    for rows in (args.rows, 2 * args.rows):
-        tried[rows] = measure(config, rows, dp, devices, args.topology)
-    small, double = tried[args.rows], tried[2 * args.rows]
-    if not small["fits"]:
-        raise SystemExit(f"--rows={args.rows} does not fit: try fewer")
-    slope = None
-    if double["fits"]:
-        slope = (double["peak_bytes"] - small["peak_bytes"]) / args.rows
-        log(f"per extra row: {slope / GiB:.3f} GiB ({args.rows} -> {2 * args.rows} rows)")
-    # Bisection over rows: `fit` fits, `over` does not (None: not yet found).
-    fit = max(r for r, t in tried.items() if t["fits"])
-    over = min((r for r, t in tried.items() if not t["fits"]), default=None)
-    if over is None and slope and slope > 0:  # first guess: where the slope meets HBM
-        guess = fit + int((hbm - tried[fit]["peak_bytes"]) / slope)
-        guess = min(max(guess, fit + 1), args.max_rows)
-    else:
-        guess = min(2 * fit, args.max_rows) if over is None else (fit + over) // 2
-    while fit < args.max_rows and (over is None or over - fit > 1):
-        tried[guess] = measure(config, guess, dp, devices, args.topology)
-        if tried[guess]["fits"]:
-            fit = guess
-            step = max(1, fit // 8)  # past a guess that fits, a short step out
-            guess = min(fit + step, args.max_rows) if over is None else (fit + over) // 2
-        else:
-            over = guess
-            guess = (fit + over) // 2
-    best = tried[fit]
-    mean = (best["peak_bytes"] - small["peak_bytes"]) / (fit - args.rows) if fit > args.rows else 0
-    at_least = "at least " if fit == args.max_rows else ""
-    log(
-        f"largest fitting batch: {at_least}{fit} rows per chip ({fit * dp} in all), peak "
-        f"{best['peak_bytes'] / GiB:.2f} of {hbm / GiB:.2f} GiB; {mean / GiB:.3f} GiB per row "
-        f"from {args.rows} rows"
+    found = search(
+        lambda rows: measure(config, rows, dp, devices, args.topology),
+        args.rows,
+        args.max_rows,
+        hbm,
+        dp,
     )
     harness.write_json(
         args.out,
@@ -163,11 +196,7 @@ def main():
             "topology": args.topology,
             "hbm_bytes": hbm,
             "data_parallel_devices": dp,
-            "slope_bytes_per_row": slope,
-            "mean_bytes_per_row": mean,
-            "largest_rows": fit,
-            "capped_by_max_rows": fit == args.max_rows,
-            "tried": [tried[r] for r in sorted(tried)],
+            **found,
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
             "machine": harness.machine("jax", "libtpu"),
         },
