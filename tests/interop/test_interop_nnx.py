@@ -154,7 +154,9 @@ def test_nnx_lora_adapters_export_for_peft(family, request, tmp_path):
     with torch.no_grad():
         want = tuned.eval()(torch.tensor(ids)).logits.numpy()
         before = copy.deepcopy(ref).double()(torch.tensor(ids)).logits.numpy()
-    np.testing.assert_allclose(got, want, atol=references.ATOL, rtol=0)
+    # The Linen path's peft check's tolerance (tests/runner/test_finetune.py): the adapters'
+    # float32 matmuls round on top of the model's (1.2e-5 from float64 with jax 0.12).
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
     assert np.abs(want - before).max() > 0.05  # the adapters act
 
 
