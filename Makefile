@@ -1,9 +1,9 @@
 # Every target uses the virtual environment .venv in the checkout; `make install` creates it.
-# The Python CI tests on: 3.12 (jax 0.12, flax 0.12.12, libtpu 0.0.50: the newest stack tfjax
-# supports) where the machine has it, on PATH or in pyenv, else python3. `make PY=python3.11 ...`
-# tests the floor (jax 0.10.2, flax 0.12.8).
-PY ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
-  $(if $(shell $(p) -c "" 2>/dev/null && echo ok),$(p))) python3)
+# The Python .venv is made with. CI: python3 (3.11 there: jax 0.10.2, flax 0.12.8, libtpu 0.0.42).
+# The newest stack (jax 0.12, flax 0.12.12, libtpu 0.0.50) needs Python 3.12:
+# `make test PY=/path/to/python3.12` in a checkout without .venv. Not CI's yet: jaxlib
+# 0.12.0.1's CPU compiler crashed (segfault) in one of three whole runs here.
+PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
