@@ -1,8 +1,8 @@
 # Every target uses the virtual environment .venv in the checkout; `make install` creates it.
 # The Python .venv is made with. CI: python3 (3.11 there: jax 0.10.2, flax 0.12.8, libtpu 0.0.42).
 # The newest stack (jax 0.12, flax 0.12.12, libtpu 0.0.50) needs Python 3.12:
-# `make test PY=/path/to/python3.12` in a checkout without .venv. Not CI's yet: jaxlib
-# 0.12.0.1's CPU compiler crashed (segfault) in one of three whole runs here.
+# `make test PY=/path/to/python3.12` in a checkout without .venv. Not CI's yet: a segfault of
+# XLA's CPU compiler in a test worker, seen on both stacks, is to be understood first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
