@@ -138,15 +138,7 @@ class MoeMlp(nn.Module):
             logits, c.top_k, score=c.router_score, renormalize=c.renormalize
         )
         if self.is_mutable_collection(AUX_LOSSES):
-            losses = moe.aux_losses(
-                logits,
-                scores,
-                experts,
-                num_experts=c.num_experts,
-                load_balance_weight=c.load_balance_weight,
-                router_z_weight=c.router_z_weight,
-            )
-            for name, value in losses.items():
+            for name, value in moe.aux_losses(logits, scores, experts, c).items():
                 self.sow(AUX_LOSSES, name, value)
         kwargs = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         y = Experts(c, self.kernel_init, **kwargs, name=EXPERTS)(tokens, weights, experts)

@@ -413,15 +413,7 @@ class MoeMlp(nnx.Module):
         weights, experts, scores = moe.route(
             logits, c.top_k, score=c.router_score, renormalize=c.renormalize
         )
-        losses = moe.aux_losses(
-            logits,
-            scores,
-            experts,
-            num_experts=c.num_experts,
-            load_balance_weight=c.load_balance_weight,
-            router_z_weight=c.router_z_weight,
-        )
-        for name, value in losses.items():
+        for name, value in moe.aux_losses(logits, scores, experts, c).items():
             sow(self, name, value)
         y = getattr(self, EXPERTS)(tokens, weights, experts).reshape(b, t, d)
         if c.shared_dim:

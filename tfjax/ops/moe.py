@@ -75,15 +75,13 @@ def router_z_loss(logits):
     return jnp.mean(jnp.square(jax.nn.logsumexp(_at_least_float32(logits), axis=-1)))
 
 
-def aux_losses(
-    logits, scores, experts, *, num_experts: int, load_balance_weight, router_z_weight
-) -> dict:
+def aux_losses(logits, scores, experts, config) -> dict:
     """A router's auxiliary losses from its logits [N, E], scores [N, E] and chosen experts
-    [N, k]: {"load_balance", "router_z", "loss"}, the last their weighted sum (what a trainer
-    adds to its loss)."""
-    load_balance = load_balance_loss(scores, experts, num_experts)
+    [N, k], weighted as `config` (a MoeConfig) says: {"load_balance", "router_z", "loss"}, the
+    last their weighted sum (what a trainer adds to its loss)."""
+    load_balance = load_balance_loss(scores, experts, config.num_experts)
     router_z = router_z_loss(logits)
-    loss = load_balance_weight * load_balance + router_z_weight * router_z
+    loss = config.load_balance_weight * load_balance + config.router_z_weight * router_z
     return {"load_balance": load_balance, "router_z": router_z, "loss": loss}
 
 
