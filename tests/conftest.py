@@ -297,3 +297,16 @@ def _free_compiled_programs():
     has run (a worker near 7.6 GB was seen before a compiler segfault in a later file)."""
     yield
     jax.clear_caches()
+
+
+def with_random_lora_b(params, seed=1):
+    """LoRA params (boxed or not) with every adapter B drawn at random, as after some training
+    (B starts at zero, which would hide a wrong adapter)."""
+    import flax
+
+    flat = flax.traverse_util.flatten_dict(flax.linen.meta.unbox(params))
+    for i, key in enumerate(sorted(flat)):
+        if key[-1].endswith("_lora_b"):
+            k = jax.random.fold_in(jax.random.key(seed), i)
+            flat[key] = 0.3 * jax.random.normal(k, flat[key].shape, flat[key].dtype)
+    return flax.traverse_util.unflatten_dict(flat)

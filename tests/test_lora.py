@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import with_random_lora_b
 from jax.sharding import PartitionSpec as P
 from qwix._src.providers import ptq
 
@@ -50,16 +51,6 @@ def _flat(tree):
     )
 
 
-def _with_random_b(params, seed=1):
-    """params with every B drawn at random (a LoRA model after some training)."""
-    flat = flax.traverse_util.flatten_dict(nn.unbox(params))
-    for i, key in enumerate(sorted(flat)):
-        if key[-1].endswith("_lora_b"):
-            k = jax.random.fold_in(jax.random.key(seed), i)
-            flat[key] = 0.3 * jax.random.normal(k, flat[key].shape, flat[key].dtype)
-    return flax.traverse_util.unflatten_dict(flat)
-
-
 @functools.cache
 def _base(scan: bool):
     """(the base model, its params, the LoRA model, its params from the same init key)."""
@@ -73,14 +64,14 @@ def _base(scan: bool):
 def llama(request):
     """(base model, its params, the LoRA model, its params with random B)."""
     model, base, lora_model, params = _base(request.param)
-    return model, base, lora_model, _with_random_b(params)
+    return model, base, lora_model, with_random_lora_b(params)
 
 
 @pytest.fixture(scope="module")
 def scanned():
     """llama's scanned layout (nn.scan over the layers: what large runs use)."""
     model, base, lora_model, params = _base(True)
-    return model, base, lora_model, _with_random_b(params)
+    return model, base, lora_model, with_random_lora_b(params)
 
 
 def test_fresh_lora_is_the_base_model(llama):
@@ -203,7 +194,7 @@ def test_adapters_carry_logical_names_and_shard(scanned):
 def test_gemma_shaped_scanned_with_remat():
     model = decoder.Model(**GEMMA, scan_layers=True, remat_policy="dots_no_batch")
     lora_model = lora.apply_lora(model, CONFIG)
-    params = _with_random_b(jax.jit(lora_model.init)(jax.random.key(0), TOKENS)["params"])
+    params = with_random_lora_b(jax.jit(lora_model.init)(jax.random.key(0), TOKENS)["params"])
     logits = jax.jit(lambda p: lora_model.apply({"params": p}, TOKENS)[0])(params)
     expected, _ = model.apply({"params": lora.merge(params, CONFIG)}, TOKENS)
     np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
@@ -297,7 +288,7 @@ def test_qlora_trains_adapters_on_a_quantized_base(base_dtype):
     assert all(np.isfinite(g).all() for g in grads.values())
     assert all(np.abs(g).max() > 0 for k, g in grads.items() if k.endswith("_lora_b"))
     # The trained adapters merge into the float base (not into the quantized one).
-    merged = lora.merge(lora.combine(float_base, _with_random_b(adapters)), config)
+    merged = lora.merge(lora.combine(float_base, with_random_lora_b(adapters)), config)
     assert _flat(merged).keys() == _flat(float_base).keys()
     with pytest.raises(ValueError, match="is quantized"):
         lora.merge(params, config)
@@ -317,7 +308,7 @@ def test_eager_bfloat16_attention_finds_every_kernel():
     assert sorted(k for k in params if lora.is_adapter((k,))) == sorted(
         k + s for k in KERNELS for s in lora.ADAPTER_SUFFIXES
     )
-    params = _with_random_b(params)
+    params = with_random_lora_b(params)
     y = lora_attention.apply({"params": params}, x)
     assert y.dtype == jnp.bfloat16
     # The maths: the merged model's output computed in float32. bfloat16 rounding (of the base
@@ -346,6 +337,6 @@ def test_convolution_kernels():
     assert params["Conv_0"]["kernel_lora_a"].shape == (3, 3, 3, 2)  # [I, J, C, r]
     assert params["Conv_0"]["kernel_lora_b"].shape == (2, 8)  # [r, D]
     assert set(params["Dense_0"]) == {"kernel", "bias"}
-    params = _with_random_b(params)
+    params = with_random_lora_b(params)
     expected = Convolution().apply({"params": lora.merge(params, config)}, x)
     np.testing.assert_allclose(model.apply({"params": params}, x), expected, atol=1e-5)

@@ -5,13 +5,12 @@ for the decoder families; the NNX model exports back bit for bit; wrong uses are
 import copy
 import os
 
-import flax
 import interop_references as references
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_params_identical, module_fields
+from conftest import assert_params_identical, module_fields, with_random_lora_b
 from flax import nnx
 from interop_references import V, torch
 from test_interop_gemma import gemma2, gemma3  # noqa: F401 (fixtures)
@@ -133,12 +132,7 @@ def test_nnx_lora_adapters_export_for_peft(family, request, tmp_path):
     ids = references.tokens((2, 9))
     model = interop.load(path, nnx=True)
     model = lora.apply_lora(model, config, jnp.asarray(ids), rngs=nnx.Rngs(0))
-    flat = flax.traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    for i, key in enumerate(sorted(flat)):
-        if key[-1].endswith("_lora_b"):
-            k = jax.random.fold_in(jax.random.key(1), i)
-            flat[key] = 0.3 * jax.random.normal(k, flat[key].shape, flat[key].dtype)
-    params = flax.traverse_util.unflatten_dict(flat)
+    params = with_random_lora_b(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     load_params(model, params)
     got = _nnx_logits(model, jnp.asarray(ids))
 

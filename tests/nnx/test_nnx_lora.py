@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import with_random_lora_b
 from flax import nnx
 
 from tfjax import interop, lora, sharding
@@ -45,16 +46,6 @@ def _flat(tree):
 def _params(model):
     """The NNX model's params (base and adapters): the Linen params tree."""
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def _with_random_b(params, seed=1):
-    """params with every B drawn at random (a LoRA model after some training)."""
-    flat = _flat(params)
-    for i, key in enumerate(sorted(flat)):
-        if key.endswith("_lora_b"):
-            k = jax.random.fold_in(jax.random.key(seed), i)
-            flat[key] = 0.3 * jax.random.normal(k, flat[key].shape, flat[key].dtype)
-    return flax.traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _linen(fields, scan, config=CONFIG):
@@ -108,7 +99,7 @@ def test_same_logits_and_adapter_gradients_as_linen(name, scan):
     """The Linen LoRA params (random B) put into the NNX LoRA model: the same logits and the
     same gradients of a loss with respect to the adapters, and the merged model's logits."""
     linen_model, boxed = _linen(FIELDS[name], scan)
-    params = _with_random_b(boxed)
+    params = with_random_lora_b(boxed)
     _, model = _nnx(FIELDS[name], scan)
     # the NNX model's Param state (nnx.LoRAParam is an nnx.Param) takes the Linen tree
     load_params(model, params)
@@ -181,7 +172,7 @@ def _one_attention(scan):
     targets = f"decoder/{layer}/self_attention/(query|value)_kernel"
     config = lora.LoraConfig(rank=2, alpha=4.0, targets=targets)
     linen_model, boxed = _linen(MODERN, scan, config)
-    params = _with_random_b(boxed)
+    params = with_random_lora_b(boxed)
     assert len(_flat(lora.split(params)[1])) == 4
     return config, params, linen_model.apply({"params": params}, TOKENS)[0]
 
@@ -231,7 +222,7 @@ def test_the_other_call_paths():
     )
     _, model = _nnx(MODERN, False, config)
     assert "output_proj/kernel_lora_a" in _flat(_params(model))
-    load_params(model, _with_random_b(_params(model)))
+    load_params(model, with_random_lora_b(_params(model)))
     logits, aux = model(TOKENS)
     hidden, _ = model(TOKENS, apply_head=False)
     np.testing.assert_array_equal(hidden, aux["pre_logits"])
@@ -286,7 +277,7 @@ def test_adapters_created_sharded_under_a_mesh(scan):
     layer = "decoder/layers" if scan else "decoder/layers_0"
     b = adapters[f"{layer}/mlp/wi_0/kernel_lora_b"]  # [(L,) r, F]: F over tensor
     assert b.sharding.spec[-1] == "tensor"
-    load_params(model, _with_random_b(_params(model)))
+    load_params(model, with_random_lora_b(_params(model)))
     reference = _nnx(MODERN, scan)[1]  # the same seeds, no mesh
     load_params(reference, jax.device_get(_params(model)))
     with sharding.logical_context(mesh, rules):
