@@ -108,9 +108,10 @@ BLOCKS = readme_blocks()
 
 
 def test_the_readme_has_its_python_blocks_and_every_table_entry_names_one():
+    # Blocks may share a first line (two blocks load the same GPT-2 directory, one as Linen and
+    # one as NNX): an entry prepares every block that starts with it, and ids are line numbers.
     firsts = [b.first_line for b in BLOCKS]
     assert len(firsts) >= 5, f"README.md has only {len(firsts)} ```python blocks: {firsts}"
-    assert len(set(firsts)) == len(firsts), f"two blocks share a first line: {firsts}"
     stale = sorted(set(PREPARED) - set(firsts))
     assert not stale, f"entries for blocks README.md no longer has: {stale}"
 
