@@ -163,3 +163,13 @@ def test_nnx_step_tiny(tmp_path):
     assert "ratio step time nnx/linen = " in out
     assert result["first_loss"]["nnx"] == pytest.approx(result["first_loss"]["linen"], rel=1e-6)
     assert set(result["seconds"]) == {"linen", "nnx"}
+
+
+def test_label_logit_tiny(tmp_path):
+    """Both forms run here with equal losses and gradients (the script checks), and compile for
+    a TPU slice, where the masked sum's peak is printed beside the gather's."""
+    out, result = _run("label_logit.py", tmp_path / "here.json")
+    assert "ratio time masked sum / gather = " in out and result["time_ratio"] > 0
+    out, result = _run("label_logit.py", tmp_path / "tpu.json", "--topology=v5p:2x2x1")
+    assert "ratio peak masked sum / gather = " in out
+    assert result["gather"]["compiled"] and result["masked sum"]["peak_bytes"] > 0

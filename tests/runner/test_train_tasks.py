@@ -76,6 +76,24 @@ def test_cross_entropy_gradient_is_autodiffs(eps, z, dtype):
     np.testing.assert_allclose(got, want, rtol=0, atol=atol * np.abs(want).max())
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_label_logits_are_the_labels_logits_exactly(dtype):
+    """The masked sum reads each label's logit bit for bit (the other terms are 0), also beside
+    -inf and huge logits, which a one-hot product would turn into NaN."""
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(4, 6, 33)).astype(np.float32) * 5
+    logits[0, 0, :] = -np.inf
+    logits[1, 2, 5] = 3e38
+    labels = rng.integers(0, 33, size=(4, 6))
+    labels[0, 0] = 7
+    logits[0, 0, 7] = 1.5
+    x = jnp.asarray(logits, dtype)
+    got = jax.jit(losses.label_logits)(x, jnp.asarray(labels))
+    want = np.take_along_axis(np.asarray(x, np.float32), labels[..., None], -1)[..., 0]
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_first_argmax_is_argmax_with_ties():
     rng = np.random.default_rng(1)
     x = rng.integers(-2, 3, size=(64, 9)).astype(np.float32)  # many ties

@@ -57,15 +57,12 @@ def token_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
 
 
 def _token_cross_entropy_fwd(logits, labels, label_smoothing, z_loss):
-    # [...]: the label's logit, gathered from the logits as given, then made float32 (the same
-    # value): gathered from the float32 logits, XLA writes that float32 copy of all [..., V]
-    # logits for the gather to read (0.98 GiB a row of 2,048 tokens at 128,256 tokens).
-    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    label_logit = label_logits(logits, labels)
     x = logits.astype(jnp.float32)
     # [...]: log Z, read straight from the logits. The [..., V] log-probabilities are never
     # formed: that saves a full pass over the largest tensor.
     log_z = jax.nn.logsumexp(x, axis=-1)
-    nll = log_z - label_logit.astype(jnp.float32)
+    nll = log_z - label_logit
     loss = nll
     if label_smoothing:
         smooth = log_z - x.mean(axis=-1)  # CE against the uniform distribution over V
@@ -73,6 +70,20 @@ def _token_cross_entropy_fwd(logits, labels, label_smoothing, z_loss):
     if z_loss:
         loss = loss + z_loss * jnp.square(log_z)
     return (loss, nll), (logits, labels, log_z)
+
+
+def label_logits(logits, labels):
+    """[...] float32: logits[..., labels], as a masked sum over V (exact: one term is not zero).
+
+    Not a gather: XLA fuses this sum with the logits' conversion to float32, as it fuses
+    log Z's, so it reads the logits where they are. A gather from the float32 logits made
+    XLA:TPU write a float32 copy of all [..., V] of them for the gather to read (0.98 GiB a row
+    of 2,048 tokens at V = 128,256), and libtpu 0.0.50 fails to compile a gather from the bf16
+    logits of a large batch (its SparseCore offload: 13 rows of 8,192 tokens of the 8B).
+    """
+    classes = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    x = logits.astype(jnp.float32)
+    return jnp.sum(jnp.where(classes == labels[..., None], x, 0.0), axis=-1)
 
 
 def _token_cross_entropy_bwd(label_smoothing, z_loss, residuals, cotangents):
