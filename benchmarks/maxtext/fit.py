@@ -21,11 +21,8 @@ layers, splash attention (MaxText's "flash"), --rows rows of --seq_len tokens pe
          remat policy. The recipe's LIBTPU_INIT_ARGS (scheduler and collective tuning) are not
          set; put them in the environment to give them to both compiles alike. Its 2,048
          blocks need its VMEM limit (--xla_tpu_scoped_vmem_limit_kib=98304): without it
-         libtpu refuses every batch with CompileTimeScopedVmemOom (which aot, like the HBM
-         refusal, reads as "does not fit").
-libtpu 0.0.50.1 crashes on tfjax's full-logit step at 13 rows of 8,192 (RET_CHECK in
-sparse_core/gather_emitter.cc: the label-logit gather offloaded to the SparseCore);
-LIBTPU_INIT_ARGS=--xla_tpu_offload_gather_to_sparsecore=false compiles it.
+         libtpu refuses every batch with CompileTimeScopedVmemOom (a compiler failure that
+         names the flag, not "does not fit": tfjax.runner.aot.refused_for_memory).
 --set key=value adds tfjax config fields, --maxtext key=value MaxText ones (after the recipe's).
 
 Each side is the search of benchmarks/batch_fit.py: compiles at --rows and 2 x --rows for the

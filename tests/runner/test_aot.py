@@ -103,6 +103,24 @@ def test_too_big_does_not_fit_and_exits_non_zero():
     assert seconds < 120
 
 
+# libtpu 0.0.50.1's words, from compiles of the 8B train step (benchmarks/maxtext/fit.py).
+HBM_REFUSAL = (
+    "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
+    "required for HLO temporaries (96.53G) exceeds available HBM (95.73G). HLO module: "
+    "jit_train_step."
+)
+VMEM_REFUSAL = "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: "
+
+
+def test_only_an_hbm_refusal_says_the_batch_does_not_fit():
+    assert aot.refused_for_memory(HBM_REFUSAL)
+    assert aot.refused_bytes(HBM_REFUSAL) == int(96.53 * 2**30)
+    # A kernel over its VMEM is refused at any batch: a compiler failure that names the flag.
+    assert not aot.refused_for_memory(VMEM_REFUSAL)
+    assert "--xla_tpu_scoped_vmem_limit_kib" in aot.vmem_hint(VMEM_REFUSAL)
+    assert aot.vmem_hint(HBM_REFUSAL) == ""
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

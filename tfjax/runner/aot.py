@@ -441,7 +441,9 @@ def _compile_step(
     except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory refusal is kept
         message = str(e)
         if not refused_for_memory(message):
-            raise CompileError(f"{name} step: the compiler failed: {first_line(message)}") from e
+            raise CompileError(
+                f"{name} step: the compiler failed: {first_line(message)}{vmem_hint(message)}"
+            ) from e
         used = refused_bytes(message)
         return StepReport(
             name,
@@ -492,8 +494,23 @@ def _compile_step(
 
 
 def refused_for_memory(message: str) -> bool:
-    """Whether a compiler's error message is its refusal of a program over the chip's memory."""
+    """Whether a compiler's error message is its refusal of a program over the chip's memory
+    (HBM). A kernel over its scoped VMEM ("E1001: CompileTimeScopedVmemOom", also
+    RESOURCE_EXHAUSTED) is not: fewer rows do not cure it, the kernel's block sizes or libtpu's
+    --xla_tpu_scoped_vmem_limit_kib do, so it is a compiler failure (see vmem_hint)."""
+    if "vmem" in message.lower():
+        return False
     return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message
+
+
+def vmem_hint(message: str) -> str:
+    """What to do about a kernel's VMEM refusal; "" for any other message."""
+    if "vmem" not in message.lower():
+        return ""
+    return (
+        " (a kernel's scratch memory, not HBM: smaller kernel blocks, or a higher limit with "
+        "LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=N)"
+    )
 
 
 def first_line(message: str) -> str:
