@@ -1,10 +1,9 @@
-# Every target uses the virtual environment .venv in the checkout; `make install` creates it.
-# The Python .venv is made with. CI: python3 (3.11 there: jax 0.10.2, flax 0.12.8, libtpu 0.0.42).
-# The newest stack (jax 0.12, flax 0.12.12, libtpu 0.0.50) needs Python 3.12:
-# `make test PY=/path/to/python3.12` in a checkout without .venv. Not CI's yet: a segfault of
-# XLA's CPU compiler in a test worker, seen on both stacks, is to be understood first.
+# Every target uses the virtual environment .venv in the checkout (VENV=... for another one);
+# `make install` creates it with $(PY). CI (.ci/run) runs `make test` twice, at both ends of the
+# tested range: with python3 (3.11 there: jax 0.10.2, flax 0.12.8, libtpu 0.0.42), and with
+# `PY=python3.12 VENV=.venv-newest` (jax 0.12.0.1, flax 0.12.12, libtpu 0.0.50.1).
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev

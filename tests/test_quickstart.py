@@ -27,7 +27,9 @@ def _clean_copy(dest: str) -> None:
     else:  # an exported tree: everything but the local environment and outputs
         files = []
         for dirpath, dirnames, filenames in os.walk(ROOT):
-            dirnames[:] = [d for d in dirnames if d not in (".venv", "workdirs", ".git")]
+            dirnames[:] = [
+                d for d in dirnames if d not in ("workdirs", ".git") and not d.startswith(".venv")
+            ]
             files += [os.path.relpath(os.path.join(dirpath, f), ROOT) for f in filenames]
     for rel in filter(None, files):
         if os.path.exists(os.path.join(ROOT, rel)):
