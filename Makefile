@@ -1,7 +1,7 @@
 # Every target uses the virtual environment .venv in the checkout (VENV=... for another one);
 # `make install` creates it with $(PY). CI (.ci/run) runs `make test` twice, at both ends of the
 # tested range: with python3 (3.11 there: jax 0.10.2, flax 0.12.8, libtpu 0.0.42), and with
-# `PY=python3.12 VENV=.venv-newest` (jax 0.12.0.1, flax 0.12.12, libtpu 0.0.50.1).
+# `PY=/path/to/python3.12 VENV=.venv-newest` (jax 0.12.0.1, flax 0.12.12, libtpu 0.0.50.1).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
