@@ -49,6 +49,10 @@ def test_make_train_from_a_clean_copy(tmp_path):
     data_dir = tmp_path / "data"
     env = dict(os.environ, TFJAX_DATA_DIR=str(data_dir), JAX_COMPILATION_CACHE_DIR="", XLA_FLAGS="")
     env.pop("JAX_PLATFORMS", None)  # the runner chooses, as for a user who sets nothing
+    # A user's shell, not the `make test` this suite may run under: make exports its
+    # command-line variables (CI's PY=... VENV=.venv-newest) to the environment and MAKEFLAGS.
+    for inherited in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "PY", "VENV"):
+        env.pop(inherited, None)
     command = ["make", "-o", "install", "train", "CONFIG=configs/vit.py:tiny"]
 
     first = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True)
