@@ -299,6 +299,22 @@ def _free_compiled_programs():
     jax.clear_caches()
 
 
+# The LoRA tests' Gemma-2-shaped decoder at tiny sizes (Linen and NNX): sandwich norms, GeGLU,
+# tied head, local and global layers, soft caps.
+GEMMA2_TINY = dict(
+    variant="gemma-2-2b",
+    vocab_size=64,
+    width=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_len=64,
+    sliding_window=4,
+)
+
+
 def with_random_lora_b(params, seed=1):
     """LoRA params (boxed or not) with every adapter B drawn at random, as after some training
     (B starts at zero, which would hide a wrong adapter)."""

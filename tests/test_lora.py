@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import with_random_lora_b
+from conftest import GEMMA2_TINY, with_random_lora_b
 from jax.sharding import PartitionSpec as P
 from qwix._src.providers import ptq
 
@@ -28,19 +28,7 @@ TOKENS = jnp.array([[1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9, 10]], jnp.in
 CONFIG = lora.LoraConfig(rank=2, alpha=4.0)
 # Llama-shaped: RMSNorm, SwiGLU (wi_0, wi_1, wo), RoPE, grouped-query attention, no biases.
 MODERN = dict(variant="modern-tiny", vocab_size=V)
-# Gemma-2-shaped at tiny sizes: sandwich norms, GeGLU, tied head, local and global layers.
-GEMMA = dict(
-    variant="gemma-2-2b",
-    vocab_size=V,
-    width=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    max_len=64,
-    sliding_window=4,
-)
+GEMMA = GEMMA2_TINY  # conftest: Gemma-2-shaped, V = 64
 KERNELS = ("query_kernel", "key_kernel", "value_kernel", "out_kernel")
 MLP = ("wi_0", "wi_1", "wo")
 

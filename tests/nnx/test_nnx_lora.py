@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import with_random_lora_b
+from conftest import GEMMA2_TINY, with_random_lora_b
 from flax import nnx
 
 from tfjax import interop, lora, sharding
@@ -23,19 +23,7 @@ TOKENS = jnp.array([[1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9, 10]], jnp.in
 CONFIG = lora.LoraConfig(rank=2, alpha=4.0)
 # Llama-shaped (RMSNorm, SwiGLU, RoPE, grouped-query attention), untied head
 MODERN = dict(variant="modern-tiny", vocab_size=V, tie_embeddings=False)
-# Gemma-2-shaped: sandwich norms, GeGLU, tied head, local and global layers, soft caps
-GEMMA = dict(
-    variant="gemma-2-2b",
-    vocab_size=V,
-    width=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    max_len=64,
-    sliding_window=4,
-)
+GEMMA = GEMMA2_TINY  # conftest: Gemma-2-shaped, V = 64
 FIELDS = {"modern": MODERN, "gemma": GEMMA}
 
 
