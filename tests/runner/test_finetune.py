@@ -14,11 +14,12 @@ import finetune_checkpoints as fc
 import jax
 import numpy as np
 import pytest
+import safetensors
 import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
 from tfjax import interop, lora
-from tfjax.runner import checkpoint, checks, export, metrics, train
+from tfjax.runner import checkpoint, checks, export, metrics, train, workdirs
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
@@ -242,17 +243,43 @@ def assert_adapters_only_checkpoint(workdir):
     assert stored and all(lora.is_adapter(name) for name in stored), sorted(stored)[:4]
 
 
+def replaced_in_place(source, directory):
+    """A copy of checkpoint `source` with other weights of the same names, dtypes and shapes
+    (another seed, an instruct model pulled into the same directory): its files' names, sizes
+    and safetensors headers are the original's, byte for byte."""
+    shutil.copytree(source, directory)
+    path = os.path.join(directory, "model.safetensors")
+    with safetensors.safe_open(path, framework="numpy") as f:
+        header = f.metadata()
+    weights = {k: v + np.asarray(1e-3, v.dtype) for k, v in read_weights(directory).items()}
+    with open(path, "rb") as f:
+        size = 8 + int.from_bytes(f.read(8), "little")
+        f.seek(0)
+        before = f.read(size)
+    safetensors.numpy.save_file(weights, path, metadata=header)
+    with open(path, "rb") as f:
+        assert f.read(len(before)) == before  # the same header, other bytes
+    return str(directory)
+
+
 def check_base_needed(workdir, checkpoints, tmp_path):
-    """Exporting (as resuming and decoding) a LoRA run loads its base again from
-    config.init_from: gone, or another checkpoint, is one error naming both."""
+    """Exporting, decoding and resuming a LoRA run load its base again from config.init_from:
+    gone, another checkpoint, or the same one replaced in place by other weights of the same
+    architecture (found by the digest of the tensors' bytes taken while they are loaded) is
+    one error naming both."""
+    replaced = replaced_in_place(checkpoints["llama"], tmp_path / "replaced")
     cases = [
         (str(tmp_path / "gone"), "holds no Hugging Face checkpoint, and this LoRA run's"),
         (checkpoints["qwen3"], "its weights are not the base this LoRA run's adapters"),
+        (replaced, "its weights are not the base .*content digest .* was replaced"),
     ]
     for i, (init_from, message) in enumerate(cases):
         copy = copy_with_init_from(workdir, tmp_path / f"no_base_{i}", init_from)
         with pytest.raises(checkpoint.CheckpointMismatchError, match=message):
             export.export_run(str(copy), str(tmp_path / f"no_base_{i}_hf"))
+    config = workdirs.read_config(str(copy))  # resuming: refused before a step
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=message):
+        train.train_and_evaluate(config, str(copy), stop_after_step=1)
 
 
 def check_adapter_refusals(workdir, checkpoints, tmp_path):

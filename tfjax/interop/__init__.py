@@ -293,18 +293,22 @@ def pretrained_params(directory, model, *, image_size=None):
     return convert.import_params(family, model, state)
 
 
-def stream_pretrained_params(directory, model, *, image_size=None):
+def stream_pretrained_params(directory, model, *, image_size=None, digest=None):
     """`pretrained_params` one parameter at a time, for placing each on its devices as it is
     read: (path in `model`'s layout, numpy array), every key and shape checked first, the
     safetensors files read tensor by tensor (memory-mapped); see `convert.stream_params`. A
     vision tower (at most a few GB; its position embeddings resampled as a whole) is read
-    whole, then given a parameter at a time."""
+    whole, then given a parameter at a time. `digest` (a `core.files.ContentDigest`) is given
+    each checkpoint tensor as it is read: the weights' identity, at no second read."""
     family, tower, config = _run_loader(directory)
     if tower is not None:
-        params = towers.import_params(tower, model, read_state_dict(directory), config, image_size)
+        state = read_state_dict(directory, digest=digest)
+        params = towers.import_params(tower, model, state, config, image_size)
         flat = flax.traverse_util.flatten_dict(jax.device_get(params))
         return ((path, np.asarray(array)) for path, array in flat.items())
-    return convert.stream_params(family, model, read_state_dict(directory, lazy=True))
+    return convert.stream_params(
+        family, model, read_state_dict(directory, lazy=True, digest=digest)
+    )
 
 
 def export(model, params=None):

@@ -1145,6 +1145,15 @@ def checkpoints_dir(path: str) -> str:
     return sub if os.path.isdir(sub) else path
 
 
+def has_checkpoint(path: str) -> bool:
+    """A run's workdir, or its checkpoints directory, holds a step directory (Orbax's names)."""
+    directory = checkpoints_dir(path)
+    return os.path.isdir(directory) and any(
+        name.isdigit() and os.path.isdir(os.path.join(directory, name))
+        for name in os.listdir(directory)
+    )
+
+
 def restore_params(
     path: str,
     abstract_params,

@@ -190,7 +190,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
     if not workdir:
         raise ValueError("--workdir is empty; give the directory of the run")
     _check_dir(f"--workdir={workdir!r}", workdir, must_exist=restore, writable=not restore)
-    if restore and not _has_checkpoint(workdir):
+    if restore and not checkpoint.has_checkpoint(workdir):
         raise FileNotFoundError(f"--workdir={workdir!r} holds no checkpoint to restore")
     # Missing is fine: embedded datasets are prepared there and others say how to prepare.
     if config.data_dir:
@@ -205,7 +205,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
             data_dir,
         )
     # init_from is read only when the run starts, not when it resumes (its source may be gone).
-    if config.get("init_from") and not restore and not _has_checkpoint(workdir):
+    if config.get("init_from") and not restore and not checkpoint.has_checkpoint(workdir):
         _check_dir(f"config.init_from={config.init_from!r}", config.init_from, must_exist=True)
         init_from = os.path.expanduser(config.init_from)
         if pretrained.is_checkpoint_dir(init_from):  # its architecture and the sizes set
@@ -218,7 +218,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                 f"python experiments/export.py --workdir={config.init_from} --output=DIR, then "
                 "--config.init_from=DIR"
             )
-        elif not _has_checkpoint(init_from):
+        elif not checkpoint.has_checkpoint(init_from):
             raise FileNotFoundError(
                 f"config.init_from={config.init_from!r} holds no checkpoint: neither a run's "
                 "workdir (a step directory in it or its checkpoints/) nor a Hugging Face "
@@ -289,15 +289,6 @@ def _adapters_only_workdir(path: str) -> bool:
         return False
     lora = workdirs.read_config(path).get("lora")
     return bool(lora and lora.get("rank"))
-
-
-def _has_checkpoint(path: str) -> bool:
-    """A run's workdir, or its checkpoints directory, holds a step directory (Orbax's names)."""
-    directory = checkpoint.checkpoints_dir(path)
-    return os.path.isdir(directory) and any(
-        name.isdigit() and os.path.isdir(os.path.join(directory, name))
-        for name in os.listdir(directory)
-    )
 
 
 def model_module(name: str):

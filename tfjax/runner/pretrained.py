@@ -29,6 +29,7 @@ import shutil
 import tempfile
 
 import jax
+from absl import logging
 
 KEPT = "pretrained"  # the workdir's copy of the checkpoint's small files
 CLASSES = "classes.json"  # in the workdir: the class names of a run's head, in label order
@@ -118,16 +119,29 @@ class Pretrained:
         )
 
 
+def _kept_dir(workdir: str | None) -> str | None:
+    """The workdir's copy of the checkpoint's small files once the run has started (the workdir
+    holds a checkpoint): a start that failed before its first checkpoint left a copy that the
+    next start replaces (`keep`) and never reads: the user may have fixed the checkpoint."""
+    from tfjax.runner import checkpoint
+
+    kept = os.path.join(workdir, KEPT) if workdir else None
+    if kept and os.path.isfile(os.path.join(kept, "config.json")):
+        return kept if checkpoint.has_checkpoint(workdir) else None
+    return None
+
+
 def find(config, workdir: str | None) -> Pretrained | None:
     """The checkpoint `config` starts from, None when it starts from scratch or a workdir.
 
-    A workdir that holds the kept copy takes the model from it (the run resumes: the
-    checkpoint directory may be gone); otherwise an init_from that is a checkpoint directory.
+    A workdir that holds the kept copy and a checkpoint takes the model from it (the run
+    resumes: the checkpoint directory may be gone); otherwise an init_from that is a checkpoint
+    directory.
     """
     init_from = config.get("init_from") or ""
-    kept = os.path.join(workdir, KEPT) if workdir else None
+    kept = _kept_dir(workdir)
     source = init_from if init_from and is_checkpoint_dir(init_from) else None
-    if kept and os.path.isfile(os.path.join(kept, "config.json")):
+    if kept:
         return Pretrained.read(kept, source)
     if source:
         return Pretrained.read(os.path.abspath(os.path.expanduser(source)), source)
@@ -137,9 +151,9 @@ def find(config, workdir: str | None) -> Pretrained | None:
 def _checkpoint_dir(config, workdir: str | None, what: str) -> str:
     """Where the run reads the checkpoint's small files: the workdir's copy once the run keeps
     one (`keep`), else config.init_from; a ValueError says `what` needs them otherwise."""
-    kept = os.path.join(workdir, KEPT) if workdir else None
+    kept = _kept_dir(workdir)
     init_from = os.path.expanduser(config.get("init_from") or "")
-    if kept and os.path.isdir(kept):
+    if kept:
         return kept
     if init_from and is_checkpoint_dir(init_from):
         return os.path.abspath(init_from)
@@ -280,13 +294,15 @@ def model_fields(pretrained: Pretrained, config_model) -> dict:
     return fields
 
 
-def keep(pretrained: Pretrained, workdir: str) -> None:
-    """Copies the checkpoint's small files (SMALL_FILES) into workdir/pretrained, once, whole,
-    with BASE_FILE naming the checkpoint's weights (a LoRA run's checkpoints hold only its
-    adapters: `check_base`): written to a temporary directory and renamed, so a crash leaves
-    no half copy."""
+def keep(pretrained: Pretrained, workdir: str, content: str | None = None) -> None:
+    """Copies the checkpoint's small files (SMALL_FILES) into workdir/pretrained, with BASE_FILE
+    naming the checkpoint's weights (a LoRA run's checkpoints hold only its adapters:
+    `check_base`): their path, header fingerprint and `content` digest (`ContentDigest`, taken
+    while they were loaded). Written to a temporary directory and renamed, so a crash leaves no
+    half copy; once per run (a copy left by a start that failed before its first checkpoint is
+    replaced, see `_kept_dir`)."""
     kept = os.path.join(workdir, KEPT)
-    if os.path.isdir(kept) or jax.process_index() != 0:
+    if _kept_dir(workdir) or jax.process_index() != 0:
         return
     tmp = tempfile.mkdtemp(prefix=f".{KEPT}-", dir=workdir)
     for name in SMALL_FILES:
@@ -295,18 +311,22 @@ def keep(pretrained: Pretrained, workdir: str) -> None:
             shutil.copy2(path, os.path.join(tmp, name))
     if pretrained.weights_dir:
         base = os.path.abspath(os.path.expanduser(pretrained.weights_dir))
+        record = {"init_from": base, "weights": weights_fingerprint(base), "content": content}
         with open(os.path.join(tmp, BASE_FILE), "w") as f:
-            json.dump({"init_from": base, "weights": weights_fingerprint(base)}, f, indent=1)
+            json.dump(record, f, indent=1)
+    if os.path.isdir(kept):  # a failed start's copy
+        shutil.rmtree(kept)
     os.replace(tmp, kept)
 
 
-BASE_FILE = "base.json"  # in workdir/pretrained: the checkpoint's path and weights' fingerprint
+BASE_FILE = "base.json"  # in workdir/pretrained: the checkpoint's path and weights' identity
 
 
 def weights_fingerprint(directory: str) -> str:
-    """A short name of a checkpoint's weights: each weight file's name, size and (safetensors)
+    """A short name of a checkpoint's weight files: each file's name, size and (safetensors)
     header, which lists every tensor's name, dtype, shape and offsets: read in milliseconds,
-    changed by any re-save of other weights."""
+    so a base re-saved with other sizes is refused before anything is loaded. Two checkpoints
+    of one architecture have the same; `ContentDigest` tells them apart."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -322,15 +342,21 @@ def weights_fingerprint(directory: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
-    """A LoRA run's checkpoints hold only its adapters: their base must be the checkpoint the
-    run started from (BASE_FILE), still at config.init_from: else a CheckpointMismatchError
-    (one line: the runner's scripts print it alone) says which."""
-    from tfjax.runner.checkpoint import CheckpointMismatchError
-
+def _recorded_base(workdir: str) -> tuple[str, dict]:
     recorded = os.path.join(workdir, KEPT, BASE_FILE)
     with open(recorded) as f:
-        base = json.load(f)
+        return recorded, json.load(f)
+
+
+def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
+    """A LoRA run's checkpoints hold only its adapters: their base must be the checkpoint the
+    run started from (BASE_FILE), still at config.init_from. Checked before loading by the
+    weight files' headers (`weights_fingerprint`), and after by their content
+    (`check_base_content`). A CheckpointMismatchError (one line: the runner's scripts print it
+    alone) says which."""
+    from tfjax.runner.checkpoint import CheckpointMismatchError
+
+    recorded, base = _recorded_base(workdir)
     init_from = config.get("init_from") or ""
     if pretrained is None or not pretrained.weights_dir:
         raise CheckpointMismatchError(
@@ -347,10 +373,33 @@ def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
         )
 
 
-def load_params(pretrained: Pretrained, model, abstract_params):
+def check_base_content(workdir: str, config, content: str) -> None:
+    """The base's weights as loaded (`content`: their `ContentDigest`) must be those the LoRA
+    run's adapters were trained on; else a CheckpointMismatchError naming the path and both
+    digests. A workdir recorded before content digests is checked by its headers only."""
+    from tfjax.runner.checkpoint import CheckpointMismatchError
+
+    recorded, base = _recorded_base(workdir)
+    if not base.get("content"):
+        logging.info(
+            "%s has no content digest (an older run): the base is checked by headers", recorded
+        )
+        return
+    if content != base["content"]:
+        init_from = config.get("init_from") or base["init_from"]
+        raise CheckpointMismatchError(
+            f"config.init_from={init_from!r}: its weights are not the base this LoRA run's "
+            f"adapters were trained on (content digest {content}; {recorded} records "
+            f"{base['content']} of {base['init_from']}): the checkpoint there was replaced. "
+            "Put the original base back, or give its place as --config.init_from"
+        )
+
+
+def load_params(pretrained: Pretrained, model, abstract_params, digest=None):
     """The checkpoint's weights as (the base of) `model`'s params, placed on the shardings of
     `abstract_params` (ShapeDtypeStructs with shardings; it may hold more than the checkpoint,
-    e.g. LoRA adapters or a vision tower's new head, which come back as None). Streamed: the
+    e.g. LoRA adapters or a vision tower's new head, which come back as None); `digest` (a
+    `tfjax.interop.core.files.ContentDigest`) is given each tensor as it is read. Streamed: the
     weights are read tensor by tensor and each parameter placed as soon as it is converted
     (stacked layer by layer when scanned), so the host holds the placed shards plus one
     parameter, never a second copy of the model (benchmarks/load_memory.py). Each process
@@ -372,7 +421,7 @@ def load_params(pretrained: Pretrained, model, abstract_params):
     target = traverse_util.flatten_dict(abstract_params)
     placed = dict.fromkeys(target)
     streamed = interop.stream_pretrained_params(
-        pretrained.weights_dir, layout, image_size=image_size
+        pretrained.weights_dir, layout, image_size=image_size, digest=digest
     )
     for path, array in streamed:
         abstract = target.get(path)

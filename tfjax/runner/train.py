@@ -55,6 +55,7 @@ import numpy as np
 from absl import logging
 
 from tfjax import progress, sharding
+from tfjax.interop.core.files import ContentDigest
 from tfjax.runner import (
     checkpoint,
     checks,
@@ -130,7 +131,7 @@ def restore_model(
         workdir, target, average_last=average_last, what="workdir", step=step
     )
     if adapters_only:
-        params = lora.combine(lora.split(_initial_params(exp))[0], params)
+        params = lora.combine(lora.split(_base_params(exp, run.workdir))[0], params)
     if lora_config is not None and lora_config.base_dtype and (merge_lora or float_base):
         # QLoRA: the kernels the adapters were trained on, in the float layout
         like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
@@ -169,7 +170,7 @@ def train_and_evaluate(
         run = setup.prepare(config, workdir, devices)  # every check, before the workdir exists
         with contextlib.ExitStack() as cleanup:  # closes loaders and writers on errors too
             # One run per workdir, from before anything is written (released last).
-            cleanup.enter_context(workdirs.claim(run.workdir))
+            claim = cleanup.enter_context(workdirs.claim(run.workdir))
             data, train_loader, eval_loader = _loaders(run, cleanup)
             inputs = setup.Inputs.from_loaders(config, data, train_loader, eval_loader)
             exp = setup.build(run, inputs)
@@ -185,6 +186,7 @@ def train_and_evaluate(
                 else min(config.num_train_steps, stop_after_step),
                 cleanup=cleanup,
                 stop=stop,
+                claim=claim,
             )
 
 
@@ -420,14 +422,18 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         exp.abstract_rng,
         restore_step=restore_step,
     )
+    content = None  # the loaded base's ContentDigest (recorded by `pretrained.keep`)
     if resumed is None:  # config.init_from's parameters, the rest initialised
-        known = _initial_params(exp) if config.init_from else None
+        known = None
+        if config.init_from:
+            content = ContentDigest() if exp.pretrained is not None else None
+            known = _initial_params(exp, content)
         state, step = exp.init(init_key, known), None
     else:
         state, dropout_key, step = resumed.state, resumed.rng, resumed.step
         if adapters_only:  # the adapters on their base, loaded again from config.init_from
             pretrained.check_base(exp.pretrained, workdir, config)
-            state = _with_base(state, _initial_params(exp))
+            state = _with_base(state, _base_params(exp, workdir))
         if resumed.data_state is not None:
             _set_data_position(train_loader, resumed.data_state, manager, step)
         else:
@@ -442,7 +448,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
         logging.info("Resumed from %s/checkpoints/%d", workdir, step)
     workdirs.record_config(workdir, config, step)
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
-        pretrained.keep(exp.pretrained, workdir)
+        pretrained.keep(exp.pretrained, workdir, content.hexdigest() if content else None)
     pretrained.keep_classes(pretrained.dataset_spec(config, workdir), workdir)
     stored = os.path.join(workdir, TOKENIZER_FILE)
     # SentencePiece only (bytes need no file, a checkpoint's tokenizer is kept in pretrained/);
@@ -518,10 +524,20 @@ def _with_base(state, known):
     return state.replace(params=params, ema_params=ema)
 
 
-def _initial_params(exp):
+def _base_params(exp, workdir: str):
+    """An adapters-only run's base (`_initial_params`), loaded again from config.init_from,
+    whose content must be what the adapters were trained on (`pretrained.check_base_content`)."""
+    content = ContentDigest()
+    params = _initial_params(exp, content)
+    pretrained.check_base_content(workdir, exp.config, content.hexdigest())
+    return params
+
+
+def _initial_params(exp, content=None):
     """config.init_from's parameters, placed on the run's shardings, for `exp.init`: a Hugging
-    Face checkpoint's weights (None where the run's model has more: LoRA adapters, a new head)
-    or another run's newest parameters."""
+    Face checkpoint's weights (None where the run's model has more: LoRA adapters, a new head;
+    each tensor given to `content`, a ContentDigest, as it is read) or another run's newest
+    parameters."""
     config = exp.config
     if exp.pretrained is None:
         return checkpoint.restore_params(config.init_from, exp.abstract_state.params)
@@ -530,7 +546,7 @@ def _initial_params(exp):
         from tfjax import lora
 
         abstract, quantize = setup.quantize_base_fn(exp)
-        floats = pretrained.load_params(exp.pretrained, exp.base_model, abstract)
+        floats = pretrained.load_params(exp.pretrained, exp.base_model, abstract, content)
         logging.info(
             "Loaded the %s weights of %s; the targeted kernels are stored as %s",
             exp.pretrained.architecture,
@@ -539,7 +555,7 @@ def _initial_params(exp):
         )
         base, adapters = lora.split(quantize(floats, jax.random.key(config.seed)))
         return lora.combine(base, jax.tree.map(lambda _: None, adapters))  # initialised by init
-    loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params)
+    loaded = pretrained.load_params(exp.pretrained, exp.model, exp.abstract_state.params, content)
     logging.info("Loaded the %s weights of %s", exp.pretrained.architecture, config.init_from)
     if exp.pretrained.vision and getattr(exp.model, "num_classes", None) is not None:
         logging.info(
@@ -551,8 +567,9 @@ def _initial_params(exp):
     return loaded
 
 
-def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
-    """train_and_evaluate from the point where the data loaders and the set-up exist."""
+def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop, claim):
+    """train_and_evaluate from the point where the data loaders and the set-up exist; `claim`
+    (the workdir's, `workdirs.Claim`) learns when training starts."""
     config, total = exp.config, exp.config.num_train_steps
     tokenizer = train_loader.tokenizer
     primary = jax.process_index() == 0
@@ -589,6 +606,7 @@ def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop):
         if primary:
             bar.write(metrics.format_line(0, total, "eval", eval_metrics))
         meter.restart_clock(start_step)
+    claim.started()  # from here a failure keeps the workdir (its logs, metrics, checkpoints)
     while step < last_step:
         batch = sharding.shard_batch(next(train_loader), exp.mesh, exp.rules)
         if step == start_step:

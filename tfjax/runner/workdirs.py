@@ -100,12 +100,25 @@ def _lock(workdir: str):
     return f
 
 
+class Claim:
+    """What `claim` yields: the run calls `started()` before its first training step."""
+
+    def __init__(self):
+        self.has_started = False
+
+    def started(self) -> None:
+        self.has_started = True
+
+
 @contextlib.contextmanager
 def claim(workdir: str):
     """Holds the workdir's lock (process 0) while the block runs; see the module docstring.
+    Yields a `Claim`.
 
-    If the block fails and this run created the workdir, folders it left empty are removed
-    with it (a failed start leaves nothing behind).
+    If the block fails before the run started training (`Claim.started`: set-up, loading, the
+    step-0 evaluation) and this run created the workdir, the workdir is removed: a failed start
+    leaves nothing behind, so the rerun after a fix starts as new. A workdir that existed is
+    never touched, and a run that failed after starting keeps its logs and checkpoints.
     """
     created = not os.path.exists(workdir)
     lock, error = None, None
@@ -122,24 +135,16 @@ def claim(workdir: str):
             )
     if error is not None:
         raise error
-    ok = False
+    ok, run = False, Claim()
     try:
-        yield
+        yield run
         ok = True
     finally:
         if lock is not None:
             lock.truncate(0)  # a clean end; a killed run leaves its name for the next one
             lock.close()  # releases the flock
-        if created and not ok and jax.process_index() == 0:
-            _remove_if_empty(workdir)
-
-
-def _remove_if_empty(workdir: str) -> None:
-    """Removes `workdir` when it holds nothing but empty folders and the lock file."""
-    for root, _, files in os.walk(workdir):
-        if any(f != LOCK_FILE or root != workdir for f in files):
-            return
-    shutil.rmtree(workdir, ignore_errors=True)
+        if created and not ok and not run.has_started and jax.process_index() == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- config history
