@@ -1,16 +1,21 @@
 """Damaged files a run meets: a metrics.jsonl whose last line was cut by a kill (issue 22), a
 prepared dataset's dataset_info.json and a checkpoint's preprocessor_config.json that cannot be
-read (issue 38)."""
+read (issue 38), the user's Parquet and Arrow data files cut short or not what they are named
+(issue 48)."""
 
 import json
 import os
 import shutil
 
 import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT
 
-from tfjax.data import image_folders
+import tfjax.data
+from tfjax.data import files, image_folders
 from tfjax.data import sources as td
 from tfjax.runner import metrics, plots, train
 
@@ -109,3 +114,53 @@ def test_unreadable_preprocessor_config_is_named(tmp_path):
         path.write_text(text)
         with pytest.raises(ValueError, match=rf"^{path}{wrong}"):
             image_folders.Preprocessor.read(str(tmp_path))
+
+
+def test_damaged_parquet_and_arrow_files_are_one_line_naming_the_file(tmp_path):
+    """A data file cut short, of random bytes or of the other format is one line naming it (no
+    pyarrow traceback): when the run checks its files before any work (its footer or schema:
+    all but a stream cut inside its rows), else when the files are opened (every row is read)."""
+    table = pa.Table.from_pylist([{"text": f"row {i} " * 8} for i in range(64)])
+    good = {"parquet": tmp_path / "good.parquet", "arrow": tmp_path / "good.arrow"}
+    pq.write_table(table, good["parquet"], row_group_size=16)
+    with pa.ipc.new_stream(str(good["arrow"]), table.schema) as writer:  # as `datasets` writes
+        writer.write_table(table, max_chunksize=16)
+    with pa.ipc.new_file(str(tmp_path / "format.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    noise = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    damaged = {
+        "cut.parquet": good["parquet"].read_bytes()[:-100],
+        "noise.parquet": noise,
+        "arrow.parquet": good["arrow"].read_bytes(),
+        "middle.parquet": good["parquet"].read_bytes()[:200]
+        + noise[:800]
+        + good["parquet"].read_bytes()[1000:],  # the footer whole: found reading its rows
+        "cut.arrow": good["arrow"].read_bytes()[: good["arrow"].stat().st_size // 2],
+        "cut-format.arrow": (tmp_path / "format.arrow").read_bytes()[:-20],
+        "noise.arrow": noise,
+        "parquet.arrow": good["parquet"].read_bytes(),
+    }
+    for name, data in damaged.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        kind = "Parquet" if name.endswith(".parquet") else "Arrow"
+        error = (
+            rf"^{path} cannot be read as {kind} \(\w+: .+\): the file is damaged, cut short or "
+            rf"not {kind}; write it again, or leave it out of the dataset's files$"
+        )
+        spec = tfjax.data.resolve_config(
+            {"train_files": f"{good['parquet']},{path}", "tokenizer": str(tmp_path / "tok")}
+        )
+        if name not in ("middle.parquet", "cut.arrow"):
+            with pytest.raises(files.BadRowsError, match=error):
+                files.check(spec)
+        else:
+            files.check(spec)  # their footer or schema is whole
+        with pytest.raises(files.BadRowsError, match=error):
+            files.open_files(files.split_files(spec, "train"))
+    for path in (*good.values(), tmp_path / "format.arrow"):
+        assert (
+            len(files.open_files([(path, "arrow" if path.suffix == ".arrow" else "parquet")])) == 64
+        )

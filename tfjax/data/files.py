@@ -53,7 +53,9 @@ mixed rows read as they were written. Every row is checked once when its file is
 whole of every file is scanned: a large dataset costs that scan at every start, on every
 process); a bad one is a ValueError naming the file and its 1-based line (JSON lines, text) or
 row (Parquet, Arrow) and what is wrong, or with dataset.skip_bad_rows it is skipped and the
-number skipped is logged per file.
+number skipped is logged per file. A Parquet or Arrow file that pyarrow cannot read (cut short,
+damaged, of another format) is one line naming it: found by `check` (the run's checks, before
+any work) from its footer or schema, else when its rows are read at opening.
 
 The sources here are Grain random-access data sources (`__len__`, `__getitem__`, `read`) over
 the rows that passed, read lazily; shuffling, sharding over processes, epochs and the
@@ -64,6 +66,7 @@ encoded by `tfjax.data.checkpoint_tokenizer.encode_row` into "tokens" and "weigh
 from __future__ import annotations
 
 import bisect
+import contextlib
 import glob as globlib
 import hashlib
 import json
@@ -215,15 +218,18 @@ def mixture_files(spec) -> list[tuple[float, str, list[tuple[epath.Path, str]]]]
 
 
 def check(spec) -> None:
-    """The checks of a "files" DatasetSpec that touch the file system but read no data: the
-    train files (or the mixture's) and eval files exist and are of a kind tfjax reads, the
-    tokenizer directory holds a tokenizer. Each error names its field."""
+    """The checks of a "files" DatasetSpec that touch the file system but read no rows: the
+    train files (or the mixture's) and eval files exist and are of a kind tfjax reads, Parquet
+    and Arrow files open (`check_readable`), the tokenizer directory holds a tokenizer. Each
+    error names its field or file."""
     if spec.mixture.strip():
-        mixture_files(spec)
+        lists = [file_list for _, _, file_list in mixture_files(spec)]
     else:
-        split_files(spec, "train")
+        lists = [split_files(spec, "train")]
     if spec.eval_files.strip():
-        split_files(spec, "eval")
+        lists.append(split_files(spec, "eval"))
+    for path, kind in (f for file_list in lists for f in file_list):
+        check_readable(path, kind)
     _check_tokenizer_dir(spec.tokenizer)
 
 
@@ -348,9 +354,9 @@ def encode_example(row, rng, *, tokenizer, seq_len: int, split_text: bool) -> di
 
 
 class BadRowsError(ValueError):
-    """A row of the user's files that cannot be read or encoded: the message names the file and
-    line (or row) and what is wrong. Raised when the files are opened, before any training;
-    experiments/run.py reports it in one line."""
+    """A row of the user's files that cannot be read or encoded, or a file that cannot be read
+    at all: the message names the file and line (or row) and what is wrong. Raised when the
+    files are opened, before any training; experiments/run.py reports it in one line."""
 
 
 class _BadRows:
@@ -452,6 +458,55 @@ def _without_nulls(row: dict) -> dict:
     return {k: v for k, v in row.items() if v is not None}
 
 
+_KIND_NAMES = {"parquet": "Parquet", "arrow": "Arrow"}
+
+
+def _columns_reader(path: epath.Path, kind: str, *, whole: bool = True):
+    """pyarrow's reader of a Parquet file (its footer read) or of an Arrow file (its schema
+    read), local ones memory-mapped. An Arrow file is an IPC stream (what `datasets` writes) or,
+    when it starts with the magic "ARROW1", the IPC file format. A remote Arrow file is read
+    into memory, or, unless `whole`, only as far as its reader reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if kind == "parquet":
+        return pq.ParquetFile(str(path) if _is_local(path) else path.open("rb"))
+    if _is_local(path):
+        data = pa.memory_map(str(path))
+    else:  # no memory map of a remote file
+        data = pa.BufferReader(path.read_bytes()) if whole else pa.PythonFile(path.open("rb"))
+    if data.read(6) == b"ARROW1":
+        data.seek(0)
+        return pa.ipc.open_file(data)
+    data.seek(0)
+    return pa.ipc.open_stream(data)
+
+
+@contextlib.contextmanager
+def _reading(path: epath.Path, kind: str):
+    """pyarrow's errors reading `path` (a damaged, cut or foreign file) as one line naming it."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as e:
+        name = _KIND_NAMES[kind]
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise BadRowsError(
+            f"{path} cannot be read as {name} ({type(e).__name__}: {reason}): the file is "
+            f"damaged, cut short or not {name}; write it again, or leave it out of the "
+            "dataset's files"
+        ) from e
+
+
+def check_readable(path: epath.Path, kind: str) -> None:
+    """A Parquet or Arrow file opens (its footer or schema: the magic bytes and the metadata),
+    else a BadRowsError naming it; cheap: no rows are read."""
+    if kind in _KIND_NAMES and path.stat().length:  # (an empty file has no rows: see open)
+        with _reading(path, kind):
+            _columns_reader(path, kind, whole=False)
+
+
 class _Columns:
     """The rows of a Parquet file (read by row group) or of an Arrow file (memory-mapped), the
     good ones by their row numbers."""
@@ -462,7 +517,9 @@ class _Columns:
         bad = _BadRows(path, skip_bad_rows, "row")
         good, number = [], 0
         for group in range(len(self.starts) - 1):
-            for row in self._group(group).to_pylist():
+            with _reading(path, kind):  # a damaged column chunk fails here, not at opening
+                rows = self._group(group).to_pylist()
+            for row in rows:
                 number += 1
                 problem = row_problem(_without_nulls(row))
                 if problem:
@@ -476,27 +533,15 @@ class _Columns:
 
     def _open(self):
         """Sets self.starts (the first row of each group, then the row count) and the readers."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         self._lock, self._cache = threading.Lock(), (-1, None)
-        if self.kind == "parquet":
-            local = _is_local(self.path)
-            self._parquet = pq.ParquetFile(str(self.path) if local else self.path.open("rb"))
-            meta = self._parquet.metadata
-            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        else:
-            if _is_local(self.path):
-                data = pa.memory_map(str(self.path))
-            else:  # no memory map of a remote file: read it into memory
-                data = pa.BufferReader(self.path.read_bytes())
-            try:
-                table = pa.ipc.open_stream(data).read_all()  # what `datasets` writes
-            except pa.ArrowInvalid:
-                data.seek(0)
-                table = pa.ipc.open_file(data).read_all()  # the Arrow file format
-            self._batches = table.to_batches()
-            sizes = [len(b) for b in self._batches]
+        with _reading(self.path, self.kind):
+            if self.kind == "parquet":
+                self._parquet = _columns_reader(self.path, self.kind)
+                meta = self._parquet.metadata
+                sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            else:  # memory-mapped: the whole table costs no copy (a gs:// one is read in)
+                self._batches = _columns_reader(self.path, self.kind).read_all().to_batches()
+                sizes = [len(b) for b in self._batches]
         self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
     def _group(self, group: int):
