@@ -231,7 +231,8 @@ def build(family: str, directory, *, steps: int = 150, seed: int = 0) -> str:
 
 def hf_generate(directory, prompts, max_new_tokens=8) -> list[str]:
     """transformers' greedy continuations of `prompts` by the checkpoint in `directory`, up to
-    its first stop id (the generation config's), as text without special tokens."""
+    its first stop id (the generation config's), as text without special tokens. The prompts
+    are whole, as the run's samples show them (a bos written as text): none is added."""
     import torch
     import transformers
 
@@ -239,7 +240,7 @@ def hf_generate(directory, prompts, max_new_tokens=8) -> list[str]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     out = []
     for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         tokens = model.eval().generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         out.append(tokenizer.decode(tokens[0, ids.shape[1] :], skip_special_tokens=True))
     return out

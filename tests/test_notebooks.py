@@ -211,13 +211,19 @@ def test_notebook_runs_in_colab_layout(name, tmp_path, data_dir, monkeypatch, re
         assert "NNX vs Linen logits, same parameters: " in printed, printed
         assert "same parameter tree: True" in printed, printed
     if name == "finetune.ipynb":
-        # The eval loss fell, the samples of both evaluations were shown, and transformers'
-        # logits of the export equal tfjax's (the notebook asserts this too).
+        # The eval loss fell, the samples of both evaluations were shown (each prompt whole, as
+        # the chat template rendered it), and transformers' logits of the export equal tfjax's
+        # (the notebook asserts this too).
         before = _printed_number(printed, "eval loss: ")
         after = _printed_number(printed, "at step 0 (the checkpoint's own), ")
         assert after < before, printed
+        prompt = (
+            re.escape(r"'<|im_start|>user\nWrite ")
+            + r"\d+"
+            + re.escape(r" in words.<|im_end|>\n<|im_start|>assistant\n' -> ")
+        )
         for when in (r"before fine-tuning \(step 0\)", r"after fine-tuning \(step [1-9]\d*\)"):
-            assert re.search(rf"--- {when}\n'user\\nWrite \d+ in words\.' -> ", printed), printed
+            assert re.search(rf"--- {when}\n{prompt}", printed), printed
         assert re.search(r"transformers: 'Write \d+ in words\.' -> ", printed), printed
         # float32 rounding only: the notebook allows 1e-3 of the largest logit for any
         # checkpoint; this small one agrees as closely as tests/interop's references do.

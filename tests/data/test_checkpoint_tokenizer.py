@@ -416,6 +416,17 @@ def test_eos_ids_come_from_generation_config(checkpoints):
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_decode_whole_shows_a_prompt_as_rendered(checkpoints, name):
+    """A prompt is shown whole, its special tokens as text, end-of-turn tokens included (the
+    samples' prompts); generated text stops at the first eos (tested above)."""
+    _, _, tok = checkpoints[name]
+    text = tok.render_chat(_chat(name), add_generation_prompt=True)
+    ids = tok.encode_chat(_chat(name), add_generation_prompt=True)
+    assert any(i in tok.eos_ids for i in ids[:-1])  # an end of turn before the last question
+    assert tok.decode(ids, whole=True) == text
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_render_chat_matches_transformers(checkpoints, name):
     _, hf, tok = checkpoints[name]
     chat = _chat(name)

@@ -36,6 +36,9 @@ def test_byte_tokenizer_round_trips_and_special_ids():
     ids = tok.encode("ab")
     # decode reads model output: skips pad/bos/mask and stops at the first eos
     assert tok.decode([td.BOS_ID, *ids, td.MASK_ID, td.EOS_ID, *tok.encode("junk"), 0]) == "ab"
+    # whole=True shows a prompt as the model read it: every id, the special ones as text
+    prompt = [td.BOS_ID, *ids, td.MASK_ID, td.EOS_ID, *tok.encode("junk"), 0, td.UNK_ID]
+    assert tok.decode(prompt, whole=True) == "<s>ab<mask></s>junk<pad><unk>"
 
 
 def test_sentencepiece_is_trained_once_and_reused(data_dir, monkeypatch):
@@ -78,6 +81,8 @@ def test_sentencepiece_is_trained_once_and_reused(data_dir, monkeypatch):
     # The shared special ids, and the tokenizer travels to worker processes.
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
     assert tok.decode([td.BOS_ID, *tok.encode("x = 1"), td.EOS_ID, 77]) == "x = 1"
+    whole = [td.BOS_ID, *tok.encode("x = 1"), td.EOS_ID, *tok.encode("y"), td.MASK_ID]
+    assert tok.decode(whole, whole=True) == "<s>x = 1</s>y<mask>"
     # Ids past the vocabulary (a model's vocabulary rounded up to a multiple of 128) are
     # dropped, as a sampling model may emit them, rather than raising in SentencePiece.
     beyond = [tok.vocab_size, tok.vocab_size + 100]

@@ -452,3 +452,56 @@ def test_decoding_a_file_shows_progress_and_logs_its_rate(translate_run, data_di
         ]
     )
     assert "decoding: 100%" in shown and "40/40" in shown and "input/s]" in shown
+
+
+CHATML = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_lm_samples_show_a_chat_prompt_whole(monkeypatch):
+    """A chat row's sample prompt is the whole rendered prompt, special tokens as text, though
+    an end-of-turn (an eos id) comes before the question; the output stops at the first eos."""
+    import types
+
+    import ml_collections
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from tfjax.data import checkpoint_tokenizer as ct
+    from tfjax.tasks import lm
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    bpe = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))  # bytes, no merges
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML}
+    files = {"tokenizer.json": bpe.to_str(), "tokenizer_config.json": json.dumps(config)}
+    tokenizer = ct.CheckpointTokenizer({k: v.encode() for k, v in files.items()})
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What do you bake?"},
+        {"role": "assistant", "content": "sun bread"},
+    ]
+    row = ct.encode_row(tokenizer, {"messages": messages})
+    batch = {"tokens": row["tokens"][None], "weights": row["weights"][None]}
+    generated = np.concatenate([tokenizer.encode("sun bread"), [tokenizer.eos_id, 70, 71]])
+
+    def generate(model, params, rows, **kwargs):  # what the model would answer
+        return np.tile(generated, (len(rows), 1)).astype(np.int32), None
+
+    monkeypatch.setattr(decode, "generate", generate)
+    d = ml_collections.ConfigDict(
+        dict(num_samples=1, prompt_length=128, max_new_tokens=8, method="greedy", beam_size=4)
+    )
+    d.update(alpha=None, temperature=1.0, top_k=0, top_p=1.0, layout="auto")
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    exp = types.SimpleNamespace(
+        model=types.SimpleNamespace(max_len=256), mesh=mesh, rules=(), replicated=None
+    )
+    (sample,) = lm.SamplesEval(d, 0).decode(exp, tokenizer, None, batch, step=0, index=0)
+    prompt = tokenizer.render_chat(messages[:2], add_generation_prompt=True)
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    assert sample == {"prompt": prompt, "output": "sun bread"}

@@ -3,6 +3,7 @@
     tok = CheckpointTokenizer.load("/path/to/Qwen2.5-0.5B-Instruct")   # a local directory
     tok.encode("Hello") -> int32 [n]          # no special tokens added
     tok.decode(ids) -> str                    # up to the first stop id, control tokens dropped
+    tok.decode(ids, whole=True) -> str        # a prompt: every id, special tokens as text
     tok.render_chat(messages, add_generation_prompt=True) -> str   # the checkpoint's template
     tok.encode_chat(messages, add_generation_prompt=True) -> int32 [n]  # a prompt to generate from
     tok.save(workdir)                         # the files it was loaded from, byte for byte
@@ -274,18 +275,22 @@ class CheckpointTokenizer:
         ids, offsets = self._backend.encode(text)
         return np.asarray(ids, np.int32), list(offsets)
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Ids up to the first of `eos_ids` -> text, without the special tokens (bos, pad, the
-        added tokens marked special) and without ids >= vocab_size (the padding rows of a
-        model's embedding, which an untrained model may sample)."""
-        stops = set(self.eos_ids)
+    def decode(self, ids: Sequence[int] | np.ndarray, *, whole: bool = False) -> str:
+        """Generated text: the ids up to the first of `eos_ids` -> text, without the special
+        tokens (bos, pad, the added tokens marked special). whole=True: a prompt as the model
+        read it: every id, the special tokens written as their text, a chat's earlier
+        end-of-turn tokens too ("<|im_start|>system ...<|im_end|> <|im_start|>user ...").
+        Ids >= vocab_size (the padding rows of a model's embedding, which an untrained model
+        may sample) are dropped either way."""
+        stops = () if whole else frozenset(self.eos_ids)
+        skip = () if whole else self._skip_ids
         kept = []
         for i in np.asarray(ids).reshape(-1).tolist():
             if i in stops:
                 break
-            if 0 <= i < self.vocab_size and i not in self._skip_ids:
+            if 0 <= i < self.vocab_size and i not in skip:
                 kept.append(i)
-        return self._backend.decode(kept)
+        return self._backend.decode(kept, special=whole)
 
     # -- chat --------------------------------------------------------------------------------
 
@@ -715,7 +720,8 @@ class _TokenizersBackend:
         encoding = self._tok.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], *, special: bool) -> str:
+        # The caller has dropped what it does not show; the rest is written, special or not.
         return self._tok.decode(ids, skip_special_tokens=False)
 
 
@@ -807,14 +813,17 @@ class _SentencePieceBackend:
         ids.extend(mapping["ids"])
         offsets.extend((start + a, start + b) for a, b in mapping["offsets"])
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], *, special: bool) -> str:
+        """The ids' text; with `special`, control pieces (<s>, </s>) are written as their
+        piece, as the added tokens are (SentencePiece's own decode drops them)."""
         out, run = [], []
         for i in ids:
-            if i in self._texts:
+            control = i < self._size and self._sp.is_control(i)
+            if i in self._texts or (special and control):
                 out.append(self._sp.decode(run))
-                out.append(self._texts[i])
+                out.append(self.id_to_token(i))
                 run = []
-            elif i < self._size and not self._sp.is_control(i):
+            elif i < self._size and not control:
                 run.append(i)
         out.append(self._sp.decode(run))
         return "".join(out)

@@ -11,7 +11,8 @@ Both share one id scheme so that models, losses and masks never need to know whi
 
 `encode` returns the ids of the text alone (no bos/eos: the pipeline adds them per task);
 `decode` stops at the first eos and drops the other special ids, so it can be fed raw model
-output.
+output; `decode(ids, whole=True)` shows a prompt as the model read it: every id, the special
+ones written as SPECIAL_TEXT ("<s>def f(x):</s>").
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -28,18 +29,32 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 NUM_SPECIAL = 5  # ids below this never stand for text
 MIN_SENTENCEPIECE_VOCAB = NUM_SPECIAL + 256 + 1  # the special ids, the byte fallback, a piece
 MASK_PIECE = "<mask>"
+# The special ids as `decode(ids, whole=True)` writes them (SentencePiece's own piece names).
+SPECIAL_TEXT = {
+    PAD_ID: "<pad>",
+    BOS_ID: "<s>",
+    EOS_ID: "</s>",
+    UNK_ID: "<unk>",
+    MASK_ID: MASK_PIECE,
+}
 
 
-def _strip_special(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """Ids up to the first eos, without pad/bos/unk/mask and without ids >= vocab_size (the
-    padding rows of a model vocabulary rounded up, which an untrained model may sample)."""
-    out = []
+def _decode(ids: Iterable[int], vocab_size: int, text: Callable[[list[int]], str], whole: bool):
+    """Generated text (whole=False): the ids up to the first eos, without pad/bos/unk/mask;
+    a prompt (whole=True): every id, the special ones as SPECIAL_TEXT. Ids >= vocab_size (the
+    padding rows of a model vocabulary rounded up, which an untrained model may sample) are
+    dropped either way. `text` decodes a run of ordinary ids."""
+    out, run = [], []
     for i in np.asarray(ids).reshape(-1).tolist():
-        if i == EOS_ID:
+        if i == EOS_ID and not whole:
             break
         if NUM_SPECIAL <= i < vocab_size:
-            out.append(i)
-    return out
+            run.append(i)
+        elif whole and i in SPECIAL_TEXT:
+            out += [text(run), SPECIAL_TEXT[i]]
+            run = []
+    out.append(text(run))
+    return "".join(out)
 
 
 class ByteTokenizer:
@@ -52,10 +67,14 @@ class ByteTokenizer:
         """Text -> int32 ids [len(utf-8 bytes)]."""
         return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + NUM_SPECIAL
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        data = bytes(i - NUM_SPECIAL for i in _strip_special(ids, self.vocab_size))
-        # Model output may cut a multi-byte character; show it rather than fail.
-        return data.decode("utf-8", errors="replace")
+    def decode(self, ids: Sequence[int] | np.ndarray, *, whole: bool = False) -> str:
+        """Generated text: up to the first eos, special ids dropped; whole=True: a prompt, every
+        id, the special ones as SPECIAL_TEXT."""
+
+        def text(run):  # model output may cut a multi-byte character: shown, not an error
+            return bytes(i - NUM_SPECIAL for i in run).decode("utf-8", errors="replace")
+
+        return _decode(ids, self.vocab_size, text, whole)
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
@@ -99,8 +118,10 @@ class SentencePieceTokenizer:
         """Text -> int32 ids [n]."""
         return np.asarray(self._sp.encode(text), np.int32)
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return self._sp.decode(_strip_special(ids, self.vocab_size))
+    def decode(self, ids: Sequence[int] | np.ndarray, *, whole: bool = False) -> str:
+        """Generated text: up to the first eos, special ids dropped; whole=True: a prompt, every
+        id, the special ones as SPECIAL_TEXT."""
+        return _decode(ids, self.vocab_size, self._sp.decode, whole)
 
     # The C++ processor does not pickle; worker processes rebuild it from the model bytes.
     def __getstate__(self):

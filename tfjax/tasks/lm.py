@@ -157,7 +157,9 @@ class SamplesEval(DecodeEval):
 
     def decode(self, exp, tokenizer, params, batch, *, step, index):
         """{"prompt", "output"} per prompt of the first batch (index 0); [] for the others. The
-        output ends before its first EOS of any of the tokenizer's EOS ids."""
+        prompt is shown whole, as the model read it (special tokens as text: a chat's earlier
+        end-of-turn tokens too); the output ends before its first EOS of any of the tokenizer's
+        EOS ids."""
         from tfjax import decode
 
         if index:
@@ -172,7 +174,7 @@ class SamplesEval(DecodeEval):
         tokens = gather(tokens)
         ends = decode.first_eos(tokens, eos)
         return [
-            {"prompt": tokenizer.decode(r[m]), "output": tokenizer.decode(t[:e])}
+            {"prompt": tokenizer.decode(r[m], whole=True), "output": tokenizer.decode(t[:e])}
             for r, m, t, e in zip(rows, kwargs["mask"], tokens, ends, strict=True)
         ]
 
