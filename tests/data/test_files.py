@@ -660,6 +660,40 @@ def test_more_bad_rows_named_before_training(bad_dir, tokenizer):
         open_one(bad_dir / "bad.jsonl", skip_bad_rows=True)
 
 
+def test_an_empty_file_is_skipped_by_name_and_a_split_of_them_refused(bad_dir, caplog):
+    """0 bytes, blank lines only, a Parquet or Arrow file of no rows: among other files each is
+    skipped with a line naming it; a split of nothing else is refused naming its field."""
+    ok = write_jsonl(bad_dir / "ok.jsonl", TEXT_ROWS[:2])
+    (bad_dir / "empty.jsonl").write_bytes(b"")
+    (bad_dir / "blank.txt").write_text("\n  \n\n")
+    (bad_dir / "empty.parquet").write_bytes(b"")
+    (bad_dir / "empty.arrow").write_bytes(b"")
+    no_rows = pa.table({"text": pa.array([], pa.string())})
+    pq.write_table(no_rows, bad_dir / "no-rows.parquet")
+    with pa.ipc.new_stream(str(bad_dir / "no-rows.arrow"), no_rows.schema) as writer:
+        writer.write_table(no_rows)
+    names = ("empty.jsonl", "blank.txt", "empty.parquet", "empty.arrow", "no-rows.parquet")
+    for name in (*names, "no-rows.arrow"):
+        path = bad_dir / name
+        with caplog.at_level(logging.WARNING):
+            assert len(open_one(f"{ok},{path}")) == 2
+        assert f"{path} is empty (no rows): skipped" in caplog.text
+        for split in ("train", "eval"):
+            cfg = config(bad_dir, train_files=str(path), eval_files=str(path))
+            with pytest.raises(
+                tf_files.BadRowsError,
+                match=rf"^dataset.{split}_files: no rows to read: {path} is empty; give files",
+            ):
+                loader(cfg, split=split)
+    cfg = config(bad_dir, train_files="", mixture=f"1:{ok};1:{bad_dir}/empty.*")
+    with pytest.raises(
+        tf_files.BadRowsError,
+        match=r"^dataset.mixture: entry 2 '1:.*empty.\*': no rows to read: .*empty.arrow, .*"
+        r"empty.jsonl, .*empty.parquet are empty",
+    ):
+        loader(cfg, num_epochs=None)
+
+
 def test_a_run_checks_the_files_before_any_work(data, tmp_path):
     """--config.dataset.train_files on the lm config: the runner's path checks name the field
     before a workdir or a loader exists."""

@@ -56,6 +56,8 @@ row (Parquet, Arrow) and what is wrong, or with dataset.skip_bad_rows it is skip
 number skipped is logged per file. A Parquet or Arrow file that pyarrow cannot read (cut short,
 damaged, of another format) is one line naming it: found by `check` (the run's checks, before
 any work) from its footer or schema, else when its rows are read at opening.
+An empty file (no rows: 0 bytes, blank lines only, a table of none) among others is skipped
+with a line naming it; a split (or a mixture's source) without a row is refused naming its field.
 
 The sources here are Grain random-access data sources (`__len__`, `__getitem__`, `read`) over
 the rows that passed, read lazily; shuffling, sharding over processes, epochs and the
@@ -92,6 +94,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # a checkpoint's, one o
 
 def _is_local(path) -> bool:
     return "://" not in str(path)
+
+
+def _size(path) -> int:
+    return epath.Path(path).stat().length
 
 
 # ------------------------------------------------------------------------------------ file lists
@@ -422,6 +428,7 @@ class _LineFile:
                 offsets.append(start)
                 lines.append(number)
         bad.log(total)
+        self.total = total  # rows, good or bad (0: an empty file)
         self.offsets = np.asarray(offsets, np.int64)
         self.lines = np.asarray(lines, np.int64 if lines and lines[-1] >= 2**32 else np.uint32)
         self._file, self._lock = None, threading.Lock()
@@ -502,7 +509,7 @@ def _reading(path: epath.Path, kind: str):
 def check_readable(path: epath.Path, kind: str) -> None:
     """A Parquet or Arrow file opens (its footer or schema: the magic bytes and the metadata),
     else a BadRowsError naming it; cheap: no rows are read."""
-    if kind in _KIND_NAMES and path.stat().length:  # (an empty file has no rows: see open)
+    if kind in _KIND_NAMES and _size(path):  # (an empty file has no rows: see open)
         with _reading(path, kind):
             _columns_reader(path, kind, whole=False)
 
@@ -527,6 +534,7 @@ class _Columns:
                 else:
                     good.append(number - 1)
         bad.log(number)
+        self.total = number  # rows, good or bad (0: an empty file)
         # All good (the usual case): no index array.
         self.rows = None if len(good) == number else np.asarray(good, np.int64)
         self._count = len(good)
@@ -535,7 +543,9 @@ class _Columns:
         """Sets self.starts (the first row of each group, then the row count) and the readers."""
         self._lock, self._cache = threading.Lock(), (-1, None)
         with _reading(self.path, self.kind):
-            if self.kind == "parquet":
+            if not _size(self.path):  # an empty file: no rows (not a damaged file)
+                sizes = []
+            elif self.kind == "parquet":
                 self._parquet = _columns_reader(self.path, self.kind)
                 meta = self._parquet.metadata
                 sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -578,10 +588,14 @@ class FilesSource:
 
     def __init__(self, files: list[tuple[epath.Path, str]], *, skip_bad_rows: bool = False):
         start = time.perf_counter()
-        self._files = [
+        opened = [
             (_LineFile if kind in ("jsonl", "text") else _Columns)(path, kind, skip_bad_rows)
             for path, kind in files
         ]
+        self.empty = [str(f.path) for f in opened if not f.total]
+        for path in self.empty:
+            logging.warning("%s is empty (no rows): skipped", path)
+        self._files = [f for f in opened if len(f)]  # (an empty one is not opened again)
         self._ends = np.cumsum([len(f) for f in self._files]).tolist()
         logging.info(
             "Read the index of %d rows of %d files in %.1f s",
@@ -614,10 +628,22 @@ class _Rows(list):
         return [self[k] for k in keys]
 
 
-def open_files(files, *, skip_bad_rows: bool = False, cache: bool = False):
+def open_files(
+    files, *, field: str = "the files", skip_bad_rows: bool = False, cache: bool = False
+):
     """The good rows of `files` ([(path, kind)] from `split_files`): a FilesSource, or all rows
-    read into memory once if `cache`. No good row at all is a ValueError."""
+    read into memory once if `cache`. An empty file among others is skipped with a line; no
+    good row at all is a BadRowsError naming `field` (e.g. "dataset.eval_files")."""
     source = FilesSource(files, skip_bad_rows=skip_bad_rows)
     if not len(source):
-        raise ValueError(f"{', '.join(str(p) for p, _ in files)}: no rows to read")
+        names = ", ".join(str(p) for p, _ in files)
+        if len(source.empty) == len(files):
+            raise BadRowsError(
+                f"{field}: no rows to read: {names} {'is' if len(files) == 1 else 'are'} empty; "
+                "give files that hold rows"
+            )
+        raise BadRowsError(
+            f"{field}: no rows to read in {names}: every row is bad and dataset.skip_bad_rows "
+            "skipped it (logged per file); mend the rows"
+        )
     return _Rows(source.read(range(len(source)))) if cache else source

@@ -412,12 +412,14 @@ def make_loader(
                 )
             mixture = files.mixture_files(cfg)
             file_lists = [file_list for _, _, file_list in mixture]
+            where = [f"dataset.mixture: entry {i} {e!r}" for i, (_, e, _) in enumerate(mixture, 1)]
         else:
             file_lists = [files.split_files(cfg, split)]
+            where = [f"dataset.{split}_files"]
         tokenizer = sources.get_tokenizer(cfg, data_dir)
         opened = [
-            files.open_files(f, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
-            for f in file_lists
+            files.open_files(f, field=field, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
+            for f, field in zip(file_lists, where, strict=True)
         ]
     else:
         opened = [sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)]
