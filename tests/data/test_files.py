@@ -286,6 +286,41 @@ def test_restored_state_continues_exactly(data, tokenizer, packing):
             third.set_state(state)
 
 
+def test_a_file_rewritten_in_place_is_not_resumed(bad_dir, caplog):
+    """The saved position names the files' bytes (their sha256), as it names the tokenizer's: a
+    file shuffled in place (same path, same rows) is refused by name; a position saved before
+    tfjax recorded the bytes still resumes exactly, with a line saying it was not checked."""
+    path = write_jsonl(bad_dir / "rows.jsonl", TEXT_ROWS)
+    cfg = config(bad_dir, train_files=str(path), seq_len=32, packing=False)
+
+    def make(**fields):
+        return loader({**cfg, **fields}, seed=3, shuffle=True, num_epochs=None)
+
+    with make() as first:
+        for _ in range(2):
+            next(first)
+        state = json.loads(json.dumps(first.get_state()))
+        rest = [next(first) for _ in range(3)]
+    with make(cache=True) as cached:  # rows read into memory: the same files, the same bytes
+        cached.set_state(state)
+    old = {k: v for k, v in state.items() if k != "content"}  # saved before issue 48
+    with make() as second, caplog.at_level(logging.WARNING):
+        second.set_state(old)
+        for x, y in zip([next(second) for _ in range(3)], rest, strict=True):
+            np.testing.assert_array_equal(x["tokens"], y["tokens"])
+    assert "saved by an older tfjax, without the content of the data files" in caplog.text
+    write_jsonl(path, TEXT_ROWS[::-1])  # shuffled in place
+    with make() as third:
+        with pytest.raises(
+            ValueError,
+            match=rf"^the data files changed since the loader state was saved: their bytes' "
+            rf"sha256 was '{state['content']}', now 'sha256 [0-9a-f]{{16}}' \(same files, same "
+            r"number of rows: rewritten in place\).*resume with the files as they were$",
+        ):
+            third.set_state(state)
+        third.set_state(old)  # (what an older position cannot tell)
+
+
 def test_two_processes_read_disjoint_shares_covering_the_data(data, tokenizer):
     cfg = config(data, seq_len=64, packing=False)
     shares = []
@@ -542,6 +577,10 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
     write_jsonl(bad_dir / "ok.jsonl", TEXT_ROWS[:2])
     ok = config(bad_dir, train_files=str(bad_dir / "ok.jsonl"))
     (bad_dir / "data.csv").write_text("a,b\n")
+    (bad_dir / "cut").mkdir()  # a tokenizer.json cut short: read by the checks, not later
+    (bad_dir / "cut" / "tokenizer.json").write_bytes(
+        (bad_dir / "tok" / "tokenizer.json").read_bytes()[:500]
+    )
     cases = [
         (
             {"train_files": f"{bad_dir}/ok.jsonl,{bad_dir}/none*.jsonl"},
@@ -574,6 +613,12 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
             FileNotFoundError,
             "dataset.tokenizer=.* holds no tokenizer file; expected tokenizer.json or "
             "tokenizer.model",
+        ),
+        (
+            {"tokenizer": str(bad_dir / "cut")},
+            ValueError,
+            "dataset.tokenizer=.*cut': its tokenizer cannot be loaded .*cut/tokenizer.json is cut "
+            "short: its JSON ends mid-way, after 500 bytes; download it again",
         ),
     ]
     for fields, kind, error in cases:

@@ -39,11 +39,15 @@ import os
 import grain
 import jax
 import numpy as np
+from absl import logging
 
 from tfjax.data import catalog, preprocess, sources
 from tfjax.data.tokenizers import BOS_ID, EOS_ID
 
 _STATE_VERSION = 1
+# Identity keys that positions saved by an older tfjax lack: such a position resumes, unchecked
+# on that key, with a warning (the user's files' contents: issue 48).
+_NEWER_KEYS = ("content",)
 # Task names that positions saved before the one task vocabulary of `tfjax.tasks` recorded.
 _OLD_TASK_NAMES = {
     "image_classification": "classification",
@@ -211,6 +215,21 @@ class Loader:
             saved = state.get(key)
             if key == "config.task":
                 saved = _OLD_TASK_NAMES.get(saved, saved)
+            if key in _NEWER_KEYS and key not in state:
+                logging.warning(
+                    "The loader state was saved by an older tfjax, without the %s of the data "
+                    "files (%s now): resuming without checking that they are unchanged",
+                    key,
+                    value,
+                )
+                continue
+            if key == "content" and saved != value:
+                raise ValueError(
+                    f"the data files changed since the loader state was saved: their bytes' "
+                    f"sha256 was {saved!r}, now {value!r} (same files, same number of rows: "
+                    "rewritten in place), so the saved position would resume on other rows; "
+                    "resume with the files as they were"
+                )
             if saved != value:
                 raise ValueError(
                     f"loader state was saved with {key}={saved!r}, but this loader has "
@@ -524,12 +543,15 @@ def make_loader(
     if file_lists is not None:
         identity["tokenizer"] = files.tokenizer_fingerprint(tokenizer)
         if mixture is None:
-            identity.update(files=files.fingerprint(file_lists[0]), rows=len(source))
+            identity.update(
+                files=files.fingerprint(file_lists[0]), rows=len(source), content=source.digest
+            )
         else:  # lists, as they come back from the JSON of a saved position
             identity.update(
                 mixture=[weight for weight, _, _ in mixture],
                 files=[files.fingerprint(f) for f in file_lists],
                 rows=[len(s) for s in opened],
+                content=[s.digest for s in opened],
             )
     return Loader(
         it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
