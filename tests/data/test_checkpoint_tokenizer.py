@@ -11,6 +11,7 @@ import io
 import json
 import pathlib
 import pickle
+import re
 import shutil
 
 import numpy as np
@@ -660,6 +661,101 @@ def test_errors_name_the_file(checkpoints, tmp_path):
     (directory / "generation_config.json").write_text('{"eos_token_id": [1, ')
     with pytest.raises(ValueError, match=r"broken/generation_config.json is not valid JSON"):
         ct.CheckpointTokenizer.load(directory)
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 9\n"
+
+
+@pytest.mark.parametrize(
+    "name, file, damage, message",
+    [
+        (
+            "qwen",
+            "tokenizer.json",
+            lambda b: b[:700],
+            r"is cut short: its JSON ends mid-way, after 700",
+        ),
+        (
+            "qwen",
+            "tokenizer.json",
+            lambda b: b.rstrip()[:-2],
+            r"is cut short: its JSON ends mid-way",
+        ),
+        ("qwen", "tokenizer.json", lambda b: b"\x00\x01PK", r"is not valid JSON \(Expecting value"),
+        ("qwen", "tokenizer.json", lambda b: b"", r"is not a tokenizer: it is empty \(0 bytes\)"),
+        (
+            "qwen",
+            "tokenizer.json",
+            lambda b: LFS_POINTER,
+            r"is not a tokenizer: it is a Git LFS pointer",
+        ),
+        (
+            "qwen",
+            "tokenizer.json",
+            lambda b: b'{"hello": 1}',
+            r"is JSON but not a tokenizer: it holds an object with keys \['hello'\]",
+        ),
+        (
+            "qwen",
+            "tokenizer.json",
+            lambda b: b"[1, 2]",
+            r"is JSON but not a tokenizer: it holds a JSON list",
+        ),
+        (
+            "qwen",
+            "tokenizer.json",
+            lambda b: b'{"model": {"type": "Nonesuch"}}',
+            r"cannot be read by the tokenizers library [0-9.]+ \(.*\): download it again, or",
+        ),
+        (
+            "sentencepiece",
+            "tokenizer.model",
+            lambda b: b[: len(b) // 2],
+            r"is not a SentencePiece model: its \d+ bytes do not parse as one \(cut short or",
+        ),
+        (
+            "sentencepiece",
+            "tokenizer.model",
+            lambda b: b"",
+            r"is not a SentencePiece model: it is empty",
+        ),
+        (
+            "sentencepiece",
+            "tokenizer.model",
+            lambda b: LFS_POINTER,
+            r"model: it is a Git LFS pointer",
+        ),
+        ("sentencepiece", "tokenizer.model", lambda b: b'{"model": {}}', r"\(they are JSON text\)"),
+        (
+            "qwen",
+            "tokenizer_config.json",
+            lambda b: b[:40],
+            r"is not valid JSON \(.*\); tokenizer_config",
+        ),
+        (
+            "qwen",
+            "tokenizer_config.json",
+            lambda b: b"[]",
+            r"holds a JSON list; tokenizer_config.json is a",
+        ),
+        (
+            "llama3",
+            "chat_template.jinja",
+            lambda b: b"\xff{{",
+            r"is not UTF-8 text \(.*\): damaged;",
+        ),
+    ],
+)
+def test_a_damaged_file_is_one_line_naming_it(checkpoints, name, file, damage, message):
+    """Each file of a checkpoint's tokenizer, damaged: one line naming the file, what is wrong
+    and what to do (download it again)."""
+    _, _, tok = checkpoints[name]
+    files = dict(tok.files, **{file: damage(tok.files[file])})
+    with pytest.raises(ValueError) as error:
+        ct.CheckpointTokenizer(files, path="/ckpt")
+    text = str(error.value)
+    assert text.startswith(f"/ckpt/{file} ") and "\n" not in text, text
+    assert re.search(message, text) and "again" in text, text
 
 
 def test_exported_lazily():

@@ -105,3 +105,15 @@ def test_translation_vocabulary_is_shared(data_dir):
 def test_sentencepiece_vocab_size_is_checked(tmp_path):
     with pytest.raises(ValueError, match="vocab_size=100 is too small"):
         tokenizers.train_sentencepiece(["some text"], str(tmp_path / "m.model"), vocab_size=100)
+
+
+def test_a_damaged_sentencepiece_model_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "pydoc.model"
+    for data, what in ((b"", "it is empty"), (b"\x00\x01cut", r"its 5 bytes do not parse as one")):
+        path.write_bytes(data)
+        with pytest.raises(
+            ValueError,
+            match=f"^{path} is not a SentencePiece model: {what}.*"
+            "delete it and it is trained again",
+        ):
+            tokenizers.SentencePieceTokenizer.load(str(path))

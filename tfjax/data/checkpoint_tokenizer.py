@@ -21,6 +21,9 @@ Neither transformers nor torch is imported. Files read from the directory:
   generation_config.json  eos_token_id (an int or a list: all of them stop generation),
                           bos_token_id and pad_token_id where the tokenizer names none
 
+A damaged file (empty, cut short, not JSON, JSON of something else, a Git LFS pointer, bytes
+SentencePiece cannot parse) is a ValueError of one line naming it and what to do.
+
 Ids: `bos_id`, `pad_id` are None where the checkpoint has none (never assumed to be 0);
 `eos_id` is the tokenizer's eos (else generation_config's first); `eos_ids` are every id
 generation stops at, `eos_id` first. `vocab_size` is max id + 1 over the base vocabulary and
@@ -355,7 +358,10 @@ class CheckpointTokenizer:
             try:
                 return self._files[CHAT_TEMPLATE_FILE].decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{where}/{CHAT_TEMPLATE_FILE} is not UTF-8 text: {e}") from None
+                raise ValueError(
+                    f"{where}/{CHAT_TEMPLATE_FILE} is not UTF-8 text ({e}): damaged; download it "
+                    "again"
+                ) from None
         template = config.get("chat_template")
         if template is None or isinstance(template, str):
             return template
@@ -650,7 +656,7 @@ class _TokenizersBackend:
             self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:
             raise ValueError(
-                f"{where}/{TOKENIZER_JSON} cannot be read by the tokenizers library: {_one_line(e)}"
+                _unreadable_tokenizer_json(data, f"{where}/{TOKENIZER_JSON}", e)
             ) from None
         self._tok.no_truncation()
         self._tok.no_padding()
@@ -731,14 +737,10 @@ class _SentencePieceBackend:
     file = SENTENCEPIECE_MODEL
 
     def __init__(self, data: bytes, where: str, *, legacy: bool):
-        import sentencepiece as spm
+        from tfjax.data.tokenizers import sentencepiece_processor
 
-        try:
-            self._sp = spm.SentencePieceProcessor(model_proto=data)
-        except Exception as e:
-            raise ValueError(
-                f"{where}/{SENTENCEPIECE_MODEL} is not a SentencePiece model: {_one_line(e)}"
-            ) from None
+        fix = "download it again"
+        self._sp = sentencepiece_processor(data, f"{where}/{SENTENCEPIECE_MODEL}", fix)
         self._size = self._sp.get_piece_size()
         self._added: dict[str, int] = {}  # content -> id: split out of the text before encoding
         self._texts: dict[int, str] = {}  # id -> text for ids SentencePiece cannot decode
@@ -902,6 +904,43 @@ def _generation_ids(config: Mapping[str, Any], source: str, vocab_size: int) -> 
         else:
             out[key] = value
     return out
+
+
+def _unreadable_tokenizer_json(data: bytes, name: str, error: BaseException) -> str:
+    """Why the tokenizers library refused tokenizer.json `name`, in one line with what to do:
+    empty, cut short, not JSON, JSON of something else, or a tokenizer it cannot read."""
+    from tfjax.data.tokenizers import not_the_file
+
+    fix = "download it again"
+    damage = not_the_file(data)
+    if damage is not None:
+        return f"{name} is not a tokenizer: {damage}; {fix}"
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        # json names the start of a string that never ends, else where it stopped: the end.
+        if isinstance(e, json.JSONDecodeError) and (
+            e.msg.startswith("Unterminated string") or e.pos >= len(e.doc.rstrip())
+        ):
+            return f"{name} is cut short: its JSON ends mid-way, after {len(data)} bytes; {fix}"
+        return f"{name} is not valid JSON ({_one_line(e)}): damaged; {fix}"
+    if not isinstance(value, dict) or "model" not in value:
+        held = (
+            f"an object with keys {sorted(value)[:8]}"
+            if isinstance(value, dict)
+            else f"a JSON {type(value).__name__}"
+        )
+        return (
+            f"{name} is JSON but not a tokenizer: it holds {held}, and a tokenizer.json has a "
+            f"'model'; {fix}"
+        )
+    import tokenizers
+
+    return (
+        f"{name} cannot be read by the tokenizers library {tokenizers.__version__} "
+        f"({_one_line(error)}): {fix}, or, if the checkpoint is newer than this library, "
+        "`pip install -U tokenizers`"
+    )
 
 
 def _one_line(error: BaseException) -> str:

@@ -57,6 +57,34 @@ def _decode(ids: Iterable[int], vocab_size: int, text: Callable[[list[int]], str
     return "".join(out)
 
 
+def not_the_file(data: bytes) -> str | None:
+    """What a file's bytes are when they are plainly not the file (else None): nothing, or the
+    pointer Git LFS leaves where a repository was cloned without git-lfs."""
+    if not data.strip():
+        return f"it is empty ({len(data)} bytes)"
+    if data.startswith(b"version https://git-lfs.github.com/spec/"):
+        return (
+            "it is a Git LFS pointer, not the file (its repository was cloned "
+            "without git-lfs: run `git lfs pull` there)"
+        )
+    return None
+
+
+def sentencepiece_processor(data: bytes, name: str, fix: str) -> spm.SentencePieceProcessor:
+    """SentencePiece's processor of the model bytes read from file `name`; bytes that are not a
+    model are a ValueError of one line naming the file, ending in `fix` (what to do).
+    SentencePiece itself takes empty bytes for a model without pieces, and names no file."""
+    damage = not_the_file(data)
+    if damage is None:
+        try:
+            return spm.SentencePieceProcessor(model_proto=data)
+        except Exception:  # noqa: BLE001 - its only message: "ParseFromArray" failed
+            json_text = data.lstrip()[:1] in (b"{", b"[")
+            what = "they are JSON text" if json_text else "cut short or damaged"
+            damage = f"its {len(data)} bytes do not parse as one ({what})"
+    raise ValueError(f"{name} is not a SentencePiece model: {damage}; {fix}")
+
+
 class ByteTokenizer:
     """UTF-8 bytes shifted past the special ids: exact round trip, no training, no files."""
 
@@ -88,7 +116,11 @@ class SentencePieceTokenizer:
     def __init__(self, model_proto: bytes, path: str | None = None):
         self.path = path  # where it was loaded from, for messages
         self._proto = model_proto
-        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        fix = (
+            "if it is a dataset's, delete it and it is trained again; a run's copy (in its "
+            "workdir) is the model the run was trained with: put it back from a backup"
+        )
+        self._sp = sentencepiece_processor(model_proto, path or "the SentencePiece model", fix)
         ids = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
         if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID) or self._sp.piece_to_id(MASK_PIECE) != MASK_ID:
             raise ValueError(
