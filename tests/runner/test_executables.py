@@ -15,7 +15,7 @@ import shutil
 
 import jax
 import pytest
-from conftest import ROOT, run_python, set_fields
+from conftest import ROOT, plain_env, run_python, set_fields
 
 from tfjax import sharding
 from tfjax.runner import aot, executables, metrics, setup, train
@@ -32,17 +32,29 @@ COMPILED = ("Compiling jit(init_fn)", "Compiling jit(train_step)", "Compiling ji
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """The directory compile.py --save wrote for the tiny LM on cpu:2."""
-    directory = str(tmp_path_factory.mktemp("saved") / "lm-tiny.cpu-2")
-    proc = run_python(
-        "experiments/compile.py",
-        f"--config={SPEC}",
-        f"--config.num_train_steps={STEPS}",
-        f"--topology=cpu:{DEVICES}",
-        "--steps=train,eval",
-        f"--save={directory}",
+    """The directory compile.py --save wrote for the tiny LM on cpu:2, with JAX's compilation
+    cache warm (a compile.py report of the same config filled it before): programs the cache
+    gave back would save without their machine code, so a save compiles them anew
+    (`executables.fresh_compiles`), and the tests below run what it wrote."""
+    root = tmp_path_factory.mktemp("saved")
+    directory = str(root / "lm-tiny.cpu-2")
+    env = dict(
+        plain_env(),
+        JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for save in ([], [f"--save={directory}"]):
+        proc = run_python(
+            "experiments/compile.py",
+            f"--config={SPEC}",
+            f"--config.num_train_steps={STEPS}",
+            f"--topology=cpu:{DEVICES}",
+            "--steps=train,eval",
+            *save,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert os.listdir(root / "jax_cache")  # the report's programs were cached
     saved = "init.executable, train.executable, eval.executable, manifest.json"
     assert f"saved to {directory}: {saved}" in proc.stdout
     return directory
@@ -144,20 +156,37 @@ def planned(config, devices, **inputs):
     return setup.set_up(config, sharding.make_mesh(config.mesh, devices), inputs=plan)
 
 
-def test_other_devices_or_argument_shapes_are_named(data_dir, saved, caplog):
+def test_other_devices_or_argument_shapes_are_named(data_dir, saved, caplog, tmp_path):
     config = config_of(data_dir, saved)
     manifest = executables.check_dir(saved)
     assert executables.mismatch(manifest, planned(config, jax.devices()[:DEVICES])) is None
     one = planned(config, jax.devices()[:1])
     assert executables.mismatch(manifest, one) == "compiled for 2 x cpu, this run has 1 x cpu"
-    # The same config, another tokenizer's vocabulary: the embedding's shape differs.
+    # The same config, another tokenizer's vocabulary: the model built differs.
     exp = planned(config, jax.devices()[:DEVICES], vocab_size=1000)
     with caplog.at_level(logging.INFO):
         assert executables.use_saved(exp, saved) is exp
-    embedding = "[0].params['embed']['embedding'] float32[{}, 32] P('tensor', 'fsdp')"
     assert (
-        f"compiled_dir={saved}: the train program was compiled for {embedding.format(384)}, this "
-        f"run has {embedding.format(1024)}; compiling instead"
+        f'compiled_dir={saved}: compiled for built model.vocab_size="384", this run has "1024"; '
+        "compiling instead"
+    ) in caplog.text
+    # Arguments that differ where nothing compared before does (a backstop): named too.
+    copy = str(tmp_path / "save")
+    shutil.copytree(saved, copy)
+    embedding = "[0].params['embed']['embedding'] float32[{}, 32]"
+    arguments = manifest["steps"]["train"]["arguments"]
+    i = next(i for i, line in enumerate(arguments) if line.startswith(embedding.format(384)))
+    arguments[i] = embedding.format(1)
+    with open(os.path.join(copy, executables.MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    caplog.clear()
+    exp = planned(config, jax.devices()[:DEVICES])
+    with caplog.at_level(logging.INFO):
+        loaded = executables.use_saved(exp, copy)
+    assert loaded.train_step is exp.train_step and loaded.eval_step is not exp.eval_step
+    assert (
+        f"compiled_dir={copy}: the train program was compiled for {embedding.format(1)}, this "
+        f"run has {embedding.format(384)} P('tensor', 'fsdp'); compiling instead"
     ) in caplog.text
 
 

@@ -19,7 +19,7 @@ import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
 from tfjax import interop, lora
-from tfjax.runner import checkpoint, checks, export, metrics, train, workdirs
+from tfjax.runner import checkpoint, checks, executables, export, metrics, setup, train, workdirs
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
@@ -490,3 +490,35 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
         lines = [line for line in stderr.splitlines() if line.startswith("run.py:")]
         assert status == 2 and len(lines) == 1 and message in lines[0], stderr[-2000:]
         assert not workdir.exists() or not os.listdir(workdir)
+
+
+def test_saved_programs_are_not_reused_after_the_checkpoint_changed(checkpoints, task, tmp_path):
+    """A save's manifest covers what the checkpoint decides, not only the run's config: the
+    same command after config.json changed at the same path (rope_theta, the same tensors) or
+    after the tokenizer changed is told which, and compiles instead."""
+    directory = tmp_path / "qwen3"
+    shutil.copytree(checkpoints["qwen3"], directory)
+    config = train.load_config(f"{FINETUNE}:tiny")
+    set_fields(config, {"init_from": str(directory), "dataset.train_files": task[0]})
+
+    def experiment():
+        run = setup.prepare(config, devices=jax.devices()[:1])
+        return setup.build(run, setup.planned_inputs(config))
+
+    manifest = executables.describe(experiment())
+    assert executables.mismatch(manifest, experiment()) is None
+    original = (directory / "config.json").read_text()
+    fields = json.loads(original)
+    fields["rope_theta"] = fields.get("rope_parameters", {})["rope_theta"] = 100.0
+    (directory / "config.json").write_text(json.dumps(fields))
+    why = executables.mismatch(manifest, experiment())
+    assert why.startswith("compiled for built model.rope_base=") and "100.0" in why, why
+    (directory / "config.json").write_text(original)
+    with open(directory / "tokenizer.json", "a") as f:
+        f.write(" ")  # another file's bytes
+    key = "checkpoint tokenizer.json"
+    was, now = manifest["fields"][key], executables.experiment_fields(experiment())[key]
+    assert was != now
+    assert executables.mismatch(manifest, experiment()) == (
+        f'compiled for {key}="{was}", this run has "{now}"'
+    )

@@ -339,9 +339,19 @@ def compile_experiment(
     steps: which of "train", "eval", "decode" (default: all that the config has).
     save_to: a directory to write the executables a run starts with to (init, train, eval),
       with what they were compiled for, when every step fits (`tfjax.runner.executables.save`;
-      report.saved lists the files).
+      report.saved lists the files); compiled with JAX's compilation cache off
+      (`executables.fresh_compiles`).
     Raises ValueError for a bad config or mesh (naming the field) before compiling anything.
     """
+    if save_to:
+        from tfjax.runner import executables
+
+        with executables.fresh_compiles():
+            return _compile_experiment(config, devices, topology, name, steps, save_to)
+    return _compile_experiment(config, devices, topology, name, steps, save_to)
+
+
+def _compile_experiment(config, devices, topology, name, steps, save_to) -> Report:
     mesh = sharding.make_mesh(config.mesh, devices)
     inputs = setup.planned_inputs(config)
     exp = setup.set_up(config, mesh, inputs=inputs)

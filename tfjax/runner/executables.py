@@ -10,9 +10,11 @@ traced, lowered and compiled there.
 DIR holds, per program, `<name>.executable` (a pickle of the program serialized by
 `jax.experimental.serialize_executable` with its argument and result pytree definitions) and
 `manifest.json`: what they were compiled for (the config's fields that shape the program and
-their fingerprint, the target: platform, device kind and count, processes, the mesh and its
-device order, the versions of jax, jaxlib and the platform's compiler plugin) and each file's
-size, SHA-256 and argument shapes and shardings.
+their fingerprint, with the model's fields as built and the bytes of a checkpoint's config and
+tokenizer files, which decide the program where the config does not: `experiment_fields`; the
+target: platform, device kind and count, processes, the mesh and its device order; the versions
+of jax, jaxlib and the platform's compiler plugin) and each file's size, SHA-256 and argument
+shapes and shardings.
 
 The runner (config.compiled_dir) checks DIR before any work (`check_dir`: a missing directory
 or manifest, a missing, truncated or altered file is an error naming the path), then, once the
@@ -35,6 +37,7 @@ Loading unpickles the files: point compiled_dir only at directories you wrote.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -89,6 +92,38 @@ def program_fields(config) -> dict:
         if key not in NOT_IN_PROGRAM:
             walk(f"{key}.", value)
     return json.loads(json.dumps(flat, default=repr))
+
+
+# A checkpoint's files that decide what its model computes and which ids it reads (config.init_from
+# or the workdir's copy): the programs of a run from it are compiled for their bytes.
+CHECKPOINT_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+
+
+def experiment_fields(exp) -> dict:
+    """`program_fields(exp.config)` and what decides the programs beyond the config: the model
+    as built ("built model.rope_theta": a checkpoint's config.json sets fields the run's config
+    never names) and a checkpoint's CHECKPOINT_FILES by their bytes ("checkpoint
+    config.json": its SHA-256)."""
+    fields = program_fields(exp.config)
+    model = exp.base_model if exp.base_model is not None else exp.model
+    model = getattr(model, "spec", model)  # an NNX model's Functional: its Linen spec
+    for f in dataclasses.fields(model):
+        if f.name not in ("parent", "name"):
+            fields[f"built model.{f.name}"] = repr(getattr(model, f.name))
+    if exp.pretrained is not None:
+        for name in CHECKPOINT_FILES:
+            path = os.path.join(exp.pretrained.config_dir, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    fields[f"checkpoint {name}"] = hashlib.sha256(f.read()).hexdigest()[:16]
+    return fields
 
 
 def fingerprint(fields: dict) -> str:
@@ -154,6 +189,23 @@ def describe_arguments(args) -> list[str]:
 
 
 # --------------------------------------------------------------------------------- saving
+@contextlib.contextmanager
+def fresh_compiles():
+    """JAX's persistent compilation cache off while the block compiles programs to save: a
+    program the cache gave back serializes without its machine code on the CPU (jaxlib 0.10:
+    the loaded save fails at its first call with "Function slice_add_fusion.13 not found")."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides whether to use the cache once, at a compile
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
+
+
 def check_save_dir(directory: str) -> None:
     """`directory` can take a save: missing, empty, or an earlier save (whose files are
     replaced); anything else would lose files, and is refused before compiling."""
@@ -188,18 +240,7 @@ def save(directory: str, exp, compiled: dict, *, name: str = "") -> list[str]:
     manifest_path = os.path.join(directory, MANIFEST)
     if os.path.exists(manifest_path):  # an earlier save: it stops being one first
         os.remove(manifest_path)
-    where = target(exp.mesh)
-    manifest = {
-        "format": FORMAT,
-        "config": name,
-        "fingerprint": None,
-        "versions": versions(where["platform"]),
-        "target": where,
-        "environment": {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
-        "steps": {},
-        "fields": program_fields(exp.config),
-    }
-    manifest["fingerprint"] = fingerprint(manifest["fields"])
+    manifest = {**describe(exp), "config": name}
     described, paths = signatures(exp), []
     for step in STEPS:
         if step not in compiled:
@@ -221,6 +262,22 @@ def save(directory: str, exp, compiled: dict, *, name: str = "") -> list[str]:
             os.remove(stale)
     _write(manifest_path, json.dumps(manifest, indent=1).encode())
     return [*paths, manifest_path]
+
+
+def describe(exp) -> dict:
+    """The manifest of `exp`'s programs without their files: what they are compiled for (the
+    fields, target and versions that `mismatch` compares)."""
+    where = target(exp.mesh)
+    fields = experiment_fields(exp)
+    return {
+        "format": FORMAT,
+        "fingerprint": fingerprint(fields),
+        "versions": versions(where["platform"]),
+        "target": where,
+        "environment": {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
+        "steps": {},
+        "fields": fields,
+    }
 
 
 def _write(path: str, data: bytes) -> None:
@@ -307,7 +364,7 @@ def mismatch(manifest: dict, exp) -> str | None:
     for package in sorted(set(saved) | set(now)):
         if saved.get(package) != now.get(package):
             return f"compiled for {package} {saved.get(package)}, this is {now.get(package)}"
-    fields = program_fields(exp.config)
+    fields = experiment_fields(exp)
     if fingerprint(fields) != manifest["fingerprint"]:
         was = manifest["fields"]
         differ = sorted(k for k in set(was) | set(fields) if was.get(k, ...) != fields.get(k, ...))
