@@ -1,6 +1,6 @@
 """Hugging Face ViT and timm's ViT (tfjax.interop.families.vit) against transformers: logits,
-position embeddings resampled to other image sizes as torch interpolates them, timm's keys,
-round trips, and refusals."""
+position embeddings resampled to other image sizes as torch interpolates them, timm's keys
+(against timm itself: test_interop_timm.py), round trips, and refusals."""
 
 import interop_references as references
 import jax.numpy as jnp
@@ -71,6 +71,19 @@ def test_bicubic_matrix_matches_torch_interpolate(size_in, size_out):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("antialias", [False, True])
+def test_non_square_grid_resampled_as_torch_interpolates(antialias):
+    """A 4 x 6 grid to 5 x 3 (one axis up, one down), plain and antialiased (timm's
+    resample_abs_pos_embed), the class token's row kept."""
+    table = np.random.RandomState(0).randn(1, 1 + 4 * 6, 2).astype(np.float32)
+    grid = torch.tensor(table[:, 1:].reshape(1, 4, 6, 2)).permute(0, 3, 1, 2)
+    want = torch.nn.functional.interpolate(grid, size=(5, 3), mode="bicubic", antialias=antialias)
+    want = want.permute(0, 2, 3, 1).reshape(1, 15, 2).numpy()
+    got = posemb.resample_posemb(table, (5, 3), grid=(4, 6), antialias=antialias)
+    np.testing.assert_array_equal(got[:, :1], table[:, :1])
+    np.testing.assert_allclose(got[:, 1:], want, atol=1e-6, rtol=0)
+
+
 def _timm_state(hf_state):
     """HF ViT weights under timm's documented VisionTransformer key names (qkv fused)."""
     s = {k: v.numpy() for k, v in hf_state.items()}
@@ -100,16 +113,19 @@ def _timm_state(hf_state):
 
 
 def test_timm_keys_match_hf_reference(hf_vit):
+    """The key layout where timm is not installed; at the trained size, as timm resamples
+    position embeddings otherwise than Hugging Face (antialiased): test_interop_timm.py
+    compares with timm itself."""
     ref, path = hf_vit
     # transformers 5 renames ViT modules in memory; the saved file keeps the hub key names.
     hf_state = {k: torch.from_numpy(v) for k, v in interop.read_state_dict(path).items()}
     model, params = interop.from_timm_vit(
-        _timm_state(hf_state), image_size=40, num_heads=4, norm_eps=1e-12
+        _timm_state(hf_state), image_size=32, num_heads=4, norm_eps=1e-12
     )
     assert (model.width, model.num_layers, model.mlp_dim, model.num_classes) == (32, 2, 40, 5)
-    images = _images(40, 40, seed=2)
+    images = _images(32, 32, seed=2)
     with torch.no_grad():
-        want = ref(torch.tensor(images), interpolate_pos_encoding=True).logits.numpy()
+        want = ref(torch.tensor(images)).logits.numpy()
     np.testing.assert_allclose(_vit_logits(model, params, images), want, atol=ATOL, rtol=0)
 
 

@@ -3,8 +3,8 @@
 `resample_posemb` interpolates the patch grid bicubically exactly as
 `torch.nn.functional.interpolate(mode="bicubic", align_corners=False)` does (Keys' kernel with
 a = -0.75, clamped borders), which is what Hugging Face's `interpolate_pos_encoding=True`
-and timm's `resample_abs_pos_embed` use, or with `antialias=True` as torch's antialiased resize
-(DINOv2 with registers); the class token's embedding is kept as it is.
+uses, or with `antialias=True` as torch's antialiased resize (timm's `resample_abs_pos_embed`,
+DINOv2 with registers); the class token's embedding is kept as it is.
 """
 
 import math
@@ -65,33 +65,47 @@ def bicubic_matrix(size_in: int, size_out: int, *, antialias: bool = False) -> n
 
 
 def resample_posemb(
-    posemb, new_grid: tuple[int, int], *, num_prefix_tokens: int = 1, antialias: bool = False
+    posemb,
+    new_grid: tuple[int, int],
+    *,
+    num_prefix_tokens: int = 1,
+    antialias: bool = False,
+    grid: tuple[int, int] | None = None,
 ):
-    """Position embeddings [1, prefix + h * w, D] of a square grid -> [1, prefix + H * W, D].
+    """Position embeddings [1, prefix + h * w, D] of an (h, w) grid -> [1, prefix + H * W, D].
 
     Args:
       posemb: learned embeddings; the first `num_prefix_tokens` (the class token) are kept.
       new_grid: (H, W) patches of the new image size.
       antialias: torch's antialiased bicubic (a = -0.5, normalised taps) instead of the plain one.
+      grid: (h, w) the embeddings were made for, row-major; a square one when None.
     """
     posemb = np.asarray(posemb)
     if posemb.ndim != 3 or posemb.shape[0] != 1:
         raise ValueError(f"resample_posemb: posemb must be [1, N, D], got {posemb.shape}")
-    prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
-    side = math.isqrt(grid.shape[0])
-    if side * side != grid.shape[0]:
+    prefix, table = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
+    if grid is None:
+        side = math.isqrt(table.shape[0])
+        if side * side != table.shape[0]:
+            raise ValueError(
+                f"resample_posemb: {table.shape[0]} patch embeddings do not form a square grid"
+            )
+        grid = (side, side)
+    if grid[0] * grid[1] != table.shape[0]:
         raise ValueError(
-            f"resample_posemb: {grid.shape[0]} patch embeddings do not form a square grid"
+            f"resample_posemb: {table.shape[0]} patch embeddings are no {grid[0]}x{grid[1]} grid"
         )
     h, w = new_grid
-    if (h, w) == (side, side):
+    if (h, w) == tuple(grid):
         return posemb
-    d = grid.shape[-1]
-    # [side, side, D] -> [H, W, D]
-    grid = grid.reshape(side, side, d).astype(np.float64)
-    rows, cols = (bicubic_matrix(side, n, antialias=antialias) for n in (h, w))
+    d = table.shape[-1]
+    # [h, w, D] -> [H, W, D]
+    table = table.reshape(*grid, d).astype(np.float64)
+    rows, cols = (
+        bicubic_matrix(n_in, n, antialias=antialias) for n_in, n in zip(grid, (h, w), strict=True)
+    )
     # [H, W, D]
-    out = np.einsum("Hh,hwd,Ww->HWd", rows, grid, cols)
+    out = np.einsum("Hh,hwd,Ww->HWd", rows, table, cols)
     out = out.reshape(1, h * w, d).astype(posemb.dtype)
     return np.concatenate([prefix, out], axis=1)
 
