@@ -522,3 +522,50 @@ def test_saved_programs_are_not_reused_after_the_checkpoint_changed(checkpoints,
     assert executables.mismatch(manifest, experiment()) == (
         f'compiled for {key}="{was}", this run has "{now}"'
     )
+
+
+def test_a_checkpoint_that_cannot_train_is_one_line_before_any_work(checkpoints, task, tmp_path):
+    """A config.json whose sizes are not its weights', a vocabulary smaller than the tokenizer
+    and NaN weights: each refused by name, the first two by the checks before any work (from
+    the safetensors headers), the third as the weights load (not at step 1, where the loss
+    would be blamed on the learning rate), leaving no workdir."""
+    source = checkpoints["llama"]
+    lie, vocab, nan = (tmp_path / name for name in ("lie", "vocab", "nan"))
+    for directory in (lie, vocab, nan):
+        shutil.copytree(source, directory)
+    fields = json.loads((lie / "config.json").read_text())
+    (lie / "config.json").write_text(json.dumps({**fields, "intermediate_size": 256}))
+    (vocab / "config.json").write_text(json.dumps({**fields, "vocab_size": 200}))
+    weights = read_weights(source)
+    rows = fields["vocab_size"]
+    safetensors.numpy.save_file(
+        {k: v[:200] if v.shape[0] == rows else v for k, v in weights.items()},
+        str(vocab / "model.safetensors"),
+    )
+    down = "model.layers.0.mlp.down_proj.weight"
+    weights[down] = weights[down].copy()
+    weights[down][0, 0] = np.nan
+    safetensors.numpy.save_file(weights, str(nan / "model.safetensors"))
+
+    def config_from(directory):
+        config = train.load_config(f"{FINETUNE}:tiny")
+        return set_fields(
+            config,
+            {
+                "init_from": str(directory),
+                "dataset.train_files": task[0],
+                "dataset.eval_files": task[1],
+            },
+        )
+
+    workdir = str(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"has shape \(128, 64\), but the model built from"):
+        checks.check_run(config_from(lie), workdir)
+    with pytest.raises(ValueError, match=f"the tokenizer has {rows} ids, more than the 200"):
+        checks.check_run(config_from(vocab), workdir)
+    with pytest.raises(
+        checkpoint.DamagedWeightsError,
+        match=r"weights hold NaN or Inf values \(in the model's decoder/layers_0/mlp/wo/kernel\)",
+    ):
+        train.train_and_evaluate(config_from(nan), workdir)
+    assert not os.path.exists(workdir)

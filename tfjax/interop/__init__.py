@@ -293,6 +293,22 @@ def pretrained_params(directory, model, *, image_size=None):
     return convert.import_params(family, model, state)
 
 
+def check_pretrained(directory) -> None:
+    """Every key and shape of a checkpoint directory's safetensors weights against the model
+    its config.json builds (`pretrained_model`), from the files' headers: no tensor is read, no
+    device used. A config.json whose sizes are not its weights' is a ValueError naming the key,
+    the file and both shapes, before a run does any work. Vision towers (read whole) and torch
+    files (no header to read) are checked as they load."""
+    family, tower, _ = _run_loader(directory)
+    state = read_state_dict(directory, lazy=True)
+    if tower is not None or not isinstance(state, core.files.LazyStateDict):
+        return
+    model = pretrained_model(directory)
+    if hasattr(model, "implementation"):  # the same parameters; its choice needs no device
+        model = model.clone(implementation="xla")
+    convert.check_params(family, model, state)
+
+
 def stream_pretrained_params(directory, model, *, image_size=None, digest=None):
     """`pretrained_params` one parameter at a time, for placing each on its devices as it is
     read: (path in `model`'s layout, numpy array), every key and shape checked first, the

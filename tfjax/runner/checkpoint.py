@@ -128,6 +128,10 @@ class CheckpointMismatchError(CheckpointError, ValueError):
     loader): a config error, so no older step is tried instead."""
 
 
+class DamagedWeightsError(CheckpointError, ValueError):
+    """The weights a run starts from (config.init_from) hold NaN or Inf values."""
+
+
 class UnusableCheckpointError(CheckpointError, RuntimeError):
     """A checkpoint step cannot be read, lacks an item it was written with, or fails its
     checksums: the run passes it over."""

@@ -91,8 +91,10 @@ def check_model(config, workdir: str | None = None) -> None:
     data = pretrained.dataset_spec(config, workdir)
     inputs = setup.planned_inputs(config, data)
     vocab_size = inputs.vocab_size
-    if vocab_size is None and not data.images:  # the user's files: the tokenizer's, not read
-        vocab_size = 1  # here; the model's own size when it has one, else any will do
+    if vocab_size is None and not data.images:  # the user's files: their tokenizer's ids must
+        from tfjax.data import files  # fit the model's embedding rows (a checkpoint's own)
+
+        vocab_size = files.load_tokenizer(data.tokenizer).vocab_size
     model = setup.build_model(
         config,
         vocab_size=vocab_size,
@@ -271,12 +273,15 @@ def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool
 
 def _check_safetensors_headers(directory: str) -> None:
     """Opens every safetensors file of a Hugging Face checkpoint (headers only, milliseconds):
-    a truncated or damaged one is named before any work. Torch files have no such cheap read."""
+    a truncated or damaged one, or a tensor whose shape is not what config.json's sizes make
+    (`tfjax.interop.check_pretrained`), is named before any work. Torch files have no such
+    cheap read."""
+    from tfjax import interop
     from tfjax.interop.core import files
 
     names = os.listdir(directory)
     if files.SAFETENSORS in names or files.SAFETENSORS_INDEX in names:
-        files.read_state_dict(directory, lazy=True)
+        interop.check_pretrained(directory)
 
 
 def _adapters_only_workdir(path: str) -> bool:

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 KEPT = "pretrained"  # the workdir's copy of the checkpoint's small files
@@ -435,4 +436,29 @@ def load_params(pretrained: Pretrained, model, abstract_params, digest=None):
         placed[path] = jax.make_array_from_callback(
             abstract.shape, abstract.sharding, lambda index, a=array: a[index]
         )
+    _check_finite(pretrained, placed)
     return traverse_util.unflatten_dict(placed)
+
+
+def _check_finite(pretrained: Pretrained, placed: dict) -> None:
+    """Weights holding NaN or Inf would make step 1's loss non-finite, which the run would blame
+    on the learning rate: refused here, naming them. One jitted reduction over the placed
+    arrays where they lie, one host sync."""
+    floats = {
+        "/".join(path): a
+        for path, a in placed.items()
+        if a is not None and jnp.issubdtype(a.dtype, jnp.floating)
+    }
+    finite = jax.device_get(
+        jax.jit(lambda t: {k: jnp.isfinite(x).all() for k, x in t.items()})(floats)
+    )
+    bad = sorted(k for k, ok in finite.items() if not ok)
+    if bad:
+        from tfjax.runner.checkpoint import DamagedWeightsError
+
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise DamagedWeightsError(
+            f"config.init_from={pretrained.weights_dir!r}: the checkpoint's weights hold NaN or "
+            f"Inf values (in the model's {', '.join(bad[:3])}{more}): the checkpoint is damaged "
+            "or was saved from a diverged run; download or export it again"
+        )

@@ -52,12 +52,10 @@ def import_params(family: Family, model, state: StateDict, *, inputs=None, rules
     return finish(model, params)
 
 
-def stream_params(family: Family, model, state: StateDict) -> Iterator[tuple[tuple, np.ndarray]]:
-    """`import_params` one parameter at a time: (path in `model`'s layout, numpy array), every
-    key and shape checked before the first is read (from the headers of a LazyStateDict). A
-    scanned model's stacked parameter is filled layer by layer and given when complete, the
-    rules ordered so that one stacked parameter is being filled at a time: the caller can place
-    each array and drop it, holding at most one parameter of the model on the host."""
+def check_params(family: Family, model, state: StateDict):
+    """(rules, expected param shapes) of importing `state` into `model`, every key and shape
+    checked first (from the headers of a LazyStateDict: no tensor is read); a ValueError names
+    the key, its file and both shapes."""
     prefix = key_prefix(family, state)
     rules = import_rules(family, model, state, prefix)
     expected = param_shapes(model, *family.inputs)
@@ -69,6 +67,16 @@ def stream_params(family: Family, model, state: StateDict) -> Iterator[tuple[tup
         ignore=family.ignore,
         tied=family.tied(model, prefix),
     )
+    return rules, expected
+
+
+def stream_params(family: Family, model, state: StateDict) -> Iterator[tuple[tuple, np.ndarray]]:
+    """`import_params` one parameter at a time: (path in `model`'s layout, numpy array), every
+    key and shape checked before the first is read (from the headers of a LazyStateDict). A
+    scanned model's stacked parameter is filled layer by layer and given when complete, the
+    rules ordered so that one stacked parameter is being filled at a time: the caller can place
+    each array and drop it, holding at most one parameter of the model on the host."""
+    rules, expected = check_params(family, model, state)
     if not getattr(model, "scan_layers", False):
         yield from convert_rules(state, rules, expected)
         return
