@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT
+from test_files import write_checkpoint_tokenizer
 
 import tfjax.data
 from tfjax.data import files, image_folders
@@ -127,8 +128,7 @@ def test_damaged_parquet_and_arrow_files_are_one_line_naming_the_file(tmp_path):
         writer.write_table(table, max_chunksize=16)
     with pa.ipc.new_file(str(tmp_path / "format.arrow"), table.schema) as writer:
         writer.write_table(table)
-    (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    write_checkpoint_tokenizer(tmp_path / "tok")  # (files.check loads it)
     noise = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     damaged = {
         "cut.parquet": good["parquet"].read_bytes()[:-100],
