@@ -6,6 +6,7 @@ import collections
 import json
 import logging
 import pickle
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -252,6 +253,77 @@ def test_split_cuts_text_rows_and_truncates_the_others(data, tokenizer):
         else:
             expected.update(expected_examples(tokenizer, [row], seq_len))
     assert got == expected
+
+
+LONG_PROMPTS = [
+    {"prompt": "Q? " * 30, "completion": "A."},
+    {"prompt": "Why? " * 12, "completion": "Because."},
+    {
+        "messages": [
+            {"role": "user", "content": "hello " * 20},
+            {"role": "assistant", "content": "hi"},
+        ]
+    },
+]
+
+
+def test_rows_that_train_nothing_are_dropped_counted_and_a_split_of_them_refused(
+    bad_dir, tokenizer, caplog
+):
+    """At dataset.seq_len=24 a prompt of 24 tokens or more leaves nothing of its completion
+    (and an empty text without bos has nothing to train): such rows are dropped as they are
+    encoded, the first of each file logged and their number logged once per split, exactly; the
+    other rows come out as before. A split of nothing else is refused when its loader is made
+    (before any step or evaluation) naming dataset.seq_len and the longest prompt."""
+    seq_len = 24
+    prompts = [int(np.argmax(ct.encode_row(tokenizer, r)["weights"] > 0)) for r in LONG_PROMPTS]
+    assert min(prompts) >= seq_len and not tokenizer.add_bos
+    good = PROMPT_ROWS[:3] + TEXT_ROWS[:2]
+    rows = good[:2] + LONG_PROMPTS[:2] + good[2:] + [{"text": ""}] + LONG_PROMPTS[2:]
+    path = write_jsonl(bad_dir / "some.jsonl", rows)
+    cfg = config(bad_dir, train_files=str(path), eval_files=str(path), seq_len=seq_len)
+    counted = (
+        rf"dataset.eval_files: 4 of the 9 rows this process read in epoch 0 train nothing and "
+        rf"were dropped \({path}: 4\): 3 cut by dataset.seq_len=24 before their completion "
+        rf"\(the longest prompt: {max(prompts)} tokens; raise dataset.seq_len above the prompts "
+        r"to train them\); 1 with no token to train"
+    )
+    with caplog.at_level(logging.WARNING):
+        with loader({**cfg, "packing": False}, split="eval") as ld:
+            got = unpacked_rows(list(ld))
+            ld.reset()  # evaluated again: counted once
+            assert unpacked_rows(list(ld)) == got
+    assert collections.Counter(got) == expected_examples(tokenizer, good, seq_len)
+    assert len(re.findall(counted, caplog.text)) == 1
+    assert caplog.text.count("trains nothing:") == 1  # the first of the file
+    first = (
+        f"{path}:3 trains nothing: its prompt is {prompts[0]} tokens, and dataset.seq_len=24 cuts "
+        f"it before its completion; it is dropped, and so is every such row of {path} (counted"
+    )
+    assert first in caplog.text
+    with loader(cfg, shuffle=True) as ld:  # packed, shuffled
+        assert collections.Counter(packed_segments(list(ld))) == expected_examples(
+            tokenizer, good, seq_len
+        )
+
+    bad = write_jsonl(bad_dir / "long.jsonl", LONG_PROMPTS + [{"text": ""}])
+    refused = (
+        rf"^dataset.{{}}: no row trains: dataset.seq_len=24 cuts every row before its completion "
+        rf"\(the longest prompt, {bad}:1, is {max(prompts)} tokens\); raise dataset.seq_len "
+        r"above the prompts, or shorten them$"
+    )
+    for split in ("train", "eval"):
+        with pytest.raises(tf_files.BadRowsError, match=refused.format(f"{split}_files")):
+            loader(config(bad_dir, train_files=str(bad), eval_files=str(bad), seq_len=24), split)
+    mixed = config(bad_dir, train_files="", mixture=f"1:{path};1:{bad}", seq_len=24)
+    with pytest.raises(tf_files.BadRowsError, match=refused.format(r"mixture: entry 2 '1:.*'")):
+        loader(mixed, num_epochs=None)
+    empty = write_jsonl(bad_dir / "empty.jsonl", [{"text": ""}])
+    with pytest.raises(
+        tf_files.BadRowsError,
+        match=rf"^dataset.train_files: no row trains: {empty}:1: it has no token to train",
+    ):
+        loader(config(bad_dir, train_files=str(empty)))
 
 
 def check_resumes_exactly(make, batches=30, saved_at=7):

@@ -17,10 +17,12 @@ Text is variable-length, so it goes example by example through packing:
     -> pack (segment ids, positions) or not -> batch(pad rows to seq_len)
 
 The user's own files (`tfjax.data.files`) take the same path: their rows are the records,
-tokenised with the checkpoint's tokenizer into "tokens" and "weights". A mixture of several
-sources of them (dataset.mixture) mixes the sources at their weights before packing:
+tokenised with the checkpoint's tokenizer into "tokens" and "weights", and a row that trains
+nothing once cut to seq_len is dropped there (`files.RowEncoder`: counted, logged, and a split
+of no other rows refused when the loader is made). A mixture of several sources of them
+(dataset.mixture) mixes the sources at their weights before packing:
 
-  each source: records -> tokenise -> shuffle per epoch of its own, shard, repeat forever
+  each source: records -> tokenise (drop) -> shuffle per epoch of its own, shard, repeat forever
   the sources -> mix (Grain's MapDataset.mix) -> split or truncate -> pack or not -> batch
 
 Every batch has the same shapes: the last partial batch is padded with zero rows. Worker
@@ -488,22 +490,31 @@ def make_loader(
         it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
     else:
         tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)
-        transform = _text_transform(cfg, fields, tokenizer, split)
+        if file_lists is None:
+            transform = _text_transform(cfg, fields, tokenizer, split)
+            encoded = [grain.MapDataset.source(source).random_map(transform, seed=_seed(seed, 1))]
+        else:  # the user's rows; those that train nothing once cut are dropped (None)
+            encoded = []
+            for s, field in zip(opened, where, strict=True):
+                share = len(range(process_index, len(s), process_count))  # rows per epoch
+                encoder = files.RowEncoder(
+                    tokenizer,
+                    seq_len=cfg.seq_len,
+                    split_text=cfg.long_examples == "split",
+                    field=field,
+                    rows=len(s),
+                    share=None if cfg.num_workers else share,  # (workers: part of it each)
+                )
+                encoder.check(s)  # some row trains, else refused before any step
+                encoded.append(grain.MapDataset.source(s).map_with_index(encoder))
         if mixture is None:
-            records = grain.MapDataset.source(source).random_map(transform, seed=_seed(seed, 1))
-            records = order(records, _seed(seed, 0))
+            records = order(encoded[0], _seed(seed, 0))
         else:
             # Each process draws from its own share of every source, at the weights; Grain
             # interleaves the sources in a fixed pattern (3:1 is AAAB AAAB ...), so the saved
             # position is one index as without a mixture.
             records = grain.MapDataset.mix(
-                [
-                    order(
-                        grain.MapDataset.source(s).random_map(transform, seed=_seed(seed, 1, i)),
-                        _seed(seed, 0, i),
-                    )
-                    for i, s in enumerate(opened)
-                ],
+                [order(e, _seed(seed, 0, i)) for i, e in enumerate(encoded)],
                 _proportions([weight for weight, _, _ in mixture]),
             )
         it = _text_batches(records.to_iter_dataset(read_options), cfg, spec, batch_size)
@@ -559,16 +570,7 @@ def make_loader(
 
 
 def _text_transform(cfg, fields, tokenizer, split):
-    """The per-record transform of a text task, as a picklable partial."""
-    if catalog.is_files(cfg.name):
-        from tfjax.data import files
-
-        return functools.partial(
-            files.encode_example,
-            tokenizer=tokenizer,
-            seq_len=cfg.seq_len,
-            split_text=cfg.long_examples == "split",
-        )
+    """The per-record transform of a text task (of a TFDS dataset), as a picklable partial."""
     if cfg.task == "classification":
         return functools.partial(
             _classification_text_example, fields=fields, tokenizer=tokenizer, cfg=cfg, split=split
