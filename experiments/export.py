@@ -14,9 +14,10 @@ adapter_config.json and adapter_model.safetensors (peft's LoRA format, base_mode
     peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(init_from), "/tmp/ft_lora")
 
 which computes what the full export does; refused (status 1, one line) for a run without LoRA,
-one that did not start from a Hugging Face checkpoint directory (or whose init_from has moved),
-and an adapted kernel that is not one Linear layer of the checkpoint (GPT-2's fused c_attn).
---output must not exist.
+a QLoRA run (lora.base_dtype: no base peft loads is the quantized one its adapters were trained
+on; the full export is that model), one that did not start from a Hugging Face checkpoint
+directory (or whose init_from has moved), and an adapted kernel that is not one Linear layer of
+the checkpoint (GPT-2's fused c_attn). --output must not exist.
 """
 
 import os

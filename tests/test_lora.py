@@ -241,6 +241,7 @@ def test_a_mixture_of_experts_adapts_attention_and_dense_layers_not_experts():
         ("dropout", 1.0, r"dropout must be in \[0, 1\)"),
         ("targets", "(", "targets='\\(' is not a regex"),
         ("base_dtype", "int4", "base_dtype='int4' is unknown"),
+        ("tile_size", -1, r"tile_size must be an int >= 0 \(0: one scale per output channel\)"),
     ],
 )
 def test_config_errors_name_the_field(field, value, message):
@@ -248,9 +249,32 @@ def test_config_errors_name_the_field(field, value, message):
         lora.LoraConfig(**{field: value})
 
 
-@pytest.mark.parametrize("base_dtype", ["int8", "nf4"])
-def test_qlora_trains_adapters_on_a_quantized_base(base_dtype):
-    config = lora.LoraConfig(rank=2, alpha=4.0, base_dtype=base_dtype)
+@pytest.mark.parametrize(
+    "base_dtype, tile_size, block",
+    [
+        ("nf4", None, 64),  # QLoRA's NF4 blocks: one scale per 64 inputs, the default
+        ("nf4", 32, 32),
+        ("nf4", 0, None),  # one scale per output channel
+        ("int8", None, None),
+        ("int8", 64, 64),
+    ],
+)
+def test_quantized_kernels_are_scaled_in_blocks_of_tile_size(base_dtype, tile_size, block):
+    """A Dense kernel [128 inputs, 3 outputs] quantized: nf4 by default in QLoRA's blocks of 64
+    inputs per output channel, int8 by default per output channel; tile_size chooses."""
+    config = lora.LoraConfig(rank=2, base_dtype=base_dtype, tile_size=tile_size, targets="kernel")
+    assert config.block_size == block
+    x = jnp.ones((2, 128))
+    float_base = nn.Dense(3).init(jax.random.key(0), x)["params"]
+    params = lora.init_params(
+        lora.apply_lora(nn.Dense(3), config), float_base, jax.random.key(1), x
+    )
+    assert params["kernel"].array.scale.shape == (128 // block if block else 1, 3)
+
+
+@pytest.mark.parametrize("base_dtype, tile_size", [("int8", None), ("nf4", 16)])
+def test_qlora_trains_adapters_on_a_quantized_base(base_dtype, tile_size):
+    config = lora.LoraConfig(rank=2, alpha=4.0, base_dtype=base_dtype, tile_size=tile_size)
     model, float_base = _base(True)[:2]
     lora_model = lora.apply_lora(model, config)
     params = jax.jit(lambda b: lora.init_params(lora_model, b, jax.random.key(1), TOKENS))(
@@ -282,6 +306,32 @@ def test_qlora_trains_adapters_on_a_quantized_base(base_dtype):
         lora.merge(params, config)
     with pytest.raises(ValueError, match="holds float values"):
         lora_model.apply({"params": lora.combine(float_base, adapters)}, TOKENS)
+
+
+def test_a_resumed_or_decoded_qlora_run_must_quantize_its_base_as_it_was_trained():
+    """A workdir from before nf4's default became QLoRA's blocks of 64 recorded tile_size 0
+    (per channel): resuming it with the default (None: 64 now) is refused naming the fields
+    and the flags that give its base back; the same quantization however spelled passes."""
+    recorded = lora.LoraConfig(base_dtype="nf4", tile_size=0)
+    with pytest.raises(ValueError) as e:
+        lora.check_quantization_kept(recorded, lora.LoraConfig(base_dtype="nf4"), "W/config.json")
+    assert str(e.value) == (
+        "lora.base_dtype / lora.tile_size: this run's adapters were trained on its base "
+        "quantized as nf4 with one scale per output channel (lora.base_dtype='nf4', "
+        "lora.tile_size 0) (W/config.json), but this config makes it quantized as nf4 in "
+        "blocks of 64 inputs (lora.base_dtype='nf4', lora.tile_size unset); give "
+        "--config.lora.base_dtype=nf4 --config.lora.tile_size=0, the base the adapters belong to"
+    )
+    with pytest.raises(ValueError, match="trained on its base float .* makes it quantized as"):
+        lora.check_quantization_kept(lora.LoraConfig(), lora.LoraConfig(base_dtype="int8"), "")
+    same = [
+        (lora.LoraConfig(base_dtype="nf4", tile_size=64), lora.LoraConfig(base_dtype="nf4")),
+        (lora.LoraConfig(base_dtype="int8"), lora.LoraConfig(base_dtype="int8", tile_size=0)),
+        (lora.LoraConfig(tile_size=0), lora.LoraConfig(tile_size=32)),  # no quantization
+        (None, lora.LoraConfig(base_dtype="nf4")),  # not a LoRA run before: other checks'
+    ]
+    for trained, now in same:
+        lora.check_quantization_kept(trained, now, "W/config.json")
 
 
 def test_eager_bfloat16_attention_finds_every_kernel():

@@ -43,7 +43,11 @@ With `base_dtype` ("int8" or "nf4") the targeted kernels are stored quantized (Q
 `init_params` quantizes the float base once, and the model dequantizes them in its matmuls.
 A quantized kernel is stored in the matmul's layout (query_kernel as [D, N H]) as a Qwix
 `WithAux(QArray(qvalue, scale))` with logical names; train the adapters on it, and `merge` them
-into the float base.
+into the float base dequantized (`dequantized`): the kernels the adapters were trained on.
+Each output channel's inputs (the matmul's contracting axis: D of query_kernel, N H of
+out_kernel) are scaled in blocks of `tile_size` (Qwix's tile_size: one absmax scale per
+block), by default base_dtype's own: nf4 in QLoRA's blocks of 64 (NF4_TILE_SIZE), int8 with
+one scale per output channel (tile_size 0).
 
 How: `apply_lora` hands the model to Qwix (`qwix.apply_lora_to_model` with a `LoraProvider`),
 which intercepts jax.numpy.einsum, jax.lax.dot_general and jax.lax.conv_general_dilated while
@@ -122,8 +126,10 @@ __all__ = [
     "BASE_DTYPES",
     "DEFAULT_TARGETS",
     "LoraConfig",
+    "NF4_TILE_SIZE",
     "adapter_mask",
     "apply_lora",
+    "check_quantization_kept",
     "combine",
     "dequantized",
     "init_params",
@@ -141,6 +147,9 @@ DEFAULT_TARGETS = (
     r"|.*/mlp/(wi|wi_0|wi_1|wo)/kernel"
 )
 BASE_DTYPES = (None, "int8", "nf4")  # LoraConfig.base_dtype's values
+NF4_TILE_SIZE = 64  # QLoRA's NF4 block (Dettmers et al., 2023): one scale per 64 inputs
+# base_dtype -> its tile_size when LoraConfig.tile_size is None (0: one scale per output channel)
+DEFAULT_TILE_SIZES = {"int8": 0, "nf4": NF4_TILE_SIZE}
 ADAPTER_SUFFIXES = ("_lora_a", "_lora_b")  # Qwix's names: kernel `W` -> `W_lora_a`, `W_lora_b`
 METHODS = ("__call__", "logits", "encode", "decode")  # the model methods that get adapters
 
@@ -155,7 +164,7 @@ class LoraConfig:
     targets: str = DEFAULT_TARGETS  # a regex, fully matched against "/"-joined parameter paths
     base_dtype: str | None = None  # QLoRA: "int8" or "nf4" stores the targeted kernels quantized
     tile_size: int | None = None  # QLoRA: one scale per this many inputs of each output
-    # channel (QLoRA's NF4 block: 64); None: one scale per output channel
+    # channel; 0: one scale per output channel; None: base_dtype's (DEFAULT_TILE_SIZES: nf4 64)
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -175,15 +184,25 @@ class LoraConfig:
         if self.tile_size is not None and (
             isinstance(self.tile_size, bool)
             or not isinstance(self.tile_size, int)
-            or self.tile_size < 1
+            or self.tile_size < 0
         ):
             raise ValueError(
-                f"LoraConfig.tile_size must be a positive int or None, got {self.tile_size!r}"
+                f"LoraConfig.tile_size must be an int >= 0 (0: one scale per output channel) "
+                f"or None (base_dtype's default), got {self.tile_size!r}"
             )
 
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+    @property
+    def block_size(self) -> int | None:
+        """The inputs per scale of the quantized kernels (Qwix's tile_size): tile_size, or
+        base_dtype's default when None; None: one scale per output channel, or no quantization."""
+        if self.base_dtype is None:
+            return None
+        size = self.tile_size if self.tile_size is not None else DEFAULT_TILE_SIZES[self.base_dtype]
+        return size or None
 
 
 def apply_lora(model, config: LoraConfig, *example_args, rngs=None, **example_kwargs):
@@ -323,6 +342,46 @@ def dequantized(params, like) -> dict:
     return flax.traverse_util.unflatten_dict(out)
 
 
+# ----------------------------------------------------------------------------------------------
+# QLoRA's check on every later load of a run's base.
+
+
+def _quantized_as(config: LoraConfig) -> str:
+    """How `config` stores its base: "float (lora.base_dtype='')", "quantized as nf4 in
+    blocks of 64 inputs (lora.base_dtype='nf4', lora.tile_size unset)", ..."""
+    if config.base_dtype is None:
+        return "float (lora.base_dtype='')"
+    blocks = (
+        f"in blocks of {config.block_size} inputs"
+        if config.block_size
+        else "with one scale per output channel"
+    )
+    tile = "unset" if config.tile_size is None else config.tile_size
+    return (
+        f"quantized as {config.base_dtype} {blocks} (lora.base_dtype={config.base_dtype!r}, "
+        f"lora.tile_size {tile})"
+    )
+
+
+def check_quantization_kept(trained: LoraConfig | None, now: LoraConfig | None, where: str):
+    """A run's adapters belong to its base quantized as it was when they were trained: a
+    resumed or decoded run (config `now`) must quantize it as `trained` did (the config the
+    workdir recorded, in the file `where`): the same base_dtype and block size. Else one
+    ValueError naming lora.base_dtype and lora.tile_size, both quantizations, and the flags that
+    give the trained one; this is also how a workdir from before nf4's default became QLoRA's
+    blocks of 64 (it recorded lora.tile_size=0: one scale per output channel) is told apart."""
+    if trained is None or now is None:
+        return
+    if (trained.base_dtype, trained.block_size) == (now.base_dtype, now.block_size):
+        return
+    raise ValueError(
+        f"lora.base_dtype / lora.tile_size: this run's adapters were trained on its base "
+        f"{_quantized_as(trained)} ({where}), but this config makes it "
+        f"{_quantized_as(now)}; give --config.lora.base_dtype={trained.base_dtype or ''} "
+        f"--config.lora.tile_size={trained.block_size or 0}, the base the adapters belong to"
+    )
+
+
 def _delta(a, b, shape, rank, name):
     """A B in the kernel's `shape`: A [*L, in..., r] and B [*L, r, out...] (L: the stacked
     layer axes, shared with the kernel) for a kernel [*L, in..., out...]."""
@@ -394,7 +453,7 @@ class _Provider(qwix.LoraProvider):
             alpha=config.alpha,
             dropout=config.dropout,
             weight_qtype=config.base_dtype,
-            tile_size=config.tile_size,
+            tile_size=config.block_size,
             lora_a_initializer=_folded(jax.nn.initializers.he_uniform(), 1),
             lora_b_initializer=_folded(jax.nn.initializers.zeros, 2),
         )

@@ -183,7 +183,9 @@ def lora() -> ml_collections.ConfigDict:
     c.dropout = 0.0  # on the adapters' input, in training
     c.targets = ""  # regex of the kernels that get adapters ("": attention and MLP kernels)
     c.base_dtype = ""  # QLoRA: the frozen base stored as "int8" or "nf4" ("": as trained)
-    c.tile_size = 0  # QLoRA: one scale per this many inputs (QLoRA's NF4: 64); 0: per channel
+    # QLoRA: one scale per this many inputs of each output channel; 0: one per output channel;
+    # None: base_dtype's (nf4: 64, QLoRA's blocks; int8: 0). A workdir records it as set.
+    c.tile_size = config_dict.placeholder(int)
     return c
 
 
@@ -193,7 +195,7 @@ LORA = {  # tfjax.lora.LoraConfig checks them again, with the regex
     "dropout": FRACTION,
     "targets": TEXT,
     "base_dtype": one_of("", "int8", "nf4"),
-    "tile_size": COUNT,
+    "tile_size": optional(COUNT),
 }
 
 

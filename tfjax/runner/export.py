@@ -14,7 +14,7 @@ tokenizers and no tokenizer files. A vision run's export holds its head's class 
 id2label / label2id and the checkpoint's preprocessor_config.json, and no
 generation_config.json; a model Hugging Face has no class for (a CLIP or SigLIP tower with a
 linear head) is refused, naming what each class needs. A QLoRA run's adapters are merged into
-(or, adapters only, exported for) the dequantized kernels they were trained on.
+the dequantized kernels they were trained on: the export computes the trained model.
 
 `adapters_only=True` writes a LoRA run's adapters alone, as `peft` saves them:
 adapter_config.json (LORA, CAUSAL_LM, r, lora_alpha, lora_dropout, the Hugging Face names of
@@ -33,10 +33,13 @@ weight, so lora_A.weight = A.T [r, in] and lora_B.weight = B.T [out, r] (peft's 
 tfjax's: lora_alpha / r, no rsLoRA).
 
 Refused by name before anything is written (all but the last before the checkpoint is read):
-a run without LoRA (lora.rank 0), a config.init_from that is not the Hugging Face checkpoint
-directory the run started from (from scratch, from another run's workdir, or moved), a
-checkpoint that is not a causal LM, and a kernel that is not one whole Linear layer of the
-checkpoint (GPT-2's fused query, key and value; its Conv1D layers).
+a run without LoRA (lora.rank 0), a QLoRA run (lora.base_dtype: its adapters were trained on
+the quantized base, which no base peft loads reproduces: the float checkpoint gives other
+logits and bitsandbytes quantizes otherwise; the full export, adapters merged into the
+dequantized kernels, is the trained model), a config.init_from that is not the Hugging Face
+checkpoint directory the run started from (from scratch, from another run's workdir, or
+moved), a checkpoint that is not a causal LM, and a kernel that is not one whole Linear layer
+of the checkpoint (GPT-2's fused query, key and value; its Conv1D layers).
 
 Everything is written into a temporary directory beside `output` and renamed at the end: an
 existing `output` is never touched.
@@ -144,6 +147,14 @@ def _adapter_base(config, kept: str) -> str:
         raise ValueError(
             f"{flag}: the run has no LoRA adapters (lora.rank=0: every parameter trained); "
             "export the whole model without the flag"
+        )
+    if config.lora.get("base_dtype"):
+        raise ValueError(
+            f"{flag}: lora.base_dtype={config.lora.base_dtype!r}: this QLoRA run's adapters were "
+            "trained on its quantized base, which no base that peft loads reproduces (the float "
+            "checkpoint gives other logits, and bitsandbytes' 4- and 8-bit bases are other "
+            "quantizers); export without the flag: the adapters merged into the dequantized "
+            "kernels they were trained on, the trained model itself"
         )
     init_from = config.get("init_from") or ""
     if not init_from:

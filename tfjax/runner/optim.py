@@ -145,7 +145,7 @@ def lora_config(config):
             dropout=float(c.dropout),
             targets=c.targets or lora.DEFAULT_TARGETS,
             base_dtype=c.base_dtype or None,
-            tile_size=c.get("tile_size") or None,
+            tile_size=c.get("tile_size"),  # None: base_dtype's; 0: per channel
         )
     except ValueError as e:  # LoraConfig names its own field; the config's is lora.<field>
         raise ValueError(str(e).replace("LoraConfig.", "lora.")) from None
