@@ -308,6 +308,39 @@ def test_qlora_trains_adapters_on_a_quantized_base(base_dtype, tile_size):
         lora_model.apply({"params": lora.combine(float_base, adapters)}, TOKENS)
 
 
+def test_a_tile_size_that_does_not_divide_a_kernels_inputs_is_one_error_naming_them():
+    """modern-tiny's adapted kernels take 32 inputs (D; N H) but mlp/wo 96 (F). A tile_size
+    that divides not every one is one line naming the field, each kernel with its width, and
+    the sizes that fit: before any work from the float LoRA params' shapes (check_tile_size,
+    which the runner calls), and at quantization (init_params) for the kernel it meets first."""
+    params = _base(True)[3]  # the LoRA params' adapters A [L, in, r] give the widths
+    attention = "decoder/layers/self_attention"
+    with pytest.raises(ValueError) as e:
+        lora.check_tile_size(lora.LoraConfig(base_dtype="nf4", tile_size=48), params, "lora")
+    message = str(e.value)
+    assert message.startswith("lora.tile_size=48: 6 adapted kernel(s) of base_dtype='nf4' ")
+    assert f"{attention}/key_kernel (32), {attention}/out_kernel (32)" in message
+    assert "and 2 more; set lora.tile_size to 0 (one scale per output channel) or to a " in message
+    assert "divisor of 32, what every adapted kernel's inputs divide by (32, 16, 8, 4, ...)" in (
+        message
+    )
+    assert "mlp/wo/kernel" not in message  # 96 = 2 x 48
+    with pytest.raises(ValueError, match=r"^LoraConfig.tile_size unset \(nf4's default: 64, "):
+        lora.check_tile_size(lora.LoraConfig(base_dtype="nf4"), params)
+    for fits in (
+        lora.LoraConfig(base_dtype="nf4", tile_size=32),
+        lora.LoraConfig(base_dtype="int8"),  # per channel
+        lora.LoraConfig(tile_size=48),  # no base_dtype: nothing quantized
+    ):
+        lora.check_tile_size(fits, params)
+    # Quantizing on its own (no check first): Qwix's "(32, 32) cannot be tiled as {0: 64}"
+    # was all it said; now the kernel and the field.
+    model, base = _base(True)[:2]
+    qlora = lora.apply_lora(model, lora.LoraConfig(base_dtype="nf4"))
+    with pytest.raises(ValueError, match=r"^LoraConfig.tile_size unset .*: decoder/layers/"):
+        jax.eval_shape(lambda b: lora.init_params(qlora, b, jax.random.key(1), TOKENS), base)
+
+
 def test_a_resumed_or_decoded_qlora_run_must_quantize_its_base_as_it_was_trained():
     """A workdir from before nf4's default became QLoRA's blocks of 64 recorded tile_size 0
     (per channel): resuming it with the default (None: 64 now) is refused naming the fields

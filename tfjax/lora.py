@@ -47,7 +47,8 @@ into the float base dequantized (`dequantized`): the kernels the adapters were t
 Each output channel's inputs (the matmul's contracting axis: D of query_kernel, N H of
 out_kernel) are scaled in blocks of `tile_size` (Qwix's tile_size: one absmax scale per
 block), by default base_dtype's own: nf4 in QLoRA's blocks of 64 (NF4_TILE_SIZE), int8 with
-one scale per output channel (tile_size 0).
+one scale per output channel (tile_size 0); a kernel whose inputs do not split into whole
+blocks is refused by name (`check_tile_size` checks them all before any work).
 
 How: `apply_lora` hands the model to Qwix (`qwix.apply_lora_to_model` with a `LoraProvider`),
 which intercepts jax.numpy.einsum, jax.lax.dot_general and jax.lax.conv_general_dilated while
@@ -130,6 +131,7 @@ __all__ = [
     "adapter_mask",
     "apply_lora",
     "check_quantization_kept",
+    "check_tile_size",
     "combine",
     "dequantized",
     "init_params",
@@ -343,7 +345,51 @@ def dequantized(params, like) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# QLoRA's check on every later load of a run's base.
+# QLoRA's checks: before any work, and on every later load of a run's base.
+
+
+def check_tile_size(config: LoraConfig, params, name: str = "LoraConfig") -> None:
+    """QLoRA: each adapted kernel's inputs (its matmul's contracting width: D of query_kernel,
+    N H of out_kernel, F of mlp/wo) must split into whole blocks of `config.block_size`.
+    `params`: the LoRA model's params or their ShapeDtypeStructs, boxed or not (from an
+    abstract init, which may run without base_dtype: no device needed), whose adapters A
+    [*L, in, r] give each kernel's width (tfjax's matmuls contract one axis). One ValueError
+    naming `name`.tile_size, every kernel that does not fit with its width, and the values
+    that fit them all."""
+    size = config.block_size
+    if size is None:
+        return
+    suffix = ADAPTER_SUFFIXES[0]
+    widths = {
+        "/".join(map(str, (*path[:-1], path[-1][: -len(suffix)]))): int(leaf.shape[-2])
+        for path, leaf in _flat(nn.unbox(params)).items()
+        if str(path[-1]).endswith(suffix)
+    }
+    if any(width % size for width in widths.values()):
+        raise ValueError(_tile_size_error(config, widths, name))
+
+
+def _tile_size_error(config: LoraConfig, widths: dict[str, int], name="LoraConfig") -> str:
+    """The line refusing `config.block_size` for the kernels `widths` {path: inputs}."""
+    size, field = config.block_size, f"{name}.tile_size"
+    given = (
+        f"{field}={config.tile_size}"
+        if config.tile_size is not None
+        else f"{field} unset ({config.base_dtype}'s default: {size}, QLoRA's block)"
+    )
+    bad = sorted(path for path, width in widths.items() if width % size)
+    listed = ", ".join(f"{path} ({widths[path]})" for path in bad[:4])
+    if len(bad) > 4:
+        listed += f", and {len(bad) - 4} more"
+    common = math.gcd(*widths.values())
+    divisors = [d for d in range(common, 0, -1) if common % d == 0][:4]
+    return (
+        f"{given}: {len(bad)} adapted kernel(s) of base_dtype={config.base_dtype!r} have a "
+        f"number of inputs that is not a multiple of {size} (each output channel's inputs are "
+        f"quantized in blocks of tile_size, one scale each): {listed}; set {field} to 0 (one "
+        f"scale per output channel) or to a divisor of {common}, what every adapted kernel's "
+        f"inputs divide by ({', '.join(map(str, divisors))}{', ...' if common > 4 else ''})"
+    )
 
 
 def _quantized_as(config: LoraConfig) -> str:
@@ -788,6 +834,9 @@ class _Provider(qwix.LoraProvider):
             tile_size=rule.tile_size,
             calibration_method=rule.weight_calibration_method,
         )
+        for axis, size in how.tiled_axes.items():  # Qwix: "(32, 32) cannot be tiled as {0: 64}"
+            if rhs.shape[axis] % size:
+                raise ValueError(_tile_size_error(self.config, {path: rhs.shape[axis]}))
         # From the stored (param_dtype) values, in the matmul's layout.
         value = _ptq.WithAux(_qarray.quantize(stored.reshape(rhs.shape), how), how)
         axes = _merged_axes(tuple(stored.shape), tuple(rhs.shape))
