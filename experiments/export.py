@@ -3,6 +3,7 @@ run's adapters as a directory that `peft` loads onto the checkpoint the run star
 
     python experiments/export.py --workdir=/tmp/ft --output=/tmp/ft_hf [--step=N]
     python experiments/export.py --workdir=/tmp/ft --output=/tmp/ft_lora --adapters_only
+    python experiments/export.py --workdir=/tmp/ft --output=/tmp/ft_hf --config.init_from=NEW_DIR
 
 The run's config is read from the workdir (config.json), the newest checkpoint (or --step) is
 exported with its family's converter (`tfjax.interop`): config.json with the special token ids,
@@ -17,7 +18,13 @@ which computes what the full export does; refused (status 1, one line) for a run
 a QLoRA run (lora.base_dtype: no base peft loads is the quantized one its adapters were trained
 on; the full export is that model), one that did not start from a Hugging Face checkpoint
 directory (or whose init_from has moved), and an adapted kernel that is not one Linear layer of
-the checkpoint (GPT-2's fused c_attn). --output must not exist.
+the checkpoint (GPT-2's fused c_attn).
+
+A LoRA run's base is loaded again from the run's config.init_from; when that checkpoint has
+moved, --config.init_from gives its new place (as for experiments/run.py and decode.py), checked
+to be the same base. --output must not exist, and is written whole or not at all: into a
+hidden directory beside it, renamed at the end (one that an export killed part-way left is
+removed by the next export there); a read-only or full file system is one line naming it.
 """
 
 import os
@@ -40,6 +47,12 @@ _ADAPTERS_ONLY = flags.DEFINE_bool(
     "A LoRA run's adapters alone, as a peft adapter directory for the Hugging Face checkpoint "
     "in the run's config.init_from (default: the whole model, adapters merged).",
 )
+_INIT_FROM = flags.DEFINE_string(
+    "config.init_from",
+    None,
+    "Where the checkpoint the run started from is now, when it has moved since the run "
+    "(default: the run's config.init_from).",
+)
 flags.mark_flags_as_required(["workdir", "output"])
 
 
@@ -52,10 +65,15 @@ def main(argv):
         return 2
     try:
         path = export.export_run(
-            _WORKDIR.value, _OUTPUT.value, step=_STEP.value, adapters_only=_ADAPTERS_ONLY.value
+            _WORKDIR.value,
+            _OUTPUT.value,
+            step=_STEP.value,
+            adapters_only=_ADAPTERS_ONLY.value,
+            init_from=_INIT_FROM.value,
         )
     except (
         ValueError,
+        export.ExportWriteError,  # --output's file system: read-only, full, no permission
         FileNotFoundError,
         FileExistsError,
         NotADirectoryError,

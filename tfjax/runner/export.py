@@ -41,20 +41,35 @@ checkpoint directory the run started from (from scratch, from another run's work
 moved), a checkpoint that is not a causal LM, and a kernel that is not one whole Linear layer
 of the checkpoint (GPT-2's fused query, key and value; its Conv1D layers).
 
-Everything is written into a temporary directory beside `output` and renamed at the end: an
-existing `output` is never touched.
+`init_from` (experiments/export.py's --config.init_from, the flag run.py and decode.py take) is
+the checkpoint's new place when it has moved since the run; the base found there must be the
+one the run recorded (`pretrained.check_base`), and the adapters' base_model_name_or_path
+names it.
+
+`output` is written whole or not at all: everything goes into a hidden directory beside it
+(".NAME" STAGED "XXXXXXXX", created before the checkpoint is read, so an unwritable `output` is
+refused first), synced and renamed to `output` at the end; an existing `output` is never
+touched. A read-only or full file system (the space is checked before writing, too) is an
+ExportWriteError naming `output` and why, the partial directory removed. An export killed
+part-way leaves its hidden directory; the next export into the same parent removes it (each
+export holds an flock on its own, so a live one's is left alone).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 
 import jax
 import numpy as np
+from absl import logging
 
 from tfjax.runner import pretrained, workdirs
 
@@ -67,14 +82,28 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 
+class ExportWriteError(OSError):
+    """`output` could not be written (a read-only or full file system, no permission): the
+    message names it and why; nothing is left there (see the module docstring)."""
+
+    def __str__(self):
+        return self.strerror  # the line itself, without "[Errno N]"
+
+
 def export_run(
-    workdir: str, output: str, *, step: int | None = None, adapters_only: bool = False
+    workdir: str,
+    output: str,
+    *,
+    step: int | None = None,
+    adapters_only: bool = False,
+    init_from: str | None = None,
 ) -> str:
     """Writes the run's parameters (newest checkpoint, or `step`) to `output` as a Hugging Face
     checkpoint directory, or with `adapters_only` its LoRA adapters as a peft adapter directory
-    (see the module docstring); returns `output`. Refuses an existing `output` and a run
-    without LoRA or Hugging Face base (`adapters_only`) before any work, and adapters peft
-    cannot load before writing."""
+    (see the module docstring); returns `output`. `init_from`: where the checkpoint the run
+    started from is now, when it has moved (the run's config.init_from otherwise). Refuses an
+    existing `output`, an unwritable one and a run without LoRA or Hugging Face base
+    (`adapters_only`) before any work, and adapters peft cannot load before writing."""
     from tfjax import interop
     from tfjax.nnx.functional import Functional
     from tfjax.runner import train
@@ -83,58 +112,231 @@ def export_run(
     if os.path.lexists(output):
         raise FileExistsError(f"--output={output!r} exists; give a new directory")
     config = workdirs.read_config(workdir)
+    if init_from:
+        if not config.get("init_from"):
+            raise ValueError(
+                f"--config.init_from={init_from!r}: the run did not start from a checkpoint "
+                "(its config.json has no init_from); leave the flag out"
+            )
+        config.init_from = init_from
     kept = os.path.join(workdir, pretrained.KEPT)
     base = _adapter_base(config, kept) if adapters_only else None
-    model, params, tokenizer = train.restore_model(
-        config,
-        workdir,
-        step=step,
-        devices=jax.devices()[:1],
-        merge_lora=not adapters_only,
-        float_base=adapters_only,
-    )
-    params = jax.device_get(params)
-    if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
-        model = model.spec
-    if adapters_only:
-        state, targets = adapter_state(model, params, interop.family_of(base)[0])
-        adapter_config = _adapter_config(config, base, targets)
-    else:
-        state, hf_config = interop.export(model, params)
-        ids = _special_ids(kept, tokenizer)
-        hf_config.update({k: v for k, v in ids.items() if v is not None})
-        classes = os.path.join(workdir, pretrained.CLASSES)
-        if os.path.isfile(classes):  # the head's labels by name
-            with open(classes) as f:
-                names = json.load(f)
-            hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
-            hf_config["label2id"] = {name: i for i, name in enumerate(names)}
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}-", dir=parent)
+    staged = _Staged(output)  # writable, before the checkpoint is read
     try:
-        if adapters_only:  # the tokenizer files; the model's config is the base's
-            _write_adapters(state, adapter_config, tmp)
-            skip = ("config.json", GENERATION_CONFIG)
+        model, params, tokenizer = train.restore_model(
+            config,
+            workdir,
+            step=step,
+            devices=jax.devices()[:1],
+            merge_lora=not adapters_only,
+            float_base=adapters_only,
+        )
+        params = jax.device_get(params)
+        if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
+            model = model.spec
+        if adapters_only:
+            state, targets = adapter_state(model, params, interop.family_of(base)[0])
+            adapter_config = _adapter_config(config, base, targets)
         else:
-            interop.write_safetensors(state, tmp, hf_config)
-            skip = ("config.json",)
-        for name in pretrained.SMALL_FILES:
-            path = os.path.join(kept, name)
-            if name not in skip and os.path.isfile(path):
-                shutil.copy2(path, os.path.join(tmp, name))
-        if (
-            not adapters_only
-            and tokenizer is not None
-            and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG))
-        ):
-            with open(os.path.join(tmp, GENERATION_CONFIG), "w") as f:
-                json.dump({k: v for k, v in ids.items() if v is not None}, f, indent=2)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            state, hf_config = interop.export(model, params)
+            ids = _special_ids(kept, tokenizer)
+            hf_config.update({k: v for k, v in ids.items() if v is not None})
+            classes = os.path.join(workdir, pretrained.CLASSES)
+            if os.path.isfile(classes):  # the head's labels by name
+                with open(classes) as f:
+                    names = json.load(f)
+                hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
+                hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+        staged.check_space(sum(np.asarray(v).nbytes for v in state.values()))
+        with staged.writing():
+            tmp = staged.path
+            if adapters_only:  # the tokenizer files; the model's config is the base's
+                _write_adapters(state, adapter_config, tmp)
+                skip = ("config.json", GENERATION_CONFIG)
+            else:
+                interop.write_safetensors(state, tmp, hf_config)
+                skip = ("config.json",)
+            for name in pretrained.SMALL_FILES:
+                path = os.path.join(kept, name)
+                if name not in skip and os.path.isfile(path):
+                    shutil.copy2(path, os.path.join(tmp, name))
+            if (
+                not adapters_only
+                and tokenizer is not None
+                and not os.path.exists(os.path.join(tmp, GENERATION_CONFIG))
+            ):
+                with open(os.path.join(tmp, GENERATION_CONFIG), "w") as f:
+                    json.dump({k: v for k, v in ids.items() if v is not None}, f, indent=2)
+            staged.finish()
+    finally:
+        staged.close()
     return output
+
+
+# Every export writes into a hidden directory beside `output`, ".{name}" + STAGED + 8 random
+# characters, renamed to `output` once all is written and synced. It holds an flock on the
+# directory while its export lives: one that was killed leaves it unlocked, and the next export
+# into the same parent removes every such unlocked directory (a live export's stays).
+STAGED = ".tfjax-export-"
+
+
+class _Staged:
+    """The hidden directory an export writes into (see STAGED), made (its parent too) when
+    created: an unwritable `output` is an ExportWriteError before any work."""
+
+    def __init__(self, output: str):
+        self.output = output
+        self.parent, name = os.path.split(output)
+        self.path, self._fd = None, None
+        with self.writing():
+            os.makedirs(self.parent, exist_ok=True)
+            remove_stale(self.parent)
+            for _ in range(3):  # a stale-directory sweep of another export may take a new one
+                self.path = tempfile.mkdtemp(prefix=f".{name}{STAGED}", dir=self.parent)
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+                _lock(self._fd, blocking=True)
+                if os.path.isdir(self.path) and os.path.samestat(
+                    os.fstat(self._fd), os.stat(self.path)
+                ):
+                    return
+                os.close(self._fd)
+            raise OSError(errno.EBUSY, "other exports keep removing its temporary directory")
+
+    @contextlib.contextmanager
+    def writing(self):
+        """OSErrors (and safetensors' errors of the OS) while writing: an ExportWriteError
+        naming `output`, the partial directory removed."""
+        try:
+            yield
+        except Exception as e:
+            code = _os_error_code(e)
+            name = os.path.abspath(getattr(e, "filename", None) or self.parent)
+            if code is None or not (name.startswith(self.parent) or self.parent.startswith(name)):
+                raise  # not a write here (a file of the workdir that could not be read)
+            self.close()
+            reason = os.strerror(code).lower()
+            if code == errno.ENOSPC:
+                reason += f" ({_free(self.parent)})"
+                what = "make room, or give another --output"
+            else:
+                what = "give another --output, one this user may write"
+            raise ExportWriteError(
+                code,
+                f"--output={self.output!r} could not be written: {reason} (in {self.parent}); "
+                f"nothing was left there; {what}",
+            ) from None
+
+    def check_space(self, size: int) -> None:
+        """An ExportWriteError when the file system of `output` has less than `size` bytes
+        free, before anything is written."""
+        free = shutil.disk_usage(self.path).free
+        if size > free:
+            self.remove()
+            raise ExportWriteError(
+                errno.ENOSPC,
+                f"--output={self.output!r}: the export needs {_size(size)}, and its file system "
+                f"has {_free(self.parent)}; nothing was written; make room or give another "
+                "--output",
+            )
+
+    def finish(self) -> None:
+        """Syncs every file and renames the directory to `output` (call inside `writing`)."""
+        for entry in os.scandir(self.path):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.path, 0o777 & ~umask)  # as os.makedirs would make it (mkdtemp's is 0700)
+        os.fsync(self._fd)
+        if os.path.lexists(self.output):  # made by someone else meanwhile: never replaced
+            raise FileExistsError(f"--output={self.output!r} exists; give a new directory")
+        os.rename(self.path, self.output)
+        self.path = None
+        parent = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(parent)
+        finally:
+            os.close(parent)
+
+    def remove(self) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+    def close(self) -> None:
+        """Removes what is left unless `finish` renamed it, and lets the lock go."""
+        self.remove()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def remove_stale(parent: str) -> list[str]:
+    """Removes the directories in `parent` that exports killed part-way left (STAGED, no longer
+    locked); returns their paths. A live export's (locked) is left alone."""
+    removed = []
+    for entry in os.scandir(parent):
+        if STAGED not in entry.name or not entry.name.startswith("."):
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # not this user's: not an export of theirs either
+            continue
+        try:
+            if not _lock(fd, blocking=False):
+                continue  # a live export's
+            logging.warning(
+                "Removing %s: an export into %s that did not finish (killed?) left it",
+                entry.path,
+                parent,
+            )
+            shutil.rmtree(entry.path)
+            removed.append(entry.path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _lock(fd: int, *, blocking: bool) -> bool:
+    """flock(fd): False when another process holds it (not blocking); True where the file
+    system cannot lock (nothing to tell a live export by there)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    return True
+
+
+def _os_error_code(e: BaseException) -> int | None:
+    """The errno of an OSError, or of safetensors' SafetensorError ("... (os error 28)"), which
+    is no OSError; None for anything else."""
+    if isinstance(e, OSError) and not isinstance(e, ExportWriteError):
+        return e.errno
+    if type(e).__name__ == "SafetensorError":
+        found = re.search(r"\(os error (\d+)\)", str(e))
+        return int(found.group(1)) if found else None
+    return None
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _free(path: str) -> str:
+    usage = shutil.disk_usage(path)
+    return f"{_size(usage.free)} free of {_size(usage.total)}"
 
 
 def _adapter_base(config, kept: str) -> str:
