@@ -207,8 +207,9 @@ def fresh_compiles():
 
 
 def check_save_dir(directory: str) -> None:
-    """`directory` can take a save: missing, empty, or an earlier save (whose files are
-    replaced); anything else would lose files, and is refused before compiling."""
+    """`directory` can take a save: missing, empty, or an earlier save, finished or stopped
+    part-way (its files, and the temporaries `_write` left, are replaced); anything else would
+    lose files, and is refused before compiling."""
     path = os.path.abspath(os.path.expanduser(directory))
     if not os.path.lexists(path):
         return
@@ -216,7 +217,8 @@ def check_save_dir(directory: str) -> None:
         raise SavedExecutablesError(f"--save={directory}: is a file; a directory is needed")
     names = set(os.listdir(path))
     ours = {MANIFEST} | {s + SUFFIX for s in STEPS}
-    if names and (MANIFEST not in names or names - ours):
+    ours |= {name + TMP for name in ours}
+    if names - ours:
         raise SavedExecutablesError(
             f"--save={directory}: holds other files ({', '.join(sorted(names - ours)[:3])}); "
             "give a new directory or an earlier save, whose files are replaced"
@@ -260,6 +262,9 @@ def save(directory: str, exp, compiled: dict, *, name: str = "") -> list[str]:
         stale = os.path.join(directory, step + SUFFIX)
         if os.path.exists(stale):
             os.remove(stale)
+    for name in os.listdir(directory):  # what a save stopped part-way was writing
+        if name.endswith(TMP):
+            os.remove(os.path.join(directory, name))
     _write(manifest_path, json.dumps(manifest, indent=1).encode())
     return [*paths, manifest_path]
 
@@ -280,10 +285,13 @@ def describe(exp) -> dict:
     }
 
 
+TMP = ".tmp"  # a file being written (`_write`)
+
+
 def _write(path: str, data: bytes) -> None:
-    with open(path + ".tmp", "wb") as f:
+    with open(path + TMP, "wb") as f:
         f.write(data)
-    os.replace(path + ".tmp", path)
+    os.replace(path + TMP, path)
 
 
 # -------------------------------------------------------------------------------- loading
