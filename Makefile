@@ -37,6 +37,11 @@ $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-index --no-deps "torch==2.13.0+cpu" 2>/dev/null || \
 	  $(BIN)/python -m pip install -q --no-deps "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e ".[data,dev,interop]"
+	# timm, the reference of tests/interop/test_interop_timm.py, imports torchvision, and PyPI's
+	# torchvision imports only beside PyPI's torch: beside the CPU build (+cpu) it would break
+	# transformers' vision models too, so there it is not installed and those tests skip.
+	case "$$($(BIN)/python -c 'import torch; print(torch.__version__)')" in *+cpu) ;; \
+	  *) $(BIN)/python -m pip install -q -e ".[timm]" && $(BIN)/python -c "import timm" ;; esac
 	# cuDNN's library (1.1 GB) without the cuBLAS and NVRTC it lists (1 GB more, not needed to
 	# compile): JAX checks cuDNN's version when it traces cuDNN attention, so with it a GPU
 	# compile from this host takes the attention path a GPU run takes.
