@@ -19,7 +19,17 @@ import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
 from tfjax import interop, lora
-from tfjax.runner import checkpoint, checks, executables, export, metrics, setup, train, workdirs
+from tfjax.runner import (
+    checkpoint,
+    checks,
+    executables,
+    export,
+    metrics,
+    pretrained,
+    setup,
+    train,
+    workdirs,
+)
 
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 
@@ -300,32 +310,61 @@ def check_adapter_refusals(workdir, checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "targets, message",
+    "targets, fused, names",
     [
-        (".*/query_kernel", "is written together with .* as transformer.h.0.attn.c_attn.weight"),
-        (
-            ".*/out_kernel",
-            r"is written as transformer.h.0.attn.c_proj.weight \(16, 16\), not as a Linear",
+        (lora.DEFAULT_TARGETS, 3, ["c_attn", "c_fc", "c_proj"]),  # c_attn: query, key, value
+        (".*/self_attention/(query|value)_kernel", 2, ["c_attn"]),  # its key columns: zero
+        (  # attn.c_proj, not mlp.c_proj: full names
+            ".*/self_attention/out_kernel",
+            0,
+            [f"transformer.h.{i}.attn.c_proj" for i in range(2)],
         ),
     ],
 )
-def test_adapters_of_no_linear_layer_are_refused(targets, message, tmp_path):
-    """GPT-2 has no Linear layer for the query kernel (c_attn fuses q, k and v) nor for the
-    output kernel (a Conv1D [in, out]): adapter_state names the kernel and what it is written
-    as."""
-    import transformers
+def test_gpt2s_conv1d_and_fused_c_attn_adapters_load_in_peft(targets, fused, names, tmp_path):
+    """GPT-2's layers are Conv1D ([in, out]: fan_in_fan_out) and its query, key and value one
+    fused c_attn [D, 3 D]: their adapters are written into it, lora_A stacking theirs and
+    lora_B placing each in its columns (rank and alpha k r, k alpha by rank_pattern and
+    alpha_pattern: the same scale). peft on the checkpoint computes the LoRA model's logits."""
+    import warnings
 
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
-    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
-    base = interop.pretrained_model(tmp_path)
-    model = lora.apply_lora(base, lora.LoraConfig(rank=2, targets=targets))
-    tokens = np.zeros((1, 4), np.int32)
+    import ml_collections
+    import peft
+    import torch
+    import transformers
+    from conftest import with_random_lora_b
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    base = interop.pretrained_model(tmp_path / "gpt2")
+    run = ml_collections.ConfigDict({"lora": {"rank": 2, "alpha": 4.0, "dropout": 0.0}})
+    model = lora.apply_lora(base, lora.LoraConfig(rank=2, alpha=4.0, targets=targets))
+    tokens = np.array([[1, 5, 9, 2, 30, 7, 7, 0]], np.int32)
     params = lora.init_params(
-        model, interop.pretrained_params(tmp_path, base), jax.random.key(0), tokens
+        model, interop.pretrained_params(tmp_path / "gpt2", base), jax.random.key(0), tokens
     )
-    family, _ = interop.family_of(tmp_path)
-    with pytest.raises(ValueError, match=f"^--adapters_only: the adapted kernel .*{message}"):
-        export.adapter_state(model, params, family)
+    params = with_random_lora_b(params)
+    layers, modules = export.adapter_layers(model, params, interop.family_of(tmp_path / "gpt2")[0])
+    assert modules == names
+    adapter_config = export._adapter_config(run, str(tmp_path / "gpt2"), modules, layers)
+    assert adapter_config["fan_in_fan_out"]
+    fused_layers = {f"transformer.h.{i}.attn.c_attn": 2 * fused for i in range(2)} if fused else {}
+    assert adapter_config["rank_pattern"] == fused_layers
+    (tmp_path / "adapters").mkdir()
+    export._write_adapters(export._state(layers), adapter_config, str(tmp_path / "adapters"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # peft's fan_in_fan_out correction
+        tuned = peft.PeftModel.from_pretrained(
+            transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2"), tmp_path / "adapters"
+        )
+    with torch.no_grad():
+        got = tuned.eval()(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+        before = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2")(
+            torch.tensor(tokens, dtype=torch.long)
+        ).logits.numpy()
+    want, _ = model.apply({"params": params}, tokens)
+    np.testing.assert_allclose(got, np.asarray(want), atol=1e-5, rtol=0)
+    assert np.abs(got - before).max() > 0.05  # the adapters act
 
 
 def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tmp_path):
@@ -453,7 +492,22 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
     (unknown / "config.json").write_text(
         json.dumps({**config, "architectures": ["FooForCausalLM"]})
     )
+    no_template = tmp_path / "no_template"  # chat rows need the checkpoint's chat template
+    shutil.copytree(good, no_template, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    chats = fc.write_jsonl(
+        tmp_path / "chats.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": r["prompt"]},
+                    {"role": "assistant", "content": r["completion"]},
+                ]
+            }
+            for r in task[2]
+        ],
+    )
     cases = [
+        (no_template, chats, [], f"{chats}:1: {no_template} has no chat template"),
         (good, bad_rows, [], f"{bad_rows}:2: not JSON"),
         (no_tokenizer, task[0], [], "dataset.tokenizer="),
         (good, task[0], ["--config.model.variant=llama-3.2-1b"], "differs from the checkpoint's"),
@@ -564,3 +618,17 @@ def test_a_checkpoint_that_cannot_train_is_one_line_before_any_work(checkpoints,
     ):
         train.train_and_evaluate(config_from(nan), workdir)
     assert not os.path.exists(workdir)
+
+
+def test_a_failed_start_leaves_nothing_a_rerun_reads(checkpoints, tmp_path):
+    """The copy of the checkpoint's files a start keeps in the workdir is read only once the
+    run has a checkpoint: a copy a failed (or killed) start left is replaced by the next start,
+    so a fix to the checkpoint (a chat template added) reaches the rerun."""
+    workdir = tmp_path / "run"
+    shutil.copytree(checkpoints["llama"], workdir / pretrained.KEPT)  # a failed start's copy
+    config = train.load_config(f"{FINETUNE}:tiny")
+    set_fields(config, {"init_from": checkpoints["llama"]})
+    found = pretrained.find(config, str(workdir))
+    assert found.config_dir == os.path.abspath(checkpoints["llama"])
+    (workdir / "checkpoints" / "6").mkdir(parents=True)  # a started run resumes from its copy
+    assert pretrained.find(config, str(workdir)).config_dir == str(workdir / pretrained.KEPT)
