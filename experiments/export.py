@@ -17,8 +17,8 @@ adapter_config.json and adapter_model.safetensors (peft's LoRA format, base_mode
 which computes what the full export does; refused (status 1, one line) for a run without LoRA,
 a QLoRA run (lora.base_dtype: no base peft loads is the quantized one its adapters were trained
 on; the full export is that model), one that did not start from a Hugging Face checkpoint
-directory (or whose init_from has moved), and an adapted kernel that is not one Linear layer of
-the checkpoint (GPT-2's fused c_attn).
+directory (or whose init_from has moved), and an adapted kernel that is not one Linear or
+Conv1D layer's matmul in the checkpoint (GPT-2's Conv1D layers and fused c_attn take adapters).
 
 A LoRA run's base is loaded again from the run's config.init_from; when that checkpoint has
 moved, --config.init_from gives its new place (as for experiments/run.py and decode.py), checked

@@ -95,6 +95,36 @@ def test_a_qlora_runs_adapters_alone_are_refused_naming_the_merged_export(base_d
     assert os.listdir(tmp_path) == ["run"]  # nothing written, not even the hidden directory
 
 
+def test_adapters_only_takes_gpt2_and_refuses_what_is_no_causal_lm(tmp_path):
+    """GPT-2 (GPT2LMHeadModel, which AutoModelForCausalLM loads) was refused as "not a causal
+    LM" for its name; a decoder-only checkpoint passes, a vision tower is refused for what it
+    is."""
+    import ml_collections
+    import transformers
+
+    gpt2 = tmp_path / "gpt2"
+    small = dict(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, vocab_size=32)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=8, **small)).save_pretrained(
+        gpt2
+    )
+    dinov2 = tmp_path / "dinov2"  # a vision tower: a classification run's base
+    transformers.Dinov2Model(
+        transformers.Dinov2Config(image_size=8, patch_size=4, mlp_ratio=2, **small)
+    ).save_pretrained(dinov2)
+    kept = str(tmp_path / "no_kept_files")  # nothing to compare the config.json with
+
+    def config(init_from):
+        return ml_collections.ConfigDict({"init_from": str(init_from), "lora": {"rank": 2}})
+
+    assert export._adapter_base(config(gpt2), kept) == str(gpt2)
+    with pytest.raises(
+        ValueError,
+        match=r"^--adapters_only: config.init_from='.*/dinov2' is a Dinov2Model, not a "
+        r"decoder-only LM; peft adapters are written for causal LMs",
+    ):
+        export._adapter_base(config(dinov2), kept)
+
+
 def test_a_moved_base_is_found_by_config_init_from(lora_run, tmp_path):
     """The run's checkpoint moved (the workdir records a place that is gone): the export names
     --config.init_from, which gives the new place; the base there is checked, the export is

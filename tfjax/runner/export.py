@@ -30,7 +30,12 @@ converter writes it as (`tfjax.interop`'s key rules): the kernel's x W + (x A) B
 with W in its matmul layout [in, out] (the attention kernels [D, N, H] as [D, N H]), is the
 layer's x V.T + lora_B(lora_A(x)) lora_alpha / r with V = W.T [out, in] the converter's
 weight, so lora_A.weight = A.T [r, in] and lora_B.weight = B.T [out, r] (peft's scale is
-tfjax's: lora_alpha / r, no rsLoRA).
+tfjax's: lora_alpha / r, no rsLoRA). A Conv1D layer (GPT-2's: its weight is W [in, out]
+itself) takes the same lora_A and lora_B, with fan_in_fan_out. A layer that holds several
+kernels side by side (GPT-2's c_attn [D, 3 D]: query, key and value) takes them all:
+lora_A [k r, in] stacks the adapted kernels' A.T, lora_B [out, k r] holds each kernel's B.T
+in its columns (zero in the columns of a kernel not adapted), so its rank is k r and its alpha
+k alpha (rank_pattern, alpha_pattern): the same scale, the same sum.
 
 Refused by name before anything is written (all but the last before the checkpoint is read):
 a run without LoRA (lora.rank 0), a QLoRA run (lora.base_dtype: its adapters were trained on
@@ -38,8 +43,9 @@ the quantized base, which no base peft loads reproduces: the float checkpoint gi
 logits and bitsandbytes quantizes otherwise; the full export, adapters merged into the
 dequantized kernels, is the trained model), a config.init_from that is not the Hugging Face
 checkpoint directory the run started from (from scratch, from another run's workdir, or
-moved), a checkpoint that is not a causal LM, and a kernel that is not one whole Linear layer
-of the checkpoint (GPT-2's fused query, key and value; its Conv1D layers).
+moved), a checkpoint that is not a decoder-only LM (what AutoModelForCausalLM loads: GPT-2's
+GPT2LMHeadModel too), and a kernel that no Linear or Conv1D layer of the checkpoint holds as
+its matmul (an embedding as the tied output head).
 
 `init_from` (experiments/export.py's --config.init_from, the flag run.py and decode.py take) is
 the checkpoint's new place when it has moved since the run; the base found there must be the
@@ -58,6 +64,7 @@ export holds an flock on its own, so a live one's is left alone).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -135,8 +142,9 @@ def export_run(
         if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
             model = model.spec
         if adapters_only:
-            state, targets = adapter_state(model, params, interop.family_of(base)[0])
-            adapter_config = _adapter_config(config, base, targets)
+            layers, targets = adapter_layers(model, params, interop.family_of(base)[0])
+            state = _state(layers)
+            adapter_config = _adapter_config(config, base, targets, layers)
         else:
             state, hf_config = interop.export(model, params)
             ids = _special_ids(kept, tokenizer)
@@ -343,6 +351,7 @@ def _adapter_base(config, kept: str) -> str:
     """The checkpoint directory a LoRA run started from (config.init_from, absolute), which
     peft loads the adapters onto; a ValueError naming --adapters_only when there is none."""
     from tfjax import interop
+    from tfjax.models import decoder
 
     flag = "--adapters_only"
     if not config.get("lora") or not config.lora.get("rank"):
@@ -377,20 +386,51 @@ def _adapter_base(config, kept: str) -> str:
             f"{flag}: the config.json of config.init_from={init_from!r} differs from the one "
             f"the run started from ({started}): the adapters belong to another base"
         )
-    family, _ = interop.family_of(base)
-    if not family.architecture.endswith("ForCausalLM"):
+    if not isinstance(interop.pretrained_model(base), decoder.Decoder):  # no weights read
         raise ValueError(
-            f"{flag}: config.init_from={init_from!r} is a {family.architecture}; peft adapters "
-            "are written for causal LMs (task_type CAUSAL_LM) only"
+            f"{flag}: config.init_from={init_from!r} is a {interop.family_of(base)[0].architecture}"
+            ", not a decoder-only LM; peft adapters are written for causal LMs (task_type "
+            "CAUSAL_LM) only"
         )
     return base
+
+
+@dataclasses.dataclass(frozen=True)
+class PeftLayer:
+    """A layer of the checkpoint that peft adapts: `module` (its Hugging Face name), lora_A
+    weight `a` [R, in] and lora_B weight `b` [out, R], R the rank times `parts`, the adapted
+    kernels written into the layer (GPT-2's c_attn holds query, key and value: A stacks theirs,
+    B places each kernel's beside the others' in the columns its kernel fills, zero where a
+    kernel in it is not adapted); `conv1d`: its weight is a Conv1D's [in, out]."""
+
+    module: str
+    a: np.ndarray
+    b: np.ndarray
+    parts: int
+    conv1d: bool
 
 
 def adapter_state(model, params, family) -> tuple[dict[str, np.ndarray], list[str]]:
     """({peft key: array}, target_modules) of the LoRA adapters in `params` (the LoRA `model`'s,
     unboxed on the host), named by `family`'s key rules (`tfjax.interop.core.tables.Family`):
-    for each adapted kernel, the Linear layer whose weight [out, in] is the kernel's matmul
-    layout [in, out] transposed gets lora_A.weight [r, in] and lora_B.weight [out, r].
+    each layer of `adapter_layers` gets its lora_A.weight and lora_B.weight."""
+    layers, targets = adapter_layers(model, params, family)
+    return _state(layers), targets
+
+
+def _state(layers: list[PeftLayer]) -> dict[str, np.ndarray]:
+    state = {}
+    for layer in layers:
+        state[f"{PEFT_PREFIX}{layer.module}.lora_A.weight"] = layer.a
+        state[f"{PEFT_PREFIX}{layer.module}.lora_B.weight"] = layer.b
+    return state
+
+
+def adapter_layers(model, params, family) -> tuple[list[PeftLayer], list[str]]:
+    """(the layers peft adapts, target_modules) for the LoRA adapters in `params` (see
+    `adapter_state`): each adapted kernel's layer is the one its key rule writes it into, a
+    Linear weight [out, in] (the kernel's matmul layout [in, out] transposed) or a Conv1D [in,
+    out], alone or beside other kernels' columns, checked on index probes.
     target_modules: the layers' last names ("q_proj") when they name exactly the adapted
     layers, else their full names. A kernel with no such layer is a ValueError naming it."""
     import flax.linen as nn
@@ -402,24 +442,27 @@ def adapter_state(model, params, family) -> tuple[dict[str, np.ndarray], list[st
     rules = family.rules(model, family.prefix)
     by_path = {path: rule for rule in rules for path in rule.paths}
     suffix_a, suffix_b = lora.ADAPTER_SUFFIXES
-    state, modules = {}, []
+    adapted, groups = {}, {}  # kernel path -> (A, B); id(rule) -> (rule, its adapted paths)
     for path in sorted(flat):
         if not path[-1].endswith(suffix_a):
             continue
-        *module_path, kernel = (*path[:-1], path[-1][: -len(suffix_a)])
-        a = np.asarray(flat[path])
-        b = np.asarray(flat[(*module_path, kernel + suffix_b)])
-        kernel_path = (*module_path, kernel)
-        key = _linear_key(
-            "/".join(kernel_path), by_path.get(kernel_path), flat[kernel_path].shape, a, b, family
-        )
-        module = key[: -len(".weight")]
-        rank = a.shape[-1]
-        state[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.reshape(-1, rank).T
-        state[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.reshape(rank, -1).T
-        modules.append(module)
-    if not modules:
+        kernel_path = (*path[:-1], path[-1][: -len(suffix_a)])
+        b_path = (*path[:-1], kernel_path[-1] + suffix_b)
+        adapted[kernel_path] = np.asarray(flat[path]), np.asarray(flat[b_path])
+        rule = by_path.get(kernel_path)
+        if rule is None:
+            raise ValueError(
+                f"--adapters_only: the adapted kernel {'/'.join(kernel_path)} has no key in the "
+                f"{family.architecture} converter"
+            )
+        groups.setdefault(id(rule), (rule, []))[1].append(kernel_path)
+    if not adapted:
         raise ValueError("the params hold no LoRA adapters")
+    layers = sorted(
+        (_peft_layer(rule, paths, flat, adapted) for rule, paths in groups.values()),
+        key=lambda layer: layer.module,
+    )
+    modules = [layer.module for layer in layers]
     last = {m.rsplit(".", 1)[-1] for m in modules}
     named = {
         k[: -len(".weight")]
@@ -427,58 +470,104 @@ def adapter_state(model, params, family) -> tuple[dict[str, np.ndarray], list[st
         for k in rule.keys
         if k.endswith(".weight") and k[: -len(".weight")].rsplit(".", 1)[-1] in last
     }
-    return state, sorted(last) if named == set(modules) else sorted(modules)
+    return layers, sorted(last) if named == set(modules) else modules
 
 
-def _linear_key(name, rule, shape, a, b, family) -> str:
-    """The Hugging Face key of the Linear weight that the kernel `name` (of `shape`, adapters
-    A [in..., r] and B [r, out...]) is written as by `rule`, checked on an index probe: the
-    rule must write the kernel's matmul layout [in, out] transposed, and nothing else with it."""
-    where = f"--adapters_only: the adapted kernel {name}"
-    if rule is None:
-        raise ValueError(f"{where} has no key in the {family.architecture} converter")
+def _peft_layer(rule, paths, flat, adapted) -> PeftLayer:
+    """The layer `rule` writes the adapted kernels `paths` into (with the rule's other
+    kernels, adapted or not), its lora_A and lora_B: see PeftLayer."""
+    where = f"--adapters_only: the adapted kernel {'/'.join(paths[0])}"
     instead = "export without the flag (adapters merged) or leave it out of lora.targets"
-    if len(rule.keys) != 1 or len(rule.paths) != 1:
-        others = ", ".join("/".join(p) for p in rule.paths if p != tuple(name.split("/")))
+    if len(rule.keys) != 1 or not rule.keys[0].endswith(".weight"):
         raise ValueError(
-            f"{where} is written together with {others or 'other tensors'} as "
-            f"{', '.join(rule.keys)}: no Linear layer of its own for peft's LoRA; {instead}"
+            f"{where} is written as {', '.join(rule.keys)}: no one layer weight for peft's "
+            f"LoRA; {instead}"
         )
     (key,) = rule.keys
-    fan_in, fan_out = math.prod(a.shape[:-1]), math.prod(b.shape[1:])
-    if fan_in * fan_out != math.prod(shape):
+    fan_in = None
+    for path in paths:
+        a, b = adapted[path]
+        shape = flat[path].shape
+        fan_in, fan_out = math.prod(a.shape[:-1]), math.prod(b.shape[1:])
+        if fan_in * fan_out != math.prod(shape):
+            raise ValueError(
+                f"--adapters_only: the adapted kernel {'/'.join(path)}: its adapters A "
+                f"{a.shape} and B {b.shape} do not fit its shape {shape}"
+            )
+    if len({math.prod(adapted[p][0].shape[:-1]) for p in paths}) != 1:
+        raise ValueError(f"{where} shares {key} with kernels of other inputs; {instead}")
+    probes, start = [], 0
+    for path in rule.paths:  # each element its own index
+        size = math.prod(flat[path].shape)
+        probes.append(np.arange(start, start + size, dtype=np.int64).reshape(flat[path].shape))
+        start += size
+    (written,) = rule.to_torch(*probes)
+    written = np.asarray(written)
+    found = _columns(written, probes, fan_in)
+    if found is None:
         raise ValueError(
-            f"{where}: its adapters A {a.shape} and B {b.shape} do not fit its shape {shape}"
+            f"{where} is written as {key} {written.shape}, neither a Linear weight [out, in] nor "
+            f"a Conv1D [in, out] of its matmul's {fan_in} inputs (the kernels of "
+            f"{', '.join('/'.join(p) for p in rule.paths)} side by side); {instead}"
         )
-    probe = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
-    (written,) = rule.to_torch(probe)
-    matmul = probe.reshape(fan_in, fan_out)
-    if not (
-        key.endswith(".weight")
-        and np.shape(written) == (fan_out, fan_in)
-        and np.array_equal(np.asarray(written), matmul.T)
-    ):
-        raise ValueError(
-            f"{where} is written as {key} {tuple(np.shape(written))}, not as a Linear weight "
-            f"[out, in] = [{fan_out}, {fan_in}] (its matmul's [in, out] transposed; a Conv1D "
-            f"is [in, out]): peft's LoRA adapts Linear layers; {instead}"
-        )
-    return key
+    conv1d, owner, column = found
+    ordered = [p for p in rule.paths if p in paths]  # the rule's order
+    rank = adapted[ordered[0]][0].shape[-1]
+    dtype = np.result_type(*(adapted[p][1] for p in ordered))
+    a_parts, b_all = [], np.zeros((len(owner), rank * len(ordered)), dtype)
+    for t, path in enumerate(ordered):
+        a, b = adapted[path]
+        a_parts.append(a.reshape(fan_in, rank).T)
+        mine = np.flatnonzero(owner == rule.paths.index(path))
+        b_all[mine, t * rank : (t + 1) * rank] = b.reshape(rank, -1).T[column[mine]]
+    return PeftLayer(key[: -len(".weight")], np.concatenate(a_parts), b_all, len(ordered), conv1d)
 
 
-def _adapter_config(config, base: str, targets: list[str]) -> dict:
+def _columns(written, probes, fan_in: int):
+    """How the written weight (of index `probes`, one per kernel of its rule) lays the kernels'
+    matmuls [fan_in, out_j] out: (conv1d, owner, column), for each output column of the
+    layer the kernel (index into probes) and the column of its matmul it is; None when it is
+    neither a Conv1D [in, out] nor a Linear [out, in] of them, whole and each once."""
+    sizes = [p.size for p in probes]
+    if written.ndim != 2 or any(size % fan_in for size in sizes):
+        return None
+    starts = np.cumsum([0, *sizes])
+    owner_of = np.repeat(np.arange(len(sizes)), sizes)
+    outs = np.array([size // fan_in for size in sizes])
+    for conv1d, oriented in ((True, written), (False, written.T)):
+        if oriented.shape != (fan_in, outs.sum()):
+            continue
+        ids = oriented.astype(np.int64)
+        owner = owner_of[ids]
+        local = ids - starts[owner]
+        row, column = local // outs[owner], local % outs[owner]
+        if (
+            (row == np.arange(fan_in)[:, None]).all()
+            and (owner == owner[0]).all()
+            and (column == column[0]).all()
+            and len(set(zip(owner[0].tolist(), column[0].tolist(), strict=True))) == outs.sum()
+        ):
+            return conv1d, owner[0], column[0]
+    return None
+
+
+def _adapter_config(config, base: str, targets: list[str], layers: list[PeftLayer]) -> dict:
     """peft's LoraConfig of the run's adapters: tfjax's scale alpha / rank is peft's without
-    rsLoRA; the adapters' dropout is on their input, as peft's."""
+    rsLoRA; the adapters' dropout is on their input, as peft's. A layer holding k adapted
+    kernels has rank k r and alpha k alpha (rank_pattern, alpha_pattern: the same scale);
+    fan_in_fan_out for Conv1D layers (GPT-2's)."""
+    rank, alpha = int(config.lora.rank), float(config.lora.alpha)
+    fused = [layer for layer in layers if layer.parts > 1]
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base,
-        "r": int(config.lora.rank),
-        "lora_alpha": float(config.lora.alpha),
+        "r": rank,
+        "lora_alpha": alpha,
         "lora_dropout": float(config.lora.dropout),
         "target_modules": targets,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": all(layer.conv1d for layer in layers),
         "use_rslora": False,
         "use_dora": False,
         "init_lora_weights": True,
@@ -486,8 +575,8 @@ def _adapter_config(config, base: str, targets: list[str]) -> dict:
         "modules_to_save": None,
         "layers_to_transform": None,
         "layers_pattern": None,
-        "rank_pattern": {},
-        "alpha_pattern": {},
+        "rank_pattern": {layer.module: rank * layer.parts for layer in fused},
+        "alpha_pattern": {layer.module: alpha * layer.parts for layer in fused},
     }
 
 
