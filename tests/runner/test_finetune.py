@@ -416,6 +416,10 @@ def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tm
     # The adapters alone are refused: no base peft loads is the quantized one they trained on.
     with pytest.raises(ValueError, match=r"^--adapters_only: lora.base_dtype='int8': this QLoRA"):
         export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
+    # Resumed or decoded with the base quantized otherwise: refused before any work.
+    config.lora.base_dtype = "nf4"
+    with pytest.raises(ValueError, match="^lora.base_dtype / lora.tile_size: this run's adapters"):
+        checks.check_paths(config, str(workdir), restore=True)
 
 
 def test_frozen_parameters_stay_bit_identical(checkpoints, task, tmp_path):
@@ -518,6 +522,13 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
             task[0],
             ["--config.lora.rank=4", "--config.lora.targets=nothing"],
             "lora.targets='nothing' matches none of the model's kernels",
+        ),
+        # QLoRA's blocks must split every adapted kernel's inputs (64 here)
+        (
+            good,
+            task[0],
+            ["--config.lora.rank=4", "--config.lora.base_dtype=nf4", "--config.lora.tile_size=48"],
+            "lora.tile_size=48",
         ),
         # or to a mixture's experts, whose grouped matmul takes none
         (

@@ -126,6 +126,8 @@ def check_model(config, workdir: str | None = None) -> None:
             f"model.name={config.model.name!r} cannot take the batches of dataset "
             f"{data.name!r} ({rows}): {first}"
         ) from e
+    if lora is not None:  # QLoRA's blocks against every adapted kernel's width
+        lora_lib.check_tile_size(lora, variables["params"], "lora")
     trainable = optim.trainable(config.optim, lora=lora is not None)
     if trainable is not None:
         optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
@@ -227,6 +229,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                 "checkpoint directory (config.json and model.safetensors, its index or "
                 "pytorch_model.bin)"
             )
+    _check_quantization_kept(config, workdir)
     if not restore:  # the step to restore, the user's own files and its tokenizer directory
         checkpoint.check_restore_step(config, workdir)
         if config.get("compiled_dir"):  # the saved programs: present, whole and unaltered
@@ -249,6 +252,28 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                     "comma-separated list"
                 )
             files.check(data)
+
+
+def _check_quantization_kept(config, workdir: str) -> None:
+    """A workdir's LoRA adapters belong to their base quantized as the config it recorded says
+    (`tfjax.lora.check_quantization_kept`): resuming or decoding with another lora.base_dtype
+    or block size is refused by name."""
+    if not os.path.isdir(workdir) or not checkpoint.has_checkpoint(workdir):
+        return
+    from tfjax.runner import workdirs
+
+    stored = workdirs.previous_config(workdir)
+    if stored is None:
+        return
+    import ml_collections
+
+    from tfjax import lora
+
+    lora.check_quantization_kept(
+        optim.lora_config(ml_collections.ConfigDict(stored)),
+        optim.lora_config(config),
+        os.path.join(workdir, workdirs.CONFIG_FILE),
+    )
 
 
 def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool = False):
