@@ -179,6 +179,7 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert_adapters_only_checkpoint(workdir)
         if family == "llama":
             check_adapter_refusals(workdir, checkpoints, tmp_path)
+            check_alpha_kept(workdir)
             check_base_needed(workdir, checkpoints, tmp_path)
             config = train.load_config(f"{FINETUNE}:tiny")  # a run from this LoRA run
             set_fields(config, {"init_from": str(workdir), "dataset.train_files": task[0]})
@@ -290,6 +291,15 @@ def check_base_needed(workdir, checkpoints, tmp_path):
     config = workdirs.read_config(str(copy))  # resuming: refused before a step
     with pytest.raises(checkpoint.CheckpointMismatchError, match=message):
         train.train_and_evaluate(config, str(copy), stop_after_step=1)
+
+
+def check_alpha_kept(workdir):
+    """Resuming or decoding with another lora.alpha would scale the trained adapters otherwise:
+    refused naming the recorded value."""
+    config = workdirs.read_config(str(workdir))
+    config.lora.alpha = config.lora.alpha / 2
+    with pytest.raises(ValueError, match="this workdir's adapters were trained at lora.alpha="):
+        checks.check_paths(config, str(workdir), restore=True)
 
 
 def check_adapter_refusals(workdir, checkpoints, tmp_path):
@@ -454,6 +464,16 @@ def test_a_stopped_finetune_resumes_bit_exact(checkpoints, task, tmp_path):
     )
     workdir = str(tmp_path / "stopped")
     train.train_and_evaluate(config, workdir, stop_after_step=3)
+    # Another checkpoint named on resume would be ignored (the run resumes from its own): refused
+    config.init_from = checkpoints["llama"]
+    with pytest.raises(ValueError, match="is another checkpoint than the one this workdir's"):
+        checks.check_paths(config, workdir)
+    # This workdir as the next run's init_from: its model is the checkpoint's, so its export
+    with pytest.raises(ValueError, match="is the workdir of a run from a Hugging Face checkpoint"):
+        checks.check_paths(
+            set_fields(config.copy_and_resolve_references(), {"init_from": workdir}),
+            str(tmp_path / "next"),
+        )
     config.init_from = str(tmp_path / "gone")  # resuming needs only the workdir
     resumed = train.train_and_evaluate(config, workdir)
     for a, b in zip(
@@ -643,3 +663,22 @@ def test_a_failed_start_leaves_nothing_a_rerun_reads(checkpoints, tmp_path):
     assert found.config_dir == os.path.abspath(checkpoints["llama"])
     (workdir / "checkpoints" / "6").mkdir(parents=True)  # a started run resumes from its copy
     assert pretrained.find(config, str(workdir)).config_dir == str(workdir / pretrained.KEPT)
+
+
+def test_settings_that_would_be_ignored_are_refused(checkpoints, task):
+    """A --workdir that is a checkpoint (or any folder of other files) would be overwritten or
+    read back as data; lora.* fields without adapters, and QLoRA's block size without a
+    quantized base, would do nothing: each is one line before any work."""
+    config = train.load_config(f"{FINETUNE}:tiny")
+    set_fields(config, {"init_from": checkpoints["llama"], "dataset.train_files": task[0]})
+    with pytest.raises(ValueError, match="holds other files .* and is a Hugging Face checkpoint"):
+        checks.check_paths(config, checkpoints["llama"])
+    with pytest.raises(ValueError, match="holds other files .* and is not a run's workdir"):
+        checks.check_paths(config, os.path.dirname(task[0]))
+    for fields, message in [
+        ({"lora.base_dtype": "nf4"}, "lora.base_dtype='nf4' acts only on LoRA adapters"),
+        ({"lora.alpha": 8.0}, "lora.alpha=8.0 acts only on LoRA adapters"),
+        ({"lora.rank": 4, "lora.tile_size": 32}, "lora.tile_size=32 is QLoRA's block size"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            checks.check_config(set_fields(config.copy_and_resolve_references(), fields))

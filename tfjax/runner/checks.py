@@ -48,6 +48,7 @@ def check_config(config) -> None:
     if d is not None and d.method == "beam" and d.beam_size < 1:
         raise ValueError(f"decode.beam_size must be at least 1 for beam search, got {d.beam_size}")
     check_loss_chunks(config)
+    _check_lora_fields(config)
     checkpoint.check_options(config.checkpoint)
     checkpoint.check_best_metric(config)
     profiling.check_profile(config)
@@ -173,6 +174,29 @@ def check_loss_chunks(config, lengths=None) -> None:
             )
 
 
+def _check_lora_fields(config) -> None:
+    """config.lora's fields act only with adapters (lora.rank > 0), and lora.tile_size only on
+    a quantized base: set without them, each would be ignored, and is refused by name."""
+    c = config.get("lora")
+    if c is None:
+        return
+    if not c.rank:
+        unset = {"alpha": 16.0, "dropout": 0.0, "targets": "", "base_dtype": ""}
+        given = [f"lora.{k}={c[k]!r}" for k, v in unset.items() if c.get(k, v) != v]
+        given += [f"lora.tile_size={c.tile_size}"] if c.get("tile_size") else []
+        if given:
+            raise ValueError(
+                f"{given[0]} acts only on LoRA adapters, and lora.rank=0 trains every "
+                "parameter without them: set --config.lora.rank (the lora preset's is 16), or "
+                f"leave lora.{given[0][5:].split('=')[0]} unset"
+            )
+    elif c.get("tile_size") and not c.base_dtype:
+        raise ValueError(
+            f"lora.tile_size={c.tile_size} is QLoRA's block size and acts only on a quantized "
+            "base: set lora.base_dtype ('int8' or 'nf4'), or leave lora.tile_size unset"
+        )
+
+
 def check_batch(name, size, mesh, rules, num_microbatches=1) -> None:
     """`size` rows must split evenly over the data-parallel devices (and microbatches)."""
     dp = sharding.data_parallel_size(mesh, rules)
@@ -194,6 +218,8 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
     if not workdir:
         raise ValueError("--workdir is empty; give the directory of the run")
     _check_dir(f"--workdir={workdir!r}", workdir, must_exist=restore, writable=not restore)
+    if not restore:
+        _check_is_workdir(workdir)
     if restore and not checkpoint.has_checkpoint(workdir):
         raise FileNotFoundError(f"--workdir={workdir!r} holds no checkpoint to restore")
     # Missing is fine: embedded datasets are prepared there and others say how to prepare.
@@ -222,6 +248,13 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                 f"python experiments/export.py --workdir={config.init_from} --output=DIR, then "
                 "--config.init_from=DIR"
             )
+        elif os.path.isfile(os.path.join(init_from, pretrained.KEPT, "config.json")):
+            raise ValueError(
+                f"config.init_from={config.init_from!r} is the workdir of a run from a Hugging "
+                f"Face checkpoint, whose model is that checkpoint's ({pretrained.KEPT}/): start "
+                f"from its export: python experiments/export.py --workdir={config.init_from} "
+                "--output=DIR, then --config.init_from=DIR"
+            )
         elif not checkpoint.has_checkpoint(init_from):
             raise FileNotFoundError(
                 f"config.init_from={config.init_from!r} holds no checkpoint: neither a run's "
@@ -229,7 +262,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                 "checkpoint directory (config.json and model.safetensors, its index or "
                 "pytorch_model.bin)"
             )
-    _check_quantization_kept(config, workdir)
+    _check_as_recorded(config, workdir)
     if not restore:  # the step to restore, the user's own files and its tokenizer directory
         checkpoint.check_restore_step(config, workdir)
         if config.get("compiled_dir"):  # the saved programs: present, whole and unaltered
@@ -254,10 +287,33 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
             files.check(data)
 
 
-def _check_quantization_kept(config, workdir: str) -> None:
-    """A workdir's LoRA adapters belong to their base quantized as the config it recorded says
-    (`tfjax.lora.check_quantization_kept`): resuming or decoding with another lora.base_dtype
-    or block size is refused by name."""
+def _check_is_workdir(workdir: str) -> None:
+    """A run writes into --workdir (config.json, metrics, checkpoints): a directory that holds
+    other files and no run's (its lock, its checkpoints) is refused, so that a checkpoint's or
+    a data folder's files are never overwritten or read back as rows."""
+    from tfjax.runner import workdirs
+
+    path = os.path.expanduser(workdir)
+    if not os.path.isdir(path):
+        return
+    names = os.listdir(path)
+    if not names or workdirs.LOCK_FILE in names or "checkpoints" in names:
+        return
+    kind = "a Hugging Face checkpoint directory" if pretrained.is_checkpoint_dir(path) else "not"
+    kind = "not a run's workdir" if kind == "not" else kind
+    raise ValueError(
+        f"--workdir={workdir!r} holds other files ({', '.join(sorted(names)[:3])}"
+        f"{', ...' if len(names) > 3 else ''}) and is {kind}: a run would write its own "
+        "config.json, metrics and checkpoints there; give a new or empty directory"
+    )
+
+
+def _check_as_recorded(config, workdir: str) -> None:
+    """What a started workdir's parameters were trained as, from the config it recorded
+    (config.json): the LoRA adapters' scale (lora.alpha) and their base's quantization
+    (`tfjax.lora.check_quantization_kept`) on resume and decode, and for a run that trained
+    every parameter, the checkpoint it started from: it resumes from its own checkpoints and
+    never reads config.init_from again, so another checkpoint named there would be ignored."""
     if not os.path.isdir(workdir) or not checkpoint.has_checkpoint(workdir):
         return
     from tfjax.runner import workdirs
@@ -269,11 +325,31 @@ def _check_quantization_kept(config, workdir: str) -> None:
 
     from tfjax import lora
 
-    lora.check_quantization_kept(
-        optim.lora_config(ml_collections.ConfigDict(stored)),
-        optim.lora_config(config),
-        os.path.join(workdir, workdirs.CONFIG_FILE),
-    )
+    where = os.path.join(workdir, workdirs.CONFIG_FILE)
+    trained = optim.lora_config(ml_collections.ConfigDict(stored))
+    now = optim.lora_config(config)
+    if trained is not None and now is not None and trained.alpha != now.alpha:
+        raise ValueError(
+            f"lora.alpha={now.alpha:g}: this workdir's adapters were trained at lora.alpha="
+            f"{trained.alpha:g} ({where}), and alpha / rank scales what they add; give "
+            f"--config.lora.alpha={trained.alpha:g}"
+        )
+    lora.check_quantization_kept(trained, now, where)
+    base = os.path.join(workdir, pretrained.KEPT, pretrained.BASE_FILE)
+    init_from = os.path.expanduser(config.get("init_from") or "")
+    if trained is None and os.path.isfile(base) and pretrained.is_checkpoint_dir(init_from):
+        import json
+
+        with open(base) as f:
+            recorded = json.load(f)
+        if pretrained.weights_fingerprint(init_from) != recorded.get("weights"):
+            raise ValueError(
+                f"config.init_from={config.init_from!r} is another checkpoint than the one "
+                f"this workdir's run started from ({recorded.get('init_from')}, {base}): a run "
+                "resumes from its own checkpoints and would never read it; give the original "
+                "(or leave config.init_from as the workdir's config.json has it), or use a new "
+                "--workdir to start from this one"
+            )
 
 
 def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool = False):
