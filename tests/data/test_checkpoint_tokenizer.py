@@ -497,6 +497,28 @@ def test_messages_example_trains_on_assistant_turns(checkpoints, name):
     assert tok.encode_chat(chat[:-1]).tolist() == prompt
 
 
+@pytest.mark.parametrize("name", ("qwen", "sentencepiece"))
+def test_an_assistant_turn_of_weight_0_is_not_trained(checkpoints, name):
+    """OpenAI's chat fine-tuning format: "weight" 0 on an assistant message leaves its turn
+    untrained, 1 trains it; the rendering (the tokens) is the same as without the key."""
+    _, hf, tok = checkpoints[name]
+    chat = _chat(name)
+    turns = EXPECTED_TURNS[name]
+    plain = ct.encode_row(tok, {"messages": chat})
+    for first, last, trained in [(0, 1, turns[1:]), (1, 0, turns[:1]), (1, 1, turns)]:
+        assistant = iter([first, last])
+        weighted = [
+            {**m, "weight": next(assistant)} if m["role"] == "assistant" else m for m in chat
+        ]
+        example = ct.encode_row(tok, {"messages": weighted})
+        assert example["tokens"].tolist() == plain["tokens"].tolist()
+        assert _weighted_runs(hf, example) == trained
+    weighted = [{**m, "weight": 0} if m["role"] == "assistant" else m for m in chat]
+    example = ct.encode_row(tok, {"messages": weighted})  # trains nothing: all weights 0
+    assert example["tokens"].tolist() == plain["tokens"].tolist()
+    assert not example["weights"].any()
+
+
 def _weighted_runs(hf, example):
     """The runs of weight-1 tokens of an example, as text."""
     runs, run = [], []
@@ -581,6 +603,19 @@ def test_row_format():
             r"messages\[0\]\['content'\] must be a string, got list",
         ),
         ({"messages": [{"role": "user", "content": "a"}]}, r"no 'assistant' turn"),
+        (
+            {"messages": [{"role": "assistant", "content": "a", "weight": 0.5}]},
+            r"messages\[0\]: 'weight' must be 0 \(the assistant turn is not trained\) or 1 "
+            r"\(trained\), got 0.5",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "a", "weight": True}]},
+            r"messages\[0\]: 'weight' must be 0 .* got True",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "a", "weight": 1}, CHAT[2]]},
+            r"messages\[0\]: 'weight' is allowed only on an assistant message .* role is 'user'",
+        ),
     ],
 )
 def test_bad_rows_name_what_is_missing(checkpoints, row, message):

@@ -255,6 +255,13 @@ def test_split_cuts_text_rows_and_truncates_the_others(data, tokenizer):
     assert got == expected
 
 
+# OpenAI's chat format: an assistant turn of "weight" 0 is not trained.
+WEIGHTED_OUT = {
+    "messages": [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi", "weight": 0},
+    ]
+}
 LONG_PROMPTS = [
     {"prompt": "Q? " * 30, "completion": "A."},
     {"prompt": "Why? " * 12, "completion": "Because."},
@@ -271,7 +278,8 @@ def test_rows_that_train_nothing_are_dropped_counted_and_a_split_of_them_refused
     bad_dir, tokenizer, caplog
 ):
     """At dataset.seq_len=24 a prompt of 24 tokens or more leaves nothing of its completion
-    (and an empty text without bos has nothing to train): such rows are dropped as they are
+    (and an empty text without bos, or a chat whose assistant turns have weight 0, has nothing
+    to train): such rows are dropped as they are
     encoded, the first of each file logged and their number logged once per split, exactly; the
     other rows come out as before. A split of nothing else is refused when its loader is made
     (before any step or evaluation) naming dataset.seq_len and the longest prompt."""
@@ -279,14 +287,14 @@ def test_rows_that_train_nothing_are_dropped_counted_and_a_split_of_them_refused
     prompts = [int(np.argmax(ct.encode_row(tokenizer, r)["weights"] > 0)) for r in LONG_PROMPTS]
     assert min(prompts) >= seq_len and not tokenizer.add_bos
     good = PROMPT_ROWS[:3] + TEXT_ROWS[:2]
-    rows = good[:2] + LONG_PROMPTS[:2] + good[2:] + [{"text": ""}] + LONG_PROMPTS[2:]
+    rows = good[:2] + LONG_PROMPTS[:2] + good[2:] + [{"text": ""}, WEIGHTED_OUT] + LONG_PROMPTS[2:]
     path = write_jsonl(bad_dir / "some.jsonl", rows)
     cfg = config(bad_dir, train_files=str(path), eval_files=str(path), seq_len=seq_len)
     counted = (
-        rf"dataset.eval_files: 4 of the 9 rows this process read in epoch 0 train nothing and "
-        rf"were dropped \({path}: 4\): 3 cut by dataset.seq_len=24 before their completion "
+        rf"dataset.eval_files: 5 of the 10 rows this process read in epoch 0 train nothing and "
+        rf"were dropped \({path}: 5\): 3 cut by dataset.seq_len=24 before their completion "
         rf"\(the longest prompt: {max(prompts)} tokens; raise dataset.seq_len above the prompts "
-        r"to train them\); 1 with no token to train"
+        r"to train them\); 2 with no token to train"
     )
     with caplog.at_level(logging.WARNING):
         with loader({**cfg, "packing": False}, split="eval") as ld:
@@ -324,6 +332,13 @@ def test_rows_that_train_nothing_are_dropped_counted_and_a_split_of_them_refused
         match=rf"^dataset.train_files: no row trains: {empty}:1: it has no token to train",
     ):
         loader(config(bad_dir, train_files=str(empty)))
+    weighted_out = write_jsonl(bad_dir / "weighted_out.jsonl", [WEIGHTED_OUT])
+    with pytest.raises(
+        tf_files.BadRowsError,
+        match=rf"^dataset.train_files: no row trains: {weighted_out}:1: every assistant turn of "
+        "it has weight 0$",
+    ):
+        loader(config(bad_dir, train_files=str(weighted_out)))
 
 
 def check_resumes_exactly(make, batches=30, saved_at=7):
@@ -610,6 +625,17 @@ def open_one(path, **kwargs):
         ('{"messages": [{"content": "hi"}]}', r"bad.jsonl:3: message 0 has no 'role'"),
         ('{"text": 5}', r"bad.jsonl:3: 'text' must be a string"),
         ("[1, 2]", r"bad.jsonl:3: a row must be a JSON object, got list"),
+        (
+            '{"messages": [{"role": "user", "content": "a"}, '
+            '{"role": "assistant", "content": "b", "weight": 2}]}',
+            r"bad.jsonl:3: message 1: 'weight' must be 0 \(the assistant turn is not trained\) "
+            r"or 1 \(trained\), got 2",
+        ),
+        (
+            '{"messages": [{"role": "system", "content": "a", "weight": 0}, '
+            '{"role": "assistant", "content": "b"}]}',
+            r"bad.jsonl:3: message 0: 'weight' is allowed only on an assistant message",
+        ),
     ],
 )
 def test_a_bad_row_names_its_file_and_line(bad_dir, tokenizer, line, error):

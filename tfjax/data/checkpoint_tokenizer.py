@@ -79,9 +79,15 @@ Rows -> training examples (the file reader calls these two):
                          message; such conversations need one row per assistant turn).
                          Offsets map the characters to tokens: the `tokenizers` library's for
                          tokenizer.json, SentencePiece's offset mapping for tokenizer.model.
+                         An assistant message's "weight" (OpenAI's chat fine-tuning format,
+                         also honoured by axolotl; TRL's SFTTrainer ignores it) is 1, trained
+                         (as without it or null), or 0: that turn is rendered but weighted 0
+                         like a user turn. Any other value, or a weight on a message of another
+                         role, is refused (`message_weight`). A row whose every assistant turn
+                         has weight 0 trains nothing: all its weights are 0.
   A row missing a field, a message without "role" or "content", content that is not a string,
-  or a conversation without an assistant turn: ValueError naming it (the caller adds the file
-  and line).
+  a "weight" that is not 0 or 1 on an assistant message, or a conversation without an assistant
+  turn: ValueError naming it (the caller adds the file and line).
 """
 
 from __future__ import annotations
@@ -438,9 +444,11 @@ def _encode_field(tokenizer: CheckpointTokenizer, row: Mapping[str, Any], key: s
 def _encode_messages(tokenizer: CheckpointTokenizer, messages: Any) -> tuple[list, list]:
     messages = _checked_messages(messages)
     whole = tokenizer.render_chat(messages)
-    spans = []  # [start, end) character spans of the assistant turns in `whole`
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("'messages' has no 'assistant' turn: nothing to train on.")
+    spans = []  # [start, end) character spans of the trained assistant turns in `whole`
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or not message_weight(message):
             continue
         before = tokenizer.render_chat(messages[:i], add_generation_prompt=True)
         through = tokenizer.render_chat(messages[: i + 1])
@@ -472,8 +480,6 @@ def _encode_messages(tokenizer: CheckpointTokenizer, messages: Any) -> tuple[lis
         if content and through.rfind(content, start) >= 0:
             end = max(end, through.rfind(content, start) + len(content))
         spans.append((start, max(end, start)))
-    if not spans:
-        raise ValueError("'messages' has no 'assistant' turn: nothing to train on.")
     ids, offsets = tokenizer._backend.encode(whole)
     weights = [0.0] * len(ids)
     k = 0  # spans and offsets are both in order: one pass
@@ -511,7 +517,36 @@ def _checked_messages(messages: Any) -> list[dict]:
                 raise ValueError(
                     f"messages[{i}][{key!r}] must be a string, got {type(message[key]).__name__}."
                 )
+        try:
+            message_weight(message)
+        except ValueError as e:
+            raise ValueError(f"messages[{i}]: {e}") from None
     return _template_messages(messages)
+
+
+def message_weight(message: Mapping[str, Any]) -> int:
+    """A message's "weight" as OpenAI's chat fine-tuning format defines it: on an assistant
+    message, 1 (its turn is trained; also when absent or null) or 0 (not trained); a ValueError
+    for any other value, or for a weight on a message of another role (whose turn is never
+    trained)."""
+    weight = message.get("weight")
+    if weight is None:
+        return 1
+    if message.get("role") != "assistant":
+        raise ValueError(
+            f"'weight' is allowed only on an assistant message (0: its turn is not trained, "
+            f"1: trained); this one's role is {message.get('role')!r}, whose turn is never "
+            "trained: remove its weight"
+        )
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float, np.number))
+        or weight not in (0, 1)
+    ):
+        raise ValueError(
+            f"'weight' must be 0 (the assistant turn is not trained) or 1 (trained), got {weight!r}"
+        )
+    return int(weight)
 
 
 # -- chat templates (jinja2, as transformers renders them) -----------------------------------

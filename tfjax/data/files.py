@@ -46,11 +46,12 @@ keys; one dataset may mix them, each row is encoded by its own format):
 
   {"text": str}                                       every token trained
   {"prompt": str, "completion": str}                  the completion (and eos) trained
-  {"messages": [{"role": str, "content": str}, ...]}  what encode_row trains of a chat
+  {"messages": [{"role": str, "content": str}, ...]}  what encode_row trains of a chat: each
+                                                      assistant turn, unless its "weight" is 0
 
-A row that trains nothing once cut to dataset.seq_len (its prompt is seq_len tokens or more) is
-dropped, counted and logged, and a split of no other rows is refused when its loader is made
-(`RowEncoder`).
+A row that trains nothing once cut to dataset.seq_len (its prompt is seq_len tokens or more, an
+empty text, a chat whose every assistant turn has "weight" 0) is dropped, counted and logged,
+and a split of no other rows is refused when its loader is made (`RowEncoder`).
 
 Columns that are null in a Parquet or Arrow row are dropped from it, so files written from
 mixed rows read as they were written. Every row is checked once when its file is opened (the
@@ -311,8 +312,9 @@ def load_tokenizer(directory: str):
 # ----------------------------------------------------------------------------------------- rows
 def row_problem(row) -> str | None:
     """What is wrong with a row (None: nothing): not an object, a format row_format does not
-    know or whose fields are missing, or fields that are not text."""
-    from tfjax.data.checkpoint_tokenizer import row_format
+    know or whose fields are missing, fields that are not text, or a message "weight" that is
+    not 0 or 1 on an assistant message (`checkpoint_tokenizer.message_weight`)."""
+    from tfjax.data.checkpoint_tokenizer import message_weight, row_format
 
     if not isinstance(row, dict):
         return f"a row must be a JSON object, got {type(row).__name__}"
@@ -338,6 +340,10 @@ def row_problem(row) -> str | None:
                     return f"message {i} has no {key!r}"
                 if not isinstance(message[key], str):
                     return f"message {i}: {key!r} must be a string"
+            try:
+                message_weight(message)
+            except ValueError as e:
+                return f"message {i}: {e}"
         if not any(m["role"] == "assistant" for m in messages):
             return "'messages' has no 'assistant' turn: nothing to train on"
     return None
@@ -361,7 +367,8 @@ def _row(items: dict, origin: str, path: str) -> Row:
 
 def encode_example(row, *, tokenizer, seq_len: int, split_text: bool) -> tuple[dict, int]:
     """A row -> ({"tokens": i32 [L], "weights": f32 [L]} by `encode_row`, cut to seq_len tokens
-    as the loader would cut it; its prompt: the tokens before the first weighted one). With
+    as the loader would cut it; its prompt: the tokens before the first weighted one, 0 where
+    none is: no seq_len would train such a row). With
     `split_text` (long_examples="split") text rows stay whole (the loader cuts them in pieces
     of seq_len); prompt/completion and messages rows are always cut to their first seq_len."""
     from tfjax.data.checkpoint_tokenizer import encode_row, row_format
@@ -378,7 +385,7 @@ def encode_example(row, *, tokenizer, seq_len: int, split_text: bool) -> tuple[d
             f"encode_row gave tokens {tokens.shape} and weights {weights.shape}; both must be [L]"
         )
     weighted = weights > 0
-    prompt = int(np.argmax(weighted)) if weighted.any() else len(weights)
+    prompt = int(np.argmax(weighted))  # (0 where no token is weighted)
     if len(tokens) > seq_len and not (split_text and row_format(row) == "text"):
         tokens, weights = tokens[:seq_len], weights[:seq_len]
     return {"tokens": tokens, "weights": weights}, prompt
@@ -398,8 +405,9 @@ class RowEncoder:
     `map_with_index` (index = epoch * rows + row): `encode_example`, or None (Grain drops the
     element) for a row that trains nothing once cut to dataset.seq_len: a prompt of seq_len
     tokens or more leaves none of its completion (or assistant turn); an empty text without bos
-    has none at all. Kept, it would fill its share of the batches with no target: a run of only
-    such rows trains nothing (gradient 0, loss NaN on eval), silently.
+    has none at all, nor has a chat whose every assistant turn has "weight" 0. Kept, it would
+    fill its share of the batches with no target: a run of only such rows trains nothing
+    (gradient 0, loss NaN on eval), silently.
 
     Which rows those are is known only once they are tokenised, and tokenising a row costs 20 to
     30 times its check at opening (measured: 150 us a prompt/completion row, 320 us a chat row,
@@ -441,28 +449,31 @@ class RowEncoder:
         )
         return (example if trains(example["weights"], self.seq_len) else None), prompt
 
-    def why(self, prompt: int) -> str:
+    def why(self, prompt: int, row) -> str:
         if prompt >= self.seq_len:
             return (
                 f"its prompt is {prompt} tokens, and dataset.seq_len={self.seq_len} cuts it "
                 "before its completion"
             )
+        if _weighted_out(row):
+            return "every assistant turn of it has weight 0"
         return "it has no token to train after its first (an empty row)"
 
     def check(self, rows) -> None:
         """A BadRowsError naming dataset.seq_len and the longest prompt unless a row of `rows`
         trains (see the class docstring)."""
         n = len(rows)
-        longest = (-1, "")
+        longest = (-1, "", None)  # (prompt, origin, row)
         for i in itertools.chain((k * n // 16 for k in range(min(n, 16))), range(n)):
             row = rows[i]
             example, prompt = self.encode(row)
             if example is not None:
                 return
-            longest = max(longest, (prompt, getattr(row, "origin", "") or f"row {i}"))
-        prompt, origin = longest
+            if prompt > longest[0]:
+                longest = (prompt, getattr(row, "origin", "") or f"row {i}", row)
+        prompt, origin, row = longest
         if prompt < self.seq_len:
-            raise BadRowsError(f"{self.field}: no row trains: {origin}: {self.why(prompt)}")
+            raise BadRowsError(f"{self.field}: no row trains: {origin}: {self.why(prompt, row)}")
         raise BadRowsError(
             f"{self.field}: no row trains: dataset.seq_len={self.seq_len} cuts every row before "
             f"its completion (the longest prompt, {origin}, is {prompt} tokens); raise "
@@ -477,7 +488,7 @@ class RowEncoder:
                 "%s: %s trains nothing: %s; it is dropped, and so is every such row of %s%s",
                 self.field,
                 getattr(row, "origin", "") or "a row",
-                self.why(prompt),
+                self.why(prompt, row),
                 path,
                 "" if self.share is None else " (counted at the end of an epoch)",
             )
@@ -521,7 +532,7 @@ class RowEncoder:
                 f"longest prompt: {count.longest} tokens; raise dataset.seq_len above the prompts "
                 "to train them)"
             )
-        if dropped > count.cut:
+        if dropped > count.cut:  # (empty, or of assistant turns of weight 0)
             why.append(f"{dropped - count.cut} with no token to train")
         logging.warning(
             "%s: %d of the %d rows this process read in epoch %d train nothing and were dropped "
@@ -533,6 +544,16 @@ class RowEncoder:
             ", ".join(f"{path}: {n}" for path, n in count.files.items()),
             "; ".join(why),
         )
+
+
+def _weighted_out(row) -> bool:
+    """Whether a chat row's every assistant turn has "weight" 0 (`message_weight`)."""
+    from tfjax.data.checkpoint_tokenizer import message_weight, row_format
+
+    if row_format(row) != "messages":
+        return False
+    turns = [m for m in row["messages"] if m.get("role") == "assistant"]
+    return bool(turns) and not any(message_weight(m) for m in turns)
 
 
 class _Dropped:
