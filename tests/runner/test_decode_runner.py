@@ -15,7 +15,7 @@ from conftest import ROOT, own_info_lines
 import tfjax.data
 from tfjax import decode
 from tfjax.models import decoder, transformer
-from tfjax.runner import checkpoint, metrics, train
+from tfjax.runner import checkpoint, evaluation, metrics, train
 from tfjax.tasks import translation
 
 
@@ -164,6 +164,84 @@ def test_lm_samples_take_their_prompts_from_the_weights_not_the_ids():
     abstract = {"tokens": jax.ShapeDtypeStruct(tokens.shape, np.int32)}
     rows, kwargs = lm.SamplesEval(d, 0).generate_args(exp, abstract)
     assert rows.shape == kwargs["mask"].shape == (2, 3) and kwargs["max_new_tokens"] == 4
+
+
+def eval_spec(config) -> dict:
+    """The eval batches of `config` as check_decode and the sample decode see them."""
+    return tfjax.data.element_spec(tfjax.data.dataset_spec(config), config.eval_batch_size)
+
+
+@pytest.mark.parametrize(
+    "fields, max_len, message",
+    [
+        # The step-0 evaluation's traceback: "inputs (2, 0) have no tokens".
+        (dict(prompt_length=0), 256, "decode.prompt_length=0: each eval sample continues"),
+        # A 16-position checkpoint: "max_new_tokens must be at least 1, got 0", the wrong field.
+        (
+            {},
+            16,
+            "decode.prompt_length=16 + decode.max_new_tokens=8 = 24 tokens exceed the model's "
+            "max_len=16 (its context length); make them sum to at most 16: "
+            "decode.prompt_length=8 or less\n",
+        ),
+        (
+            dict(max_new_tokens=0),
+            16,
+            "decode.prompt_length=16 fills the model's max_len=16 (its context length), leaving "
+            "no room to generate; give decode.prompt_length=15 or less",
+        ),
+        # Cut to 4 new tokens without a word.
+        (
+            {},
+            20,
+            "decode.prompt_length=16 + decode.max_new_tokens=8 = 24 tokens exceed the model's "
+            "max_len=20 (its context length); make them sum to at most 20: "
+            "decode.max_new_tokens=4 or less, or decode.prompt_length=12 or less",
+        ),
+        (
+            dict(prompt_length=100, max_new_tokens=70),
+            70,
+            "decode.prompt_length=100 (cut to the eval rows' 64 tokens) + "
+            "decode.max_new_tokens=70 = 134 tokens exceed the model's max_len=70 (its context "
+            "length); make them sum to at most 70: decode.max_new_tokens=6 or less\n",
+        ),
+    ],
+)
+def test_lm_samples_that_do_not_fit_the_model_are_refused_by_name(fields, max_len, message):
+    """evaluation.check_decode, made before any work: a language model's eval samples need a
+    prompt and room for decode.max_new_tokens in the model's max_len (finetune.py's tiny
+    preset: prompts of 16 tokens, 8 new ones, eval rows of 64)."""
+    config = tiny("configs/finetune.py:tiny", "")
+    config.decode.update(fields)
+    model = decoder.Model(variant="tiny", vocab_size=40, max_len=max_len)
+    with pytest.raises(ValueError) as e:
+        evaluation.check_decode(config, model, eval_spec(config))
+    assert f"{e.value}\n".startswith(message), e.value
+
+
+def test_lm_samples_that_fit_the_model_are_decoded_as_set():
+    """What check_decode accepts the sample decode takes whole: its max_new_tokens is the
+    config's, not cut; the default (0) takes what is left up to 32; no samples, or a task that
+    continues no prompts, ask nothing of prompt_length."""
+    import types
+
+    from tfjax.tasks import lm
+
+    config = tiny("configs/finetune.py:tiny", "")
+    abstract = eval_spec(config)
+    for max_new, max_len, generated in ((8, 24, 8), (0, 17, 1), (0, 64, 32)):
+        config.decode.max_new_tokens = max_new
+        model = decoder.Model(variant="tiny", vocab_size=40, max_len=max_len)
+        evaluation.check_decode(config, model, abstract)
+        exp = types.SimpleNamespace(model=model, replicated=None)
+        _, kwargs = lm.SamplesEval(config.decode, 0).generate_args(exp, abstract)
+        assert kwargs["max_new_tokens"] == generated
+    config.decode.update(prompt_length=0, num_samples=0)
+    evaluation.check_decode(config, model, abstract)
+    translation_config = tiny("configs/translate.py:tiny", "")
+    translation_config.decode.prompt_length = 0
+    model = transformer.Model(variant="tiny", vocab_size=40)
+    evaluation.check_decode(translation_config, model, eval_spec(translation_config))
 
 
 def test_average_last_is_the_mean_of_the_newest_checkpoints(translate_run):

@@ -4,7 +4,9 @@
 which the loop calls at eval steps: the task's summarised eval stats over the eval split (or
 its first config.eval_steps batches), plus the metrics of the task's optional decode-eval hook
 (`tfjax.tasks.decode_eval`: translation adds corpus BLEU of decoded outputs, language models
-continue eval prompts); the decoded samples go to WORKDIR/samples.jsonl.
+continue eval prompts); the decoded samples go to WORKDIR/samples.jsonl. What a language
+model's samples ask of the model (a prompt, room for decode.max_new_tokens) is checked before
+any work by `check_decode` (`tfjax.runner.checks.check_model`).
 """
 
 from __future__ import annotations
@@ -80,6 +82,45 @@ def metric_names(config) -> tuple[str, ...]:
     if hook is not None and hook.from_config(config) is not None:
         names += hook.metrics
     return names
+
+
+def check_decode(config, model, eval_spec: dict) -> None:
+    """A language model's eval samples (decode.num_samples > 0) against the model, before any
+    work (`eval_spec`: the eval batches' {key: jax.ShapeDtypeStruct}, rows of T tokens): each
+    continues a prompt of min(decode.prompt_length, T) tokens (`tfjax.tasks.lm.sample_prompts`),
+    which must hold a token and leave room in the model's max_len for decode.max_new_tokens
+    (when set; 0, the default, takes what is left up to 32). Else one ValueError naming the
+    fields and what fits: found at the first evaluation, it was a traceback (or the wrong
+    field named), or max_new_tokens silently cut."""
+    d = config.get("decode")
+    max_len = getattr(model, "max_len", None)
+    if config.task != "lm" or d is None or not d.num_samples or max_len is None:
+        return
+    if d.prompt_length < 1:
+        raise ValueError(
+            f"decode.prompt_length={d.prompt_length}: each eval sample continues the first "
+            "prompt_length tokens of an eval row; give at least 1, or decode.num_samples=0 "
+            "for no samples"
+        )
+    seq_len = eval_spec["tokens"].shape[1]
+    width = min(d.prompt_length, seq_len)
+    prompt = f"decode.prompt_length={d.prompt_length}"
+    if width < d.prompt_length:
+        prompt += f" (cut to the eval rows' {seq_len} tokens)"
+    new = d.max_new_tokens
+    if not new and width >= max_len:  # the default takes what is left: nothing
+        raise ValueError(
+            f"{prompt} fills the model's max_len={max_len} (its context length), leaving no "
+            f"room to generate; give decode.prompt_length={max_len - 1} or less"
+        )
+    if width + new > max_len:
+        fits = [f"decode.max_new_tokens={max_len - width}"] if width < max_len else []
+        fits += [f"decode.prompt_length={max_len - new}"] if new < max_len else []
+        raise ValueError(
+            f"{prompt} + decode.max_new_tokens={new} = {width + new} tokens exceed the "
+            f"model's max_len={max_len} (its context length); make them sum to at most "
+            f"{max_len}" + (f": {' or less, or '.join(fits)} or less" if fits else "")
+        )
 
 
 def make_evaluator(exp, eval_loader, tokenizer, workdir: str):
