@@ -761,6 +761,41 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
             tf_files.check(spec)
 
 
+def test_a_file_named_twice_is_refused_and_an_eval_file_trained_on_is_a_warning(bad_dir, caplog):
+    """Rows read twice without a word: a file listed twice, a glob over a listed path, two
+    names of one file (a link, "..") are refused naming the field and the file; the same file
+    as train and eval file is allowed (a smoke test) with a line saying the eval is not held
+    out."""
+    a = write_jsonl(bad_dir / "a.jsonl", TEXT_ROWS[:2])
+    b = write_jsonl(bad_dir / "b.jsonl", TEXT_ROWS[2:4])
+    (bad_dir / "link.jsonl").symlink_to(a)
+    up = f"{bad_dir}/../{bad_dir.name}/b.jsonl"
+    twice = "so its rows would be read twice; name each file once"
+    for files, what in [
+        (f"{a},{b},{a}", rf"{a} is listed twice"),
+        (f"{a},{bad_dir}/*.jsonl", rf"{a} is named by both '{a}' and '{bad_dir}/\*.jsonl'"),
+        (f"{a},{up},{b}", rf"{up} and {b} are the same file"),
+        (f"{bad_dir}/link.jsonl,{a}", rf"{bad_dir}/link.jsonl and {a} are the same file"),
+    ]:
+        for field in ("train_files", "eval_files"):
+            spec = td.resolve_config(config(bad_dir, **{"train_files": str(b), field: files}))
+            with pytest.raises(ValueError, match=rf"^dataset.{field}: {what}, {twice}"):
+                tf_files.check(spec)
+    mixture = config(bad_dir, train_files="", mixture=f"1:{a};2:{b},{b}")
+    with pytest.raises(ValueError, match=rf"^dataset.mixture: entry 2 .*{b} is listed twice"):
+        loader(mixture, num_epochs=None)
+    with caplog.at_level(logging.WARNING):
+        tf_files.check(td.resolve_config(config(bad_dir, train_files=str(a), eval_files=str(b))))
+        assert "held out" not in caplog.text
+        tf_files.check(
+            td.resolve_config(config(bad_dir, train_files=f"{a},{b}", eval_files=str(a)))
+        )
+    assert (
+        f"dataset.eval_files: {a} is also in dataset.train_files: the eval loss is not held out"
+        in caplog.text
+    )
+
+
 def test_sources_pickle_for_worker_processes(data, tokenizer):
     del tokenizer
     spec = td.resolve_config(config(data))

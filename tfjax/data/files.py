@@ -6,7 +6,9 @@ checkpoint on data that is no TFDS dataset.
                                     num_epochs=None)
 
 `dataset.train_files` and `dataset.eval_files` are each a path, a glob or a comma-separated
-list of them (so a path cannot hold a comma), local or `gs://` (read through `etils.epath`):
+list of them (so a path cannot hold a comma), local or `gs://` (read through `etils.epath`),
+naming each file once (a file named twice, e.g. by a path and a glob, would be read twice: it is
+refused; an eval file that is also a train file is allowed, with a warning line naming it):
 
   .txt              one row {"text": line} per non-empty line (whitespace-only lines are
                     empty), without its line ending. Lines rather than whole files: a file
@@ -80,6 +82,7 @@ import glob as globlib
 import hashlib
 import itertools
 import json
+import os
 import threading
 import time
 
@@ -113,19 +116,41 @@ def expand(patterns: str, field: str) -> list[tuple[epath.Path, str]]:
     """[(path, kind)] of a path, glob or comma-separated list of them, in the order given (each
     glob's matches sorted). A saved Hugging Face dataset directory gives its .arrow files. A
     pattern that matches nothing, a file of another extension, a directory that is no saved
-    dataset: a FileNotFoundError / ValueError naming `field` (e.g. "dataset.train_files")."""
-    out = []
+    dataset, a file named twice (by two patterns, e.g. a path and a glob that matches it: its
+    rows would be read twice; a source is drawn more often by dataset.mixture's weights): a
+    FileNotFoundError / ValueError naming `field` (e.g. "dataset.train_files")."""
+    out, named = [], {}  # named: a file's identity -> (the pattern, the path) that named it
     for pattern in (p.strip() for p in patterns.split(",")):
         if not pattern:
             continue
         matches = _matches(pattern)
         if not matches:
             raise FileNotFoundError(f"{field}: {pattern!r} matches no file")
-        for path in matches:
-            out.extend(_files_of(path, field))
+        for path, kind in (f for match in matches for f in _files_of(match, field)):
+            identity = _identity(path)
+            if identity in named:
+                first_pattern, first = named[identity]
+                if str(first) != str(path):
+                    what = f"{first} and {path} are the same file"
+                elif first_pattern != pattern:
+                    what = f"{path} is named by both {first_pattern!r} and {pattern!r}"
+                else:
+                    what = f"{path} is listed twice"
+                raise ValueError(
+                    f"{field}: {what}, so its rows would be read twice; name each file once "
+                    "(to draw a source more often, give it a larger weight in dataset.mixture)"
+                )
+            named[identity] = (pattern, path)
+            out.append((path, kind))
     if not out:
         raise ValueError(f"{field}={patterns!r} names no file")
     return out
+
+
+def _identity(path: epath.Path) -> str:
+    """What tells two names of one file apart from two files: a local file's real path (after
+    links, "..", "./"), a remote one's URL."""
+    return os.path.realpath(path) if _is_local(path) else str(path)
 
 
 def _matches(pattern: str) -> list[epath.Path]:
@@ -236,16 +261,33 @@ def check(spec) -> None:
     train files (or the mixture's) and eval files exist and are of a kind tfjax reads, Parquet
     and Arrow files open (`check_readable`), the tokenizer directory's tokenizer loads (a
     damaged file of it is a line here, not a traceback later). Each error names its field or
-    file."""
+    file. An eval file that is a train file too is a warning line naming it."""
     if spec.mixture.strip():
         lists = [file_list for _, _, file_list in mixture_files(spec)]
     else:
         lists = [split_files(spec, "train")]
     if spec.eval_files.strip():
         lists.append(split_files(spec, "eval"))
+        _warn_not_held_out(lists[:-1], lists[-1], spec)
     for path, kind in (f for file_list in lists for f in file_list):
         check_readable(path, kind)
     load_tokenizer(spec.tokenizer)
+
+
+def _warn_not_held_out(train_lists, eval_files, spec) -> None:
+    """One line naming the eval files that are train files too: allowed (a smoke test), but
+    the eval loss is then measured on rows the run trains on."""
+    trained = {_identity(path) for file_list in train_lists for path, _ in file_list}
+    both = [str(path) for path, _ in eval_files if _identity(path) in trained]
+    if both:
+        train_field = "dataset.mixture" if spec.mixture.strip() else "dataset.train_files"
+        logging.warning(
+            "dataset.eval_files: %s %s also in %s: the eval loss is not held out (it is "
+            "measured on rows the run trains on)",
+            ", ".join(both[:3]) + (f" and {len(both) - 3} more" if len(both) > 3 else ""),
+            "is" if len(both) == 1 else "are",
+            train_field,
+        )
 
 
 def fingerprint(files: list[tuple[epath.Path, str]]) -> str:
