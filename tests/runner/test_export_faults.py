@@ -160,6 +160,20 @@ def test_config_init_from_is_a_flag_of_export_py(tmp_path):
     )
 
 
+def test_a_hugging_face_checkpoint_as_workdir_is_one_line(lora_run, tmp_path):
+    """Its config.json is not a run's: read as one, it was an AttributeError traceback
+    ('logical_axis_rules'). Nothing is written."""
+    base = lora_run[0]
+    with pytest.raises(
+        ValueError,
+        match=rf"^--workdir='{base}' is a Hugging Face checkpoint, not a run's workdir \(it has "
+        r"no checkpoints/\): there is nothing to export; transformers and --config.init_from "
+        "take it as it is$",
+    ):
+        export.export_run(base, str(tmp_path / "hf"))
+    assert os.listdir(tmp_path) == []
+
+
 # ---------------------------------------------------------------------- unwritable file systems
 def test_a_read_only_or_full_file_system_is_one_line_naming_the_output(lora_run, tmp_path):
     """Real file systems in a private mount namespace (as tests/runner/test_workdir_faults.py's

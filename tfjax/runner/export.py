@@ -78,7 +78,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from tfjax.runner import pretrained, workdirs
+from tfjax.runner import checkpoint, pretrained, workdirs
 
 GENERATION_CONFIG = "generation_config.json"
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -109,8 +109,9 @@ def export_run(
     checkpoint directory, or with `adapters_only` its LoRA adapters as a peft adapter directory
     (see the module docstring); returns `output`. `init_from`: where the checkpoint the run
     started from is now, when it has moved (the run's config.init_from otherwise). Refuses an
-    existing `output`, an unwritable one and a run without LoRA or Hugging Face base
-    (`adapters_only`) before any work, and adapters peft cannot load before writing."""
+    existing `output`, an unwritable one, a `workdir` that is a Hugging Face checkpoint (not a
+    run's: nothing to export) and a run without LoRA or Hugging Face base (`adapters_only`)
+    before any work, and adapters peft cannot load before writing."""
     from tfjax import interop
     from tfjax.nnx.functional import Functional
     from tfjax.runner import train
@@ -118,6 +119,13 @@ def export_run(
     output = os.path.abspath(os.path.expanduser(output))
     if os.path.lexists(output):
         raise FileExistsError(f"--output={output!r} exists; give a new directory")
+    if pretrained.is_checkpoint_dir(workdir) and not checkpoint.has_checkpoint(workdir):
+        # Its config.json is Hugging Face's, not a run's: read as one, it failed by a field.
+        raise ValueError(
+            f"--workdir={workdir!r} is a Hugging Face checkpoint, not a run's workdir (it has "
+            "no checkpoints/): there is nothing to export; transformers and --config.init_from "
+            "take it as it is"
+        )
     config = workdirs.read_config(workdir)
     if init_from:
         if not config.get("init_from"):
