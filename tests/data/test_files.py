@@ -675,6 +675,7 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
     write_jsonl(bad_dir / "ok.jsonl", TEXT_ROWS[:2])
     ok = config(bad_dir, train_files=str(bad_dir / "ok.jsonl"))
     (bad_dir / "data.csv").write_text("a,b\n")
+    write_jsonl(bad_dir / "with,comma.jsonl", TEXT_ROWS[:2])
     (bad_dir / "cut").mkdir()  # a tokenizer.json cut short: read by the checks, not later
     (bad_dir / "cut" / "tokenizer.json").write_bytes(
         (bad_dir / "tok" / "tokenizer.json").read_bytes()[:500]
@@ -689,6 +690,12 @@ def test_errors_before_any_work_name_the_field(bad_dir, tokenizer):
             {"train_files": str(bad_dir / "missing.jsonl")},
             FileNotFoundError,
             "dataset.train_files: '.*missing.jsonl' matches no file",
+        ),
+        (
+            {"train_files": f"{bad_dir}/ok.jsonl,{bad_dir}/with,comma.jsonl"},
+            FileNotFoundError,
+            r"^dataset.train_files: commas separate files, so '.*/with,comma.jsonl' was read as "
+            r"\['.*/with', 'comma.jsonl'\]; rename it without a comma$",
         ),
         (
             {"train_files": str(bad_dir / "data.csv")},

@@ -6,7 +6,8 @@ checkpoint on data that is no TFDS dataset.
                                     num_epochs=None)
 
 `dataset.train_files` and `dataset.eval_files` are each a path, a glob or a comma-separated
-list of them (so a path cannot hold a comma), local or `gs://` (read through `etils.epath`),
+list of them (so a path cannot hold a comma: a file named with one is refused with that
+advice), local or `gs://` (read through `etils.epath`),
 naming each file once (a file named twice, e.g. by a path and a glob, would be read twice: it is
 refused; an eval file that is also a train file is allowed, with a warning line naming it):
 
@@ -120,11 +121,13 @@ def expand(patterns: str, field: str) -> list[tuple[epath.Path, str]]:
     rows would be read twice; a source is drawn more often by dataset.mixture's weights): a
     FileNotFoundError / ValueError naming `field` (e.g. "dataset.train_files")."""
     out, named = [], {}  # named: a file's identity -> (the pattern, the path) that named it
-    for pattern in (p.strip() for p in patterns.split(",")):
+    pieces = patterns.split(",")
+    for i, pattern in enumerate(p.strip() for p in pieces):
         if not pattern:
             continue
         matches = _matches(pattern)
         if not matches:
+            _refuse_comma(pieces, i, field)
             raise FileNotFoundError(f"{field}: {pattern!r} matches no file")
         for path, kind in (f for match in matches for f in _files_of(match, field)):
             identity = _identity(path)
@@ -145,6 +148,19 @@ def expand(patterns: str, field: str) -> list[tuple[epath.Path, str]]:
     if not out:
         raise ValueError(f"{field}={patterns!r} names no file")
     return out
+
+
+def _refuse_comma(pieces: list[str], i: int, field: str) -> None:
+    """Piece i of a comma-separated list matches nothing: if it and its neighbours joined by
+    commas name a file, its name holds a comma, which the list cannot; say so."""
+    for start in range(i, -1, -1):
+        for end in range(max(i, start + 1), len(pieces)):
+            name = ",".join(pieces[start : end + 1]).strip()
+            if _matches(name):
+                raise FileNotFoundError(
+                    f"{field}: commas separate files, so {name!r} was read as "
+                    f"{[p.strip() for p in pieces[start : end + 1]]}; rename it without a comma"
+                )
 
 
 def _identity(path: epath.Path) -> str:
