@@ -19,7 +19,10 @@ given, as UTF-8. Prints one line per input, in order: with --format=text (the de
 line-separating character is written as in a Python string (\\, \t, \n, \x0c, \u2028), so
 that generated text never breaks the line; with --format=jsonl a JSON object
 {"input": ..., "output": ...} (ASCII, everything else escaped). An input longer than the rows
-the model was trained on (dataset.seq_len tokens) is decoded with a warning.
+the model was trained on (dataset.seq_len tokens) is decoded with a warning. A language model
+generates within its max_len (its context length) after the longest input: a --max_new_tokens
+past that is refused, naming the input and what fits; the config's value or the default is cut
+to what fits, with a warning.
 """
 
 import json
@@ -224,12 +227,7 @@ def _decode(argv):
                 config.dataset.seq_len,
             )
     if not encoder_decoder:
-        max_new = min(max_new, model.max_len - max(len(x) for x in ids))
-        if max_new < 1:
-            raise app.UsageError(
-                f"the longest prompt has {max(len(x) for x in ids)} tokens; the model's "
-                f"max_len={model.max_len} leaves no room to generate"
-            )
+        max_new = _within_max_len(max_new, ids, where, model.max_len)
     method = options["method"]
     # Beam search over prompts needs equal lengths: decode groups of equal length together.
     groups = {}
@@ -291,6 +289,33 @@ def _checked_options(default_new: int) -> tuple[dict, int]:
     except decode.OptionError as e:
         raise app.UsageError(f"{_named(e.option)}: {e}") from None
     return options, max_new
+
+
+def _within_max_len(max_new: int, ids: list, where: list[str], max_len: int) -> int:
+    """max_new_tokens for prompts `ids` within the model's max_len (its context length), after
+    the longest: a --max_new_tokens past it is refused by name; the config's value or the
+    default is cut to what is left, with a line saying so."""
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    length, room = len(ids[longest]), max_len - len(ids[longest])
+    what = f"{where[longest]} is {length} tokens long, and the model's max_len={max_len}"
+    if room < 1:
+        raise app.UsageError(f"{what} leaves no room to generate; give a shorter input")
+    if max_new <= room:
+        return max_new
+    if _MAX_NEW.value:  # asked for by name: refused, not cut
+        raise app.UsageError(
+            f"--max_new_tokens={max_new}: {what} leaves room for {room}; give "
+            f"--max_new_tokens={room} or less, or a shorter input"
+        )
+    given = _named("max_new_tokens") if _option("max_new_tokens") else None
+    logging.warning(
+        "%s: %s leaves room for %d; generating at most %d per input",
+        given or f"max_new_tokens={max_new} (the default)",
+        what,
+        room,
+        room,
+    )
+    return room
 
 
 def _checked_steps(average_last: int) -> list[int]:

@@ -55,10 +55,18 @@ def test_corpus_bleu_bounds():
     assert translation.corpus_bleu(["x y z"] * 3, refs) == 0.0
 
 
-def test_lm_eval_writes_samples(data_dir, tmp_path):
+@pytest.fixture(scope="module")
+def lm_run(data_dir, tmp_path_factory):
+    """The tiny language model config (max_len 256), trained 2 steps."""
+    workdir = str(tmp_path_factory.mktemp("lm"))
     config = tiny("configs/lm.py:tiny", data_dir)
-    train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
-    with open(tmp_path / "samples.jsonl") as f:
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+    return config, workdir
+
+
+def test_lm_eval_writes_samples(lm_run):
+    config, workdir = lm_run
+    with open(os.path.join(workdir, "samples.jsonl")) as f:
         samples = [json.loads(line) for line in f]
     assert len(samples) == config.decode.num_samples
     assert all(s["step"] == 2 and s["prompt"] for s in samples)
@@ -466,6 +474,28 @@ def test_decode_cli_negative_max_new_tokens_names_the_flag(data_dir, tmp_path):
             "--max_new_tokens=-1: give the number of tokens to generate per "
             "input (at least 1), or 0 for the default",
         )
+
+
+def test_decode_cli_generates_within_the_models_max_len(lm_run, data_dir):
+    """After the longest prompt the model's max_len (256) leaves room for so many tokens: a
+    --max_new_tokens past it is refused by name, the default (32) is cut with a line; both
+    were cut silently."""
+    workdir = lm_run[1]
+    lm = dict(config="configs/lm.py:tiny")
+    out = decode_cli(workdir, data_dir, "--input=x", "--input=yz", "--max_new_tokens=300", **lm)
+    assert_short_error(
+        out,
+        "decode.py: --max_new_tokens=300: --input #2 is 3 tokens long, and the model's "
+        "max_len=256 leaves room for 253; give --max_new_tokens=253 or less, or a shorter input",
+    )
+    out = decode_cli(
+        workdir, data_dir, "--input=" + "x" * 240, "--config.decode.max_new_tokens=0", **lm
+    )
+    assert out.returncode == 0 and out.stdout.startswith("x" * 240 + "\t"), out.stderr
+    assert (
+        "max_new_tokens=32 (the default): --input #1 is 241 tokens long, and the model's "
+        "max_len=256 leaves room for 15; generating at most 15 per input"
+    ) in out.stderr
 
 
 def test_decode_cli_warns_of_sources_longer_than_trained(translate_run, data_dir, tmp_path):
