@@ -803,6 +803,59 @@ def test_a_file_named_twice_is_refused_and_an_eval_file_trained_on_is_a_warning(
     )
 
 
+def test_the_checkpoints_own_tokenizer_is_named_by_its_file_and_init_from(bad_dir, data):
+    """dataset.tokenizer unset: the run reads config.init_from's tokenizer, and its errors name
+    the checkpoint's file at fault and config.init_from, not dataset.tokenizer (unset)."""
+    from conftest import ROOT
+
+    from tfjax.runner import train
+
+    run = train.load_config(f"{ROOT}/configs/finetune.py:tiny")
+    run.dataset.train_files = run.dataset.eval_files = str(data / "text.jsonl")
+    assert tf_files.tokenizer_field(run) == "config.init_from"
+    run.dataset.tokenizer = str(data / "tok")
+    assert tf_files.tokenizer_field(run) == "dataset.tokenizer"
+    tok_config = json.loads((data / "tok" / "tokenizer_config.json").read_text())
+    for name, files, error in [
+        (
+            "broken",
+            {"generation_config.json": '{"eos_token_id": '},
+            r"/broken/generation_config.json is not valid JSON \(.*\).*download it again",
+        ),
+        (
+            "noeos",
+            {"tokenizer_config.json": json.dumps({**tok_config, "eos_token": None})},
+            r"/noeos names no eos token: tokenizer_config.json has no eos_token and "
+            "generation_config.json no eos_token_id",
+        ),
+    ]:
+        directory = bad_dir / name
+        directory.mkdir()
+        for original in (data / "tok").iterdir():
+            (directory / original.name).write_bytes(original.read_bytes())
+        for file, text in files.items():
+            (directory / file).write_text(text)
+        spec = td.resolve_config(
+            config(bad_dir, train_files=str(data / "text.jsonl"), tokenizer=str(directory))
+        )
+        with pytest.raises(ValueError, match=rf"^dataset.tokenizer='{directory}': .*{error}"):
+            tf_files.check(spec)
+        with pytest.raises(
+            ValueError,
+            match=rf"^{bad_dir}{error}.* \(the tokenizer of config.init_from: dataset.tokenizer "
+            r"is unset\)$",
+        ) as raised:
+            tf_files.check(spec, "config.init_from")
+        assert "dataset.tokenizer=" not in str(raised.value)
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^{bad_dir} \(the checkpoint of config.init_from: dataset.tokenizer is unset\) "
+        "holds no tokenizer file; .*; give the directory of its tokenizer files as "
+        "dataset.tokenizer$",
+    ):
+        tf_files.load_tokenizer(str(bad_dir), "config.init_from")
+
+
 def test_sources_pickle_for_worker_processes(data, tokenizer):
     del tokenizer
     spec = td.resolve_config(config(data))

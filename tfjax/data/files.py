@@ -7,9 +7,9 @@ checkpoint on data that is no TFDS dataset.
 
 `dataset.train_files` and `dataset.eval_files` are each a path, a glob or a comma-separated
 list of them (so a path cannot hold a comma: a file named with one is refused with that
-advice), local or `gs://` (read through `etils.epath`),
-naming each file once (a file named twice, e.g. by a path and a glob, would be read twice: it is
-refused; an eval file that is also a train file is allowed, with a warning line naming it):
+advice), local or `gs://` (read through `etils.epath`), naming each file once (a file named
+twice, e.g. by a path and a glob, would be read twice: it is refused; an eval file that is also
+a train file is allowed, with a warning line naming it):
 
   .txt              one row {"text": line} per non-empty line (whitespace-only lines are
                     empty), without its line ending. Lines rather than whole files: a file
@@ -102,6 +102,7 @@ EXTENSIONS = {
     ".arrow": "arrow",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # a checkpoint's, one of them at least
+TOKENIZER_FIELD = "dataset.tokenizer"  # the field naming their directory, unless init_from does
 
 
 def _is_local(path) -> bool:
@@ -272,11 +273,12 @@ def mixture_files(spec) -> list[tuple[float, str, list[tuple[epath.Path, str]]]]
     ]
 
 
-def check(spec) -> None:
+def check(spec, tokenizer_field: str = TOKENIZER_FIELD) -> None:
     """The checks of a "files" DatasetSpec that touch the file system but read no rows: the
     train files (or the mixture's) and eval files exist and are of a kind tfjax reads, Parquet
     and Arrow files open (`check_readable`), the tokenizer directory's tokenizer loads (a
-    damaged file of it is a line here, not a traceback later). Each error names its field or
+    damaged file of it is a line here, not a traceback later; `tokenizer_field`: the config
+    field that gave spec.tokenizer, as in `load_tokenizer`). Each error names its field or
     file. An eval file that is a train file too is a warning line naming it."""
     if spec.mixture.strip():
         lists = [file_list for _, _, file_list in mixture_files(spec)]
@@ -287,7 +289,7 @@ def check(spec) -> None:
         _warn_not_held_out(lists[:-1], lists[-1], spec)
     for path, kind in (f for file_list in lists for f in file_list):
         check_readable(path, kind)
-    load_tokenizer(spec.tokenizer)
+    load_tokenizer(spec.tokenizer, tokenizer_field)
 
 
 def _warn_not_held_out(train_lists, eval_files, spec) -> None:
@@ -337,34 +339,55 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 # ------------------------------------------------------------------------------------ tokenizer
-def _check_tokenizer_dir(directory: str) -> epath.Path:
+def _check_tokenizer_dir(directory: str, field: str) -> epath.Path:
     path = epath.Path(directory).expanduser() if _is_local(directory) else epath.Path(directory)
+    if field == TOKENIZER_FIELD:
+        where, fix = f"{field}={directory!r}", ""
+    else:  # the checkpoint's own: the user set no dataset.tokenizer
+        where = f"{directory} (the checkpoint of {field}: dataset.tokenizer is unset)"
+        fix = "; give the directory of its tokenizer files as dataset.tokenizer"
     if not path.is_dir():
         raise FileNotFoundError(
-            f"dataset.tokenizer={directory!r} is not a directory; give the directory of the "
-            f"checkpoint's tokenizer files ({' or '.join(TOKENIZER_FILES)})"
+            f"{where} is not a directory; give the directory of the checkpoint's tokenizer "
+            f"files ({' or '.join(TOKENIZER_FILES)}){fix and ' as dataset.tokenizer'}"
         )
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise FileNotFoundError(
-            f"dataset.tokenizer={directory!r} holds no tokenizer file; expected "
-            f"{' or '.join(TOKENIZER_FILES)} (the files of a Hugging Face checkpoint)"
+            f"{where} holds no tokenizer file; expected "
+            f"{' or '.join(TOKENIZER_FILES)} (the files of a Hugging Face checkpoint){fix}"
         )
     return path
 
 
-def load_tokenizer(directory: str):
+def tokenizer_field(config) -> str:
+    """Which field of a run's config gives the "files" dataset's tokenizer directory:
+    dataset.tokenizer where set, else config.init_from (the checkpoint's own tokenizer:
+    `tfjax.runner.pretrained.dataset_spec`): what `check` and `load_tokenizer` name."""
+    from tfjax.data import catalog
+
+    return TOKENIZER_FIELD if catalog.dataset_spec(config).tokenizer else "config.init_from"
+
+
+def load_tokenizer(directory: str, field: str = TOKENIZER_FIELD):
     """`CheckpointTokenizer.load(directory)`, after checking that the directory holds a
-    tokenizer file; errors name dataset.tokenizer."""
+    tokenizer file. `field` is the config field that gave the directory: errors name
+    dataset.tokenizer and its value, or, for "config.init_from" (dataset.tokenizer unset: the
+    checkpoint's own tokenizer), the checkpoint's file at fault and config.init_from, not a
+    field the user never set."""
     from tfjax.data.checkpoint_tokenizer import CheckpointTokenizer
 
-    path = _check_tokenizer_dir(directory)
+    path = _check_tokenizer_dir(directory, field)
     try:
         return CheckpointTokenizer.load(str(path))
     except Exception as e:  # noqa: BLE001 - any failure to read it: name the field
-        raise ValueError(
-            f"dataset.tokenizer={directory!r}: its tokenizer cannot be loaded "
-            f"({type(e).__name__}: {e})"
-        ) from e
+        if field == TOKENIZER_FIELD:
+            raise ValueError(
+                f"{field}={directory!r}: its tokenizer cannot be loaded ({type(e).__name__}: {e})"
+            ) from e
+        why = str(e).rstrip(".") if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        if str(path) not in why:  # (the tokenizer's own errors name the file)
+            why = f"{path}: {why}"
+        raise ValueError(f"{why} (the tokenizer of {field}: dataset.tokenizer is unset)") from e
 
 
 # ----------------------------------------------------------------------------------------- rows
