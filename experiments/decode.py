@@ -386,5 +386,25 @@ def _restore(config, kept: list[int], average_last: int):
     )
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, after refusing --config given more than once: the last one would win
+    silently, or absl names a field's override flag as "defined twice"."""
+    given = []
+    for i, arg in enumerate(argv[1:], 2):
+        if arg == "--":
+            break
+        name, equals, value = arg.partition("=")
+        if name in ("--config", "-config"):
+            given.append(value if equals else " ".join(argv[i : i + 1]))
+    if len(given) > 1:
+        print(
+            f"decode.py: --config given {len(given)} times ({', '.join(given)}); give it once: "
+            "presets are comma-separated in it, as in --config=configs/finetune.py:lora,tiny",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return app.parse_flags_with_usage(argv)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

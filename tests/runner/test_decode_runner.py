@@ -363,6 +363,13 @@ def assert_short_error(out, message):
         ),
         (["--input_file=/nonexistent.txt"], "--input_file='/nonexistent.txt' does not exist"),
         (["--input=1", "--step=-1"], "--step=-1: steps are numbered from 0"),
+        # absl said "The flag 'config.decode.top_k' is defined twice"; without an override
+        # flag, the last --config won silently.
+        (
+            ["--config=configs/lm.py:tiny", "--config.decode.top_k=2", "--input=1"],
+            f"decode.py: --config given 2 times ({ROOT}/configs/translate.py:tiny, "
+            "configs/lm.py:tiny); give it once: presets are comma-separated in it",
+        ),
     ],
 )
 def test_decode_cli_checks_options_before_loading(data_dir, tmp_path, args, message):
