@@ -6,9 +6,10 @@ r"""Generates with a trained run: translations or continuations of the given tex
         --input_file=prompts.txt --method=sample --temperature=0.7 --format=jsonl
     echo "def main(" | python experiments/decode.py --config=configs/lm.py:pydoc --workdir=...
 
-Give the same --config (and overrides) the run was trained with. The newest checkpoint that
-restores and verifies is loaded, as a resumed run would take it: a damaged newer one is named
-and passed over, and left as it is (decoding writes nothing to the workdir). --step=N loads
+Give the same --config (and overrides) the run was trained with; a LoRA run's base is read
+from --config.init_from, by default the place its config.json records. The newest checkpoint
+that restores and verifies is loaded, as a resumed run would take it: a damaged newer one is
+named and passed over, and left as it is (decoding writes nothing to the workdir). --step=N loads
 step N (or fails naming it); --average_last=N averages the N steps up to it, as the paper does
 with 5. Decoding options default to the config's `decode` section; flags override them. Every
 option is checked before anything is loaded (a bad one: a line naming it, exit status 2).
@@ -199,6 +200,7 @@ def _decode(argv):
     default_new = config.dataset.seq_len + 50 if encoder_decoder else 32  # the paper: input + 50
     options, max_new = _checked_options(default_new)
     texts, where = _inputs()
+    _base_as_recorded(config)
     average_last = _option("average_last")
     kept = _checked_steps(average_last)
 
@@ -316,6 +318,26 @@ def _within_max_len(max_new: int, ids: list, where: list[str], max_len: int) -> 
         room,
     )
     return room
+
+
+def _base_as_recorded(config) -> None:
+    """A LoRA run from a Hugging Face checkpoint keeps only its adapters; their base is read
+    from config.init_from. Where --config leaves it unset, the place the run recorded (its
+    config.json) is taken, as export.py takes it; the base there is checked to be the one the
+    adapters were trained on (`tfjax.runner.pretrained.check_base`)."""
+    from tfjax.runner import workdirs
+
+    if config.get("init_from") or "init_from" not in config:
+        return
+    stored = workdirs.previous_config(_WORKDIR.value) or {}
+    recorded, lora = stored.get("init_from"), stored.get("lora") or {}
+    if recorded and lora.get("rank"):
+        config.init_from = recorded
+        logging.info(
+            "config.init_from is unset: the base of this LoRA run's adapters is read from %s, "
+            "as its config.json records",
+            recorded,
+        )
 
 
 def _checked_steps(average_last: int) -> list[int]:

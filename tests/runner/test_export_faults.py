@@ -174,6 +174,25 @@ def test_a_hugging_face_checkpoint_as_workdir_is_one_line(lora_run, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_decode_py_reads_a_lora_runs_base_where_its_config_json_records_it(lora_run, tmp_path):
+    """decode.py without --config.init_from on a LoRA run whose base never moved: it said "put
+    it back, or give its new place"; it takes the recorded place, as export.py does (tested
+    here, where a LoRA run is at hand)."""
+    base, workdir, _ = lora_run
+    proc = run_python(
+        os.path.join(ROOT, "experiments", "decode.py"),
+        f"--config={FINETUNE}:lora,tiny",
+        f"--workdir={workdir}",
+        "--input=abc",
+        "--max_new_tokens=2",
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("abc\t"), proc.stderr[-2000:]
+    assert (
+        "config.init_from is unset: the base of this LoRA run's adapters is read from "
+        f"{base}, as its config.json records"
+    ) in proc.stderr
+
+
 # ---------------------------------------------------------------------- unwritable file systems
 def test_a_read_only_or_full_file_system_is_one_line_naming_the_output(lora_run, tmp_path):
     """Real file systems in a private mount namespace (as tests/runner/test_workdir_faults.py's
