@@ -884,6 +884,34 @@ def test_a_row_the_tokenizer_refuses_is_named_by_its_line(data, tokenizer, monke
             list(ld)
 
 
+def test_a_conversation_the_template_refuses_is_named_before_any_step(bad_dir, data):
+    """The first row of each conversation shape (roles in order, message keys) is encoded when
+    the loader is made: a later row whose order of roles the template refuses is one line
+    naming its file and line then, not when training reaches it."""
+    alternate = (
+        "{%- for m in messages %}{%- if not loop.first and loop.previtem['role'] == m['role'] %}"
+        "{{ raise_exception('Conversation roles must alternate') }}{%- endif %}{%- endfor %}"
+    )
+    tok = bad_dir / "alternating"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_bytes((data / "tok" / "tokenizer.json").read_bytes())
+    tok_config = json.loads((data / "tok" / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = alternate + CHATML
+    (tok / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    user_user = {"messages": [{"role": "user", "content": "a"}, *CHAT_ROWS[0]["messages"]]}
+    rows = [*CHAT_ROWS[:3], *TEXT_ROWS[:2], WEIGHTED_OUT, user_user, *CHAT_ROWS[3:]]
+    path = write_jsonl(bad_dir / "chats.jsonl", rows)
+    assert open_one(path).chats == [0, 5, 6]  # the first of each shape
+    refused = (
+        rf"^{path}:7: the chat template of {tok} failed on this conversation: TemplateError: "
+        "Conversation roles must alternate"
+    )
+    for cache in (False, True):
+        cfg = config(bad_dir, train_files=str(path), tokenizer=str(tok), cache=cache)
+        with pytest.raises(tf_files.BadRowsError, match=refused):
+            loader(cfg)  # made, not read
+
+
 def test_more_bad_rows_named_before_training(bad_dir, tokenizer):
     del tokenizer
     (bad_dir / "latin1.txt").write_bytes(b"good line\n\ncaf\xe9\n")

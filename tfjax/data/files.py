@@ -61,7 +61,11 @@ mixed rows read as they were written. Every row is checked once when its file is
 whole of every file is scanned: a large dataset costs that scan at every start, on every
 process); a bad one is a ValueError naming the file and its 1-based line (JSON lines, text) or
 row (Parquet, Arrow) and what is wrong, or with dataset.skip_bad_rows it is skipped and the
-number skipped is logged per file. A Parquet or Arrow file that pyarrow cannot read (cut short,
+number skipped is logged per file. The chat template is tried on the first row of each
+conversation shape (its roles in order and its messages' keys) when the loader is made, so a
+conversation it refuses is one line naming file:line before any step; a row it refuses for its
+text alone is named when training reaches it (rendering every row would cost 2 to 8 times the
+scan: `CHAT_SHAPES`). A Parquet or Arrow file that pyarrow cannot read (cut short,
 damaged, of another format) is one line naming it: found by `check` (the run's checks, before
 any work) from its footer or schema, else when its rows are read at opening.
 An empty file (no rows: 0 bytes, blank lines only, a table of none) among others is skipped
@@ -430,6 +434,32 @@ def row_problem(row) -> str | None:
     return None
 
 
+# Chat rows are checked against the template when the loader is made by encoding one row of
+# each distinct conversation shape (`_chat_shape`), the first CHAT_SHAPES of them. Measured on
+# 10k chat rows of 1 to 2 turns (2 shared cores): the scan at opening costs 10 us a row, and
+# taking its shape 2 us more; rendering each whole conversation would cost 22 to 47 us (the
+# Qwen3, Gemma 3 and Llama 3 test checkpoints' templates: 2 to 4 times the scan), and every
+# rendering encode_row makes to split it into turns 92 to 109 us (8 times): too much at every
+# start. A template's refusal usually depends on the shape (an order of roles it refuses, a role
+# or key it does not know), rarely on the text; a row refused for its text alone is still one
+# line naming it, when training reaches it.
+CHAT_SHAPES = 256
+
+
+def _chat_shape(row) -> tuple:
+    """A chat row's roles in order, with each message's keys beyond role and content."""
+    return tuple(
+        m["role"] if len(m) == 2 else (m["role"], *sorted(k for k, v in m.items() if v is not None))
+        for m in row["messages"]
+    )
+
+
+def _add_chat(chats: dict, row, index: int) -> None:
+    """Records the good row `index` if it is the first of its conversation shape."""
+    if "messages" in row and len(chats) < CHAT_SHAPES:
+        chats.setdefault(_chat_shape(row), index)
+
+
 class Row(dict):
     """A row dict that knows where it comes from (`origin`: "path:line" or "path: row n"; `path`:
     its file), so that a row the tokenizer refuses while training is named as at opening."""
@@ -493,10 +523,11 @@ class RowEncoder:
     Which rows those are is known only once they are tokenised, and tokenising a row costs 20 to
     30 times its check at opening (measured: 150 us a prompt/completion row, 320 us a chat row,
     against 7 and 11 us), so the rows are not all tokenised up front; instead
-      - `check` (when the loader is made, before any step or evaluation) tokenises rows until
-        one trains: 16 spread over the split, then all in order. A split that trains costs
-        about one row; one that does not costs one pass, and is refused in a line naming
-        dataset.seq_len and the longest prompt.
+      - `check` (when the loader is made, before any step or evaluation) tokenises the first
+        chat row of each conversation shape (a template's refusal is one line then, naming the
+        row), then rows until one trains: 16 spread over the split, then all in order. A split
+        that trains costs about one row; one that does not costs one pass, and is refused in a
+        line naming dataset.seq_len and the longest prompt.
       - every row is tested as the loader encodes it, at no extra cost, and one that trains
         nothing is dropped: a split whose rows all train gives the batches and saved positions
         it gave before. The first such row of each file is logged with why; their number, per
@@ -542,7 +573,11 @@ class RowEncoder:
 
     def check(self, rows) -> None:
         """A BadRowsError naming dataset.seq_len and the longest prompt unless a row of `rows`
-        trains (see the class docstring)."""
+        trains (see the class docstring); first, the first row of each conversation shape
+        (`rows.chats`, `CHAT_SHAPES`) is encoded: one the chat template refuses is a
+        BadRowsError naming its file and line."""
+        for i in getattr(rows, "chats", ()):
+            self.encode(rows[i])
         n = len(rows)
         longest = (-1, "", None)  # (prompt, origin, row)
         for i in itertools.chain((k * n // 16 for k in range(min(n, 16))), range(n)):
@@ -685,7 +720,7 @@ class _LineFile:
     def __init__(self, path: epath.Path, kind: str, skip_bad_rows: bool):
         self.path, self.kind = path, kind
         bad = _BadRows(path, skip_bad_rows, "line")
-        offsets, lines, total, position = [], [], 0, 0
+        offsets, lines, total, position, chats = [], [], 0, 0, {}
         with path.open("rb") as f:
             for number, line in enumerate(f, start=1):
                 start, position = position, position + len(line)
@@ -711,9 +746,11 @@ class _LineFile:
                 if problem:
                     bad(number, problem)
                     continue
+                _add_chat(chats, row, len(offsets))
                 offsets.append(start)
                 lines.append(number)
         bad.log(total)
+        self.chats = chats
         self.total = total  # rows, good or bad (0: an empty file)
         self.offsets = np.asarray(offsets, np.int64)
         self.lines = np.asarray(lines, np.int64 if lines and lines[-1] >= 2**32 else np.uint32)
@@ -808,16 +845,18 @@ class _Columns:
         self.path, self.kind = path, kind
         self._open()
         bad = _BadRows(path, skip_bad_rows, "row")
-        good, number = [], 0
+        good, number, self.chats = [], 0, {}
         for group in range(len(self.starts) - 1):
             with _reading(path, kind):  # a damaged column chunk fails here, not at opening
                 rows = self._group(group).to_pylist()
             for row in rows:
                 number += 1
-                problem = row_problem(_without_nulls(row))
+                row = _without_nulls(row)
+                problem = row_problem(row)
                 if problem:
                     bad(number, problem)
                 else:
+                    _add_chat(self.chats, row, len(good))
                     good.append(number - 1)
         bad.log(number)
         self.total = number  # rows, good or bad (0: an empty file)
@@ -886,6 +925,14 @@ class FilesSource:
             logging.warning("%s is empty (no rows): skipped", path)
         self._files = [f for f in opened if len(f)]  # (an empty one is not opened again)
         self._ends = np.cumsum([len(f) for f in self._files]).tolist()
+        chats = {}  # over all files: a shape -> its first row
+        for f, end in zip(self._files, self._ends, strict=True):
+            for shape, row in f.chats.items():
+                if len(chats) < CHAT_SHAPES:
+                    chats.setdefault(shape, end - len(f) + row)
+        self.chats = sorted(chats.values())
+        for f in opened:
+            del f.chats
         logging.info(
             "Read the index of %d rows of %d files in %.1f s",
             len(self),
@@ -911,9 +958,10 @@ class FilesSource:
 
 
 class _Rows(list):
-    """Rows read into memory (dataset.cache), with the `read` and `digest` of FilesSource."""
+    """Rows read into memory (dataset.cache), with the `read`, `digest` and `chats` of
+    FilesSource."""
 
-    digest = ""
+    digest, chats = "", ()
 
     def read(self, keys) -> list:
         return [self[k] for k in keys]
@@ -940,5 +988,5 @@ def open_files(
     if not cache:
         return source
     rows = _Rows(source.read(range(len(source))))
-    rows.digest = source.digest
+    rows.digest, rows.chats = source.digest, source.chats
     return rows
