@@ -447,9 +447,12 @@ CHAT_SHAPES = 256
 
 
 def _chat_shape(row) -> tuple:
-    """A chat row's roles in order, with each message's keys beyond role and content."""
+    """A chat row's roles in order, with each message's keys beyond role and content (and its
+    "weight": a turn of weight 0 is not split out of the conversation)."""
     return tuple(
-        m["role"] if len(m) == 2 else (m["role"], *sorted(k for k, v in m.items() if v is not None))
+        m["role"]
+        if len(m) == 2
+        else (m["role"], m.get("weight"), *sorted(k for k, v in m.items() if v is not None))
         for m in row["messages"]
     )
 
