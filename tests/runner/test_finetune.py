@@ -533,7 +533,12 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
     cases = [
         (no_template, chats, [], f"{chats}:1: {no_template} has no chat template"),
         (good, bad_rows, [], f"{bad_rows}:2: not JSON"),
-        (no_tokenizer, task[0], [], "dataset.tokenizer="),
+        (
+            no_tokenizer,
+            task[0],
+            [],
+            "(the checkpoint of config.init_from: dataset.tokenizer is unset) holds no tokenizer"
+        ),
         (good, task[0], ["--config.model.variant=llama-3.2-1b"], "differs from the checkpoint's"),
         (unknown, task[0], [], "architectures=['FooForCausalLM'] has no converter"),
         # the model built abstractly before any work: adapters that would attach to nothing

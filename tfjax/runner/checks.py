@@ -95,7 +95,7 @@ def check_model(config, workdir: str | None = None) -> None:
     if vocab_size is None and not data.images:  # the user's files: their tokenizer's ids must
         from tfjax.data import files  # fit the model's embedding rows (a checkpoint's own)
 
-        vocab_size = files.load_tokenizer(data.tokenizer).vocab_size
+        vocab_size = files.load_tokenizer(data.tokenizer, files.tokenizer_field(config)).vocab_size
     model = setup.build_model(
         config,
         vocab_size=vocab_size,
@@ -284,7 +284,7 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
                     "time before training); give held-out files as a path, a glob or a "
                     "comma-separated list"
                 )
-            files.check(data)
+            files.check(data, files.tokenizer_field(config))
 
 
 def _check_is_workdir(workdir: str) -> None:
