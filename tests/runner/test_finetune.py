@@ -537,7 +537,7 @@ def test_bad_input_is_one_line_before_any_training(checkpoints, task, tmp_path):
             no_tokenizer,
             task[0],
             [],
-            "(the checkpoint of config.init_from: dataset.tokenizer is unset) holds no tokenizer"
+            "(the checkpoint of config.init_from: dataset.tokenizer is unset) holds no tokenizer",
         ),
         (good, task[0], ["--config.model.variant=llama-3.2-1b"], "differs from the checkpoint's"),
         (unknown, task[0], [], "architectures=['FooForCausalLM'] has no converter"),
@@ -680,6 +680,11 @@ def test_settings_that_would_be_ignored_are_refused(checkpoints, task):
         checks.check_paths(config, checkpoints["llama"])
     with pytest.raises(ValueError, match="holds other files .* and is not a run's workdir"):
         checks.check_paths(config, os.path.dirname(task[0]))
+    # the eval samples' prompts and new tokens must fit the model's positions (128 here)
+    fields = {"decode.prompt_length": 60, "decode.max_new_tokens": 100}
+    over = set_fields(config.copy_and_resolve_references(), fields)
+    with pytest.raises(ValueError, match=r"prompt_length=60 \+ decode.max_new_tokens=100 = 160"):
+        checks.check_model(over)
     for fields, message in [
         ({"lora.base_dtype": "nf4"}, "lora.base_dtype='nf4' acts only on LoRA adapters"),
         ({"lora.alpha": 8.0}, "lora.alpha=8.0 acts only on LoRA adapters"),

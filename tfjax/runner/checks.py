@@ -16,7 +16,15 @@ import jax
 import jax.numpy as jnp
 
 from tfjax import allowed, sharding, tasks
-from tfjax.runner import checkpoint, defaults, executables, optim, pretrained, profiling
+from tfjax.runner import (
+    checkpoint,
+    defaults,
+    evaluation,
+    executables,
+    optim,
+    pretrained,
+    profiling,
+)
 
 COMPUTE_DTYPES = {name: getattr(jnp, name) for name in defaults.COMPUTE_DTYPES}
 
@@ -102,6 +110,7 @@ def check_model(config, workdir: str | None = None) -> None:
         num_classes=inputs.num_classes,
         pretrained=pretrained.find(config, workdir),
     ).clone(implementation="xla")
+    evaluation.check_decode(config, model, inputs.eval)  # the eval samples' prompts and room
     lora = optim.lora_config(config)
     if lora is not None:  # its targets; QLoRA's quantized matmuls would ask for the device
         import dataclasses
@@ -221,6 +230,12 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
     if not restore:
         _check_is_workdir(workdir)
     if restore and not checkpoint.has_checkpoint(workdir):
+        if pretrained.is_checkpoint_dir(os.path.expanduser(workdir)):
+            raise FileNotFoundError(
+                f"--workdir={workdir!r} is a Hugging Face checkpoint, not a run's workdir (it "
+                "has no checkpoints/): decode a run's, e.g. one started from it with "
+                f"--config.init_from={workdir}"
+            )
         raise FileNotFoundError(f"--workdir={workdir!r} holds no checkpoint to restore")
     # Missing is fine: embedded datasets are prepared there and others say how to prepare.
     if config.data_dir:

@@ -359,6 +359,11 @@ def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
 
     recorded, base = _recorded_base(workdir)
     init_from = config.get("init_from") or ""
+    if not init_from and is_checkpoint_dir(base["init_from"]):  # not moved: only not given
+        raise CheckpointMismatchError(
+            "config.init_from is unset, and this LoRA run's checkpoints hold only its "
+            f"adapters: give their base as --config.init_from={base['init_from']} ({recorded})"
+        )
     if pretrained is None or not pretrained.weights_dir:
         raise CheckpointMismatchError(
             f"config.init_from={init_from!r} holds no Hugging Face checkpoint, and this LoRA "
