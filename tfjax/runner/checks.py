@@ -314,8 +314,9 @@ def _check_is_workdir(workdir: str) -> None:
     names = os.listdir(path)
     if not names or workdirs.LOCK_FILE in names or "checkpoints" in names:
         return
-    kind = "a Hugging Face checkpoint directory" if pretrained.is_checkpoint_dir(path) else "not"
-    kind = "not a run's workdir" if kind == "not" else kind
+    kind = (
+        "a Hugging Face checkpoint" if pretrained.is_checkpoint_dir(path) else "not a run's workdir"
+    )
     raise ValueError(
         f"--workdir={workdir!r} holds other files ({', '.join(sorted(names)[:3])}"
         f"{', ...' if len(names) > 3 else ''}) and is {kind}: a run would write its own "
