@@ -7,7 +7,7 @@ unfinished save). Fine-tune: the final checkpoint's adapters and optimizer state
 same eval losses. Save: until the rerun, the directory is no save or a whole one (the runner's
 check); the rerun's is whole, without temporaries, compiled for what the uninterrupted one was.
 
-KILL_TRIALS=N sets the trials of each (2 by default: the suite's cost; issue 48's closing note
+KILL_TRIALS=N sets the trials of each (1 by default: the suite's cost; issue 48's closing note
 reports a run with KILL_TRIALS=10). KILL_SEED picks the moments."""
 
 import json
@@ -27,7 +27,7 @@ from conftest import ROOT, RUN, read_checkpoint
 
 from tfjax.runner import executables, metrics
 
-TRIALS = int(os.environ.get("KILL_TRIALS", "2"))
+TRIALS = int(os.environ.get("KILL_TRIALS", "1"))
 SEED = int(os.environ.get("KILL_SEED", "0"))
 FINETUNE = os.path.join(ROOT, "configs", "finetune.py")
 COMPILE = os.path.join(ROOT, "experiments", "compile.py")
