@@ -351,13 +351,10 @@ def _check_as_recorded(config, workdir: str) -> None:
             f"--config.lora.alpha={trained.alpha:g}"
         )
     lora.check_quantization_kept(trained, now, where)
-    base = os.path.join(workdir, pretrained.KEPT, pretrained.BASE_FILE)
     init_from = os.path.expanduser(config.get("init_from") or "")
-    if trained is None and os.path.isfile(base) and pretrained.is_checkpoint_dir(init_from):
-        import json
-
-        with open(base) as f:
-            recorded = json.load(f)
+    has_base = os.path.isfile(os.path.join(workdir, pretrained.KEPT, pretrained.BASE_FILE))
+    if trained is None and has_base and pretrained.is_checkpoint_dir(init_from):
+        base, recorded = pretrained.recorded_base(workdir)
         if pretrained.weights_fingerprint(init_from) != recorded.get("weights"):
             raise ValueError(
                 f"config.init_from={config.init_from!r} is another checkpoint than the one "

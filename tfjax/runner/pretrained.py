@@ -343,7 +343,8 @@ def weights_fingerprint(directory: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _recorded_base(workdir: str) -> tuple[str, dict]:
+def recorded_base(workdir: str) -> tuple[str, dict]:
+    """(the path of a workdir's BASE_FILE, what it records)."""
     recorded = os.path.join(workdir, KEPT, BASE_FILE)
     with open(recorded) as f:
         return recorded, json.load(f)
@@ -357,7 +358,7 @@ def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
     alone) says which."""
     from tfjax.runner.checkpoint import CheckpointMismatchError
 
-    recorded, base = _recorded_base(workdir)
+    recorded, base = recorded_base(workdir)
     init_from = config.get("init_from") or ""
     if not init_from and is_checkpoint_dir(base["init_from"]):  # not moved: only not given
         raise CheckpointMismatchError(
@@ -385,7 +386,7 @@ def check_base_content(workdir: str, config, content: str) -> None:
     digests. A workdir recorded before content digests is checked by its headers only."""
     from tfjax.runner.checkpoint import CheckpointMismatchError
 
-    recorded, base = _recorded_base(workdir)
+    recorded, base = recorded_base(workdir)
     if not base.get("content"):
         logging.info(
             "%s has no content digest (an older run): the base is checked by headers", recorded
