@@ -31,42 +31,13 @@ from tfjax.nn import axes
 from tfjax.nn.ffn import default_kernel_init, dense, make_mlp
 from tfjax.ops import moe
 from tfjax.ops.config import MoeConfig
-
-AUX_LOSSES = "aux_losses"  # the collection of the layers' auxiliary losses (scalars)
-EXPERTS = "experts"  # the name of the module that holds the expert kernels
-
-
-def expert_sharding(names: dict) -> moe.ExpertSharding | None:
-    """The ExpertSharding the rules and mesh in context give kernels of logical `names` (name
-    -> axes); None outside `tfjax.sharding.logical_context`."""
-    if jax.sharding.get_abstract_mesh().empty or not nn.get_logical_axis_rules():
-        return None
-    tokens = nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH))
-    specs = {name: nn.logical_to_mesh_axes(n) for name, n in names.items()}
-    return moe.ExpertSharding(
-        tokens=sum((moe.mesh_axes(e) for e in tokens), ()),
-        experts=moe.mesh_axes(specs["wo"][0]),
-        kernels=specs,
-    )
-
-
-def expert_names(config: MoeConfig) -> dict:
-    """Each expert parameter's logical axes (kernels by name; "<name>_bias" for biases)."""
-    wi = ("wi_0", "wi_1") if config.gated else ("wi",)
-    names = {name: (axes.EXPERTS, axes.EMBED, axes.MLP) for name in wi}
-    names["wo"] = (axes.EXPERTS, axes.MLP, axes.EMBED)
-    return names | {f"{name}_bias": (n[0], n[2]) for name, n in names.items()}
-
-
-def stacked_init(init: Callable) -> Callable:
-    """An initializer of [E, ...] kernels: `init` of one [...] kernel per expert (a fan-in
-    initializer must not count E as fan)."""
-
-    def stacked(key, shape, dtype=jnp.float32):
-        keys = jax.random.split(key, shape[0])
-        return jax.vmap(lambda k: init(k, shape[1:], dtype))(keys)
-
-    return stacked
+from tfjax.ops.moe import (  # noqa: F401 (re-exported: the names both module systems use)
+    AUX_LOSSES,
+    EXPERTS,
+    expert_names,
+    expert_sharding,
+    stacked_init,
+)
 
 
 class Experts(nn.Module):

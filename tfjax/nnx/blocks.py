@@ -24,14 +24,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from tfjax.nn import axes
-from tfjax.nn.blocks import LAYER_INPUT, REMAT_POLICIES, check_stack
-from tfjax.nn.moe import EXPERTS, expert_names, expert_sharding, stacked_init
-from tfjax.ops import embed, moe, multihead, residual
+from tfjax.ops import axes, embed, moe, multihead, residual
 from tfjax.ops.cache import KVCache, write
 from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig, MoeConfig
+from tfjax.ops.moe import EXPERTS, expert_names, expert_sharding, stacked_init
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
 from tfjax.ops.position import relative_position_bias
+from tfjax.ops.remat import LAYER_INPUT, REMAT_POLICIES, check_stack
 
 default_kernel_init = nn.initializers.xavier_uniform()  # Linen's modules' default
 

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.nn.moe import AUX_LOSSES
 from tfjax.nnx import blocks, models
+from tfjax.ops.moe import AUX_LOSSES
 
 # What `apply(mutable=...)` may ask for: the auxiliary losses the layers sow (tfjax.nnx.blocks
 # AuxLoss). Linen's other collections have no NNX counterpart here: the KV cache is explicit

@@ -26,13 +26,19 @@ do). Sorting stays local to each device: the compiler never sorts the global bat
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from tfjax.ops import axes
 from tfjax.ops.activations import by_name
 from tfjax.ops.attention import target_platform
+
+# The names both module systems (tfjax.nn's MoeMlp, tfjax.nnx's) give a mixture's state.
+AUX_LOSSES = "aux_losses"  # the collection of the layers' auxiliary losses (scalars)
+EXPERTS = "experts"  # the name of the module that holds the expert kernels
 
 
 def route(logits, top_k: int, *, score: str = "softmax", renormalize: bool = True):
@@ -332,3 +338,40 @@ def sharded_experts_ffn(
         # the check refuses; the collectives above are explicit, as the check would make them.
         check_vma=False,
     )(x, weights, experts, kernels, biases)
+
+
+def expert_sharding(names: dict) -> ExpertSharding | None:
+    """The ExpertSharding the rules and mesh in context give kernels of logical `names` (name
+    -> axes); None outside `tfjax.sharding.logical_context`. Reads Flax's logical axis rules
+    (imported when called: tfjax.ops imports no Flax)."""
+    import flax.linen as nn
+
+    if jax.sharding.get_abstract_mesh().empty or not nn.get_logical_axis_rules():
+        return None
+    tokens = nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH))
+    specs = {name: nn.logical_to_mesh_axes(n) for name, n in names.items()}
+    return ExpertSharding(
+        tokens=sum((mesh_axes(e) for e in tokens), ()),
+        experts=mesh_axes(specs["wo"][0]),
+        kernels=specs,
+    )
+
+
+def expert_names(config) -> dict:
+    """Each expert parameter's logical axes (kernels by name; "<name>_bias" for biases) of a
+    MoeConfig `config`."""
+    wi = ("wi_0", "wi_1") if config.gated else ("wi",)
+    names = {name: (axes.EXPERTS, axes.EMBED, axes.MLP) for name in wi}
+    names["wo"] = (axes.EXPERTS, axes.MLP, axes.EMBED)
+    return names | {f"{name}_bias": (n[0], n[2]) for name, n in names.items()}
+
+
+def stacked_init(init: Callable) -> Callable:
+    """An initializer of [E, ...] kernels: `init` of one [...] kernel per expert (a fan-in
+    initializer must not count E as fan)."""
+
+    def stacked(key, shape, dtype=jnp.float32):
+        keys = jax.random.split(key, shape[0])
+        return jax.vmap(lambda k: init(k, shape[1:], dtype))(keys)
+
+    return stacked
