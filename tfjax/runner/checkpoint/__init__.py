@@ -1,0 +1,3 @@
+"""Checkpoints with Orbax (being split into modules by concern: see the next commit)."""
+
+from tfjax.runner.checkpoint.restoring import *  # noqa: F403
