@@ -1,0 +1,26 @@
+"""The user's own text files as a dataset (moving into modules)."""
+
+from tfjax.data.files.row_encoder import (  # noqa: F401
+    CHAT_SHAPES,
+    EXTENSIONS,
+    TOKENIZER_FIELD,
+    TOKENIZER_FILES,
+    BadRowsError,
+    FilesSource,
+    Row,
+    RowEncoder,
+    check,
+    check_readable,
+    encode_example,
+    expand,
+    file_digest,
+    fingerprint,
+    load_tokenizer,
+    mixture_files,
+    open_files,
+    row_problem,
+    split_files,
+    tokenizer_field,
+    tokenizer_fingerprint,
+    trains,
+)
