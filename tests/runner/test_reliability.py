@@ -37,23 +37,24 @@ from conftest import (
 )
 
 from tfjax.runner import checkpoint, checks, evaluation, metrics, setup, train
+from tfjax.runner.checkpoint import data_position, metadata
 
 # Runs in this process that compile what an earlier one compiled (the same config, another
 # fault) load the programs from the compilation cache.
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
-# Runs experiments/run.py after replacing tfjax.runner.checkpoint.save with one that SIGKILLs this
-# process as soon as the save of step $KILL_AFTER_SAVE is complete on disk.
+# Runs experiments/run.py after replacing the save that the loop's save_train_state calls with one
+# that SIGKILLs this process as soon as the save of step $KILL_AFTER_SAVE is complete on disk.
 KILL_AFTER_SAVE = textwrap.dedent("""
     import os, runpy, signal, sys
-    from tfjax.runner import checkpoint
-    kill_after, original = int(os.environ["KILL_AFTER_SAVE"]), checkpoint.save
+    from tfjax.runner.checkpoint import train_state
+    kill_after, original = int(os.environ["KILL_AFTER_SAVE"]), train_state.save
     def save(manager, step, **kwargs):
         original(manager, step, **kwargs)
         if step == kill_after:
             manager.wait_until_finished()
             os.kill(os.getpid(), signal.SIGKILL)
-    checkpoint.save = save
+    train_state.save = save
     sys.argv = sys.argv[1:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 """)
@@ -250,21 +251,21 @@ def test_failed_async_save_is_never_latest_and_the_rerun_resumes(
         eval_every=0,
         **{"checkpoint.every": 3, "checkpoint.async_save": True, "checkpoint.best_metric": ""},
     )
-    original = checkpoint._data_file
+    original = data_position._data_file
 
     def failing(directory):  # the background write of step 6's data position fails
         if f"{os.sep}6.orbax-checkpoint-tmp" in str(directory):
             raise OSError(28, "No space left on device (injected)")
         return original(directory)
 
-    monkeypatch.setattr(checkpoint, "_data_file", failing)
+    monkeypatch.setattr(data_position, "_data_file", failing)
     stopped = r"checkpoint step 6 could not be written .* no space left"
     with pytest.raises(checkpoint.CheckpointWriteError, match=stopped):
         train.train_and_evaluate(config, workdir)
     # It surfaced at the next save (step 9), which therefore never started.
     assert listed_steps(workdir) == [3]
     assert [r["step"] for r in metrics.read_metrics(workdir, "train")] == [3, 6, 9]
-    monkeypatch.setattr(checkpoint, "_data_file", original)
+    monkeypatch.setattr(data_position, "_data_file", original)
     with caplog.at_level("INFO"):
         result = train.train_and_evaluate(config, workdir)  # the same command again
     assert f"Resumed from {workdir}/checkpoints/3" in caplog.text
@@ -538,11 +539,11 @@ def test_versions_are_recorded_and_a_difference_warns_with_both(tmp_path, monkey
     assert recorded["jax"] == jax.__version__
 
     warnings = []
-    monkeypatch.setattr(checkpoint.logging, "warning", lambda msg, *a: warnings.append(msg % a))
+    monkeypatch.setattr(metadata.logging, "warning", lambda msg, *a: warnings.append(msg % a))
     manager = checkpoint.make_manager(directory, read_only=True)
     checkpoint.restore(manager, 1, abstract_params=abstract_params, abstract_state=abstract_state)
     assert not [w for w in warnings if "package versions" in w]
-    monkeypatch.setattr(checkpoint, "versions", lambda: dict(recorded, jax="99.0"))
+    monkeypatch.setattr(metadata, "versions", lambda: dict(recorded, jax="99.0"))
     checkpoint.restore(manager, 1, abstract_params=abstract_params, abstract_state=abstract_state)
     manager.close()
     [warning] = [w for w in warnings if "other package versions" in w]

@@ -26,6 +26,7 @@ from conftest import ROOT, listed_steps, read_checkpoint, run_command
 from test_reliability import assert_bitwise_equal, ckpt_config, run, vit_config
 
 from tfjax.runner import checkpoint, train, workdirs
+from tfjax.runner.checkpoint import data_position
 
 # Runs in this process that compile what an earlier one compiled (the same config, another
 # fault) load the programs from the compilation cache.
@@ -222,7 +223,7 @@ def test_a_step_written_before_the_checksums_and_step_bound_positions_still_rest
         json.dump(metadata, f)
     state = {"position": 2}
     with open(os.path.join(step_dir, DATA), "w") as f:
-        json.dump({"sha256": checkpoint._digest(state), "state": state}, f)
+        json.dump({"sha256": data_position._digest(state), "state": state}, f)
     manager = checkpoint.make_manager(directory, read_only=True)
     with caplog.at_level(logging.WARNING):
         restored = checkpoint.restore(manager, 2, **abstract)
