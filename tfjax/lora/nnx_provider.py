@@ -1,0 +1,262 @@
+"""Flax NNX (tfjax.nnx): the same adapters, as nnx.LoRAParam.
+
+    model = lora.apply_lora(model, config, tokens, rngs=nnx.Rngs(0))   # a copy, with adapters
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.LoRAParam)  # adapters only
+    grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))  # base + adapters: the Linen tree
+    plain = interop.as_nnx(model.spec, lora.merge(params, config))  # merged, no adapters
+    state, targets = tfjax.runner.export.adapter_state(model.spec, params, family)  # peft's
+
+One submodule, its targets matched against its own paths:
+    model.decoder.layers_3.self_attention = lora.apply_lora(
+        model.decoder.layers_3.self_attention, LoraConfig(targets="(query|value)_kernel"),
+        x, rngs=nnx.Rngs(0))
+A scanned stack's layer is one module holding every layer's parameters, run only inside the
+stack's scan: it is refused; a targets regex on the whole model names it instead
+("decoder/layers/self_attention/(query|value)_kernel").
+
+Qwix's NNX path creates adapters on the module that runs the matmul, during a first call.
+tfjax.nnx's stacks run each layer as nnx.merge(graphdef, state) (unrolled) or inside
+jax.lax.scan (scanned): a copy, whose new attributes are lost, and inside scan a traced one.
+So here the first call only records each targeted kernel's adapter shapes and logical names
+(an abstract call, nnx.eval_shape: nothing is computed), and the adapters are then created
+on the model's own modules: stacked [L, ...] under a scanned stack's `layers` (one A per
+layer, as Linen's nn.scan makes them), which the scan slices as it slices the kernels. The
+matmuls are then the Linen provider's (the same maths), the kernel identified by object
+among the running module's nnx.Params (`module.query_kernel[...]` is the stored array itself;
+numpy-held ones are converted in promote_dtype) and followed through promote_dtype and
+reshape as in Linen. Qwix intercepts one method of an NNX model (__call__); the others of
+METHODS (the head's `logits`, which the chunked loss calls alone) are intercepted here.
+Not yet on NNX: adapter dropout (LoraConfig.dropout; tfjax.nnx takes explicit dropout keys,
+which the provider does not see) and QLoRA (base_dtype; tfjax.nnx's attention reads the
+kernel's [D, N, H] shape, which a kernel stored quantized as [D, N H] does not have).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import qwix
+from flax import nnx
+from qwix._src import model as _qmodel
+from qwix._src.utils import flax_util as _flax_util
+
+from tfjax.lora.adapters import ADAPTER_SUFFIXES
+from tfjax.lora.config import METHODS, LoraConfig
+from tfjax.lora.linen_provider import Provider, merged_axes
+from tfjax.nn import axes as _axes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Want:
+    """One kernel's adapters, as the abstract call saw its matmul."""
+
+    kernel_shape: tuple  # the kernel's stored shape in the call (one layer's, when stacked)
+    shape: tuple  # the matmul's operand shape (a reshape of kernel_shape)
+    a_shape: tuple
+    b_shape: tuple
+    a_axes: tuple  # per adapter axis, the operand axis whose logical name it takes
+    b_axes: tuple
+
+
+class _NnxProvider(Provider):
+    """Provider on NNX modules: kernels found among the module's nnx.Params by object, and
+    adapters read from nnx.LoRAParam attributes (or, in the first call, recorded as wanted)."""
+
+    def __init__(self, config: LoraConfig):
+        super().__init__(config)
+        self.wants: dict[tuple, _Want] | None = None  # a dict while the first call records
+
+    def _origin(self, value):
+        origin = super()._origin(value)
+        if origin is not None:
+            return origin
+        try:
+            module = _flax_util.get_current_module()
+        except ValueError:
+            return None
+        for name, node in vars(module).items():
+            if (
+                isinstance(node, nnx.Param)
+                and not isinstance(node, nnx.LoRAParam)
+                and _is_read_of(value, node.get_raw_value())
+            ):
+                return (_nnx_path(module), name)
+        return None
+
+    def promote_dtype(self, *args, **kwargs):
+        # A kernel held as a numpy array (params from jax.device_get) would pass Qwix's
+        # promote_dtype unconverted and then be reshaped by numpy, out of sight: converted
+        # here (as Flax's promote_dtype converts it), its origin kept.
+        nested = len(args) == 1 and isinstance(args[0], Sequence)
+        ins = list(args[0] if nested else args)
+        for i, x in enumerate(ins):
+            if isinstance(x, np.ndarray):
+                ins[i] = jnp.asarray(x)
+                origin = self._origin(x)
+                if origin is not None:
+                    self._record(ins[i], origin)
+        return super().promote_dtype(*((ins,) if nested else ins), **kwargs)
+
+    def _module_path(self, module) -> tuple:
+        return _nnx_path(module)
+
+    def _creates(self, module) -> bool:
+        return self.wants is not None
+
+    def _adapters(self, name, shape, a_shape, b_shape, a_axes, b_axes):
+        module = _flax_util.get_current_module()
+        a = getattr(module, name + ADAPTER_SUFFIXES[0], None)
+        b = getattr(module, name + ADAPTER_SUFFIXES[1], None)
+        if a is not None and b is not None:
+            return a[...], b[...]
+        path = "/".join((*map(str, _nnx_path(module)), name))
+        if self.wants is None:
+            raise ValueError(
+                f"{path} is a LoRA target without adapters: apply_lora made them for the "
+                "matmuls its example call ran; call apply_lora on inputs that run this one"
+            )
+        kernel = getattr(module, name)
+        self.wants[(_nnx_path(module), name)] = _Want(
+            tuple(kernel.shape), tuple(shape), a_shape, b_shape, tuple(a_axes), tuple(b_axes)
+        )
+        return jnp.zeros(a_shape, kernel.dtype), jnp.zeros(b_shape, kernel.dtype)
+
+
+def _is_read_of(value, stored) -> bool:
+    """Whether `value` is what `variable[...]` gives of a variable holding `stored`: `stored`
+    itself (a jax array or tracer), or a view of it (numpy's, e.g. from jax.device_get)."""
+    if value is stored:
+        return True
+    return (
+        isinstance(value, np.ndarray)
+        and isinstance(stored, np.ndarray)
+        and value.shape == stored.shape
+        and value.dtype == stored.dtype
+        and np.may_share_memory(value, stored)
+    )
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _nnx_path(module) -> tuple:
+    """The path Qwix gave an NNX module (from the module apply_lora was given)."""
+    return tuple(map(str, getattr(module, "qwix_path", ())))
+
+
+def apply_lora_nnx(model, config: LoraConfig, args, kwargs, rngs):
+    """apply_lora of an NNX module: see there and this module's docstring."""
+    if not isinstance(rngs, nnx.Rngs):
+        raise TypeError(
+            f"apply_lora of an NNX {type(model).__name__} needs rngs=nnx.Rngs(...) (for the "
+            f"adapters' A), got {rngs!r}"
+        )
+    if not args and not kwargs:
+        raise TypeError(
+            f"apply_lora of an NNX {type(model).__name__} needs example inputs (e.g. tokens): "
+            "one abstract call finds the targeted matmuls"
+        )
+    if config.dropout:
+        raise NotImplementedError(
+            f"LoraConfig.dropout={config.dropout}: adapter dropout is Linen's only so far "
+            "(tfjax.nnx's models take explicit dropout keys, which Qwix's provider does not see)"
+        )
+    if config.base_dtype is not None:
+        raise NotImplementedError(
+            f"LoraConfig.base_dtype={config.base_dtype!r}: QLoRA is Linen's only so far "
+            "(tfjax.nnx's attention reads its kernels' [D, N, H] shape; QLoRA stores them "
+            "quantized as [D, N H])"
+        )
+    if nnx.state(model, nnx.LoRAParam):
+        raise ValueError(f"apply_lora: the {type(model).__name__} has adapters already")
+    names = [
+        (p.get_metadata().get("out_sharding") or (None,))[0]
+        for p in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=_is_variable)
+    ]
+    if names and all(n == _axes.LAYERS for n in names):
+        raise ValueError(
+            f"apply_lora: the {type(model).__name__}'s parameters are a scanned stack's (every "
+            "layer's, stacked [L, ...]), which runs only inside the stack's scan; apply LoRA to "
+            "the model with LoraConfig.targets naming its path, e.g. "
+            "'decoder/layers/self_attention/(query|value)_kernel'"
+        )
+    provider = _NnxProvider(config)
+    # A copy whose __call__ Qwix intercepts, each module given its path (qwix_path); Qwix's
+    # own first call is skipped (see this module's docstring).
+    out = qwix.apply_lora_to_model(model, provider, rngs=rngs, skip_nnx_init=True)
+    # Qwix's NNX path intercepts __call__ only; the other methods (the head's `logits`, which
+    # the chunked loss calls alone) are intercepted here the same way, on the class Qwix made
+    # for this copy. A method called from an intercepted one runs inside its interception.
+    cls = type(out)
+    for method in METHODS[1:]:
+        if callable(getattr(cls, method, None)):
+            setattr(
+                cls,
+                method,
+                _qmodel._apply_interceptors(
+                    getattr(cls._unquantized_type, method),
+                    provider,
+                    output_transform=functools.partial(
+                        _qmodel._output_transform_nnx, provider, method
+                    ),
+                ),
+            )
+    provider.wants = {}
+    try:
+        nnx.eval_shape(lambda m: m(*args, **kwargs), out)
+        wants = provider.wants
+    finally:
+        provider.wants = None
+    rule = provider._rules[0]
+    for (path, name), want in sorted(wants.items()):
+        module = _flax_util.get_value_from_path(out, path)
+        kernel = getattr(module, name)
+        for suffix, initializer, shape, adapter_axes in (
+            (ADAPTER_SUFFIXES[0], rule.lora_a_initializer, want.a_shape, want.a_axes),
+            (ADAPTER_SUFFIXES[1], rule.lora_b_initializer, want.b_shape, want.b_axes),
+        ):
+            where = "/".join((*path, name + suffix))
+            adapter = _nnx_adapter(
+                where, kernel, want, initializer, shape, adapter_axes, rngs.params()
+            )
+            setattr(module, name + suffix, adapter)
+    return out
+
+
+def _nnx_adapter(where, kernel, want, initializer, shape, adapter_axes, key) -> nnx.LoRAParam:
+    """The adapter (A or B, of `shape`) of the nnx.Param `kernel`, which the call saw as
+    `want.kernel_shape` (one layer's: `kernel` has a leading [L] in a scanned stack); each
+    axis named as the kernel's axis it comes from (see Provider._adapters)."""
+    lead = tuple(kernel.shape[: kernel.ndim - len(want.kernel_shape)])  # (L,) when stacked
+    if tuple(kernel.shape[len(lead) :]) != want.kernel_shape:
+        raise ValueError(
+            f"{where}: its kernel is {tuple(kernel.shape)}, called as {want.kernel_shape}"
+        )
+    names = kernel.get_metadata().get("out_sharding") or (None,) * kernel.ndim
+    axes = merged_axes(want.kernel_shape, want.shape)
+    mapped = tuple(
+        None if i is None or axes[i] is None or size == 1 else names[len(lead) + axes[i]]
+        for i, size in zip(adapter_axes, shape, strict=True)
+    )
+    if lead:  # one per layer, as nn.scan splits the params key
+        keys = jax.random.split(key, math.prod(lead))
+        value = jax.vmap(lambda k: initializer(k, shape, kernel.dtype))(keys)
+        value, mapped = value.reshape(*lead, *shape), (*names[: len(lead)], *mapped)
+    else:
+        value = initializer(key, shape, kernel.dtype)
+    blocks = _nnx_blocks()  # placed on the mesh in context as the model's parameters are
+    return nnx.LoRAParam(blocks.place(value, mapped), **blocks.metadata(mapped))
+
+
+def _nnx_blocks():
+    from tfjax.nnx import blocks  # imported with NNX use only
+
+    return blocks
