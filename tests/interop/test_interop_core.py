@@ -4,6 +4,7 @@ errors of weights read as another architecture's."""
 
 import json
 import os
+import re
 
 import interop_references as references
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from interop_references import torch
 
 from tfjax import interop
+from tfjax.interop.core import registry
 from tfjax.models import decoder, encoder, transformer, vit
 
 gpt2 = references.gpt2
@@ -153,6 +155,43 @@ def test_load_reads_each_architecture_with_the_loader_its_family_declares():
     for family in interop.families.ALL:
         for architecture, loader in family.CONVERTS.loads.items():
             assert loaders[architecture] is loader, architecture
+
+
+def test_the_table_of_what_converts_names_each_architecture_and_converter_once():
+    """interop.supported() (docs/interop.md's table): each architecture load reads is loaded by
+    the one row naming it, and each converter interop exports is named by one row."""
+    rows = interop.supported()
+    loaded = [a for row in rows for a in row.loads]
+    assert sorted(loaded) == sorted(interop.ARCHITECTURES)  # each once
+    for row in rows:
+        for architecture, loader in row.loads.items():
+            assert f"`{architecture}`" in row.source
+            assert interop.ARCHITECTURES[architecture] is loader
+    named = [n for row in rows for n in re.findall(r"`((?:from|to)_\w+)`", row.converters)]
+    exported = [n for n in interop.__all__ if re.fullmatch(r"(from|to)_\w+", n)]
+    assert sorted(named) == sorted(exported)  # each once
+    assert len(exported) == 47 and all(callable(getattr(interop, n)) for n in exported)
+    want = ("GPT-2 (`GPT2LMHeadModel`)", "`from_gpt2` / `to_gpt2`", "`decoder` (learned positions)")
+    assert rows[0].cells == want
+
+
+def test_interop_exports_every_converter_of_each_family():
+    for family in interop.families.ALL:
+        public = [n for n in vars(family) if re.match(r"(from|to)_", n)]
+        assert public and set(public) <= set(family.__all__), family.__name__
+        for name in family.__all__:
+            assert name in interop.__all__ and getattr(interop, name) is getattr(family, name)
+
+
+def test_a_row_names_the_architectures_it_loads_and_each_loads_once():
+    def loader(directory, config):
+        return None
+
+    with pytest.raises(ValueError, match=r"^the row 'Foo' loads \['FooModel'\]: name them"):
+        registry.Row("Foo", "`from_foo`", "decoder", "", loads={"FooModel": loader})
+    row = registry.Row("Foo (`FooModel`)", "`from_foo`", "decoder", "", loads={"FooModel": loader})
+    with pytest.raises(ValueError, match=r"^two loaders for FooModel$"):
+        registry.Registry([registry.Converts(rows=(row,)), registry.Converts(rows=(row,))])
 
 
 # Every preset (the text ones with a vocabulary where the preset leaves it to the task).

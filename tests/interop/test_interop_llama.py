@@ -11,6 +11,7 @@ import pytest
 from interop_references import V, apply, tokens, torch, transformers
 
 from tfjax import interop
+from tfjax.interop import pretrained
 
 
 @references.reference
@@ -301,14 +302,14 @@ def test_streamed_params_are_the_loaded_ones_read_one_tensor_at_a_time(
     from tfjax.interop.core import files
 
     _, path = llama
-    model = interop.pretrained_model(path, scan_layers=scan_layers)
-    loaded = traverse_util.flatten_dict(interop.pretrained_params(path, model))
+    model = pretrained.pretrained_model(path, scan_layers=scan_layers)
+    loaded = traverse_util.flatten_dict(pretrained.pretrained_params(path, model))
     reads = []
     read = files.LazyStateDict.__getitem__
     monkeypatch.setattr(
         files.LazyStateDict, "__getitem__", lambda self, k: reads.append(k) or read(self, k)
     )
-    stream = interop.stream_pretrained_params(path, model)
+    stream = pretrained.stream_pretrained_params(path, model)
     first, array = next(stream)
     assert len(reads) <= 4, reads  # the first parameter's tensors (and none before the checks)
     streamed = {first: array, **dict(stream)}
@@ -326,7 +327,7 @@ def test_streaming_checks_every_shape_before_reading_a_tensor(llama, monkeypatch
     config["intermediate_size"] = 64  # the last layer's MLP is checked before the first is read
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").symlink_to(f"{path}/model.safetensors")
-    model = interop.pretrained_model(tmp_path)
+    model = pretrained.pretrained_model(tmp_path)
     monkeypatch.setattr(files.LazyStateDict, "__getitem__", lambda self, k: pytest.fail(k))
     with pytest.raises(ValueError, match=r"gate_proj\.weight' in .*has shape \(48, 32\)"):
-        next(interop.stream_pretrained_params(tmp_path, model))
+        next(pretrained.stream_pretrained_params(tmp_path, model))

@@ -15,6 +15,7 @@ from conftest import assert_params_identical
 from interop_references import V, tokens, torch, transformers
 
 from tfjax import interop
+from tfjax.interop import pretrained
 from tfjax.interop.core import rules, tables
 from tfjax.interop.core.decoders import spelled_out
 from tfjax.models import decoder
@@ -165,7 +166,7 @@ def test_qwen3_moe_norm_topk_prob_acts_in_the_compared_logits(qwen3_moe):
     """norm_topk_prob=False (the top-2 scores as they are) is read as router_renormalize=False,
     and it shows in the compared logits: the reference with renormalised scores gives others."""
     ref, path = qwen3_moe
-    assert interop.pretrained_model(path).router_renormalize is False
+    assert pretrained.pretrained_model(path).router_renormalize is False
     ids, mask = references.padded_batch()
     renormalised = copy.deepcopy(ref)
     routers = [m for m in renormalised.modules() if hasattr(m, "norm_topk_prob")]
@@ -212,10 +213,10 @@ def test_a_run_streams_the_loaded_params_from_either_layout(qwen3_moe, tmp_path)
     ref, path = qwen3_moe
     references.quiet()
     ref.save_pretrained(tmp_path, save_original_format=False)
-    model = interop.pretrained_model(path, scan_layers=True)
-    want = rules.flatten(interop.pretrained_params(path, model))
+    model = pretrained.pretrained_model(path, scan_layers=True)
+    want = rules.flatten(pretrained.pretrained_params(path, model))
     for directory in (path, tmp_path):
-        streamed = dict(interop.stream_pretrained_params(directory, model))
+        streamed = dict(pretrained.stream_pretrained_params(directory, model))
         assert streamed.keys() == want.keys()
         for key, value in want.items():
             assert np.array_equal(streamed[key], value), (directory, key)
@@ -225,9 +226,9 @@ def test_a_run_streams_gpt_oss_params_as_load_gives_them(gpt_oss):
     """What a run's init_from reads of GPT-OSS (scanned: each stacked parameter filled layer by
     layer, the fused experts split as they are read) is what load gives."""
     _, path = gpt_oss
-    model = interop.pretrained_model(path, scan_layers=True)
-    want = rules.flatten(interop.pretrained_params(path, model))
-    streamed = dict(interop.stream_pretrained_params(path, model))
+    model = pretrained.pretrained_model(path, scan_layers=True)
+    want = rules.flatten(pretrained.pretrained_params(path, model))
+    streamed = dict(pretrained.stream_pretrained_params(path, model))
     assert streamed.keys() == want.keys()
     for key, value in want.items():
         assert np.array_equal(streamed[key], value), key
@@ -243,12 +244,12 @@ def test_load_balance_weight_is_router_aux_loss_coef_when_transformers_adds_the_
 ):
     ref, path = qwen3_moe
     config = interop.read_config(path)
-    assert interop.pretrained_model(path).load_balance_loss_weight == 0.0  # output off
+    assert pretrained.pretrained_model(path).load_balance_loss_weight == 0.0  # output off
     on = {**config, "output_router_logits": True, "router_aux_loss_coef": 0.02}
     (tmp_path / "config.json").write_text(json.dumps(on))
-    model = interop.pretrained_model(tmp_path)
+    model = pretrained.pretrained_model(tmp_path)
     assert model.load_balance_loss_weight == 0.02
-    written = interop.export(model, interop.pretrained_params(path, model))[1]
+    written = interop.export(model, pretrained.pretrained_params(path, model))[1]
     assert (written["output_router_logits"], written["router_aux_loss_coef"]) == (True, 0.02)
     # One mixture-of-experts layer: transformers' aux_loss is tfjax's loss of its router logits.
     ids = tokens((2, 10))
@@ -431,7 +432,7 @@ def test_gpt_oss_configs_read_as_transformers_reads_them(gpt_oss):
     for edited in (hub, bare):
         theirs = transformers.GptOssConfig(**edited).to_dict()
         assert tables.model_fields(family, edited) == tables.model_fields(family, theirs)
-    loaded = interop.pretrained_model(path)
+    loaded = pretrained.pretrained_model(path)
     assert decoder.Model(**tables.model_fields(family, hub)) == loaded.clone(swiglu_alpha=1.702)
     defaults = tables.model_fields(family, bare)
     assert defaults["rope_base"] == 150_000.0 and defaults["rope_scaling"].factor == 32.0

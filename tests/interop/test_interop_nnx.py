@@ -18,6 +18,7 @@ from test_interop_llama import llama, mistral, qwen3  # noqa: F401 (fixtures)
 from test_interop_vit import hf_vit  # noqa: F401 (fixture)
 
 from tfjax import interop, lora
+from tfjax.interop import pretrained
 from tfjax.nnx.models import decoder, load_params
 
 gpt2 = references.gpt2
@@ -136,7 +137,7 @@ def test_nnx_lora_adapters_export_for_peft(family, request, tmp_path):
     load_params(model, params)
     got = _nnx_logits(model, jnp.asarray(ids))
 
-    state, targets = export.adapter_state(model.spec, params, interop.family_of(path)[0])
+    state, targets = export.adapter_state(model.spec, params, pretrained.family_of(path)[0])
     tuned = peft.get_peft_model(
         copy.deepcopy(ref).double(),
         peft.LoraConfig(r=2, lora_alpha=4.0, lora_dropout=0.0, target_modules=targets),

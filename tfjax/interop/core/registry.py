@@ -1,14 +1,22 @@
 """What each family converts, and how `interop.load` and `interop.export` find it.
 
-Every family module ends with what it converts:
+Every family module ends with what it converts, row by row of the table of what converts
+(docs/interop.md, from `interop.supported()`):
 
     CONVERTS = registry.Converts(
-        loads={"GPT2LMHeadModel": from_gpt2},          # config.json's architecture -> loader
+        rows=(
+            registry.Row(
+                "GPT-2 (`GPT2LMHeadModel`)", "`from_gpt2` / `to_gpt2`",
+                "decoder", "(learned positions)",
+                loads={"GPT2LMHeadModel": from_gpt2},  # config.json's architecture -> loader
+            ),
+        ),
         exports=(registry.Exporter(decoder.Decoder, when=_is_gpt2, export=to_gpt2, ...),),
     )
 
-A loader is called as `loader(directory, config, **overrides)`. An exporter takes the tfjax
-models of its class for which `when(model)` holds; the exporters of one class exclude each
+A loader is called as `loader(directory, config, **overrides)`; a row that loads no
+architecture converts a state dict or a torch module (timm, torch.nn). An exporter takes the
+tfjax models of its class for which `when(model)` holds; the exporters of one class exclude each
 other, so the order of families does not matter, and a model two of them take is a bug that
 `Registry.exporter` reports. `interop` builds one `Registry` of every family's `Converts`;
 families never import each other.
@@ -31,11 +39,42 @@ class Exporter:
 
 
 @dataclasses.dataclass(frozen=True)
-class Converts:
-    """What one family module loads (by architecture) and exports (by model)."""
+class Row:
+    """One row of the table of what converts (docs/interop.md) as the table shows it, and the
+    loaders of the architectures it names: the table is this code, so the two cannot disagree."""
 
-    loads: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+    source: (
+        str  # what converts, each architecture it loads in backticks: "GPT-2 (`GPT2LMHeadModel`)"
+    )
+    converters: str  # the `tfjax.interop` functions that convert it: "`from_gpt2` / `to_gpt2`"
+    model: str  # the tfjax model it converts to: "decoder" (tfjax.models.decoder)
+    notes: str  # what the conversion sets or reads: "(learned positions)"
+    loads: Mapping[str, Callable] = dataclasses.field(
+        default_factory=dict
+    )  # architecture -> loader
+
+    def __post_init__(self):
+        unnamed = [a for a in self.loads if f"`{a}`" not in self.source]
+        if unnamed:
+            raise ValueError(f"the row {self.source!r} loads {unnamed}: name them in its source")
+
+    @property
+    def cells(self) -> tuple[str, str, str]:
+        """(source, converter, tfjax model): the row's cells in the docs' table."""
+        return self.source, self.converters, f"`{self.model}` {self.notes}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Converts:
+    """What one family module loads (its rows, by architecture) and exports (by model)."""
+
+    rows: tuple[Row, ...] = ()
     exports: tuple[Exporter, ...] = ()
+
+    @property
+    def loads(self) -> dict[str, Callable]:
+        """Every row's loaders by architecture."""
+        return {a: loader for row in self.rows for a, loader in row.loads.items()}
 
 
 class Registry:
@@ -44,11 +83,14 @@ class Registry:
     def __init__(self, converts: Iterable[Converts]):
         self.loaders: dict[str, Callable] = {}
         self.exporters: list[Exporter] = []
+        self.rows: list[Row] = []  # the table of what converts, in the families' order
         for c in converts:
-            for architecture, loader in c.loads.items():
-                if architecture in self.loaders:
-                    raise ValueError(f"two loaders for {architecture}")
-                self.loaders[architecture] = loader
+            for row in c.rows:
+                for architecture, loader in row.loads.items():
+                    if architecture in self.loaders:
+                        raise ValueError(f"two loaders for {architecture}")
+                    self.loaders[architecture] = loader
+            self.rows.extend(c.rows)
             self.exporters.extend(c.exports)
 
     def loader(self, config: dict, where: str) -> Callable:

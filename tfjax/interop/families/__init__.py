@@ -1,26 +1,19 @@
 """One module per Hugging Face family (config.json's model_type), each converting its
-architectures both ways and declaring them in `CONVERTS` (see `core.registry`):
+architectures both ways and declaring them in `CONVERTS` (see `core.registry`): its rows of the
+table of what converts (docs/interop.md) with their loaders, and its exporters. Its `__all__`
+(the `from_*` / `to_*` converters) is what `tfjax.interop` re-exports.
 
-  gpt2      GPT2LMHeadModel                                  <-> models.decoder
-  llama     LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-                                                             <-> models.decoder
-  moe       MixtralForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM
-                                                             <-> models.decoder, num_experts
-  gemma     Gemma2ForCausalLM, Gemma3ForCausalLM (text)      <-> models.decoder
-  bert      BertForMaskedLM, BertForSequenceClassification   <-> models.encoder
-  vit       ViTForImageClassification; timm's ViT (import)   <-> models.vit
-  dinov2    Dinov2Model, Dinov2WithRegistersModel            <-> models.vit, no head
-  clip      CLIPVisionModel(WithProjection), SiglipVisionModel; CLIPModel, SiglipModel's vision
-            towers (import)                                  <-> models.vit
-  marian    MarianMTModel                                    <-> models.transformer
-  t5        T5ForConditionalGeneration (v1.1, Flan-T5)       <-> models.transformer
+  gpt2      GPT-2                            t5        T5 v1.1, Flan-T5
+  llama     Llama, Mistral, Qwen 2 / 3       marian    Marian / Opus-MT
+  moe       Mixtral, Qwen3-MoE, GPT-OSS      vit       Hugging Face's and timm's ViT
+  gemma     Gemma 2, Gemma 3 (text)          dinov2    DINOv2, with registers, classifiers
+  bert      BERT (MLM, classifier)           clip      CLIP's and SigLIP's vision towers
   torch_nn  torch.nn.Transformer with embeddings, torch.nn.MultiheadAttention (no config.json)
-                                                             <-> models.transformer,
-                                                                 nn.MultiHeadAttention
 
 Families import `tfjax.interop.core`, never each other: what two of them share lives there.
 """
 
+from tfjax.interop.core.registry import Registry
 from tfjax.interop.families import (
     bert,
     clip,
@@ -35,4 +28,5 @@ from tfjax.interop.families import (
     vit,
 )
 
-ALL = (gpt2, llama, moe, gemma, bert, vit, dinov2, clip, marian, t5, torch_nn)
+ALL = (gpt2, llama, moe, gemma, bert, vit, dinov2, clip, t5, marian, torch_nn)  # the table's order
+REGISTRY = Registry(family.CONVERTS for family in ALL)

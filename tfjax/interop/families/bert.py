@@ -25,10 +25,12 @@ the reference.
 import functools
 
 from tfjax.interop.core import convert, files
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import Rule, attention, dense, identity, mlp, norm
 from tfjax.interop.core.tables import LABELS, Family, Field, Fixed, bert_like
 from tfjax.models import encoder
+
+__all__ = ["from_bert", "to_bert"]
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
 
@@ -171,10 +173,18 @@ def to_bert(model: encoder.Encoder, params):
 
 
 CONVERTS = Converts(
-    loads={
-        BERT_MLM.architecture: functools.partial(from_bert, head="mlm"),
-        BERT_CLASSIFIER.architecture: functools.partial(from_bert, head="classifier"),
-    },
+    rows=(
+        Row(
+            "BERT (`BertForMaskedLM`, `BertForSequenceClassification`)",
+            "`from_bert` / `to_bert`",
+            "encoder",
+            "(MLM or classifier head)",
+            loads={
+                BERT_MLM.architecture: functools.partial(from_bert, head="mlm"),
+                BERT_CLASSIFIER.architecture: functools.partial(from_bert, head="classifier"),
+            },
+        ),
+    ),
     exports=(
         Exporter(
             encoder.Encoder,

@@ -47,7 +47,7 @@ refused, naming both. Position embeddings are resampled to another `image_size` 
 import dataclasses
 
 from tfjax.interop.core import towers
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import (
     Rule,
     attention,
@@ -61,6 +61,17 @@ from tfjax.interop.core.rules import (
 )
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import vit
+
+__all__ = [
+    "from_clip",
+    "from_clip_vision",
+    "from_clip_vision_projection",
+    "from_siglip",
+    "from_siglip_vision",
+    "to_clip_vision",
+    "to_clip_vision_projection",
+    "to_siglip_vision",
+]
 
 
 def _encoder_layers(model, prefix) -> list[Rule]:
@@ -325,13 +336,39 @@ def _is_clip(m: vit.VisionTransformer) -> bool:
 
 
 CONVERTS = Converts(
-    loads={
-        CLIP_VISION.architecture: from_clip_vision,
-        SIGLIP_VISION.architecture: from_siglip_vision,
-        CLIP_VISION_PROJECTION.architecture: from_clip_vision_projection,
-        CLIP.architecture: from_clip,
-        SIGLIP.architecture: from_siglip,
-    },
+    rows=(
+        Row(
+            "CLIP vision tower (`CLIPVisionModel`)",
+            "`from_clip_vision` / `to_clip_vision`",
+            "vit",
+            '(`quick_gelu`, `pre_norm`, `final_norm="pooled"`)',
+            loads={CLIP_VISION.architecture: from_clip_vision},
+        ),
+        Row(
+            "CLIP vision tower with projection (`CLIPVisionModelWithProjection`)",
+            "`from_clip_vision_projection` / `to_clip_vision_projection`",
+            "vit",
+            "(CLIP's tower; `visual_projection` as a bias-free head: `head_bias=False`, "
+            "`num_classes=projection_dim`)",
+            loads={CLIP_VISION_PROJECTION.architecture: from_clip_vision_projection},
+        ),
+        Row(
+            "SigLIP vision tower (`SiglipVisionModel`)",
+            "`from_siglip_vision` / `to_siglip_vision`",
+            "vit",
+            '(no class token, `pool="map"`: attention-pooling head)',
+            loads={SIGLIP_VISION.architecture: from_siglip_vision},
+        ),
+        Row(
+            "Image towers of whole CLIP / SigLIP models (`CLIPModel`, `SiglipModel`)",
+            "`from_clip`, `from_siglip` / exported as `CLIPVisionModelWithProjection` or "
+            "`SiglipVisionModel`",
+            "vit",
+            "giving `get_image_features` (CLIP projected; `projection=False`: the tower's "
+            "`pooler_output`)",
+            loads={CLIP.architecture: from_clip, SIGLIP.architecture: from_siglip},
+        ),
+    ),
     exports=(
         Exporter(
             vit.VisionTransformer,

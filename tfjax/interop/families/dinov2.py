@@ -36,7 +36,7 @@ into mlp_dim and back. Position embeddings are resampled to another `image_size`
 import dataclasses
 
 from tfjax.interop.core import tables, towers
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import (
     Rule,
     attention,
@@ -50,6 +50,15 @@ from tfjax.interop.core.rules import (
 )
 from tfjax.interop.core.tables import LABELS, Family, Field, Fixed, bert_like
 from tfjax.models import vit
+
+__all__ = [
+    "from_dinov2",
+    "from_dinov2_classifier",
+    "from_dinov2_registers",
+    "from_dinov2_registers_classifier",
+    "to_dinov2",
+    "to_dinov2_classifier",
+]
 
 
 def dinov2_rules(model: vit.VisionTransformer, prefix: str = "") -> list[Rule]:
@@ -276,12 +285,32 @@ def _is_dinov2(m: vit.VisionTransformer) -> bool:
 
 
 CONVERTS = Converts(
-    loads={
-        DINOV2.architecture: from_dinov2,
-        DINOV2_REGISTERS.architecture: from_dinov2_registers,
-        DINOV2_CLASSIFIER.architecture: from_dinov2_classifier,
-        DINOV2_REGISTERS_CLASSIFIER.architecture: from_dinov2_registers_classifier,
-    },
+    rows=(
+        Row(
+            "DINOv2 (`Dinov2Model`, `Dinov2WithRegistersModel`)",
+            "`from_dinov2`, `from_dinov2_registers` / `to_dinov2` (either, by `num_registers`)",
+            "vit",
+            "with `num_classes=None` (`layer_scale`, `num_registers`, `mask_token`; SwiGLU for "
+            "g/14)",
+            loads={
+                DINOV2.architecture: from_dinov2,
+                DINOV2_REGISTERS.architecture: from_dinov2_registers,
+            },
+        ),
+        Row(
+            "DINOv2 with a classifier (`Dinov2ForImageClassification`, "
+            "`Dinov2WithRegistersForImageClassification`)",
+            "`from_dinov2_classifier`, `from_dinov2_registers_classifier` / "
+            "`to_dinov2_classifier` (either, by `num_registers`)",
+            "vit",
+            '(DINOv2\'s tower, a head of `num_labels` on `pool="cls_gap"`: the class token and '
+            "the mean of the patch tokens, as its classifier reads them)",
+            loads={
+                DINOV2_CLASSIFIER.architecture: from_dinov2_classifier,
+                DINOV2_REGISTERS_CLASSIFIER.architecture: from_dinov2_registers_classifier,
+            },
+        ),
+    ),
     exports=(
         Exporter(
             vit.VisionTransformer,

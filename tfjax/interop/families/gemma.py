@@ -39,9 +39,11 @@ from tfjax.interop.core.decoders import (
     spelled_out,
     tied_head,
 )
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
+
+__all__ = ["from_gemma2", "from_gemma3", "to_gemma2", "to_gemma3"]
 
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
 
@@ -170,7 +172,25 @@ def _export(model: decoder.Decoder, params):
 
 
 CONVERTS = Converts(
-    loads={GEMMA2.architecture: from_gemma2, GEMMA3.architecture: from_gemma3},
+    rows=(
+        Row(
+            "Gemma 2 (`Gemma2ForCausalLM`)",
+            "`from_gemma2` / `to_gemma2`",
+            "decoder",
+            "(norms before and after each sub-layer, RMSNorm with (1 + w), embeddings times "
+            "sqrt(D), GeGLU (tanh), attention and final logit soft-capping, local / global "
+            "`attention_pattern`, one RoPE for both, scaled or not)",
+            loads={GEMMA2.architecture: from_gemma2},
+        ),
+        Row(
+            "Gemma 3, text part (`Gemma3ForCausalLM`)",
+            "`from_gemma3` / `to_gemma3`",
+            "decoder",
+            "(Gemma 2's, no soft caps, q/k norms with (1 + w), per-layer-type RoPE: "
+            "`local_rope_base`, linear scaling on the global layers)",
+            loads={GEMMA3.architecture: from_gemma3},
+        ),
+    ),
     exports=(
         Exporter(
             decoder.Decoder,

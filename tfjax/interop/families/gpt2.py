@@ -15,10 +15,12 @@ Key mapping, layer i (under "transformer."; a bare GPT2Model's keys are read too
 
 from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import spelled_out, tied_head
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import QKV, Rule, identity, linear, merged_rows, norm, rows_out
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
+
+__all__ = ["from_gpt2", "to_gpt2"]
 
 ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
@@ -109,7 +111,15 @@ from_gpt2, to_gpt2 = convert.converters(GPT2, "gpt2", _written)
 
 
 CONVERTS = Converts(
-    loads={GPT2.architecture: from_gpt2},
+    rows=(
+        Row(
+            "GPT-2 (`GPT2LMHeadModel`)",
+            "`from_gpt2` / `to_gpt2`",
+            "decoder",
+            "(learned positions)",
+            loads={GPT2.architecture: from_gpt2},
+        ),
+    ),
     exports=(
         Exporter(
             decoder.Decoder,

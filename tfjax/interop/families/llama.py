@@ -21,9 +21,20 @@ rotate-half layout is tfjax's, so no permutation of q/k rows is needed.
 
 from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import llama_family, spelled_out
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
+
+__all__ = [
+    "from_llama",
+    "from_mistral",
+    "from_qwen2",
+    "from_qwen3",
+    "to_llama",
+    "to_mistral",
+    "to_qwen2",
+    "to_qwen3",
+]
 
 
 def _full_attention_layers(fields):
@@ -92,12 +103,37 @@ def _export(model: decoder.Decoder, params):
 
 
 CONVERTS = Converts(
-    loads={
-        LLAMA.architecture: from_llama,
-        MISTRAL.architecture: from_mistral,
-        QWEN2.architecture: from_qwen2,
-        QWEN3.architecture: from_qwen3,
-    },
+    rows=(
+        Row(
+            "Llama 1 - 3.x (`LlamaForCausalLM`)",
+            "`from_llama` / `to_llama`",
+            "decoder",
+            "(RoPE, SwiGLU, grouped-query; `rope_scaling`: llama3, linear, dynamic, yarn; tied or "
+            "untied head)",
+            loads={LLAMA.architecture: from_llama},
+        ),
+        Row(
+            "Mistral (`MistralForCausalLM`)",
+            "`from_mistral` / `to_mistral`",
+            "decoder",
+            "(`sliding_window` in training masks and the KV cache)",
+            loads={MISTRAL.architecture: from_mistral},
+        ),
+        Row(
+            "Qwen 2 / 2.5 (`Qwen2ForCausalLM`)",
+            "`from_qwen2` / `to_qwen2`",
+            "decoder",
+            "(`qkv_bias`: biases on q, k, v only)",
+            loads={QWEN2.architecture: from_qwen2},
+        ),
+        Row(
+            "Qwen 3 (`Qwen3ForCausalLM`)",
+            "`from_qwen3` / `to_qwen3`",
+            "decoder",
+            "(`qk_norm`: RMSNorm per q/k head; `head_dim` != D / N)",
+            loads={QWEN3.architecture: from_qwen3},
+        ),
+    ),
     exports=(
         Exporter(
             decoder.Decoder,

@@ -52,10 +52,18 @@ import numpy as np
 
 from tfjax.interop.core import convert, files, tables
 from tfjax.interop.core.encoder_decoder import PAPER_LAYOUT, Layout, stack_rules
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import Path, Rule, identity, linear, reshaped_as, unrolled
 from tfjax.interop.core.tables import TOKENS, Family, Field, Fixed
 from tfjax.models import transformer
+
+__all__ = [
+    "from_marian",
+    "marian_id_map",
+    "marian_to_tfjax_ids",
+    "tfjax_to_marian_ids",
+    "to_marian",
+]
 
 # Hugging Face activation_function -> tfjax.nn.ffn activation (one-projection FFNs only); the
 # first name of each is the one written on export.
@@ -333,7 +341,15 @@ def to_marian(
 
 
 CONVERTS = Converts(
-    loads={MARIAN.architecture: from_marian},
+    rows=(
+        Row(
+            "Marian / Opus-MT (`MarianMTModel`)",
+            "`from_marian` / `to_marian`",
+            "transformer",
+            "(swish FFN, output bias)",
+            loads={MARIAN.architecture: from_marian},
+        ),
+    ),
     exports=(
         Exporter(
             transformer.Transformer,

@@ -74,7 +74,7 @@ from tfjax.interop.core.decoders import (
     spelled_out,
     tied_head,
 )
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import (
     dense,
     fused_expert_halves,
@@ -87,6 +87,15 @@ from tfjax.interop.core.rules import (
 from tfjax.interop.core.tables import Family, Field, Fixed, table_config, table_fields
 from tfjax.models import decoder
 from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
+
+__all__ = [
+    "from_gpt_oss",
+    "from_mixtral",
+    "from_qwen3_moe",
+    "to_gpt_oss",
+    "to_mixtral",
+    "to_qwen3_moe",
+]
 
 # What both families fix: softmax routing without a bias, no shared experts, no biases, every
 # layer the same attention.
@@ -456,11 +465,35 @@ def _is_gpt_oss(m) -> bool:
 
 
 CONVERTS = Converts(
-    loads={
-        MIXTRAL.architecture: from_mixtral,
-        QWEN3_MOE.architecture: from_qwen3_moe,
-        GPT_OSS.architecture: from_gpt_oss,
-    },
+    rows=(
+        Row(
+            "Mixtral (`MixtralForCausalLM`)",
+            "`from_mixtral` / `to_mixtral`",
+            "decoder",
+            "with `num_experts` (every FFN a mixture of experts, top-k softmax routing "
+            "renormalised; Mistral's `sliding_window`); logits 1.8e-6 from float64 transformers",
+            loads={MIXTRAL.architecture: from_mixtral},
+        ),
+        Row(
+            "Qwen3-MoE (`Qwen3MoeForCausalLM`)",
+            "`from_qwen3_moe` / `to_qwen3_moe`",
+            "decoder",
+            "with `num_experts` (Qwen 3's attention; `expert_mlp_dim`, `router_renormalize` from "
+            "`norm_topk_prob`, dense first layers from `mlp_only_layers`: `first_dense_layers`); "
+            "logits 2.0e-6 from float64 transformers",
+            loads={QWEN3_MOE.architecture: from_qwen3_moe},
+        ),
+        Row(
+            "GPT-OSS (`GptOssForCausalLM`; float weights, not the Hub's MXFP4)",
+            "`from_gpt_oss` / `to_gpt_oss`",
+            "decoder",
+            "with `num_experts` (`attention_sinks`, biases everywhere, sliding and full layers "
+            "from `layer_types`: `attention_pattern`, one YaRN RoPE for both, `router_bias`, the "
+            "clamped SwiGLU with `swiglu_alpha` / `swiglu_limit`); logits 1.2e-6 from float64 "
+            "transformers",
+            loads={GPT_OSS.architecture: from_gpt_oss},
+        ),
+    ),
     exports=(
         Exporter(
             decoder.Decoder,

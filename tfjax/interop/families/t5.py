@@ -38,10 +38,12 @@ other than 0, and FFN activations tfjax has no form of.
 """
 
 from tfjax.interop.core import convert, files, tables
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import Path, Rule, attention, identity, linear
 from tfjax.interop.core.tables import TOKENS, Family, Field, Fixed
 from tfjax.models import transformer
+
+__all__ = ["from_t5", "to_t5"]
 
 ARCHITECTURE = "T5ForConditionalGeneration"
 # feed_forward_proj -> tfjax.nn.ffn activation ("gated-gelu" is transformers' gelu_new, the
@@ -185,7 +187,16 @@ def to_t5(model: transformer.Transformer, params):
 
 
 CONVERTS = Converts(
-    loads={T5.architecture: from_t5},
+    rows=(
+        Row(
+            "T5 v1.1, Flan-T5 (`T5ForConditionalGeneration`)",
+            "`from_t5` / `to_t5`",
+            "transformer",
+            '(`position="relative"`: T5\'s bucketed relative bias, one per stack; RMSNorm pre-LN, '
+            "no biases, unscaled embeddings and attention logits, gated GELU, untied head)",
+            loads={T5.architecture: from_t5},
+        ),
+    ),
     exports=(
         Exporter(
             transformer.Transformer,

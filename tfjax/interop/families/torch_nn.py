@@ -52,7 +52,7 @@ import numpy as np
 
 from tfjax.interop.core import files
 from tfjax.interop.core.encoder_decoder import PAPER_LAYOUT, Layout, stack_rules
-from tfjax.interop.core.registry import Converts
+from tfjax.interop.core.registry import Converts, Row
 from tfjax.interop.core.rules import (
     QKV,
     Rule,
@@ -70,6 +70,8 @@ from tfjax.interop.core.tables import TOKENS
 from tfjax.models import transformer
 from tfjax.nn import AttentionConfig, MultiHeadAttention
 from tfjax.ops import ACTIVATIONS
+
+__all__ = ["from_torch_mha", "from_torch_transformer", "to_torch_mha", "to_torch_transformer"]
 
 TORCH = "torch.nn.Transformer"
 MHA = "torch.nn.MultiheadAttention"
@@ -595,4 +597,22 @@ def to_torch_mha(model: MultiHeadAttention, params) -> dict:
 
 
 # Neither is a Hugging Face architecture: `interop.load` and `interop.save` have none of them.
-CONVERTS = Converts()
+CONVERTS = Converts(  # torch modules and state dicts: no config.json, nothing `interop.load` reads
+    rows=(
+        Row(
+            "`torch.nn.Transformer` with embeddings",
+            "`from_torch_transformer` / `to_torch_transformer`",
+            "transformer",
+            "(post- or pre-LN by `norm_first`; relu, gelu, silu; heads, norm eps and dropout rates "
+            "read from the module, whatever changes the outputs and has no tfjax counterpart "
+            "refused by name)",
+        ),
+        Row(
+            "`torch.nn.MultiheadAttention`",
+            "`from_torch_mha` / `to_torch_mha`",
+            "tfjax.nn.MultiHeadAttention",
+            "(heads and dropout from the module; `add_bias_kv`, `add_zero_attn`, `kdim` != `vdim` "
+            "refused)",
+        ),
+    ),
+)

@@ -36,7 +36,7 @@ import numpy as np
 
 from tfjax.interop.core import convert, files, tables
 from tfjax.interop.core.posemb import image_size_pair, resample_posemb
-from tfjax.interop.core.registry import Converts, Exporter
+from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import (
     Rule,
     attention,
@@ -52,6 +52,8 @@ from tfjax.interop.core.rules import (
 )
 from tfjax.interop.core.tables import LABELS, Family, Field, Fixed, bert_like
 from tfjax.models import vit
+
+__all__ = ["from_hf_vit", "from_timm_vit", "to_hf_vit"]
 
 
 def _embeddings_and_head(patch, cls, posemb, final_norm, head) -> list[Rule]:
@@ -385,7 +387,18 @@ def to_hf_vit(model: vit.VisionTransformer, params):
 
 
 CONVERTS = Converts(
-    loads={HF_VIT.architecture: from_hf_vit},
+    rows=(
+        Row(
+            "ViT (`ViTForImageClassification`, timm state dicts)",
+            "`from_hf_vit` / `to_hf_vit`, `from_timm_vit`",
+            "vit",
+            "(positions resampled bicubically for another image size, antialiased as timm does; "
+            "timm's class token or `global_pool='avg'` without one, registers, `no_embed_class`, "
+            "pre-norm, `fc_norm`, layer scale, non-square grids, checked against timm itself; its "
+            "other options refused by name)",
+            loads={HF_VIT.architecture: from_hf_vit},
+        ),
+    ),
     exports=(
         Exporter(
             vit.VisionTransformer,
