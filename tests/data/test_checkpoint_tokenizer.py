@@ -797,4 +797,7 @@ def test_exported_lazily():
     assert td.CheckpointTokenizer is ct.CheckpointTokenizer
     assert td.encode_row is ct.encode_row and td.row_format is ct.row_format
     assert td.checkpoint_tokenizer is ct
-    assert pathlib.Path(ct.__file__).name == "checkpoint_tokenizer.py"
+    # the package, whose modules hold the names it exports
+    assert pathlib.Path(ct.__file__).parent.name == "checkpoint_tokenizer"
+    assert ct.CheckpointTokenizer.__module__ == "tfjax.data.checkpoint_tokenizer.tokenizer"
+    assert ct.encode_row.__module__ == "tfjax.data.checkpoint_tokenizer.rows"
