@@ -62,8 +62,9 @@ stream_pretrained_params = pretrained.stream_pretrained_params
 
 
 def supported() -> list[core.registry.Row]:
-    """The table of what converts, row by row (`Row.cells`: source, converter, tfjax model),
-    as docs/interop.md shows it."""
+    """The table of what converts, row by row, as docs/interop.md shows it (`Row.cells`:
+    architectures, source, converters, tfjax model); rows without architectures (torch.nn
+    modules) convert with their functions only, not `load`."""
     return list(REGISTRY.rows)
 
 

@@ -6,8 +6,7 @@ Every family module ends with what it converts, row by row of the table of what 
     CONVERTS = registry.Converts(
         rows=(
             registry.Row(
-                "GPT-2 (`GPT2LMHeadModel`)", "`from_gpt2` / `to_gpt2`",
-                "decoder", "(learned positions)",
+                "GPT-2", "`from_gpt2` / `to_gpt2`", "decoder", "(learned positions)",
                 loads={"GPT2LMHeadModel": from_gpt2},  # config.json's architecture -> loader
             ),
         ),
@@ -15,11 +14,11 @@ Every family module ends with what it converts, row by row of the table of what 
     )
 
 A loader is called as `loader(directory, config, **overrides)`; a row that loads no
-architecture converts a state dict or a torch module (timm, torch.nn). An exporter takes the
+architecture converts torch modules and their state dicts (torch.nn). An exporter takes the
 tfjax models of its class for which `when(model)` holds; the exporters of one class exclude each
 other, so the order of families does not matter, and a model two of them take is a bug that
-`Registry.exporter` reports. `interop` builds one `Registry` of every family's `Converts`;
-families never import each other.
+`Registry.exporter` reports. `families` builds the one `Registry` of every family's `Converts`
+(`interop.REGISTRY`); families never import each other.
 """
 
 import dataclasses
@@ -40,28 +39,26 @@ class Exporter:
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One row of the table of what converts (docs/interop.md) as the table shows it, and the
-    loaders of the architectures it names: the table is this code, so the two cannot disagree."""
+    """One row of the table of what converts (docs/interop.md) as the docs show it, and the
+    loaders of its architectures: the table is this code, so the two cannot disagree."""
 
-    source: (
-        str  # what converts, each architecture it loads in backticks: "GPT-2 (`GPT2LMHeadModel`)"
-    )
+    source: str  # what converts, in words: "GPT-2"
     converters: str  # the `tfjax.interop` functions that convert it: "`from_gpt2` / `to_gpt2`"
     model: str  # the tfjax model it converts to: "decoder" (tfjax.models.decoder)
     notes: str  # what the conversion sets or reads: "(learned positions)"
-    loads: Mapping[str, Callable] = dataclasses.field(
-        default_factory=dict
-    )  # architecture -> loader
-
-    def __post_init__(self):
-        unnamed = [a for a in self.loads if f"`{a}`" not in self.source]
-        if unnamed:
-            raise ValueError(f"the row {self.source!r} loads {unnamed}: name them in its source")
+    # config.json's architecture -> loader(directory, config, **overrides); none: the row
+    # converts torch modules and their state dicts (torch.nn), which `interop.load` does not
+    loads: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
 
     @property
-    def cells(self) -> tuple[str, str, str]:
-        """(source, converter, tfjax model): the row's cells in the docs' table."""
-        return self.source, self.converters, f"`{self.model}` {self.notes}"
+    def architectures(self) -> tuple[str, ...]:
+        return tuple(self.loads)
+
+    @property
+    def cells(self) -> tuple[str, str, str, str]:
+        """(architectures, source, converters, tfjax model): the row's cells in the docs."""
+        named = ", ".join(f"`{a}`" for a in self.loads)
+        return named, self.source, self.converters, f"`{self.model}` {self.notes}"
 
 
 @dataclasses.dataclass(frozen=True)

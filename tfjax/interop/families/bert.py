@@ -175,7 +175,7 @@ def to_bert(model: encoder.Encoder, params):
 CONVERTS = Converts(
     rows=(
         Row(
-            "BERT (`BertForMaskedLM`, `BertForSequenceClassification`)",
+            "BERT",
             "`from_bert` / `to_bert`",
             "encoder",
             "(MLM or classifier head)",

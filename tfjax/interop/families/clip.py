@@ -338,14 +338,14 @@ def _is_clip(m: vit.VisionTransformer) -> bool:
 CONVERTS = Converts(
     rows=(
         Row(
-            "CLIP vision tower (`CLIPVisionModel`)",
+            "CLIP vision tower",
             "`from_clip_vision` / `to_clip_vision`",
             "vit",
             '(`quick_gelu`, `pre_norm`, `final_norm="pooled"`)',
             loads={CLIP_VISION.architecture: from_clip_vision},
         ),
         Row(
-            "CLIP vision tower with projection (`CLIPVisionModelWithProjection`)",
+            "CLIP vision tower with projection",
             "`from_clip_vision_projection` / `to_clip_vision_projection`",
             "vit",
             "(CLIP's tower; `visual_projection` as a bias-free head: `head_bias=False`, "
@@ -353,14 +353,14 @@ CONVERTS = Converts(
             loads={CLIP_VISION_PROJECTION.architecture: from_clip_vision_projection},
         ),
         Row(
-            "SigLIP vision tower (`SiglipVisionModel`)",
+            "SigLIP vision tower",
             "`from_siglip_vision` / `to_siglip_vision`",
             "vit",
             '(no class token, `pool="map"`: attention-pooling head)',
             loads={SIGLIP_VISION.architecture: from_siglip_vision},
         ),
         Row(
-            "Image towers of whole CLIP / SigLIP models (`CLIPModel`, `SiglipModel`)",
+            "Image towers of whole CLIP / SigLIP models",
             "`from_clip`, `from_siglip` / exported as `CLIPVisionModelWithProjection` or "
             "`SiglipVisionModel`",
             "vit",

@@ -287,7 +287,7 @@ def _is_dinov2(m: vit.VisionTransformer) -> bool:
 CONVERTS = Converts(
     rows=(
         Row(
-            "DINOv2 (`Dinov2Model`, `Dinov2WithRegistersModel`)",
+            "DINOv2",
             "`from_dinov2`, `from_dinov2_registers` / `to_dinov2` (either, by `num_registers`)",
             "vit",
             "with `num_classes=None` (`layer_scale`, `num_registers`, `mask_token`; SwiGLU for "
@@ -298,13 +298,10 @@ CONVERTS = Converts(
             },
         ),
         Row(
-            "DINOv2 with a classifier (`Dinov2ForImageClassification`, "
-            "`Dinov2WithRegistersForImageClassification`)",
-            "`from_dinov2_classifier`, `from_dinov2_registers_classifier` / "
-            "`to_dinov2_classifier` (either, by `num_registers`)",
+            "DINOv2 with its linear classifier",
+            "`from_dinov2_classifier`, `from_dinov2_registers_classifier` / `to_dinov2_classifier`",
             "vit",
-            '(DINOv2\'s tower, a head of `num_labels` on `pool="cls_gap"`: the class token and '
-            "the mean of the patch tokens, as its classifier reads them)",
+            'with `pool="cls_gap"` (the class token and the mean of the patch tokens) and a head',
             loads={
                 DINOV2_CLASSIFIER.architecture: from_dinov2_classifier,
                 DINOV2_REGISTERS_CLASSIFIER.architecture: from_dinov2_registers_classifier,

@@ -174,7 +174,7 @@ def _export(model: decoder.Decoder, params):
 CONVERTS = Converts(
     rows=(
         Row(
-            "Gemma 2 (`Gemma2ForCausalLM`)",
+            "Gemma 2",
             "`from_gemma2` / `to_gemma2`",
             "decoder",
             "(norms before and after each sub-layer, RMSNorm with (1 + w), embeddings times "
@@ -183,7 +183,7 @@ CONVERTS = Converts(
             loads={GEMMA2.architecture: from_gemma2},
         ),
         Row(
-            "Gemma 3, text part (`Gemma3ForCausalLM`)",
+            "Gemma 3, text part",
             "`from_gemma3` / `to_gemma3`",
             "decoder",
             "(Gemma 2's, no soft caps, q/k norms with (1 + w), per-layer-type RoPE: "

@@ -113,7 +113,7 @@ from_gpt2, to_gpt2 = convert.converters(GPT2, "gpt2", _written)
 CONVERTS = Converts(
     rows=(
         Row(
-            "GPT-2 (`GPT2LMHeadModel`)",
+            "GPT-2",
             "`from_gpt2` / `to_gpt2`",
             "decoder",
             "(learned positions)",

@@ -105,7 +105,7 @@ def _export(model: decoder.Decoder, params):
 CONVERTS = Converts(
     rows=(
         Row(
-            "Llama 1 - 3.x (`LlamaForCausalLM`)",
+            "Llama 1 - 3.x",
             "`from_llama` / `to_llama`",
             "decoder",
             "(RoPE, SwiGLU, grouped-query; `rope_scaling`: llama3, linear, dynamic, yarn; tied or "
@@ -113,21 +113,21 @@ CONVERTS = Converts(
             loads={LLAMA.architecture: from_llama},
         ),
         Row(
-            "Mistral (`MistralForCausalLM`)",
+            "Mistral",
             "`from_mistral` / `to_mistral`",
             "decoder",
             "(`sliding_window` in training masks and the KV cache)",
             loads={MISTRAL.architecture: from_mistral},
         ),
         Row(
-            "Qwen 2 / 2.5 (`Qwen2ForCausalLM`)",
+            "Qwen 2 / 2.5",
             "`from_qwen2` / `to_qwen2`",
             "decoder",
             "(`qkv_bias`: biases on q, k, v only)",
             loads={QWEN2.architecture: from_qwen2},
         ),
         Row(
-            "Qwen 3 (`Qwen3ForCausalLM`)",
+            "Qwen 3",
             "`from_qwen3` / `to_qwen3`",
             "decoder",
             "(`qk_norm`: RMSNorm per q/k head; `head_dim` != D / N)",

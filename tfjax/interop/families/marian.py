@@ -343,7 +343,7 @@ def to_marian(
 CONVERTS = Converts(
     rows=(
         Row(
-            "Marian / Opus-MT (`MarianMTModel`)",
+            "Marian / Opus-MT",
             "`from_marian` / `to_marian`",
             "transformer",
             "(swish FFN, output bias)",

@@ -467,7 +467,7 @@ def _is_gpt_oss(m) -> bool:
 CONVERTS = Converts(
     rows=(
         Row(
-            "Mixtral (`MixtralForCausalLM`)",
+            "Mixtral",
             "`from_mixtral` / `to_mixtral`",
             "decoder",
             "with `num_experts` (every FFN a mixture of experts, top-k softmax routing "
@@ -475,7 +475,7 @@ CONVERTS = Converts(
             loads={MIXTRAL.architecture: from_mixtral},
         ),
         Row(
-            "Qwen3-MoE (`Qwen3MoeForCausalLM`)",
+            "Qwen3-MoE",
             "`from_qwen3_moe` / `to_qwen3_moe`",
             "decoder",
             "with `num_experts` (Qwen 3's attention; `expert_mlp_dim`, `router_renormalize` from "
@@ -484,7 +484,7 @@ CONVERTS = Converts(
             loads={QWEN3_MOE.architecture: from_qwen3_moe},
         ),
         Row(
-            "GPT-OSS (`GptOssForCausalLM`; float weights, not the Hub's MXFP4)",
+            "GPT-OSS (float weights, not the Hub's MXFP4)",
             "`from_gpt_oss` / `to_gpt_oss`",
             "decoder",
             "with `num_experts` (`attention_sinks`, biases everywhere, sliding and full layers "

@@ -189,7 +189,7 @@ def to_t5(model: transformer.Transformer, params):
 CONVERTS = Converts(
     rows=(
         Row(
-            "T5 v1.1, Flan-T5 (`T5ForConditionalGeneration`)",
+            "T5 v1.1, Flan-T5",
             "`from_t5` / `to_t5`",
             "transformer",
             '(`position="relative"`: T5\'s bucketed relative bias, one per stack; RMSNorm pre-LN, '

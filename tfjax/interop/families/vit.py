@@ -389,7 +389,7 @@ def to_hf_vit(model: vit.VisionTransformer, params):
 CONVERTS = Converts(
     rows=(
         Row(
-            "ViT (`ViTForImageClassification`, timm state dicts)",
+            "ViT (also timm state dicts)",
             "`from_hf_vit` / `to_hf_vit`, `from_timm_vit`",
             "vit",
             "(positions resampled bicubically for another image size, antialiased as timm does; "
