@@ -1,19 +1,23 @@
-"""Every ```python block of README.md runs as written, so none can drift from the code again.
+"""Every ```python block of README.md and docs/*.md runs as written, so none can drift from
+the code.
 
 Each block runs in a fresh Python process, in a new temporary directory that holds a link to
-the checkout's `configs/` (the README's commands run from the checkout), with the 8 CPU
-devices conftest asks XLA for. A failure names the README line of the statement that raised
-and the error.
+the checkout's `configs/` (the pages' commands run from the checkout), with the 8 CPU devices
+conftest asks XLA for. A failure names the page and line of the statement that raised and the
+error.
 
-Most blocks run exactly as written. A block that needs something the README says to make
-first (a trained run, a downloaded checkpoint) gets it from its entry in PREPARED, keyed by the
+Most blocks run exactly as written. A block that needs something its page says to make first
+(a trained run, a downloaded checkpoint) gets it from its entry in PREPARED, keyed by the
 block's first line: a tiny stand-in made in the temporary directory, and the text replacements
 that point the block at the tiny config. Each replacement must match the block, or the test
-fails: a block that changes is never run half-substituted. No block is left out.
+fails: a block that changes is never run half-substituted. No block is left out. A block that
+appears word for word on several pages (the README's examples are copies of the pages') runs
+once, its test named after every place it stands.
 Shell blocks (```bash and plain ```) are not run here: `make train` has tests/test_quickstart.py.
 """
 
 import dataclasses
+import glob
 import os
 import re
 import subprocess
@@ -24,21 +28,31 @@ import pytest
 from conftest import ROOT
 
 README = os.path.join(ROOT, "README.md")
+# The README and every page of docs/ (design.md included), as paths relative to the checkout.
+PAGES = ["README.md"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+)
 BLOCK_FILE = "readme_block.py"
 
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    line: int  # README line of the block's first code line
+    line: int  # the page's line of the block's first code line
     code: str
+    page: str = "README.md"  # relative to the checkout
 
     @property
     def first_line(self) -> str:
         return self.code.splitlines()[0].strip()
 
+    @property
+    def place(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def readme_blocks(path: str = README) -> list[Block]:
+
+def readme_blocks(path: str = README, page: str | None = None) -> list[Block]:
     """The ```python blocks of a Markdown file, with the line each one's code starts on."""
+    page = page or os.path.basename(path)
     blocks, code, start = [], None, 0
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -50,12 +64,22 @@ def readme_blocks(path: str = README) -> list[Block]:
                     code, start = False, number + 1
             elif code is not None and fence and not fence.group(1):
                 if code is not False:
-                    blocks.append(Block(start, "".join(code)))
+                    blocks.append(Block(start, "".join(code), page))
                 code = None
             elif code is not None and code is not False:
                 code.append(line)
-    assert code is None, f"README.md:{start - 1}: a fenced block is never closed"
+    assert code is None, f"{page}:{start - 1}: a fenced block is never closed"
     return blocks
+
+
+def pages_blocks() -> list[list[Block]]:
+    """Every page's ```python blocks, one list per distinct code: the copies of a block (the
+    README's examples repeat the pages' blocks word for word) run once, as written."""
+    runs: dict[str, list[Block]] = {}
+    for page in PAGES:
+        for block in readme_blocks(os.path.join(ROOT, page), page):
+            runs.setdefault(block.code, []).append(block)
+    return list(runs.values())
 
 
 # ------------------------------------------------------------------------- what a block needs
@@ -85,7 +109,7 @@ def _tiny_translate_run(cwd: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    why: str  # what the README says the block needs
+    why: str  # what the block's page says it needs
     setup: Callable[[str], None]  # makes it in the block's working directory
     replace: tuple[tuple[str, str], ...] = ()  # (as written, as run) in the block's text
 
@@ -104,27 +128,30 @@ PREPARED = {
 
 # ------------------------------------------------------------------------------------ tests
 
-BLOCKS = readme_blocks()
+RUNS = pages_blocks()
 
 
-def test_the_readme_has_its_python_blocks_and_every_table_entry_names_one():
+def test_the_pages_have_their_python_blocks_and_every_table_entry_names_one():
     # Blocks may share a first line (two blocks load the same GPT-2 directory, one as Linen and
-    # one as NNX): an entry prepares every block that starts with it, and ids are line numbers.
-    firsts = [b.first_line for b in BLOCKS]
-    assert len(firsts) >= 5, f"README.md has only {len(firsts)} ```python blocks: {firsts}"
-    stale = sorted(set(PREPARED) - set(firsts))
-    assert not stale, f"entries for blocks README.md no longer has: {stale}"
+    # one as NNX): an entry prepares every block that starts with it, and ids are places.
+    readme = [b.first_line for b in readme_blocks()]
+    assert len(readme) >= 3, f"README.md has only {len(readme)} ```python blocks: {readme}"
+    firsts = {run[0].first_line for run in RUNS}
+    assert len(firsts) >= 5, f"README.md and docs/ have only {len(firsts)} distinct blocks"
+    stale = sorted(set(PREPARED) - firsts)
+    assert not stale, f"entries for blocks that README.md and docs/ no longer have: {stale}"
 
 
-def _failure(block: Block, result: subprocess.CompletedProcess) -> str:
-    """The README line of the deepest frame in the block, and the error."""
+def _failure(block: Block, result: subprocess.CompletedProcess, copies=()) -> str:
+    """The page and line of the deepest frame in the block, and the error."""
     frames = re.findall(rf'File "[^"]*{re.escape(BLOCK_FILE)}", line (\d+)', result.stderr)
     where = block.line + int(frames[-1]) - 1 if frames else block.line
     lines = [s for s in result.stderr.strip().splitlines() if s.strip()]
     error = lines[-1] if lines else f"exit status {result.returncode}, nothing on stderr"
     statement = block.code.splitlines()[where - block.line].strip() if frames else ""
     return (
-        f"README.md:{where}: the ```python block starting at line {block.line} fails"
+        f"{block.page}:{where}: the ```python block starting at line {block.line} fails"
+        + (f" (its copies: {', '.join(c.place for c in copies)})" if copies else "")
         + (f" at `{statement}`" if statement else "")
         + f": {error}\n--- stderr (end) ---\n{result.stderr[-4000:]}"
     )
@@ -133,8 +160,9 @@ def _failure(block: Block, result: subprocess.CompletedProcess) -> str:
 # The blocks share the session's prepared datasets (conftest's data_dir); a stand-in trained in
 # this process (the translation run) loads programs other tests compiled from the cache.
 @pytest.mark.usefixtures("compilation_cache")
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
-def test_readme_block_runs_as_written(block, tmp_path, data_dir, monkeypatch):
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: "+".join(b.place for b in run))
+def test_block_runs_as_written(run, tmp_path, data_dir, monkeypatch):
+    block, *copies = run
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     os.symlink(os.path.join(ROOT, "configs"), cwd / "configs")
@@ -142,19 +170,19 @@ def test_readme_block_runs_as_written(block, tmp_path, data_dir, monkeypatch):
     code = block.code
     prepared = PREPARED.get(block.first_line)
     if prepared is not None:
-        for written, run in prepared.replace:
+        for written, run_as in prepared.replace:
             assert written in code, (
-                f"README.md:{block.line}: the test runs this block with {written!r} replaced "
-                f"by {run!r}, but the block no longer contains {written!r}"
+                f"{block.place}: the test runs this block with {written!r} replaced "
+                f"by {run_as!r}, but the block no longer contains {written!r}"
             )
-            code = code.replace(written, run)
+            code = code.replace(written, run_as)
         prepared.setup(str(cwd))
     (cwd / BLOCK_FILE).write_text(code, encoding="utf-8")
     env = dict(os.environ, JAX_PLATFORMS="cpu", TFJAX_DATA_DIR=data_dir)
     result = subprocess.run(
         [sys.executable, BLOCK_FILE], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
-    assert result.returncode == 0, _failure(block, result)
+    assert result.returncode == 0, _failure(block, result, copies)
 
 
 def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
@@ -185,14 +213,15 @@ def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_a_failing_block_is_reported_at_its_readme_line(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# t\n\n```bash\nls\n```\n\n```python\nx = 1\nraise ValueError('no')\n```\n")
-    (block,) = readme_blocks(str(readme))
+def test_a_failing_block_is_reported_at_its_page_and_line(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# t\n\n```bash\nls\n```\n\n```python\nx = 1\nraise ValueError('no')\n```\n")
+    (block,) = readme_blocks(str(page), "docs/page.md")
     assert (block.line, block.first_line) == (8, "x = 1")
     (tmp_path / BLOCK_FILE).write_text(block.code)
     result = subprocess.run(
         [sys.executable, BLOCK_FILE], cwd=tmp_path, capture_output=True, text=True
     )
-    message = _failure(block, result)
-    assert message.startswith("README.md:9: ") and "ValueError: no" in message, message
+    message = _failure(block, result, [Block(40, block.code)])
+    assert message.startswith("docs/page.md:9: ") and "ValueError: no" in message, message
+    assert "(its copies: README.md:40)" in message, message
