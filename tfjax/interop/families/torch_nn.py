@@ -337,6 +337,118 @@ def torch_transformer_rules(
     return rules
 
 
+def _decided_by_arguments(state, num_heads, activation, norm_eps, norm_first):
+    """The fields a module would decide, from the arguments (weights alone do not hold them)."""
+    if num_heads is None:
+        raise ValueError(
+            f"{TORCH}: weights alone ({state.origin}) do not hold the number of heads: pass "
+            "num_heads= (nn.Transformer's nhead)"
+        )
+    return dict(
+        num_heads=num_heads,
+        activation=activation or "relu",
+        norm_eps=1e-5 if norm_eps is None else norm_eps,
+        norm_position=_position(norm_first),
+    )
+
+
+def _decided_by_module(seen: _Attributes, given: dict, overrides: dict) -> dict:
+    """The fields the module's attributes decide; an argument naming one must agree with it,
+    and its dropout rates are the model's unless `overrides` set them."""
+    decided = {}
+    for field, attribute, argument in _DECIDED:
+        value = seen[attribute]
+        if given[argument] is not None and given[argument] != value:
+            raise ValueError(
+                f"{TORCH}: {argument}={given[argument]!r}, but {seen.where(attribute)} has "
+                f"{attribute}={value!r}; leave {argument} out: the module decides it"
+            )
+        decided[field] = _position(value) if attribute == "norm_first" else value
+    for field, attribute in _DROPOUTS:
+        if field not in overrides:
+            decided[field] = seen[attribute]
+    return decided
+
+
+def _stack_sizes(state, prefix: str, embed: str, decided: dict) -> dict:
+    """vocab_size, width, num_layers and final_norm from the weights, checked against each other
+    and against the decided heads and norm placement."""
+    if embed not in state:
+        raise ValueError(
+            f"{TORCH}: no token embedding {embed!r} in {state.origin} (it holds {len(state)} "
+            f"keys such as {files.listing(state, 4)}); pass embed= the key of the [V, D] embedding"
+        )
+    vocab, width = state.shape(embed)
+    layers = _count_layers(state, f"{prefix}encoder.layers.")
+    if not layers:
+        raise ValueError(
+            f"{TORCH}: no keys under {prefix}encoder.layers. in {state.origin}; is it a "
+            f"torch.nn.Transformer state dict (prefix={prefix!r})?"
+        )
+    decoder_layers = _count_layers(state, f"{prefix}decoder.layers.")
+    if decoder_layers != layers:
+        raise ValueError(
+            f"{TORCH}: {state.origin} has {layers} encoder and {decoder_layers} decoder layers; "
+            "tfjax's transformer has one num_layers for both"
+        )
+    # nn.Transformer's default: a LayerNorm after each stack (norm=None in custom stacks: none).
+    final_norms = [f"{prefix}{side}.norm.weight" in state for side in ("encoder", "decoder")]
+    if final_norms[0] != final_norms[1]:
+        raise ValueError(
+            f"{TORCH}: {state.origin} has a final norm after only one of the stacks "
+            f"({prefix}encoder.norm: {final_norms[0]}, {prefix}decoder.norm: {final_norms[1]}); "
+            "tfjax's transformer has both or neither"
+        )
+    if decided["norm_position"] == "pre" and not final_norms[0]:
+        raise ValueError(
+            f"{TORCH}: norm_first=True stacks without final norms (no {prefix}encoder.norm or "
+            f"{prefix}decoder.norm in {state.origin}); tfjax's pre-LN stacks end in a LayerNorm, "
+            "so it takes them with their final norms only (nn.Transformer's own stacks have them)"
+        )
+    if width % decided["num_heads"]:
+        raise ValueError(
+            f"{TORCH}: num_heads={decided['num_heads']} does not divide the width {width} of "
+            f"{embed!r} in {state.where(embed)}"
+        )
+    return dict(vocab_size=vocab, width=width, num_layers=layers, final_norm=final_norms[0])
+
+
+def _tied_output(state, embed: str, target_embed: str, output: str):
+    """(share_embeddings, the `tied` keys of import_state): without a target embedding the
+    embeddings are shared, and an `output` there must be the embedding itself."""
+    share = target_embed not in state
+    if not (share and output in state):
+        return share, None
+    if not np.array_equal(state[output], state[embed]):
+        raise ValueError(
+            f"{TORCH}: {output!r} in {state.where(output)} differs from {embed!r}; an output "
+            "projection of its own needs a separate target embedding (target_embed=)"
+        )
+    return share, {output: embed}
+
+
+def _mlp_dim(state, prefix: str) -> int:
+    mlp_key = f"{prefix}encoder.layers.0.linear1.weight"
+    if mlp_key not in state:
+        raise ValueError(
+            f"{TORCH}: {mlp_key!r} is missing from {state.origin}; a torch.nn.Transformer's "
+            "layers each hold linear1 and linear2 (the FFN)"
+        )
+    return state.shape(mlp_key)[0]
+
+
+def _check_overrides(fields: dict, overrides: dict, decided: dict, decider: str) -> None:
+    """Overrides may set only what leaves the outputs as the weights and `decider` give them."""
+    for field, value in overrides.items():
+        if field in fields and field not in DROPOUT_FIELDS and value != fields[field]:
+            where = "the weights" if field not in decided else decider
+            raise ValueError(
+                f"{TORCH}: {field}={value!r} would change the outputs: {where} give "
+                f"{field}={fields[field]!r}; overrides set only what leaves them unchanged "
+                "(scan_layers, dtype, implementation, dropout rates, ...)"
+            )
+
+
 def from_torch_transformer(
     source,
     *,
@@ -366,116 +478,30 @@ def from_torch_transformer(
     `ignore`: fnmatch patterns of keys that hold no parameters (buffers). `overrides`: fields
     that leave the outputs as they are (scan_layers, dtype, implementation, dropout rates).
     """
-    what = TORCH
     if activation is not None:
         activation = _activation(activation, f"activation={activation!r}")
-    given = dict(num_heads=num_heads, activation=activation, norm_eps=norm_eps)
-    given["norm_first"] = norm_first
+    given = dict(
+        num_heads=num_heads, activation=activation, norm_eps=norm_eps, norm_first=norm_first
+    )
     state = _torch_state(source)
     if isinstance(source, dict) or not hasattr(source, "state_dict"):  # weights alone
-        if num_heads is None:
-            raise ValueError(
-                f"{what}: weights alone ({state.origin}) do not hold the number of heads: pass "
-                "num_heads= (nn.Transformer's nhead)"
-            )
-        decided = dict(
-            num_heads=num_heads,
-            activation=activation or "relu",
-            norm_eps=1e-5 if norm_eps is None else norm_eps,
-            norm_position=_position(norm_first),
-        )
+        decided = _decided_by_arguments(state, **given)
         decider = "the arguments (num_heads=, activation=, norm_eps=, norm_first=)"
     else:
         seen = _read_module(source, prefix, (embed, target_embed))
-        decided = {}
-        for field, attribute, argument in _DECIDED:
-            value = seen[attribute]
-            if given[argument] is not None and given[argument] != value:
-                raise ValueError(
-                    f"{what}: {argument}={given[argument]!r}, but {seen.where(attribute)} has "
-                    f"{attribute}={value!r}; leave {argument} out: the module decides it"
-                )
-            decided[field] = _position(value) if attribute == "norm_first" else value
-        for field, attribute in _DROPOUTS:
-            if field not in overrides:
-                decided[field] = seen[attribute]
+        decided = _decided_by_module(seen, given, overrides)
         decider = f"the module's attributes ({type(source).__name__})"
-    if embed not in state:
-        raise ValueError(
-            f"{what}: no token embedding {embed!r} in {state.origin} (it holds {len(state)} keys "
-            f"such as {files.listing(state, 4)}); pass embed= the key of the [V, D] embedding"
-        )
-    vocab, width = state.shape(embed)
-    layers = _count_layers(state, f"{prefix}encoder.layers.")
-    if not layers:
-        raise ValueError(
-            f"{what}: no keys under {prefix}encoder.layers. in {state.origin}; is it a "
-            f"torch.nn.Transformer state dict (prefix={prefix!r})?"
-        )
-    decoder_layers = _count_layers(state, f"{prefix}decoder.layers.")
-    if decoder_layers != layers:
-        raise ValueError(
-            f"{what}: {state.origin} has {layers} encoder and {decoder_layers} decoder layers; "
-            "tfjax's transformer has one num_layers for both"
-        )
-    # nn.Transformer's default: a LayerNorm after each stack (norm=None in custom stacks: none).
-    final_norms = [f"{prefix}{side}.norm.weight" in state for side in ("encoder", "decoder")]
-    if final_norms[0] != final_norms[1]:
-        raise ValueError(
-            f"{what}: {state.origin} has a final norm after only one of the stacks "
-            f"({prefix}encoder.norm: {final_norms[0]}, {prefix}decoder.norm: {final_norms[1]}); "
-            "tfjax's transformer has both or neither"
-        )
-    if decided["norm_position"] == "pre" and not final_norms[0]:
-        raise ValueError(
-            f"{what}: norm_first=True stacks without final norms (no {prefix}encoder.norm or "
-            f"{prefix}decoder.norm in {state.origin}); tfjax's pre-LN stacks end in a LayerNorm, "
-            "so it takes them with their final norms only (nn.Transformer's own stacks have them)"
-        )
-    if width % decided["num_heads"]:
-        raise ValueError(
-            f"{what}: num_heads={decided['num_heads']} does not divide the width {width} of "
-            f"{embed!r} in {state.where(embed)}"
-        )
-    share = target_embed not in state
-    tied = None
-    if share and output in state:
-        if not np.array_equal(state[output], state[embed]):
-            raise ValueError(
-                f"{what}: {output!r} in {state.where(output)} differs from {embed!r}; an output "
-                "projection of its own needs a separate target embedding (target_embed=)"
-            )
-        tied = {output: embed}
-    mlp_key = f"{prefix}encoder.layers.0.linear1.weight"
-    if mlp_key not in state:
-        raise ValueError(
-            f"{what}: {mlp_key!r} is missing from {state.origin}; a torch.nn.Transformer's "
-            "layers each hold linear1 and linear2 (the FFN)"
-        )
-    fields = dict(
-        vocab_size=vocab,
-        width=width,
-        num_layers=layers,
-        mlp_dim=state.shape(mlp_key)[0],
-        share_embeddings=share,
-        final_norm=final_norms[0],
-        **decided,
-    )
-    for field, value in overrides.items():
-        if field in fields and field not in DROPOUT_FIELDS and value != fields[field]:
-            where = "the weights" if field not in decided else decider
-            raise ValueError(
-                f"{what}: {field}={value!r} would change the outputs: {where} give "
-                f"{field}={fields[field]!r}; overrides set only what leaves them unchanged "
-                "(scan_layers, dtype, implementation, dropout rates, ...)"
-            )
+    sizes = _stack_sizes(state, prefix, embed, decided)
+    share, tied = _tied_output(state, embed, target_embed, output)
+    fields = dict(**sizes, mlp_dim=_mlp_dim(state, prefix), share_embeddings=share, **decided)
+    _check_overrides(fields, overrides, decided, decider)
     model = transformer.Model(**{**fields, **overrides})
     names = dict(prefix=prefix, embed=embed, target_embed=target_embed, output=output)
     params = import_state(
         state,
         torch_transformer_rules(model, **names),
         param_shapes(model, TOKENS, TOKENS),
-        what=what,
+        what=TORCH,
         ignore=ignore,
         tied=tied,
     )
