@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tfjax import decode
+from tfjax.decode import search
 from tfjax.models import decoder, transformer
 
 V, EOS = 40, 3
@@ -127,11 +128,11 @@ def test_sampling_is_reproducible(gpt):
 
 def test_top_p_keeps_the_nucleus():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-    kept = decode._filter_logits(logits, 1.0, 0, 0.7) > -1e29
+    kept = search._filter_logits(logits, 1.0, 0, 0.7) > -1e29
     assert kept.tolist() == [[True, True, False, False]]
-    kept = decode._filter_logits(logits, 1.0, 0, 0.85) > -1e29
+    kept = search._filter_logits(logits, 1.0, 0, 0.85) > -1e29
     assert kept.tolist() == [[True, True, True, False]]
-    kept = decode._filter_logits(logits, 1.0, 2, 1.0) > -1e29
+    kept = search._filter_logits(logits, 1.0, 2, 1.0) > -1e29
     assert kept.tolist() == [[True, True, False, False]]
 
 
