@@ -40,482 +40,50 @@ decode=True)` and call with one token, decode=True and mutable=["cache"]. Both c
 same numbers.
 """
 
-import dataclasses
-from typing import Any
-
 import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
-from tfjax.allowed import one_of
 from tfjax.models import common
-from tfjax.models.common import check_tokens, from_variant
+from tfjax.models.common import check_tokens
 from tfjax.nn import axes
 from tfjax.ops import head
-from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT, softcap
+from tfjax.ops.activations import softcap
 from tfjax.ops.cache import next_position
+from tfjax.specs import decoder as decoder_spec
 
-_MODERN = dict(
-    position="rope",
-    norm="rms",
-    activation="swiglu",
-    use_bias=False,
-    tie_embeddings=False,
-    dropout_rate=0.0,
+# The presets and choices are the spec's (tfjax.specs.decoder).
+VARIANTS = decoder_spec.VARIANTS
+POSITIONS, NORM_POSITIONS, LAYER_KINDS = (
+    decoder_spec.POSITIONS,
+    decoder_spec.NORM_POSITIONS,
+    decoder_spec.LAYER_KINDS,
 )
-_LLAMA3 = dict(
-    _MODERN, num_kv_heads=8, vocab_size=128256, max_len=131072, rope_base=500_000.0, norm_eps=1e-5
-)
+MOE_ONLY = decoder_spec.MOE_ONLY
 
 
-def _llama3_rope(factor):
-    """Llama 3.1 / 3.2's frequency scaling from their 8,192 pretraining positions."""
-    return tnn.RopeScaling("llama3", factor, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
+class Decoder(common.FromSpec, nn.Module):
+    """GPT-like decoder; see the module docstring. Its fields, their checks and what they build
+    are tfjax.specs.decoder.Decoder's (`spec`)."""
 
-
-_GEMMA = dict(
-    position="rope",
-    norm="rms_plus_one",
-    norm_position="sandwich",
-    activation="geglu_tanh",
-    use_bias=False,
-    tie_embeddings=True,
-    dropout_rate=0.0,
-    scale_embeddings=True,
-    norm_eps=1e-6,
-    head_dim=256,
-    attention_scalar=256,
-)
-_GEMMA2 = dict(
-    _GEMMA,
-    vocab_size=256000,
-    max_len=8192,
-    attention_softcap=50.0,
-    final_logit_softcap=30.0,
-    sliding_window=4096,
-    attention_pattern=("local", "global"),
-)
-_GEMMA3 = dict(
-    _GEMMA,
-    qk_norm=True,
-    rope_base=1_000_000.0,
-    local_rope_base=10_000.0,
-    attention_pattern=("local",) * 5 + ("global",),
-)
-_QWEN2 = dict(_MODERN, rope_base=1_000_000.0, norm_eps=1e-6, qkv_bias=True)
-_QWEN3 = dict(
-    _MODERN,
-    num_kv_heads=8,
-    head_dim=128,
-    vocab_size=151936,
-    max_len=40960,
-    rope_base=1_000_000.0,
-    norm_eps=1e-6,
-    qk_norm=True,
-)
-# Mistral 7B's shapes (Mixtral 8x7B's attention and embeddings too).
-_MISTRAL_7B = dict(
-    _MODERN,
-    width=4096,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    mlp_dim=14336,
-    vocab_size=32000,
-    max_len=32768,
-    norm_eps=1e-5,
-)
-
-# GPT-OSS's layers (both sizes; openai/gpt-oss-20b and -120b's config.json).
-_GPT_OSS_YARN = tnn.RopeScaling("yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False)
-_GPT_OSS = dict(
-    _MODERN,
-    width=2880,
-    num_heads=64,
-    num_kv_heads=8,
-    head_dim=64,
-    use_bias=True,
-    attention_sinks=True,
-    activation="swiglu_clamped",
-    vocab_size=201088,
-    max_len=131072,
-    norm_eps=1e-5,
-    rope_base=150_000.0,
-    rope_scaling=_GPT_OSS_YARN,
-    local_rope_scaling=_GPT_OSS_YARN,  # the sliding layers' RoPE is the full layers'
-    sliding_window=128,
-    attention_pattern=("local", "global"),
-    mlp_dim=2880,
-    experts_per_token=4,
-    router_bias=True,
-)
-
-VARIANTS = {
-    "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=128, max_len=256, dropout_rate=0.0),
-    # configs/lm.py's CPU experiment (pydoc): trains in minutes on two cores
-    "demo": dict(width=128, num_layers=4, num_heads=4, mlp_dim=512, max_len=256, dropout_rate=0.0),
-    "gpt2-small": dict(width=768, num_layers=12, num_heads=12),
-    "gpt2-medium": dict(width=1024, num_layers=24, num_heads=16),
-    "gpt2-large": dict(width=1280, num_layers=36, num_heads=20),
-    "gpt2-xl": dict(width=1600, num_layers=48, num_heads=25),
-    "modern-tiny": dict(
-        width=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=96, max_len=256, **_MODERN
-    ),
-    # a mixture of 8 experts (2 per token) in each layer, for tests and configs/lm.py:moe-tiny
-    "moe-tiny": dict(
-        width=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        mlp_dim=96,
-        max_len=256,
-        num_experts=8,
-        experts_per_token=2,
-        expert_mlp_dim=32,
-        **_MODERN,
-    ),
-    "modern-small": dict(
-        width=768,
-        num_layers=12,
-        num_heads=12,
-        num_kv_heads=4,
-        mlp_dim=2048,
-        max_len=2048,
-        **_MODERN,
-    ),
-    # Published checkpoints (interop.load reads their weights); sizes from each config.json.
-    "llama-3.2-1b": dict(
-        _LLAMA3,
-        width=2048,
-        num_layers=16,
-        num_heads=32,
-        mlp_dim=8192,
-        tie_embeddings=True,
-        rope_scaling=_llama3_rope(32.0),
-    ),
-    "llama-3.2-3b": dict(
-        _LLAMA3,
-        width=3072,
-        num_layers=28,
-        num_heads=24,
-        mlp_dim=8192,
-        tie_embeddings=True,
-        rope_scaling=_llama3_rope(32.0),
-    ),
-    "llama-3.1-8b": dict(
-        _LLAMA3,
-        width=4096,
-        num_layers=32,
-        num_heads=32,
-        mlp_dim=14336,
-        rope_scaling=_llama3_rope(8.0),
-    ),
-    "llama-3.1-70b": dict(
-        _LLAMA3,
-        width=8192,
-        num_layers=80,
-        num_heads=64,
-        mlp_dim=28672,
-        rope_scaling=_llama3_rope(8.0),
-    ),
-    "mistral-7b": dict(_MISTRAL_7B, sliding_window=4096),  # v0.1
-    "qwen2.5-0.5b": dict(
-        _QWEN2,
-        width=896,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        mlp_dim=4864,
-        vocab_size=151936,
-        max_len=32768,
-        tie_embeddings=True,
-    ),
-    "qwen2.5-7b": dict(
-        _QWEN2,
-        width=3584,
-        num_layers=28,
-        num_heads=28,
-        num_kv_heads=4,
-        mlp_dim=18944,
-        vocab_size=152064,
-        max_len=131072,
-    ),
-    "qwen3-0.6b": dict(
-        _QWEN3, width=1024, num_layers=28, num_heads=16, mlp_dim=3072, tie_embeddings=True
-    ),
-    "qwen3-8b": dict(_QWEN3, width=4096, num_layers=36, num_heads=32, mlp_dim=12288),
-    # Mixtures of experts (their parameter counts, total and per token, are the model cards':
-    # tests/models/test_presets.py).
-    "mixtral-8x7b": dict(  # Mistral 7B's layers, each FFN eight experts; no window
-        _MISTRAL_7B, rope_base=1_000_000.0, num_experts=8, experts_per_token=2
-    ),
-    "qwen3-30b-a3b": dict(
-        _QWEN3,
-        width=2048,
-        num_layers=48,
-        num_heads=32,
-        num_kv_heads=4,
-        mlp_dim=6144,
-        num_experts=128,
-        experts_per_token=8,
-        expert_mlp_dim=768,
-    ),
-    # GPT-OSS: attention sinks, biases everywhere, alternating 128-token windows (the first
-    # layer local) with YaRN, experts of the clamped SwiGLU routed by a biased router.
-    "gpt-oss-20b": dict(_GPT_OSS, num_layers=24, num_experts=32),
-    "gpt-oss-120b": dict(_GPT_OSS, num_layers=36, num_experts=128),
-    "gemma-2-2b": dict(
-        _GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4, mlp_dim=9216
-    ),
-    "gemma-2-9b": dict(
-        _GEMMA2, width=3584, num_layers=42, num_heads=16, num_kv_heads=8, mlp_dim=14336
-    ),
-    # the 27B scales queries by (width / num_heads)^-1/2, not head_dim^-1/2
-    "gemma-2-27b": dict(
-        _GEMMA2,
-        width=4608,
-        num_layers=46,
-        num_heads=32,
-        num_kv_heads=16,
-        head_dim=128,
-        mlp_dim=36864,
-        attention_scalar=144,
-    ),
-    "gemma-3-1b": dict(
-        _GEMMA3,
-        width=1152,
-        num_layers=26,
-        num_heads=4,
-        num_kv_heads=1,
-        mlp_dim=6912,
-        vocab_size=262144,
-        max_len=32768,
-        sliding_window=512,
-    ),
-    # the text part of gemma-3-4b-pt (Gemma3ForConditionalGeneration's text_config)
-    "gemma-3-4b": dict(
-        _GEMMA3,
-        width=2560,
-        num_layers=34,
-        num_heads=8,
-        num_kv_heads=4,
-        mlp_dim=10240,
-        vocab_size=262208,
-        max_len=131072,
-        sliding_window=1024,
-        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072),
-    ),
-    # the text parts of gemma-3-12b-pt and gemma-3-27b-pt (the 27B: attention_scalar is
-    # width / num_heads, as in Gemma 2 27B)
-    "gemma-3-12b": dict(
-        _GEMMA3,
-        width=3840,
-        num_layers=48,
-        num_heads=16,
-        num_kv_heads=8,
-        mlp_dim=15360,
-        vocab_size=262208,
-        max_len=131072,
-        sliding_window=1024,
-        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072),
-    ),
-    "gemma-3-27b": dict(
-        _GEMMA3,
-        width=5376,
-        num_layers=62,
-        num_heads=32,
-        num_kv_heads=16,
-        head_dim=128,
-        mlp_dim=21504,
-        attention_scalar=168,
-        vocab_size=262208,
-        max_len=131072,
-        sliding_window=1024,
-        rope_scaling=tnn.RopeScaling("linear", 8.0, 131072),
-    ),
-}
-POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
-NORM_POSITIONS = ("pre", "sandwich")
-LAYER_KINDS = ("local", "global")  # attention_pattern's entries, in Stack variant order
-MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are moot without)
-    "experts_per_token",
-    "expert_mlp_dim",
-    "router_score",
-    "router_renormalize",
-    "router_bias",
-    "shared_expert_dim",
-    "shared_expert_gate",
-    "first_dense_layers",
-)
-
-
-class Decoder(nn.Module):
-    """GPT-like decoder; see the module docstring."""
-
-    vocab_size: int  # V
-    width: int = 768  # D
-    num_layers: int = 12  # L
-    num_heads: int = 12  # N
-    num_kv_heads: int | None = None  # K; num_heads when None
-    head_dim: int | None = None  # H; width // num_heads when None (Qwen 3: larger)
-    mlp_dim: int | None = None  # 4 * width when None
-    max_len: int = 1024  # context length (the size of a learned position table; else nominal)
-    position: str = "learned"  # "learned", "sinusoidal", "rope" or "alibi"
-    rope_base: float = 10_000.0  # RoPE wavelength base
-    rope_scaling: tnn.position.RopeScaling | None = None  # RoPE past the training length
-    sliding_window: int | None = None  # attend only to the last this many positions (Mistral;
-    # with attention_pattern, the "local" layers only)
-    attention_pattern: tuple[str, ...] | None = None  # the layers' self-attention kinds,
-    # repeated over the stack: "local" (sliding_window) or "global" (every position); Gemma 2:
-    # ("local", "global"); None: every layer as sliding_window says
-    local_rope_base: float | None = None  # RoPE base of the "local" layers (Gemma 3: 10,000);
-    # rope_base when None (rope_base and rope_scaling are the "global" layers')
-    local_rope_scaling: tnn.position.RopeScaling | None = None  # the "local" layers' RoPE
-    # scaling; none when None
-    attention_scalar: float | None = None  # attention logits are q.k / sqrt(attention_scalar);
-    # head_dim when None (Gemma's query_pre_attn_scalar)
-    attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
-    attention_sinks: bool = False  # a learned logit per query head in each attention softmax's
-    # denominator, with no value (GPT-OSS)
-    final_logit_softcap: float | None = None  # output logits -> c * tanh(logits / c) (Gemma 2)
-    activation: str = "gelu_tanh"  # GPT-2's GELU approximation
-    swiglu_alpha: float = SWIGLU_ALPHA  # activation "swiglu_clamped": the gate's sigmoid gain
-    swiglu_limit: float = SWIGLU_LIMIT  # "swiglu_clamped": the gate clamped above at this,
-    # the other projection to [-limit, limit] (GPT-OSS's swiglu_limit)
-    norm: str = "layer"  # "layer", "rms" or "rms_plus_one" (Gemma: x / rms(x) * (1 + w))
-    norm_position: str = "pre"  # "pre" or "sandwich" (Gemma: a norm before and after each
-    # sub-layer)
-    norm_eps: float = 1e-5  # GPT-2's LayerNorm epsilon
-    use_bias: bool = True  # biases in attention and FFN
-    qkv_bias: bool | None = None  # biases on Q, K, V only (Qwen 2); use_bias when None
-    qk_norm: bool = False  # RMSNorm of each query and key head over H (Qwen 3)
-    tie_embeddings: bool = True  # output projection = token embeddings^T
-    scale_embeddings: bool = False  # token embeddings times sqrt(D), rounded to param_dtype
-    # (Gemma)
-    dropout_rate: float = 0.1  # embeddings and residual sub-layers (GPT-2: 0.1)
-    attention_dropout_rate: float = 0.0  # on attention weights
-    init_stddev: float = 0.02  # GPT-2's init scale
-    num_experts: int = 0  # E: a mixture of experts in each layer's FFN; 0: one MLP
-    experts_per_token: int = 2  # k: the experts the router picks for each token
-    expert_mlp_dim: int | None = None  # F of each expert; mlp_dim when None
-    router_score: str = "softmax"  # "softmax" or "sigmoid" (DeepSeek-V3) of the router logits
-    router_renormalize: bool = True  # the k chosen scores divided by their sum (norm_topk_prob)
-    router_bias: bool = False  # a bias on the router logits (GPT-OSS)
-    shared_expert_dim: int = 0  # width of the always-on shared experts' MLP; 0: none
-    shared_expert_gate: bool = False  # the shared experts' output times a sigmoid gate
-    # (Qwen2-MoE)
-    first_dense_layers: int = 0  # with experts: the first this many layers have a dense FFN
-    # of width mlp_dim (DeepSeek's first_k_dense_replace)
-    load_balance_loss_weight: float = 0.0  # weight of the layers' mean load-balancing loss in
-    # the training objective (transformers' router_aux_loss_coef; Switch: 0.01)
-    router_z_loss_weight: float = 0.0  # weight of the layers' mean router z-loss (ST-MoE: 0.001)
-    scan_layers: bool = False  # nn.scan over layers
-    remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
-    implementation: str | None = None  # attention backend
-    dtype: Any = None  # compute dtype (float32 when None)
-    param_dtype: Any = jnp.float32  # storage dtype
-
-    def __post_init__(self):
-        common.check_fields(
-            self, position=one_of(*POSITIONS), norm_position=one_of(*NORM_POSITIONS)
-        )
-        pattern = self.attention_pattern
-        if pattern is not None:
-            if not pattern or any(kind not in LAYER_KINDS for kind in pattern):
-                raise ValueError(
-                    f"attention_pattern={pattern!r}: each entry must be one of {LAYER_KINDS}"
-                )
-            if "local" in pattern and self.sliding_window is None:
-                raise ValueError(
-                    f"attention_pattern={pattern!r} has local layers, which need sliding_window"
-                )
-        elif (self.local_rope_base, self.local_rope_scaling) != (None, None):
-            raise ValueError(
-                "local_rope_base and local_rope_scaling need an attention_pattern (the layers "
-                "they apply to)"
-            )
-        if self.num_experts < 0:
-            raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
-        if not self.num_experts:  # a mixture's options are refused, not ignored, without one
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            moot = [name for name in MOE_ONLY if getattr(self, name) != defaults[name]]
-            if moot:
-                raise ValueError(
-                    f"{', '.join(moot)} set, but num_experts=0: they apply to "
-                    "mixture-of-experts layers (set num_experts)"
-                )
-        if not 0 <= self.first_dense_layers < self.num_layers:
-            raise ValueError(
-                f"first_dense_layers={self.first_dense_layers} must be in [0, num_layers="
-                f"{self.num_layers})"
-            )
-        self.block_config()  # the layers' configs check the fields they take
-        super().__post_init__()
+    SPEC = decoder_spec.Decoder
+    locals().update(common.spec_fields(SPEC))
 
     def layer_variants(self):
-        """(the attention variants of the stack's blocks, each layer's index into them or None).
-
-        Without attention_pattern: one variant (sliding_window, rope_base, rope_scaling).
-        """
-        everywhere = tnn.LayerAttention(self.sliding_window, self.rope_base, self.rope_scaling)
-        if self.attention_pattern is None:
-            return (everywhere,), None
-        local = tnn.LayerAttention(
-            self.sliding_window,
-            self.rope_base if self.local_rope_base is None else self.local_rope_base,
-            self.local_rope_scaling,
-        )
-        kinds = {"local": local, "global": dataclasses.replace(everywhere, sliding_window=None)}
-        pattern = self.attention_pattern
-        per_layer = [kinds[pattern[i % len(pattern)]] for i in range(self.num_layers)]
-        variants = tuple(dict.fromkeys(per_layer))  # the distinct ones, in order of first use
-        if len(variants) == 1:
-            return variants, None
-        return variants, tuple(variants.index(v) for v in per_layer)
+        """The spec's `layer_variants`: (the stack's attention variants, each layer's index)."""
+        return self.spec.layer_variants()
 
     def block_config(self, *, experts: bool = True) -> tnn.BlockConfig:
-        """The layers' config: the flat fields translated (common.block_config), with the
-        positions, layer variants and attention scale this family spells its own way; with
-        num_experts, the mixture-of-experts layers' (experts=False: the first_dense_layers')."""
-        mlp_dim = self.mlp_dim or 4 * self.width
-        moe = None
-        if self.num_experts and experts:
-            moe = dict(hidden_dim=self.expert_mlp_dim or mlp_dim)
-        return common.block_config(
-            self,
-            attention=dict(
-                position=self.position if self.position in ("rope", "alibi") else None,
-                variants=self.layer_variants()[0],
-                scale=None if self.attention_scalar is None else self.attention_scalar**-0.5,
-            ),
-            mlp=dict(hidden_dim=mlp_dim),
-            moe=moe,
-            causal=True,
-        )
+        """The spec's `block_config`: the layers' config."""
+        return self.spec.block_config(experts=experts)
 
     def stacks(self):
-        """The layer stacks in order: (name, their config, first layer, number of layers); one,
-        "decoder", unless first_dense_layers puts a "dense_decoder" before it."""
-        f = self.first_dense_layers
-        rest = ("decoder", self.block_config(), f, self.num_layers - f)
-        return [("dense_decoder", self.block_config(experts=False), 0, f), rest] if f else [rest]
+        """The spec's `stacks`: (name, config, first layer, number of layers) of each stack."""
+        return self.spec.stacks()
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
-        """An empty explicit KV cache for `batch_size` rows of up to `length` tokens (prompt
-        and generated), to pass as `cache=` with decode=True: a tfjax.ops.KVCache per layer
-        (one with [L, ...] leaves when scan_layers; with first_dense_layers, a tuple of one per
-        stack). dtype: of the keys and values (the compute dtype when None); sharding: of one
-        layer's keys [B, S, K, H] (tfjax.ops.init_cache)."""
-        config = self.block_config().attention
-        caches = [
-            common.init_cache(
-                self, config, batch_size, length, dtype=dtype, sharding=sharding, num_layers=n
-            )
-            for _, _, _, n in self.stacks()
-        ]
-        if len(caches) == 1:
-            return caches[0]
-        return tuple(caches) if self.scan_layers else caches[0] + caches[1]
+        """The spec's `init_cache`: an empty explicit KV cache for `cache=` with decode=True."""
+        return self.spec.init_cache(batch_size, length, dtype=dtype, sharding=sharding)
 
     def setup(self):
         # The modules the output head shares with __call__, here so that `logits` can be
@@ -637,4 +205,4 @@ class Decoder(nn.Module):
 
 def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)
     """Decoder(**VARIANTS[variant], **overrides); `vocab_size` is required."""
-    return from_variant(Decoder, VARIANTS, variant, overrides)
+    return Decoder.of(decoder_spec.Model(variant, **overrides))

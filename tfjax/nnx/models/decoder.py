@@ -2,10 +2,11 @@
 
 Letters: B batch, T length, D model width, V vocab.
 
-The same fields, presets (`decoder.VARIANTS`) and checks as the Linen model: the fields are
-held, checked and translated into the layers' configs by an unbound Linen `Decoder` (its
-`spec`), so a field, preset or check added there holds here too; this file adds only the NNX
-modules, which compute the same function with the same parameter tree:
+The same fields, presets (`decoder.VARIANTS`) and checks as the Linen model: both are built
+from the family's spec (tfjax.specs.decoder.Decoder, its `spec`), which holds, checks and
+translates the fields into the layers' configs, so a field, preset or check added there holds
+in both; this file adds only the NNX modules, which compute the same function with the same
+parameter tree:
 
     from flax import nnx
     from tfjax.nnx.models import decoder
@@ -25,23 +26,23 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
-from tfjax.models import decoder as linen
-from tfjax.models.common import check_tokens
-from tfjax.nn import axes
 from tfjax.nnx import blocks
-from tfjax.ops import head
+from tfjax.ops import axes, head
 from tfjax.ops.activations import softcap
 from tfjax.ops.cache import next_position
 from tfjax.ops.position import sinusoidal
+from tfjax.specs import decoder as decoder_spec
+from tfjax.specs.common import check_tokens
 
-VARIANTS = linen.VARIANTS
+VARIANTS = decoder_spec.VARIANTS
 
 
 class Decoder(nnx.Module):
-    """GPT-like decoder in NNX; see the module docstring. `spec`: a (Linen) tfjax.models.decoder
-    Decoder, unbound, whose fields say what to build."""
+    """GPT-like decoder in NNX; see the module docstring. `spec`: the tfjax.specs.decoder
+    Decoder whose fields say what to build, or a Linen tfjax.models.decoder Decoder (unbound),
+    whose fields and methods are its spec's; kept as given, as `spec`."""
 
-    def __init__(self, spec: linen.Decoder, *, rngs: nnx.Rngs):
+    def __init__(self, spec: decoder_spec.Decoder, *, rngs: nnx.Rngs):
         self.spec = spec
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
         init = nn.initializers.normal(spec.init_stddev)
@@ -90,7 +91,7 @@ class Decoder(nnx.Module):
         self.rngs = rngs.fork()
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
-        """The Linen model's `init_cache`: an empty explicit KV cache for `cache=`."""
+        """The spec's `init_cache`: an empty explicit KV cache for `cache=`."""
         return self.spec.init_cache(batch_size, length, dtype=dtype, sharding=sharding)
 
     def logits(self, x):
@@ -162,6 +163,6 @@ class Decoder(nnx.Module):
 
 
 def Model(variant: str | None = None, *, rngs: nnx.Rngs, **overrides) -> Decoder:  # noqa: N802
-    """Decoder(spec=tfjax.models.decoder.Model(variant, **overrides)): the Linen family's
-    presets, fields and checks; `vocab_size` is required."""
-    return Decoder(linen.Model(variant, **overrides), rngs=rngs)
+    """Decoder(spec=tfjax.specs.decoder.Model(variant, **overrides)): the family's presets,
+    fields and checks; `vocab_size` is required."""
+    return Decoder(decoder_spec.Model(variant, **overrides), rngs=rngs)
