@@ -37,13 +37,14 @@ import dataclasses
 import functools
 import math
 import os
+from typing import Any
 
 import grain
 import jax
 import numpy as np
 from absl import logging
 
-from tfjax.data import catalog, preprocess, sources
+from tfjax.data import catalog, files, preprocess, sources
 from tfjax.data.tokenizers import BOS_ID, EOS_ID
 
 _STATE_VERSION = 1
@@ -405,119 +406,216 @@ def make_loader(
         process_index = jax.process_index()
     if process_count is None:
         process_count = jax.process_count()
+    _check_arguments(cfg, batch_size, process_index, process_count, num_epochs)
+    if augment is None:
+        augment = shuffle
+
+    opened = _open_sources(cfg, split, num_epochs=num_epochs, data_dir=data_dir)
+    _check_shares(opened, cfg, split, process_count)
+    spec = catalog.element_spec(cfg, batch_size)
+    read_options = grain.ReadOptions(
+        num_threads=cfg.read_threads, prefetch_buffer_size=4 * batch_size
+    )
+    order = functools.partial(
+        _in_order,
+        shuffle=shuffle,
+        process_index=process_index,
+        process_count=process_count,
+        num_epochs=num_epochs,
+    )
+    tokenizer = opened.tokenizer
+    if cfg.images:
+        it = _image_batches(
+            opened, cfg, split, order=order, seed=seed, augment=augment, batch_size=batch_size
+        ).to_iter_dataset(read_options)
+    else:
+        tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)
+        records = _text_records(
+            opened,
+            cfg,
+            split,
+            tokenizer,
+            order=order,
+            seed=seed,
+            process_index=process_index,
+            process_count=process_count,
+        )
+        it = _text_batches(records.to_iter_dataset(read_options), cfg, spec, batch_size)
+    it = _prefetched(it, cfg)
+    identity = _identity(
+        cfg,
+        opened,
+        tokenizer,
+        split=split,
+        seed=seed,
+        shuffle=shuffle,
+        augment=augment,
+        num_epochs=num_epochs,
+        batch_size=batch_size,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return Loader(
+        it,
+        element_spec=spec,
+        num_batches=_num_batches(cfg, opened, num_epochs, process_count, batch_size),
+        tokenizer=tokenizer,
+        identity=identity,
+    )
+
+
+def _check_arguments(cfg, batch_size, process_index, process_count, num_epochs) -> None:
     if batch_size < 1:
         raise ValueError(f"dataset {cfg.name!r}: batch_size must be >= 1, got {batch_size}")
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is not in [0, {process_count})")
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
-    if augment is None:
-        augment = shuffle
 
-    tokenizer = file_lists = mixture = preprocessor = None
+
+@dataclasses.dataclass
+class _Opened:
+    """The sources a loader reads (one, or a mixture's) and what else reading them needed:
+    for the user's files their lists, the field naming each and the mixture's entries (None
+    without one), and the tokenizer; for image folders the checkpoint's preprocessor."""
+
+    sources: list
+    tokenizer: Any = None
+    file_lists: list | None = None
+    fields: list[str] | None = None
+    mixture: list | None = None
+    preprocessor: Any = None
+
+
+def _open_sources(cfg, split, *, num_epochs, data_dir) -> _Opened:
     if catalog.is_image_folders(cfg.name):
         from tfjax.data import image_folders
 
         preprocessor = image_folders.Preprocessor.read(cfg.preprocessor)
-        opened = [image_folders.open_split(cfg, split)]
-    elif catalog.is_files(cfg.name):
-        from tfjax.data import files
+        return _Opened([image_folders.open_split(cfg, split)], preprocessor=preprocessor)
+    if catalog.is_files(cfg.name):
+        return _open_files(cfg, split, num_epochs=num_epochs, data_dir=data_dir)
+    return _Opened([sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)])
 
-        # The cheap checks (paths, extensions, the tokenizer) before the files are scanned.
-        if split == "train" and cfg.mixture.strip():
-            if num_epochs is not None:
-                raise ValueError(
-                    f"dataset.mixture={cfg.mixture!r} draws its sources at their weights, each "
-                    f"through epochs of its own, forever: num_epochs must be None, got "
-                    f"{num_epochs}"
-                )
-            mixture = files.mixture_files(cfg)
-            file_lists = [file_list for _, _, file_list in mixture]
-            where = [f"dataset.mixture: entry {i} {e!r}" for i, (_, e, _) in enumerate(mixture, 1)]
-        else:
-            file_lists = [files.split_files(cfg, split)]
-            where = [f"dataset.{split}_files"]
-        tokenizer = sources.get_tokenizer(cfg, data_dir)
-        opened = [
-            files.open_files(f, field=field, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
-            for f, field in zip(file_lists, where, strict=True)
-        ]
+
+def _open_files(cfg, split, *, num_epochs, data_dir) -> _Opened:
+    """The user's files of `split` (or the mixture's sources), opened after the cheap checks
+    (paths, extensions, the tokenizer) so that those fail before the files are scanned."""
+    mixture = None
+    if split == "train" and cfg.mixture.strip():
+        if num_epochs is not None:
+            raise ValueError(
+                f"dataset.mixture={cfg.mixture!r} draws its sources at their weights, each "
+                f"through epochs of its own, forever: num_epochs must be None, got "
+                f"{num_epochs}"
+            )
+        mixture = files.mixture_files(cfg)
+        file_lists = [file_list for _, _, file_list in mixture]
+        fields = [f"dataset.mixture: entry {i} {e!r}" for i, (_, e, _) in enumerate(mixture, 1)]
     else:
-        opened = [sources.open_source(cfg.name, split, data_dir, cache=cfg.cache)]
-    for i, source in enumerate(opened):
-        if len(source) < process_count:  # each process reads a share of every source
+        file_lists = [files.split_files(cfg, split)]
+        fields = [f"dataset.{split}_files"]
+    tokenizer = sources.get_tokenizer(cfg, data_dir)
+    opened = [
+        files.open_files(f, field=field, skip_bad_rows=cfg.skip_bad_rows, cache=cfg.cache)
+        for f, field in zip(file_lists, fields, strict=True)
+    ]
+    return _Opened(opened, tokenizer, file_lists, fields, mixture)
+
+
+def _check_shares(opened: _Opened, cfg, split, process_count) -> None:
+    """Each process reads a share of every source: none may be empty."""
+    for i, source in enumerate(opened.sources):
+        if len(source) < process_count:
             what = f"split {split!r} of dataset {cfg.name!r}"
-            if mixture:
-                what = f"dataset.mixture: entry {i + 1} {mixture[i][1]!r}"
+            if opened.mixture:
+                what = f"dataset.mixture: entry {i + 1} {opened.mixture[i][1]!r}"
             raise ValueError(
                 f"{what} has {len(source)} examples, fewer than the {process_count} processes "
                 "reading it"
             )
-    source = opened[0]
-    fields = cfg.features
-    spec = catalog.element_spec(cfg, batch_size)
-    read_options = grain.ReadOptions(
-        num_threads=cfg.read_threads, prefetch_buffer_size=4 * batch_size
-    )
 
-    def order(ds, shuffle_seed):
-        # Elements of `ds` are indexed epoch * n + record below this point, so the random
-        # maps above it see (epoch, record) whatever the shard.
-        if shuffle:
-            ds = _shuffle(ds, shuffle_seed)
-        return ds[process_index::process_count].repeat(num_epochs)
 
-    if cfg.images:
-        # Whole batches from the start: one Python step per image, the rest vectorised.
-        positions = order(_Positions(len(source)), _seed(seed, 0))
+def _in_order(ds, shuffle_seed, *, shuffle, process_index, process_count, num_epochs):
+    """`ds` shuffled every epoch (if `shuffle`), this process's share of it, `num_epochs` times.
+    Elements of `ds` are indexed epoch * n + record below this point, so the random maps above
+    it see (epoch, record) whatever the shard."""
+    if shuffle:
+        ds = _shuffle(ds, shuffle_seed)
+    return ds[process_index::process_count].repeat(num_epochs)
+
+
+def _image_batches(opened: _Opened, cfg, split, *, order, seed, augment, batch_size):
+    """Whole batches from the start: one Python step per image, the rest vectorised."""
+    source = opened.sources[0]
+    positions = order(_Positions(len(source)), _seed(seed, 0))
+    if opened.preprocessor is not None:  # the checkpoint's image processing, no augmentation
+        from tfjax.data import image_folders
+
+        make_batch = functools.partial(
+            image_folders.image_batch,
+            source=source,
+            preprocessor=opened.preprocessor,
+            batch_size=batch_size,
+        )
+    else:
         make_batch = functools.partial(
             _image_batch,
             source=source,
-            fields=fields,
+            fields=cfg.features,
             cfg=cfg,
             train=augment,
             seed=_seed(seed, 1),
             batch_size=batch_size,
             split=split,
         )
-        if preprocessor is not None:  # the checkpoint's image processing, no augmentation
-            make_batch = functools.partial(
-                image_folders.image_batch,
-                source=source,
-                preprocessor=preprocessor,
-                batch_size=batch_size,
-            )
-        it = positions.batch(batch_size, batch_fn=make_batch).to_iter_dataset(read_options)
+    return positions.batch(batch_size, batch_fn=make_batch)
+
+
+def _text_records(
+    opened: _Opened, cfg, split, tokenizer, *, order, seed, process_index, process_count
+):
+    """The tokenised records of a text dataset in this process's order: a TFDS split's by the
+    task's transform, the user's rows by a `files.RowEncoder` each (checked to train); a
+    mixture's sources each in its own order, mixed at their weights."""
+    if opened.file_lists is None:
+        transform = _text_transform(cfg, cfg.features, tokenizer, split)
+        source = grain.MapDataset.source(opened.sources[0])
+        encoded = [source.random_map(transform, seed=_seed(seed, 1))]
     else:
-        tokenizer = tokenizer or sources.get_tokenizer(cfg, data_dir)
-        if file_lists is None:
-            transform = _text_transform(cfg, fields, tokenizer, split)
-            encoded = [grain.MapDataset.source(source).random_map(transform, seed=_seed(seed, 1))]
-        else:  # the user's rows; those that train nothing once cut are dropped (None)
-            encoded = []
-            for s, field in zip(opened, where, strict=True):
-                share = len(range(process_index, len(s), process_count))  # rows per epoch
-                encoder = files.RowEncoder(
-                    tokenizer,
-                    seq_len=cfg.seq_len,
-                    split_text=cfg.long_examples == "split",
-                    field=field,
-                    rows=len(s),
-                    share=None if cfg.num_workers else share,  # (workers: part of it each)
-                )
-                encoder.check(s)  # some row trains, else refused before any step
-                encoded.append(grain.MapDataset.source(s).map_with_index(encoder))
-        if mixture is None:
-            records = order(encoded[0], _seed(seed, 0))
-        else:
-            # Each process draws from its own share of every source, at the weights; Grain
-            # interleaves the sources in a fixed pattern (3:1 is AAAB AAAB ...), so the saved
-            # position is one index as without a mixture.
-            records = grain.MapDataset.mix(
-                [order(e, _seed(seed, 0, i)) for i, e in enumerate(encoded)],
-                _proportions([weight for weight, _, _ in mixture]),
-            )
-        it = _text_batches(records.to_iter_dataset(read_options), cfg, spec, batch_size)
+        encoded = [
+            _encoded_rows(s, field, cfg, tokenizer, process_index, process_count)
+            for s, field in zip(opened.sources, opened.fields, strict=True)
+        ]
+    if opened.mixture is None:
+        return order(encoded[0], _seed(seed, 0))
+    # Each process draws from its own share of every source, at the weights; Grain interleaves
+    # the sources in a fixed pattern (3:1 is AAAB AAAB ...), so the saved position is one index
+    # as without a mixture.
+    return grain.MapDataset.mix(
+        [order(e, _seed(seed, 0, i)) for i, e in enumerate(encoded)],
+        _proportions([weight for weight, _, _ in opened.mixture]),
+    )
+
+
+def _encoded_rows(source, field, cfg, tokenizer, process_index, process_count):
+    """The user's rows encoded; those that train nothing once cut are dropped (None), and a
+    source of no row that trains is refused here, before any step."""
+    share = len(range(process_index, len(source), process_count))  # rows per epoch
+    encoder = files.RowEncoder(
+        tokenizer,
+        seq_len=cfg.seq_len,
+        split_text=cfg.long_examples == "split",
+        field=field,
+        rows=len(source),
+        share=None if cfg.num_workers else share,  # (workers: part of it each)
+    )
+    encoder.check(source)
+    return grain.MapDataset.source(source).map_with_index(encoder)
+
+
+def _prefetched(it, cfg):
+    """`it` built by cfg.num_workers worker processes and read ahead cfg.prefetch_batches."""
     if cfg.num_workers:
         _allow_grain_flags_defaults()
         # Workers build whole batches (shipping single examples costs more than making them).
@@ -528,45 +626,46 @@ def make_loader(
         it = grain.experimental.ThreadPrefetchIterDataset(
             it, prefetch_buffer_size=cfg.prefetch_batches
         )
+    return it
 
-    num_batches = None
-    if num_epochs is not None and cfg.one_example_per_row:
-        # The longest shard sets the count; each worker batches its own every k-th example.
-        examples = num_epochs * math.ceil(len(source) / process_count)
-        workers = 1 if cfg.images else max(cfg.num_workers, 1)
-        num_batches = _batches_of(examples, workers, batch_size)
-    # Everything that changes which batches come out (speed-only fields may change on resume).
+
+def _num_batches(cfg, opened: _Opened, num_epochs, process_count, batch_size) -> int | None:
+    """`Loader.num_batches`: known ahead only for finite epochs of one example per row."""
+    if num_epochs is None or not cfg.one_example_per_row:
+        return None
+    # The longest shard sets the count; each worker batches its own every k-th example.
+    examples = num_epochs * math.ceil(len(opened.sources[0]) / process_count)
+    workers = 1 if cfg.images else max(cfg.num_workers, 1)
+    return _batches_of(examples, workers, batch_size)
+
+
+def _identity(cfg, opened: _Opened, tokenizer, **arguments) -> dict:
+    """What a saved position is valid for: the loader's `arguments` and everything of `cfg`
+    that changes which batches come out (speed-only fields may change on resume)."""
     speed_only = ("read_threads", "prefetch_batches", "cache", "train_split", "eval_split")
-    if file_lists is not None:  # the files of this split and their rows, not the file patterns;
-        # the tokenizer by its files' bytes, not its directory (a run's copy of it is the same)
+    # The user's files are named by the files of this split and their rows, not the patterns;
+    # the tokenizer by its files' bytes, not its directory (a run's copy of it is the same).
+    if opened.file_lists is not None:
         speed_only += ("train_files", "mixture", "eval_files", "tokenizer")
     identity = dict(
-        split=split,
-        seed=seed,
-        shuffle=shuffle,
-        augment=augment,
-        num_epochs=num_epochs,
-        batch_size=batch_size,
-        process_index=process_index,
-        process_count=process_count,
-        **{f"config.{k}": v for k, v in cfg.items() if k not in speed_only},
+        **arguments, **{f"config.{k}": v for k, v in cfg.items() if k not in speed_only}
     )
-    if file_lists is not None:
-        identity["tokenizer"] = files.tokenizer_fingerprint(tokenizer)
-        if mixture is None:
-            identity.update(
-                files=files.fingerprint(file_lists[0]), rows=len(source), content=source.digest
-            )
-        else:  # lists, as they come back from the JSON of a saved position
-            identity.update(
-                mixture=[weight for weight, _, _ in mixture],
-                files=[files.fingerprint(f) for f in file_lists],
-                rows=[len(s) for s in opened],
-                content=[s.digest for s in opened],
-            )
-    return Loader(
-        it, element_spec=spec, num_batches=num_batches, tokenizer=tokenizer, identity=identity
-    )
+    if opened.file_lists is None:
+        return identity
+    identity["tokenizer"] = files.tokenizer_fingerprint(tokenizer)
+    if opened.mixture is None:
+        source = opened.sources[0]
+        identity.update(
+            files=files.fingerprint(opened.file_lists[0]), rows=len(source), content=source.digest
+        )
+    else:  # lists, as they come back from the JSON of a saved position
+        identity.update(
+            mixture=[weight for weight, _, _ in opened.mixture],
+            files=[files.fingerprint(f) for f in opened.file_lists],
+            rows=[len(s) for s in opened.sources],
+            content=[s.digest for s in opened.sources],
+        )
+    return identity
 
 
 def _text_transform(cfg, fields, tokenizer, split):
