@@ -118,7 +118,7 @@ def make_manager(directory, checkpoint_config=None, *, read_only=False) -> ocp.C
         create=not read_only,
         # Leftovers of a save that was killed are never listed as steps; remove them.
         cleanup_tmp_directories=not read_only,
-        # Delete old steps by an atomic rename first (see the module docstring).
+        # Delete old steps by an atomic rename first (see the paths module).
         todelete_subdir=TRASH,
         enable_async_checkpointing=bool(checkpoint_config is None or checkpoint_config.async_save),
         # The background commit's wait for every process is bounded (see checkpoint.timeout_s).

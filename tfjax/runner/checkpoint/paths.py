@@ -20,8 +20,6 @@ from etils import epath
 from tfjax.runner.checkpoint.errors import UnusableCheckpointError, _permission_errors
 
 TRASH = "TRASH"  # old steps are renamed into this subdirectory, then removed from there
-
-
 UNUSABLE = "checkpoints_set_aside"  # beside checkpoints/: steps a resumed run moved away
 
 

@@ -85,7 +85,7 @@ def restore(
         if data and "data" in written:
             custom = metadata.get("custom_metadata")
             format_ = custom.get("tfjax_format", 1) if isinstance(custom, dict) else 1
-            items["data"] = DataRestore(step, bound=format_ >= 2)  # see FORMAT
+            items["data"] = DataRestore(step, bound=format_ >= 2)  # see metadata.FORMAT
         restored = _read_verified(manager, step, items, checksums="checksums" in written)
     return {"params": restored["params"], "state": restored["state"], "data": restored.get("data")}
 

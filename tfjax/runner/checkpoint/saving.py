@@ -41,7 +41,7 @@ def save(manager, step: int, *, params, state: dict, data_state: dict | None, me
     items = dict(params=ocp.args.PyTreeSave(params), state=ocp.args.PyTreeSave(state))
     if data_state is not None:
         items["data"] = DataSave(data_state, step)
-    # Written by the background commit, which waits for them (see ChecksumsHandler); an async
+    # Written by the background commit, which waits for them (integrity.ChecksumsHandler); an async
     # save starts them after its copy off the devices, so that the two never compete.
     sums = _PendingChecksums(manager._options.async_options.timeout_secs)  # noqa: SLF001
     items["checksums"] = ChecksumsSave(sums)

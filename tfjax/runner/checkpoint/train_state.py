@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from tfjax.runner.checkpoint.resume import restore_newest
 from tfjax.runner.checkpoint.saving import save
 
+# The state items that steps written before the skip counters existed lack.
 OPTIONAL_STATE = ("skipped", "skipped_in_a_row")
 
 
