@@ -18,6 +18,7 @@ Shell blocks (```bash and plain ```) are not run here: `make train` has tests/te
 
 import dataclasses
 import glob
+import json
 import os
 import re
 import subprocess
@@ -130,10 +131,30 @@ PREPARED = {
 
 RUNS = pages_blocks()
 
+# Blocks that share a first line (two load the same GPT-2 directory, one as Linen and one as
+# NNX; two start with the same imports) run in one process, one after another, each as written
+# in a namespace of its own, in one working directory that their PREPARED entry fills once:
+# one interpreter start-up, import of JAX and preparation for the lot, as a reader running
+# the examples in turn has.
+RUNNER = """
+import json, sys, traceback
+failures = []
+for path in sys.argv[1:]:
+    print(f"--- running {path}", file=sys.stderr, flush=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            exec(compile(f.read(), path, "exec"), {"__name__": "__main__", "__file__": path})
+    except BaseException:
+        failures.append(traceback.format_exc())
+    else:
+        failures.append(None)
+with open("failures.json", "w", encoding="utf-8") as f:
+    json.dump(failures, f)
+"""
+_GROUP_FAILURES: dict[str, list[str | None]] = {}  # first line -> each run's traceback or None
+
 
 def test_the_pages_have_their_python_blocks_and_every_table_entry_names_one():
-    # Blocks may share a first line (two blocks load the same GPT-2 directory, one as Linen and
-    # one as NNX): an entry prepares every block that starts with it, and ids are places.
     readme = [b.first_line for b in readme_blocks()]
     assert len(readme) >= 3, f"README.md has only {len(readme)} ```python blocks: {readme}"
     assert len(RUNS) >= 5, f"README.md and docs/ have only {len(RUNS)} distinct blocks"
@@ -142,47 +163,70 @@ def test_the_pages_have_their_python_blocks_and_every_table_entry_names_one():
     assert not stale, f"entries for blocks that README.md and docs/ no longer have: {stale}"
 
 
-def _failure(block: Block, result: subprocess.CompletedProcess, copies=()) -> str:
+def _failure(block: Block, error_text: str, copies=()) -> str:
     """The page and line of the deepest frame in the block, and the error."""
-    frames = re.findall(rf'File "[^"]*{re.escape(BLOCK_FILE)}", line (\d+)', result.stderr)
+    frames = re.findall(rf'File "[^"]*{re.escape(BLOCK_FILE)}", line (\d+)', error_text)
     where = block.line + int(frames[-1]) - 1 if frames else block.line
-    lines = [s for s in result.stderr.strip().splitlines() if s.strip()]
-    error = lines[-1] if lines else f"exit status {result.returncode}, nothing on stderr"
+    lines = [s for s in error_text.strip().splitlines() if s.strip()]
+    error = lines[-1] if lines else "nothing on stderr"
     statement = block.code.splitlines()[where - block.line].strip() if frames else ""
     return (
         f"{block.page}:{where}: the ```python block starting at line {block.line} fails"
         + (f" (its copies: {', '.join(c.place for c in copies)})" if copies else "")
         + (f" at `{statement}`" if statement else "")
-        + f": {error}\n--- stderr (end) ---\n{result.stderr[-4000:]}"
+        + f": {error}\n--- traceback (end) ---\n{error_text[-4000:]}"
     )
+
+
+def _run_group(first_line: str, cwd, data_dir: str) -> list[str | None]:
+    """Runs every block that starts with `first_line` in one process in `cwd`: each one's
+    traceback, or None where it ran through."""
+    group = [run[0] for run in RUNS if run[0].first_line == first_line]
+    os.symlink(os.path.join(ROOT, "configs"), cwd / "configs")
+    prepared = PREPARED.get(first_line)
+    paths = []
+    for i, block in enumerate(group):
+        code = block.code
+        for written, run_as in prepared.replace if prepared else ():
+            assert written in code, (
+                f"{block.place}: the test runs this block with {written!r} replaced "
+                f"by {run_as!r}, but the block no longer contains {written!r}"
+            )
+            code = code.replace(written, run_as)
+        path = cwd / ".blocks" / str(i) / BLOCK_FILE
+        path.parent.mkdir(parents=True)
+        path.write_text(code, encoding="utf-8")
+        paths.append(str(path))
+    if prepared is not None:
+        prepared.setup(str(cwd))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TFJAX_DATA_DIR=data_dir)
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER, *paths],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600 * len(paths),
+    )
+    if result.returncode or not (cwd / "failures.json").exists():  # the process itself failed
+        return [f"exit status {result.returncode}\n{result.stderr}"] * len(paths)
+    with open(cwd / "failures.json", encoding="utf-8") as f:
+        return json.load(f)
 
 
 # The blocks share the session's prepared datasets (conftest's data_dir); a stand-in trained in
 # this process (the translation run) loads programs other tests compiled from the cache.
 @pytest.mark.usefixtures("compilation_cache")
 @pytest.mark.parametrize("run", RUNS, ids=lambda run: "+".join(b.place for b in run))
-def test_block_runs_as_written(run, tmp_path, data_dir, monkeypatch):
+def test_block_runs_as_written(run, tmp_path_factory, data_dir, monkeypatch):
     block, *copies = run
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    os.symlink(os.path.join(ROOT, "configs"), cwd / "configs")
     monkeypatch.setenv("TFJAX_DATA_DIR", data_dir)
-    code = block.code
-    prepared = PREPARED.get(block.first_line)
-    if prepared is not None:
-        for written, run_as in prepared.replace:
-            assert written in code, (
-                f"{block.place}: the test runs this block with {written!r} replaced "
-                f"by {run_as!r}, but the block no longer contains {written!r}"
-            )
-            code = code.replace(written, run_as)
-        prepared.setup(str(cwd))
-    (cwd / BLOCK_FILE).write_text(code, encoding="utf-8")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TFJAX_DATA_DIR=data_dir)
-    result = subprocess.run(
-        [sys.executable, BLOCK_FILE], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, _failure(block, result, copies)
+    if block.first_line not in _GROUP_FAILURES:
+        cwd = tmp_path_factory.mktemp("cwd")
+        _GROUP_FAILURES[block.first_line] = _run_group(block.first_line, cwd, data_dir)
+    group = [r[0] for r in RUNS if r[0].first_line == block.first_line]
+    failure = _GROUP_FAILURES[block.first_line][group.index(block)]
+    assert failure is None, _failure(block, failure, copies)
 
 
 def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
@@ -213,15 +257,23 @@ def test_import_tfjax_is_light_and_reaches_submodules_by_attribute():
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_a_failing_block_is_reported_at_its_page_and_line(tmp_path):
+def test_a_failing_block_is_reported_at_its_page_and_line_and_the_next_still_runs(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# t\n\n```bash\nls\n```\n\n```python\nx = 1\nraise ValueError('no')\n```\n")
     (block,) = readme_blocks(str(page), "docs/page.md")
     assert (block.line, block.first_line) == (8, "x = 1")
-    (tmp_path / BLOCK_FILE).write_text(block.code)
+    paths = []
+    for i, code in enumerate((block.code, "open('ran', 'w').close()\n")):
+        path = tmp_path / str(i) / BLOCK_FILE
+        path.parent.mkdir()
+        path.write_text(code)
+        paths.append(str(path))
     result = subprocess.run(
-        [sys.executable, BLOCK_FILE], cwd=tmp_path, capture_output=True, text=True
+        [sys.executable, "-c", RUNNER, *paths], cwd=tmp_path, capture_output=True, text=True
     )
-    message = _failure(block, result, [Block(40, block.code)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    failure, second = json.loads((tmp_path / "failures.json").read_text())
+    message = _failure(block, failure, [Block(40, block.code)])
     assert message.startswith("docs/page.md:9: ") and "ValueError: no" in message, message
     assert "(its copies: README.md:40)" in message, message
+    assert second is None and (tmp_path / "ran").exists()
