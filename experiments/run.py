@@ -6,7 +6,7 @@ r"""Runs an experiment: a config file, a workdir, optional overrides.
 The config is locked: a misspelt override or a value of the wrong type is an error naming the
 key. Every field's value, the paths, the dataset config and the model (built abstractly on the
 batches the run will have) are checked before any data or model work and before JAX starts a
-backend (tfjax.runner.checks.check_run); then the mesh's sizes and the batch sizes against the
+backend (tfjax.runner.setup.check_run); then the mesh's sizes and the batch sizes against the
 devices. These errors are a line or two and exit with status 2. Running the same command again
 resumes from the workdir's newest checkpoint.
 
@@ -186,10 +186,10 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
 
-    from tfjax.runner import checks  # starts no JAX backend
+    from tfjax.runner import checks, setup  # start no JAX backend
 
     try:  # before any work: here a bad field is a line, not a traceback after data work
-        checks.check_run(_CONFIG.value, _WORKDIR.value)
+        checked = setup.check_run(_CONFIG.value, _WORKDIR.value)
     except (ValueError, OSError) as e:
         _usage_error(str(e))
     startup.show_own_info_only()
@@ -229,7 +229,7 @@ def main(argv):
     from tfjax.runner import checkpoint, train, workdirs
 
     try:
-        result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, checked=checked)
     except (checks.ConfigError, files.BadRowsError) as e:  # found before any training
         _usage_error(str(e))
     except (

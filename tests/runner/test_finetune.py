@@ -18,7 +18,8 @@ import safetensors
 import safetensors.numpy
 from conftest import ROOT, RUN, plain_env, set_fields
 
-from tfjax import interop, lora
+from tfjax import lora
+from tfjax.interop import pretrained as hf_pretrained
 from tfjax.runner import (
     checkpoint,
     checks,
@@ -346,15 +347,17 @@ def test_gpt2s_conv1d_and_fused_c_attn_adapters_load_in_peft(targets, fused, nam
 
     config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    base = interop.pretrained_model(tmp_path / "gpt2")
+    base = hf_pretrained.pretrained_model(tmp_path / "gpt2")
     run = ml_collections.ConfigDict({"lora": {"rank": 2, "alpha": 4.0, "dropout": 0.0}})
     model = lora.apply_lora(base, lora.LoraConfig(rank=2, alpha=4.0, targets=targets))
     tokens = np.array([[1, 5, 9, 2, 30, 7, 7, 0]], np.int32)
     params = lora.init_params(
-        model, interop.pretrained_params(tmp_path / "gpt2", base), jax.random.key(0), tokens
+        model, hf_pretrained.pretrained_params(tmp_path / "gpt2", base), jax.random.key(0), tokens
     )
     params = with_random_lora_b(params)
-    layers, modules = export.adapter_layers(model, params, interop.family_of(tmp_path / "gpt2")[0])
+    layers, modules = export.adapter_layers(
+        model, params, hf_pretrained.family_of(tmp_path / "gpt2")[0]
+    )
     assert modules == names
     adapter_config = export._adapter_config(run, str(tmp_path / "gpt2"), modules, layers)
     assert adapter_config["fan_in_fan_out"]
@@ -645,9 +648,9 @@ def test_a_checkpoint_that_cannot_train_is_one_line_before_any_work(checkpoints,
 
     workdir = str(tmp_path / "run")
     with pytest.raises(ValueError, match=r"has shape \(128, 64\), but the model built from"):
-        checks.check_run(config_from(lie), workdir)
+        setup.check_run(config_from(lie), workdir)
     with pytest.raises(ValueError, match=f"the tokenizer has {rows} ids, more than the 200"):
-        checks.check_run(config_from(vocab), workdir)
+        setup.check_run(config_from(vocab), workdir)
     with pytest.raises(
         checkpoint.DamagedWeightsError,
         match=r"weights hold NaN or Inf values \(in the model's decoder/layers_0/mlp/wo/kernel\)",
@@ -684,7 +687,7 @@ def test_settings_that_would_be_ignored_are_refused(checkpoints, task):
     fields = {"decode.prompt_length": 60, "decode.max_new_tokens": 100}
     over = set_fields(config.copy_and_resolve_references(), fields)
     with pytest.raises(ValueError, match=r"prompt_length=60 \+ decode.max_new_tokens=100 = 160"):
-        checks.check_model(over)
+        setup.check_model(setup.resolve(over))
     for fields, message in [
         ({"lora.base_dtype": "nf4"}, "lora.base_dtype='nf4' acts only on LoRA adapters"),
         ({"lora.alpha": 8.0}, "lora.alpha=8.0 acts only on LoRA adapters"),

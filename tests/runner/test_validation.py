@@ -231,7 +231,7 @@ def test_check_run_refuses_bad_model_and_dataset_fields_before_any_work(
     one trace of its initialisation): one line naming the field, nothing written."""
     config = tiny(name, data_dir=str(tmp_path / "data"), **overrides)
     with pytest.raises(ValueError, match=message):
-        checks.check_run(config, str(tmp_path / "run"))
+        setup.check_run(config, str(tmp_path / "run"))
     assert os.listdir(tmp_path) == []
 
 
@@ -261,7 +261,7 @@ def test_check_run_starts_no_backend(tmp_path):
 import jax
 from tfjax.runner import checks, setup
 for name in ("vit", "lm", "mlm", "translate"):
-    checks.check_run(setup.load_config(f"configs/{{name}}.py:tiny"), {str(tmp_path / "run")!r})
+    setup.check_run(setup.load_config(f"configs/{{name}}.py:tiny"), {str(tmp_path / "run")!r})
 jax.config.update("jax_platforms", "none_such")
 try:
     jax.devices()

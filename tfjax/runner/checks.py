@@ -1,29 +1,27 @@
-"""The checks of a run, made before any data, model or workdir work starts (`check_run`).
+"""The checks of a run's config and paths, made before any data, model or workdir work starts
+(`tfjax.runner.setup.resolve` calls them once; `setup.check_run` adds the model's).
 
 ml_collections' locking already rejects unknown keys and most wrong types; these are the checks
 it cannot make: every field against what it allows (declared beside the field, `tfjax.allowed`),
-the paths, the dataset config resolved and the model built abstractly. Each error names the
-field (or flag) and what is allowed.
+and the paths. Each error names the field (or flag) and what is allowed.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from tfjax import allowed, sharding, tasks
+from tfjax import lora as lora_lib
 from tfjax.runner import (
     checkpoint,
     defaults,
-    evaluation,
     executables,
     optim,
     pretrained,
     profiling,
+    workdirs,
 )
 
 COMPUTE_DTYPES = {name: getattr(jnp, name) for name in defaults.COMPUTE_DTYPES}
@@ -35,17 +33,17 @@ class ConfigError(ValueError):
     (`tfjax.runner.setup.prepare`): experiments/run.py reports it as the checks before."""
 
 
-def check_config(config) -> None:
+def check_config(config) -> tuple:
     """Every field of every section against what it allows (`tfjax.runner.defaults.ALLOWED`:
     types, finite numbers, ranges, choices), then what relates fields to each other; each error
     names the field. ml_collections' locking already rejects unknown keys and most wrong types.
     The model's and the dataset's own fields are checked where they are resolved
-    (`check_run`)."""
+    (`tfjax.runner.setup.check_run`). Returns config.logical_axis_rules, checked."""
     for section, rules in defaults.ALLOWED.items():
         values = config.get(section) if section else config
         if values is not None:
             allowed.check(values, rules, owner=f"{section}." if section else "")
-    sharding.check_rules(config.logical_axis_rules)
+    rules = sharding.check_rules(config.logical_axis_rules)
     free = [axis for axis in sharding.MESH_AXES if config.mesh.get(axis, 1) == -1]
     if len(free) > 1:
         raise ValueError(
@@ -60,7 +58,7 @@ def check_config(config) -> None:
     checkpoint.check_options(config.checkpoint)
     checkpoint.check_best_metric(config)
     profiling.check_profile(config)
-    module = model_module(config.model.name)
+    module = defaults.model_module(config.model.name)
     variant = config.model.get("variant")
     if variant is not None and variant not in module.VARIANTS:
         raise ValueError(
@@ -76,81 +74,7 @@ def check_config(config) -> None:
             f"lora.rank={config.lora.rank} with model.api='nnx': tfjax.nnx has no LoRA "
             "adapters yet; set model.api='linen' (the same checkpoints) or lora.rank=0"
         )
-
-
-def check_run(config, workdir: str) -> None:
-    """Every check of a training run, before any data, model or workdir work and before JAX
-    starts a backend (experiments/run.py makes it first): the config's values (`check_config`),
-    the paths (`check_paths`), then the dataset config resolved (nothing read or prepared) and
-    the model built abstractly on the batches the run will have (`check_model`)."""
-    check_config(config)
-    check_paths(config, workdir)
-    check_model(config, workdir)
-
-
-def check_model(config, workdir: str | None = None) -> None:
-    """The model of `config` built as the run will build it, abstractly: its family checks
-    every field (`tfjax.models.common.check_fields`), one trace of its initialisation on a row
-    of the planned batches checks what relates it to the data (image and patch sizes, lengths
-    and the position table, LoRA targets, optim.freeze), and a classifier's head must have a
-    logit for every class of the dataset. No array is made and no backend started: the trace
-    asks for the "xla" attention (the same parameters), whose choice needs no device."""
-    from tfjax.runner import setup  # setup imports this module
-
-    data = pretrained.dataset_spec(config, workdir)
-    inputs = setup.planned_inputs(config, data)
-    vocab_size = inputs.vocab_size
-    if vocab_size is None and not data.images:  # the user's files: their tokenizer's ids must
-        from tfjax.data import files  # fit the model's embedding rows (a checkpoint's own)
-
-        vocab_size = files.load_tokenizer(data.tokenizer, files.tokenizer_field(config)).vocab_size
-    model = setup.build_model(
-        config,
-        vocab_size=vocab_size,
-        num_classes=inputs.num_classes,
-        pretrained=pretrained.find(config, workdir),
-    ).clone(implementation="xla")
-    evaluation.check_decode(config, model, inputs.eval)  # the eval samples' prompts and room
-    lora = optim.lora_config(config)
-    if lora is not None:  # its targets; QLoRA's quantized matmuls would ask for the device
-        import dataclasses
-
-        from tfjax import lora as lora_lib
-
-        floats = dataclasses.replace(lora, base_dtype=None, tile_size=None)
-        model = lora_lib.apply_lora(model, floats)
-    task = tasks.get(config.task)
-
-    def init():
-        args, kwargs = task.model_inputs(setup.dummy_batch(inputs.train, 1))
-        return model.init_with_output(jax.random.key(0), *args, **kwargs, train=False)
-
-    try:
-        (output, _), variables = jax.eval_shape(init)
-    except (ValueError, TypeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if first.startswith("LoraConfig."):  # its targets match no kernel: config.lora's
-            raise ValueError(first.replace("LoraConfig.", "lora.", 1)) from None
-        rows = {k: (1, *s.shape[1:]) for k, s in inputs.train.items()}
-        raise ValueError(
-            f"model.name={config.model.name!r} cannot take the batches of dataset "
-            f"{data.name!r} ({rows}): {first}"
-        ) from e
-    if lora is not None:  # QLoRA's blocks against every adapted kernel's width
-        lora_lib.check_tile_size(lora, variables["params"], "lora")
-    trainable = optim.trainable(config.optim, lora=lora is not None)
-    if trainable is not None:
-        optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
-    setup.for_api(config, model, task, inputs.train)  # what tfjax.nnx cannot run, by name
-    if config.task == "classification" and data.num_classes:
-        head = output.shape[-1]
-        if head < data.num_classes:
-            raise ValueError(
-                f"model.num_classes={head} is fewer than dataset.num_classes="
-                f"{data.num_classes} (dataset {data.name!r}): its labels from {head} on would "
-                f"have no logit; leave model.num_classes unset (the dataset's) or make it at "
-                f"least {data.num_classes}"
-            )
+    return rules
 
 
 def loss_chunks(config) -> int:
@@ -216,13 +140,14 @@ def check_batch(name, size, mesh, rules, num_microbatches=1) -> None:
         raise ValueError(f"{name}={size} is not divisible by {what}")
 
 
-def check_paths(config, workdir: str, *, restore: bool = False) -> None:
+def check_paths(config, workdir: str, *, restore: bool = False, files: bool = True) -> None:
     """--workdir, config.data_dir and config.init_from must be usable directories, and the
     dataset's own files (config.dataset.train_files, eval_files, tokenizer) must exist: checked
     before any data work, and nothing is created.
 
     workdir may be missing (training creates it) but then must be creatable; with restore=True
-    (decoding) it must hold a checkpoint and init_from is not used.
+    (decoding) it must hold a checkpoint and init_from is not used. files=False leaves the
+    dataset's own files to the caller's `check_data` (which has the dataset resolved).
     """
     if not workdir:
         raise ValueError("--workdir is empty; give the directory of the run")
@@ -282,32 +207,37 @@ def check_paths(config, workdir: str, *, restore: bool = False) -> None:
         checkpoint.check_restore_step(config, workdir)
         if config.get("compiled_dir"):  # the saved programs: present, whole and unaltered
             executables.check_dir(config.compiled_dir)
-        from tfjax.data import catalog
+        if files:
+            check_data(config, pretrained.dataset_spec(config, workdir))
 
-        data = pretrained.dataset_spec(config, workdir)
-        if catalog.is_image_folders(data.name):  # every folder and file listed, none decoded
-            from tfjax.data import image_folders
 
-            for split in ("train", "eval"):
-                image_folders.open_split(data, split)
-        if catalog.is_files(data.name):
-            from tfjax.data import files
+def check_data(config, data) -> None:
+    """The dataset's own files, before any data work: every image folder and file of an
+    "image_folders" dataset listed (none decoded); the user's text files and their tokenizer
+    (`tfjax.data.files.check`). `data`: the run's DatasetSpec (`setup.Run.data`)."""
+    from tfjax.data import catalog  # here, as in planned_inputs: only runs need tfjax.data
 
-            if not data.eval_files.strip():  # decoding and exporting need no files
-                raise ValueError(
-                    "dataset.eval_files is empty: a run evaluates the held-out loss (the first "
-                    "time before training); give held-out files as a path, a glob or a "
-                    "comma-separated list"
-                )
-            files.check(data, files.tokenizer_field(config))
+    if catalog.is_image_folders(data.name):  # every folder and file listed, none decoded
+        from tfjax.data import image_folders
+
+        for split in ("train", "eval"):
+            image_folders.open_split(data, split)
+    if catalog.is_files(data.name):
+        from tfjax.data import files
+
+        if not data.eval_files.strip():  # decoding and exporting need no files
+            raise ValueError(
+                "dataset.eval_files is empty: a run evaluates the held-out loss (the first "
+                "time before training); give held-out files as a path, a glob or a "
+                "comma-separated list"
+            )
+        files.check(data, files.tokenizer_field(config))
 
 
 def _check_is_workdir(workdir: str) -> None:
     """A run writes into --workdir (config.json, metrics, checkpoints): a directory that holds
     other files and no run's (its lock, its checkpoints) is refused, so that a checkpoint's or
     a data folder's files are never overwritten or read back as rows."""
-    from tfjax.runner import workdirs
-
     path = os.path.expanduser(workdir)
     if not os.path.isdir(path):
         return
@@ -332,14 +262,10 @@ def _check_as_recorded(config, workdir: str) -> None:
     never reads config.init_from again, so another checkpoint named there would be ignored."""
     if not os.path.isdir(workdir) or not checkpoint.has_checkpoint(workdir):
         return
-    from tfjax.runner import workdirs
-
     stored = workdirs.previous_config(workdir)
     if stored is None:
         return
     import ml_collections
-
-    from tfjax import lora
 
     where = os.path.join(workdir, workdirs.CONFIG_FILE)
     trained = optim.lora_config(ml_collections.ConfigDict(stored))
@@ -350,7 +276,7 @@ def _check_as_recorded(config, workdir: str) -> None:
             f"{trained.alpha:g} ({where}), and alpha / rank scales what they add; give "
             f"--config.lora.alpha={trained.alpha:g}"
         )
-    lora.check_quantization_kept(trained, now, where)
+    lora_lib.check_quantization_kept(trained, now, where)
     init_from = os.path.expanduser(config.get("init_from") or "")
     has_base = os.path.isfile(os.path.join(workdir, pretrained.KEPT, pretrained.BASE_FILE))
     if trained is None and has_base and pretrained.is_checkpoint_dir(init_from):
@@ -388,37 +314,21 @@ def _check_dir(what: str, path: str, *, must_exist: bool = False, writable: bool
 def _check_safetensors_headers(directory: str) -> None:
     """Opens every safetensors file of a Hugging Face checkpoint (headers only, milliseconds):
     a truncated or damaged one, or a tensor whose shape is not what config.json's sizes make
-    (`tfjax.interop.check_pretrained`), is named before any work. Torch files have no such
-    cheap read."""
-    from tfjax import interop
+    (`tfjax.interop.pretrained.check_pretrained`), is named before any work. Torch files have
+    no such cheap read."""
     from tfjax.interop.core import files
+    from tfjax.interop.pretrained import check_pretrained
 
     names = os.listdir(directory)
     if files.SAFETENSORS in names or files.SAFETENSORS_INDEX in names:
-        interop.check_pretrained(directory)
+        check_pretrained(directory)
 
 
 def _adapters_only_workdir(path: str) -> bool:
     """A LoRA run from a Hugging Face checkpoint: its checkpoints hold only the adapters (see
     tfjax.runner.train's Saver)."""
-    from tfjax.runner import workdirs
-
     base = os.path.join(path, pretrained.KEPT, pretrained.BASE_FILE)
     if not (os.path.isfile(base) and os.path.isfile(os.path.join(path, workdirs.CONFIG_FILE))):
         return False
     lora = workdirs.read_config(path).get("lora")
     return bool(lora and lora.get("rank"))
-
-
-def model_module(name: str):
-    """The module tfjax.models.<name> (its Model factory and VARIANTS)."""
-    try:
-        module = importlib.import_module(f"tfjax.models.{name}")
-    except ModuleNotFoundError:
-        module = None
-    if not hasattr(module, "Model"):
-        raise ValueError(
-            f"model.name={name!r}: tfjax.models has no such model family; allowed: "
-            "transformer, encoder, decoder, vit"
-        )
-    return module

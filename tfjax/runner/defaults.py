@@ -24,6 +24,7 @@ the catalog's (`tfjax.data.catalog.ALLOWED`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 
 import ml_collections
@@ -367,3 +368,17 @@ def apply_presets(
         presets[preset](config)
     catalog.with_placeholders(config.dataset)  # any dataset field settable from the CLI
     return config.lock()
+
+
+def model_module(name: str):
+    """The module tfjax.models.<name> (its Model factory and VARIANTS)."""
+    try:
+        module = importlib.import_module(f"tfjax.models.{name}")
+    except ModuleNotFoundError:
+        module = None
+    if not hasattr(module, "Model"):
+        raise ValueError(
+            f"model.name={name!r}: tfjax.models has no such model family; allowed: "
+            "transformer, encoder, decoder, vit"
+        )
+    return module

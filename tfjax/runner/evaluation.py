@@ -6,7 +6,7 @@ its first config.eval_steps batches), plus the metrics of the task's optional de
 (`tfjax.tasks.decode_eval`: translation adds corpus BLEU of decoded outputs, language models
 continue eval prompts); the decoded samples go to WORKDIR/samples.jsonl. What a language
 model's samples ask of the model (a prompt, room for decode.max_new_tokens) is checked before
-any work by `check_decode` (`tfjax.runner.checks.check_model`).
+any work by `check_decode` (`tfjax.runner.setup.check_model`).
 """
 
 from __future__ import annotations

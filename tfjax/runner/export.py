@@ -78,7 +78,10 @@ import jax
 import numpy as np
 from absl import logging
 
-from tfjax.runner import checkpoint, pretrained, workdirs
+from tfjax import lora
+from tfjax.models import decoder
+from tfjax.nnx.functional import Functional
+from tfjax.runner import checkpoint, pretrained, train, workdirs
 
 GENERATION_CONFIG = "generation_config.json"
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -112,9 +115,8 @@ def export_run(
     existing `output`, an unwritable one, a `workdir` that is a Hugging Face checkpoint (not a
     run's: nothing to export) and a run without LoRA or Hugging Face base (`adapters_only`)
     before any work, and adapters peft cannot load before writing."""
-    from tfjax import interop
-    from tfjax.nnx.functional import Functional
-    from tfjax.runner import train
+    from tfjax import interop  # safetensors: the interop extra
+    from tfjax.interop.pretrained import family_of
 
     output = os.path.abspath(os.path.expanduser(output))
     if os.path.lexists(output):
@@ -150,7 +152,7 @@ def export_run(
         if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
             model = model.spec
         if adapters_only:
-            layers, targets = adapter_layers(model, params, interop.family_of(base)[0])
+            layers, targets = adapter_layers(model, params, family_of(base)[0])
             state = _state(layers)
             adapter_config = _adapter_config(config, base, targets, layers)
         else:
@@ -359,7 +361,7 @@ def _adapter_base(config, kept: str) -> str:
     """The checkpoint directory a LoRA run started from (config.init_from, absolute), which
     peft loads the adapters onto; a ValueError naming --adapters_only when there is none."""
     from tfjax import interop
-    from tfjax.models import decoder
+    from tfjax.interop.pretrained import family_of, pretrained_model
 
     flag = "--adapters_only"
     if not config.get("lora") or not config.lora.get("rank"):
@@ -394,9 +396,9 @@ def _adapter_base(config, kept: str) -> str:
             f"{flag}: the config.json of config.init_from={init_from!r} differs from the one "
             f"the run started from ({started}): the adapters belong to another base"
         )
-    if not isinstance(interop.pretrained_model(base), decoder.Decoder):  # no weights read
+    if not isinstance(pretrained_model(base), decoder.Decoder):  # no weights read
         raise ValueError(
-            f"{flag}: config.init_from={init_from!r} is a {interop.family_of(base)[0].architecture}"
+            f"{flag}: config.init_from={init_from!r} is a {family_of(base)[0].architecture}"
             ", not a decoder-only LM; peft adapters are written for causal LMs (task_type "
             "CAUSAL_LM) only"
         )
@@ -443,7 +445,6 @@ def adapter_layers(model, params, family) -> tuple[list[PeftLayer], list[str]]:
     layers, else their full names. A kernel with no such layer is a ValueError naming it."""
     import flax.linen as nn
 
-    from tfjax import lora
     from tfjax.interop.core import rules as key_rules
 
     flat = key_rules.flatten(key_rules.unrolled(model, nn.unbox(params)))

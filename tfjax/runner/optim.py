@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from tfjax import lora
+
 OPTIMIZERS = ("adamw", "sgd")  # optim.name
 SCHEDULES = ("rsqrt", "warmup_cosine", "constant")  # optim.schedule
 
@@ -110,8 +112,6 @@ def trainable(optim_config, *, lora: bool = False):
 
 
 def _is_adapter(path: str) -> bool:
-    from tfjax import lora
-
     return lora.is_adapter(path)
 
 
@@ -136,8 +136,6 @@ def lora_config(config):
     c = config.get("lora")
     if c is None or not c.rank:
         return None
-    from tfjax import lora
-
     try:
         return lora.LoraConfig(
             rank=c.rank,

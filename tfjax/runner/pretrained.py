@@ -9,8 +9,8 @@ changes the maths come from config.json through the converters' tables (`tfjax.i
 config.model may set only what does not change the maths (SAME_MATHS: scan_layers, remat,
 attention backend, dropout); a size it sets must equal the checkpoint's (an error names both).
 
-A vision checkpoint (DINOv2, CLIP, SigLIP; `tfjax.interop.family_of` gives its bare tower)
-gets a new head for the run's classes (`with_head`): the class folders of
+A vision checkpoint (DINOv2, CLIP, SigLIP; `tfjax.interop.pretrained.family_of` gives its bare
+tower) gets a new head for the run's classes (`with_head`): the class folders of
 dataset.train_files (`tfjax.data.image_folders`), kept in the workdir's classes.json. Its
 images are made as its preprocessor_config.json says, at the image size it gives, to which the
 tower's position embeddings are resampled when loaded.
@@ -23,6 +23,7 @@ the workdir, even after the checkpoint directory is gone.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +32,9 @@ import tempfile
 import jax
 import jax.numpy as jnp
 from absl import logging
+from flax import traverse_util
+
+from tfjax.runner import checkpoint, defaults
 
 KEPT = "pretrained"  # the workdir's copy of the checkpoint's small files
 CLASSES = "classes.json"  # in the workdir: the class names of a run's head, in label order
@@ -103,10 +107,10 @@ class Pretrained:
 
     @classmethod
     def read(cls, config_dir: str, weights_dir: str | None) -> Pretrained:
-        from tfjax import interop
+        from tfjax.interop.pretrained import family_of, pretrained_model
 
-        family, _ = interop.family_of(config_dir)
-        model = interop.pretrained_model(config_dir)
+        family, _ = family_of(config_dir)
+        model = pretrained_model(config_dir)
         fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
         fields = {k: v for k, v in fields.items() if k not in ("parent", "name")}
         module = family.model.__module__  # tfjax.models.<name>
@@ -124,8 +128,6 @@ def _kept_dir(workdir: str | None) -> str | None:
     """The workdir's copy of the checkpoint's small files once the run has started (the workdir
     holds a checkpoint): a start that failed before its first checkpoint left a copy that the
     next start replaces (`keep`) and never reads: the user may have fixed the checkpoint."""
-    from tfjax.runner import checkpoint
-
     kept = os.path.join(workdir, KEPT) if workdir else None
     if kept and os.path.isfile(os.path.join(kept, "config.json")):
         return kept if checkpoint.has_checkpoint(workdir) else None
@@ -167,8 +169,6 @@ def dataset_spec(config, workdir: str | None):
     the "files" dataset's tokenizer when dataset.tokenizer is unset (a loader's saved position
     knows the tokenizer by its files' bytes, so both are the same to it); the "image_folders"
     dataset's preprocessor, its image size and the number of classes (`classes`)."""
-    import dataclasses as dc
-
     from tfjax.data import catalog
 
     data = catalog.dataset_spec(config)
@@ -176,7 +176,7 @@ def dataset_spec(config, workdir: str | None):
         from tfjax.data import image_folders
 
         if not data.preprocessor:
-            data = dc.replace(
+            data = dataclasses.replace(
                 data,
                 preprocessor=_checkpoint_dir(
                     config,
@@ -194,7 +194,7 @@ def dataset_spec(config, workdir: str | None):
                 f"{size} px images ({data.preprocessor}/{image_folders.PREPROCESSOR}); leave "
                 "dataset.image_size unset"
             )
-        return dc.replace(data, image_size=size, num_classes=len(classes(data, workdir)))
+        return dataclasses.replace(data, image_size=size, num_classes=len(classes(data, workdir)))
     if not catalog.is_files(data.name):
         return data
     if not data.tokenizer:
@@ -205,7 +205,7 @@ def dataset_spec(config, workdir: str | None):
             "checkpoint directory: give the directory of the tokenizer files "
             "(tokenizer.json or tokenizer.model) as dataset.tokenizer",
         )
-        data = dc.replace(data, tokenizer=directory)
+        data = dataclasses.replace(data, tokenizer=directory)
     return data
 
 
@@ -272,9 +272,7 @@ def model_fields(pretrained: Pretrained, config_model) -> dict:
     set_here = set(given)
     variant = given.pop("variant", None)
     if variant is not None:  # a preset's sizes: each must be the checkpoint's
-        from tfjax.runner import checks
-
-        given = {**checks.model_module(name).VARIANTS[variant], **given}
+        given = {**defaults.model_module(name).VARIANTS[variant], **given}
     fields = dict(pretrained.fields)
     for key, value in given.items():
         if key in SAME_MATHS:
@@ -328,8 +326,6 @@ def weights_fingerprint(directory: str) -> str:
     header, which lists every tensor's name, dtype, shape and offsets: read in milliseconds,
     so a base re-saved with other sizes is refused before anything is loaded. Two checkpoints
     of one architecture have the same; `ContentDigest` tells them apart."""
-    import hashlib
-
     digest = hashlib.sha256()
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
@@ -356,24 +352,22 @@ def check_base(pretrained: Pretrained | None, workdir: str, config) -> None:
     weight files' headers (`weights_fingerprint`), and after by their content
     (`check_base_content`). A CheckpointMismatchError (one line: the runner's scripts print it
     alone) says which."""
-    from tfjax.runner.checkpoint import CheckpointMismatchError
-
     recorded, base = recorded_base(workdir)
     init_from = config.get("init_from") or ""
     if not init_from and is_checkpoint_dir(base["init_from"]):  # not moved: only not given
-        raise CheckpointMismatchError(
+        raise checkpoint.CheckpointMismatchError(
             "config.init_from is unset, and this LoRA run's checkpoints hold only its "
             f"adapters: give their base as --config.init_from={base['init_from']} ({recorded})"
         )
     if pretrained is None or not pretrained.weights_dir:
-        raise CheckpointMismatchError(
+        raise checkpoint.CheckpointMismatchError(
             f"config.init_from={init_from!r} holds no Hugging Face checkpoint, and this LoRA "
             f"run's checkpoints hold only its adapters: their base was {base['init_from']} "
             f"({recorded}); put it back, or give its new place as --config.init_from"
         )
     found = weights_fingerprint(os.path.abspath(os.path.expanduser(pretrained.weights_dir)))
     if found != base["weights"]:
-        raise CheckpointMismatchError(
+        raise checkpoint.CheckpointMismatchError(
             f"config.init_from={init_from!r}: its weights are not the base this LoRA run's "
             f"adapters were trained on ({base['init_from']}, fingerprint {base['weights']} in "
             f"{recorded}; found {found})"
@@ -384,8 +378,6 @@ def check_base_content(workdir: str, config, content: str) -> None:
     """The base's weights as loaded (`content`: their `ContentDigest`) must be those the LoRA
     run's adapters were trained on; else a CheckpointMismatchError naming the path and both
     digests. A workdir recorded before content digests is checked by its headers only."""
-    from tfjax.runner.checkpoint import CheckpointMismatchError
-
     recorded, base = recorded_base(workdir)
     if not base.get("content"):
         logging.info(
@@ -394,7 +386,7 @@ def check_base_content(workdir: str, config, content: str) -> None:
         return
     if content != base["content"]:
         init_from = config.get("init_from") or base["init_from"]
-        raise CheckpointMismatchError(
+        raise checkpoint.CheckpointMismatchError(
             f"config.init_from={init_from!r}: its weights are not the base this LoRA run's "
             f"adapters were trained on (content digest {content}; {recorded} records "
             f"{base['content']} of {base['init_from']}): the checkpoint there was replaced. "
@@ -411,13 +403,11 @@ def load_params(pretrained: Pretrained, model, abstract_params, digest=None):
     (stacked layer by layer when scanned), so the host holds the placed shards plus one
     parameter, never a second copy of the model (benchmarks/load_memory.py). Each process
     builds only the shards its devices hold."""
-    from flax import traverse_util
-
-    from tfjax import interop
+    from tfjax.interop.pretrained import pretrained_model, stream_pretrained_params
 
     # The checkpoint's own model in the run's layout (stacked when scanned): `model` may hold
     # more (LoRA adapters) than the converter fills.
-    layout = interop.pretrained_model(
+    layout = pretrained_model(
         pretrained.config_dir, scan_layers=getattr(model, "scan_layers", False)
     )
     image_size = None
@@ -427,7 +417,7 @@ def load_params(pretrained: Pretrained, model, abstract_params, digest=None):
         image_size = image_folders.Preprocessor.read(pretrained.config_dir).image_size
     target = traverse_util.flatten_dict(abstract_params)
     placed = dict.fromkeys(target)
-    streamed = interop.stream_pretrained_params(
+    streamed = stream_pretrained_params(
         pretrained.weights_dir, layout, image_size=image_size, digest=digest
     )
     for path, array in streamed:
@@ -460,10 +450,8 @@ def _check_finite(pretrained: Pretrained, placed: dict) -> None:
     )
     bad = sorted(k for k, ok in finite.items() if not ok)
     if bad:
-        from tfjax.runner.checkpoint import DamagedWeightsError
-
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        raise DamagedWeightsError(
+        raise checkpoint.DamagedWeightsError(
             f"config.init_from={pretrained.weights_dir!r}: the checkpoint's weights hold NaN or "
             f"Inf values (in the model's {', '.join(bad[:3])}{more}): the checkpoint is damaged "
             "or was saved from a diverged run; download or export it again"

@@ -27,6 +27,7 @@ state and checkpoints, so a run may resume in either API.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import math
@@ -42,8 +43,9 @@ import optax
 from absl import logging
 from flax import traverse_util
 
+from tfjax import lora as lora_lib
 from tfjax import sharding, tasks
-from tfjax.runner import checkpoint, checks, chips, optim
+from tfjax.runner import checkpoint, checks, chips, defaults, evaluation, optim
 from tfjax.runner import pretrained as pretrained_lib
 from tfjax.runner.steps import TrainState, make_eval_step, make_train_step, split_params
 
@@ -147,10 +149,10 @@ def build_model(
             )
         if config.dtype != "float32":
             fields["dtype"] = checks.COMPUTE_DTYPES[config.dtype]
-        return _family_model(checks.model_module(pretrained.model_name), fields)
+        return _family_model(defaults.model_module(pretrained.model_name), fields)
     fields = dict(config.model)
     fields.pop("api", None)  # which API runs the model (`for_api`), not a field of it
-    module = checks.model_module(fields.pop("name"))
+    module = defaults.model_module(fields.pop("name"))
     if fields.get("vocab_size") is None and vocab_size is not None:
         # Rounded up so that the vocab axis shards evenly over any tensor-parallel size up to
         # 128 (and matmuls tile well); the extra ids never occur, their logits learn to be low.
@@ -236,8 +238,6 @@ def quantize_base_fn(exp: Experiment):
     fn(float params, rng) -> the LoRA model's params, jitted onto their shardings): the
     adapters made and the targeted kernels quantized by the model itself
     (`tfjax.lora.init_params`), from float weights loaded into the first."""
-    from tfjax import lora
-
     abstract, _ = abstract_params(
         exp.base_model, exp.task, exp.inputs.train, mesh=exp.mesh, rules=exp.rules
     )
@@ -245,7 +245,7 @@ def quantize_base_fn(exp: Experiment):
     def quantize(params, rng):
         with sharding.logical_context(exp.mesh, exp.rules):
             args, kwargs = _example_inputs(exp.task, exp.inputs.train, exp.mesh, exp.rules)
-            return lora.init_params(exp.model, params, rng, *args, **kwargs, train=False)
+            return lora_lib.init_params(exp.model, params, rng, *args, **kwargs, train=False)
 
     return abstract, jax.jit(quantize, out_shardings=exp.param_shardings, donate_argnums=0)
 
@@ -330,6 +330,7 @@ class Experiment:
     flops_per_step: float  # model FLOPs of one train step (tfjax.runner.chips' count)
     pretrained: pretrained_lib.Pretrained | None = None  # the checkpoint the run starts from
     base_model: nn.Module | None = None  # with LoRA: `model` without its adapters
+    lora: Any = None  # with LoRA: its tfjax.lora.LoraConfig (the run's `Run.lora`)
 
     @property
     def state_shardings(self):
@@ -350,43 +351,145 @@ class Experiment:
         return sum(math.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params))
 
 
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """A config checked once, on the mesh it runs on: what set-up, restore and the loop need
-    before any data, model or workdir work starts."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """A config checked and worked out once (`resolve`), before JAX starts a backend and before
+    any data, model or workdir work: what the checks, set-up, restore, decoding and export read,
+    so none of them works it out again."""
 
     config: ml_collections.ConfigDict
-    mesh: jax.sharding.Mesh
-    rules: tuple
-    task: Any  # the tfjax.tasks module of config.task
     workdir: str | None  # absolute; None where a run has none (compiling, benchmarks)
+    rules: tuple  # config.logical_axis_rules, checked
+    task: Any  # the tfjax.tasks module of config.task
     pretrained: pretrained_lib.Pretrained | None = None  # the checkpoint of config.init_from
+    lora: Any = None  # the tfjax.lora.LoraConfig of config.lora; None without adapters
+
+    @functools.cached_property
+    def data(self):
+        """The run's tfjax.data.DatasetSpec with what the checkpoint gives it
+        (`tfjax.runner.pretrained.dataset_spec`): worked out when first read, once (a compile
+        from the config alone never reads it, so needs none of the dataset's files)."""
+        return pretrained_lib.dataset_spec(self.config, self.workdir)
 
 
-def prepare(config, workdir=None, devices=None, *, mesh=None, restore=False) -> Prepared:
-    """Every check of a run, once, before any work: the config's values, the paths (with a
-    workdir; restore=True: it must hold a checkpoint, and init_from is not read), the sharding
-    rules, and the batch sizes against the mesh (a new one over `devices`, all of them by
-    default, unless `mesh` is given; not with restore=True, which builds no steps). Each error
-    names the field or flag and what is allowed."""
-    checks.check_config(config)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prepared(Run):
+    """A Run on the mesh it runs on, its batch sizes checked against it (`prepare`)."""
+
+    mesh: jax.sharding.Mesh
+
+
+def resolve(config, workdir=None, *, restore=False) -> Run:
+    """Every check of a run's config and paths, once, before any work and before JAX starts a
+    backend: the config's values, the paths (with a workdir; restore=True: it must hold a
+    checkpoint, and init_from is not read), the sharding rules, the checkpoint of
+    config.init_from (a size set differently is refused) and the LoRA config. Each error names
+    the field or flag and what is allowed."""
+    rules = checks.check_config(config)
     if workdir is not None:
-        checks.check_paths(config, workdir, restore=restore)
+        checks.check_paths(config, workdir, restore=restore, files=False)
         workdir = os.path.abspath(os.path.expanduser(workdir))
-    rules = sharding.check_rules(config.logical_axis_rules)
+    pretrained = pretrained_lib.find(config, workdir)
+    if pretrained is not None:  # its refusals (a size set differently) before any work
+        pretrained_lib.model_fields(pretrained, config.model)
+    run = Run(
+        config=config,
+        workdir=workdir,
+        rules=rules,
+        task=tasks.get(config.task),
+        pretrained=pretrained,
+        lora=optim.lora_config(config),
+    )
+    if workdir is not None and not restore:  # the dataset's own files
+        checks.check_data(config, run.data)
+    return run
+
+
+def prepare(config, workdir=None, devices=None, *, mesh=None, restore=False, run=None) -> Prepared:
+    """`run` (the config resolved: `resolve(config, workdir, restore=restore)` when None) on a
+    mesh: a new one over `devices` (all of them by default) unless `mesh` is given, with the
+    batch sizes checked against it (not with restore=True, which builds no steps). What the
+    devices cannot honour is a ConfigError naming the field, before any work."""
+    run = run or resolve(config, workdir, restore=restore)
     try:  # what the fields ask of the devices: found once JAX has them, before any work
         mesh = sharding.make_mesh(config.mesh, devices) if mesh is None else mesh
         if not restore:
             checks.check_batch(
-                "batch_size", config.batch_size, mesh, rules, config.num_microbatches
+                "batch_size", config.batch_size, mesh, run.rules, config.num_microbatches
             )
-            checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, rules)
+            checks.check_batch("eval_batch_size", config.eval_batch_size, mesh, run.rules)
     except ValueError as e:
         raise checks.ConfigError(str(e)) from None
-    pretrained = pretrained_lib.find(config, workdir)
-    if pretrained is not None:  # its refusals (a size set differently) before any work
-        pretrained_lib.model_fields(pretrained, config.model)
-    return Prepared(config, mesh, rules, tasks.get(config.task), workdir, pretrained)
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(Run)}
+    prepared = Prepared(**fields, mesh=mesh)
+    if "data" in run.__dict__:  # worked out already: kept, not worked out again
+        prepared.__dict__["data"] = run.data
+    return prepared
+
+
+def check_run(config, workdir: str) -> Run:
+    """Every check of a training run, before any data, model or workdir work and before JAX
+    starts a backend (experiments/run.py makes it first): the config and paths resolved
+    (`resolve`), then the model built abstractly on the batches the run will have
+    (`check_model`). Returns the Run, for `tfjax.runner.train.train_and_evaluate`."""
+    run = resolve(config, workdir)
+    check_model(run)
+    return run
+
+
+def check_model(run: Run) -> None:
+    """The model of `config` built as the run will build it, abstractly: its family checks
+    every field (`tfjax.models.common.check_fields`), one trace of its initialisation on a row
+    of the planned batches checks what relates it to the data (image and patch sizes, lengths
+    and the position table, LoRA targets, optim.freeze), and a classifier's head must have a
+    logit for every class of the dataset. No array is made and no backend started: the trace
+    asks for the "xla" attention (the same parameters), whose choice needs no device."""
+    config, data, lora = run.config, run.data, run.lora
+    inputs = planned_inputs(config, data)
+    vocab_size = inputs.vocab_size
+    if vocab_size is None and not data.images:  # the user's files: their tokenizer's ids must
+        from tfjax.data import files  # fit the model's embedding rows (a checkpoint's own)
+
+        vocab_size = files.load_tokenizer(data.tokenizer, files.tokenizer_field(config)).vocab_size
+    model = build_model(
+        config, vocab_size=vocab_size, num_classes=inputs.num_classes, pretrained=run.pretrained
+    ).clone(implementation="xla")
+    evaluation.check_decode(config, model, inputs.eval)  # the eval samples' prompts and room
+    if lora is not None:  # its targets; QLoRA's quantized matmuls would ask for the device
+        floats = dataclasses.replace(lora, base_dtype=None, tile_size=None)
+        model = lora_lib.apply_lora(model, floats)
+    task = run.task
+
+    def init():
+        args, kwargs = task.model_inputs(dummy_batch(inputs.train, 1))
+        return model.init_with_output(jax.random.key(0), *args, **kwargs, train=False)
+
+    try:
+        (output, _), variables = jax.eval_shape(init)
+    except (ValueError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if first.startswith("LoraConfig."):  # its targets match no kernel: config.lora's
+            raise ValueError(first.replace("LoraConfig.", "lora.", 1)) from None
+        rows = {k: (1, *s.shape[1:]) for k, s in inputs.train.items()}
+        raise ValueError(
+            f"model.name={config.model.name!r} cannot take the batches of dataset "
+            f"{data.name!r} ({rows}): {first}"
+        ) from e
+    if lora is not None:  # QLoRA's blocks against every adapted kernel's width
+        lora_lib.check_tile_size(lora, variables["params"], "lora")
+    trainable = optim.trainable(config.optim, lora=lora is not None)
+    if trainable is not None:
+        optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
+    for_api(config, model, task, inputs.train)  # what tfjax.nnx cannot run, by name
+    if config.task == "classification" and data.num_classes:
+        head = output.shape[-1]
+        if head < data.num_classes:
+            raise ValueError(
+                f"model.num_classes={head} is fewer than dataset.num_classes="
+                f"{data.num_classes} (dataset {data.name!r}): its labels from {head} on would "
+                f"have no logit; leave model.num_classes unset (the dataset's) or make it at "
+                f"least {data.num_classes}"
+            )
 
 
 def set_up(config, mesh, *, inputs: Inputs) -> Experiment:
@@ -422,11 +525,9 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
     tx = optim.make_optimizer(
         config.optim, d_model=model.width, num_train_steps=config.num_train_steps
     )
-    base_model, lora_config = model, optim.lora_config(config)
+    base_model, lora_config = model, prepared.lora
     if lora_config is not None:
-        from tfjax import lora
-
-        model = lora.apply_lora(model, lora_config)
+        model = lora_lib.apply_lora(model, lora_config)
     runs = for_api(config, model, task, inputs.train)  # what the steps and decoding call
     ema = config.optim.ema_decay > 0
     trainable = optim.trainable(config.optim, lora=lora_config is not None)
@@ -494,4 +595,5 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
         flops_per_step=flops,
         pretrained=prepared.pretrained,
         base_model=base_model if lora_config is not None else None,
+        lora=lora_config,
     )

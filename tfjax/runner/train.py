@@ -44,6 +44,7 @@ this module only restores, loops, logs and saves.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -54,7 +55,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from tfjax import progress, sharding
+from tfjax import lora, progress, sharding
 from tfjax.interop.core.files import ContentDigest
 from tfjax.runner import (
     checkpoint,
@@ -63,7 +64,6 @@ from tfjax.runner import (
     evaluation,
     executables,
     metrics,
-    optim,
     preemption,
     pretrained,
     profiling,
@@ -91,40 +91,24 @@ def restore_model(
     """(model, params, tokenizer) of a run's newest checkpoint (or `step`), for decoding,
     exporting and analysis.
 
-    The model is built from `config` as training built it (the Linen model, or with
-    model.api="nnx" its NNX model as `setup.for_api` gives it; with its LoRA adapters when
-    config.lora has a rank; `merge_lora` folds them into the base kernels and gives the model
-    without them; `float_base`: a QLoRA run's quantized kernels dequantized into their float
-    layout, as `merge_lora` does before merging); params land on the config's mesh (over
-    `devices`, all by default); average_last=N > 1 averages the newest N checkpoints.
-    tokenizer is None for image datasets.
+    The run's set-up (`setup.build`, as training makes it, on the tokenizer training kept) and
+    its parameters restored: the model is the Linen model, or with model.api="nnx" its NNX
+    model as `setup.for_api` gives it, with its LoRA adapters when config.lora has a rank;
+    `merge_lora` folds them into the base kernels and gives the model without them;
+    `float_base`: a QLoRA run's quantized kernels dequantized into their float layout, as
+    `merge_lora` does before merging. params land on the config's mesh (over `devices`, all by
+    default); average_last=N > 1 averages the newest N checkpoints. tokenizer is None for image
+    datasets.
     """
-    import tfjax.data
-
     run = setup.prepare(config, workdir, devices, restore=True)
-    data = pretrained.dataset_spec(config, run.workdir)
-    tokenizer = None
-    stored = os.path.join(run.workdir, TOKENIZER_FILE)
-    if os.path.exists(stored):
-        tokenizer = tfjax.data.SentencePieceTokenizer.load(stored)
-    elif not data.images:  # bytes, or a workdir from before the copy
-        tokenizer = tfjax.data.get_tokenizer(data, config.data_dir or None)
-    model = setup.build_model(
-        config,
-        vocab_size=tokenizer.vocab_size if tokenizer is not None else None,
-        num_classes=data.num_classes,
-        pretrained=run.pretrained,
-    )
-    base, lora_config = model, optim.lora_config(config)
-    if lora_config is not None:
-        from tfjax import lora
-
-        model = lora.apply_lora(model, lora_config)
-    spec = tfjax.data.element_spec(data, 1)
-    target, _ = setup.abstract_params(model, run.task, spec, mesh=run.mesh, rules=run.rules)
-    adapters_only = lora_config is not None and run.pretrained is not None
+    tokenizer = _restored_tokenizer(run)
+    planned = setup.planned_inputs(config, run.data)
+    if tokenizer is not None:
+        planned = dataclasses.replace(planned, vocab_size=tokenizer.vocab_size)
+    exp = setup.build(run, planned)
+    target = exp.abstract_state.params
+    adapters_only = _adapters_only(exp)
     if adapters_only:  # the checkpoints hold the adapters; the base is config.init_from's
-        exp = setup.build(run, setup.planned_inputs(config, data))
         pretrained.check_base(run.pretrained, run.workdir, config)
         target = lora.split(target)[1]
     params = checkpoint.restore_params(
@@ -132,13 +116,33 @@ def restore_model(
     )
     if adapters_only:
         params = lora.combine(lora.split(_base_params(exp, run.workdir))[0], params)
-    if lora_config is not None and lora_config.base_dtype and (merge_lora or float_base):
-        # QLoRA: the kernels the adapters were trained on, in the float layout
-        like, _ = setup.abstract_params(base, run.task, spec, mesh=run.mesh, rules=run.rules)
-        params = lora.dequantized(params, like)
-    if lora_config is not None and merge_lora:  # W + A B alpha / r: the model without LoRA
-        model, params = base, lora.merge(params, lora_config)
-    return setup.for_api(config, model, run.task, spec), params, tokenizer
+    if exp.lora is None or not merge_lora:
+        if exp.lora is not None and exp.lora.base_dtype and float_base:
+            params = _dequantized(exp, params)
+        return exp.model, params, tokenizer
+    if exp.lora.base_dtype:  # QLoRA: the kernels the adapters were trained on, as floats
+        params = _dequantized(exp, params)
+    merged = lora.merge(params, exp.lora)  # W + A B alpha / r: the model without LoRA
+    return setup.for_api(config, exp.base_model, run.task, planned.train), merged, tokenizer
+
+
+def _restored_tokenizer(run: setup.Prepared):
+    """The tokenizer a run trained with: its SentencePiece model kept in the workdir, else the
+    dataset's (bytes, a checkpoint's; a workdir from before the copy); None for images."""
+    import tfjax.data
+
+    stored = os.path.join(run.workdir, TOKENIZER_FILE)
+    if os.path.exists(stored):
+        return tfjax.data.SentencePieceTokenizer.load(stored)
+    if run.data.images:
+        return None
+    return tfjax.data.get_tokenizer(run.data, run.config.data_dir or None)
+
+
+def _dequantized(exp, params):
+    """A QLoRA run's params with the quantized base kernels in their float layout."""
+    like, _ = setup.quantize_base_fn(exp)
+    return lora.dequantized(params, like)
 
 
 def train_and_evaluate(
@@ -147,6 +151,7 @@ def train_and_evaluate(
     *,
     stop_after_step: int | None = None,
     devices=None,
+    checked: setup.Run | None = None,
 ) -> dict:
     """Trains and evaluates as configured; resumes from the workdir's newest checkpoint.
 
@@ -156,6 +161,8 @@ def train_and_evaluate(
       stop_after_step: return after this step, checkpoint saved, as a preempted job would;
         running again continues from there (notebooks train in pieces this way).
       devices: the devices of the mesh; all of them (of every process) when None.
+      checked: the config and workdir as `setup.check_run` resolved them (experiments/run.py
+        checks before JAX starts), so that nothing is worked out twice; resolved here when None.
     Returns:
       {"state": the final TrainState, "model": the module, "tokenizer": the data's tokenizer
        (None for images), "step": int, "train": last train metrics, "eval": last eval metrics,
@@ -167,7 +174,8 @@ def train_and_evaluate(
     """
     # From the start: a signal during set-up stops after step 1.
     with preemption.StopSignals() as stop:
-        run = setup.prepare(config, workdir, devices)  # every check, before the workdir exists
+        # Every check, before the workdir exists.
+        run = setup.prepare(config, workdir, devices, run=checked)
         with contextlib.ExitStack() as cleanup:  # closes loaders and writers on errors too
             # One run per workdir, from before anything is written (released last).
             claim = cleanup.enter_context(workdirs.claim(run.workdir))
@@ -179,6 +187,7 @@ def train_and_evaluate(
             return _run(
                 exp,
                 run.workdir,
+                data,
                 train_loader=train_loader,
                 eval_loader=eval_loader,
                 last_step=config.num_train_steps
@@ -195,8 +204,7 @@ def _loaders(run: setup.Prepared, cleanup: contextlib.ExitStack):
     global batches), process 0 preparing the data first; the loaders close with `cleanup`."""
     import tfjax.data  # the input pipeline's dependencies are only needed to train
 
-    config = run.config
-    data = pretrained.dataset_spec(config, run.workdir)
+    config, data = run.config, run.data
     shard, shards = sharding.data_shard(run.mesh, run.rules)
     data_dir = config.data_dir or None
 
@@ -393,7 +401,7 @@ class Saver:
         logging.info("Checkpoint %d: the loop waited %.3fs", step, time.perf_counter() - start)
 
 
-def _restore(exp, workdir: str, train_loader, cleanup):
+def _restore(exp, workdir: str, data, train_loader, cleanup):
     """(checkpoint manager, state, dropout key, the resumed step or None): the newest usable
     checkpoint, else a new state (with config.init_from's parameters when set). Every check
     comes before anything in the workdir is written."""
@@ -449,7 +457,7 @@ def _restore(exp, workdir: str, train_loader, cleanup):
     workdirs.record_config(workdir, config, step)
     if exp.pretrained is not None:  # resuming, decoding and exporting then need the workdir only
         pretrained.keep(exp.pretrained, workdir, content.hexdigest() if content else None)
-    pretrained.keep_classes(pretrained.dataset_spec(config, workdir), workdir)
+    pretrained.keep_classes(data, workdir)
     stored = os.path.join(workdir, TOKENIZER_FILE)
     # SentencePiece only (bytes need no file, a checkpoint's tokenizer is kept in pretrained/);
     # a stored one was checked equal above.
@@ -503,7 +511,6 @@ def _checkpointed(state, adapters_only: bool):
     params and their EMA without the frozen base."""
     if not adapters_only:
         return state
-    from tfjax import lora
 
     def adapters(params):
         return None if params is None else lora.split(params)[1]
@@ -514,8 +521,6 @@ def _checkpointed(state, adapters_only: bool):
 def _with_base(state, known):
     """A restored adapters-only TrainState with the base parameters of `known` (`_initial_params`:
     None at the adapters) under its params and EMA (a copy: the step donates both)."""
-    from tfjax import lora
-
     base = lora.split(known)[0]
     params = lora.combine(base, state.params)
     ema = state.ema_params
@@ -541,10 +546,8 @@ def _initial_params(exp, content=None):
     config = exp.config
     if exp.pretrained is None:
         return checkpoint.restore_params(config.init_from, exp.abstract_state.params)
-    lora_config = optim.lora_config(config)
+    lora_config = exp.lora
     if lora_config is not None and lora_config.base_dtype:  # QLoRA: loaded, then quantized
-        from tfjax import lora
-
         abstract, quantize = setup.quantize_base_fn(exp)
         floats = pretrained.load_params(exp.pretrained, exp.base_model, abstract, content)
         logging.info(
@@ -567,15 +570,16 @@ def _initial_params(exp, content=None):
     return loaded
 
 
-def _run(exp, workdir, *, train_loader, eval_loader, last_step, cleanup, stop, claim):
-    """train_and_evaluate from the point where the data loaders and the set-up exist; `claim`
-    (the workdir's, `workdirs.Claim`) learns when training starts."""
+def _run(exp, workdir, data, *, train_loader, eval_loader, last_step, cleanup, stop, claim):
+    """train_and_evaluate from the point where the data loaders and the set-up exist (`data`:
+    the run's DatasetSpec); `claim` (the workdir's, `workdirs.Claim`) learns when training
+    starts."""
     config, total = exp.config, exp.config.num_train_steps
     tokenizer = train_loader.tokenizer
     primary = jax.process_index() == 0
 
     # ----------------------------------------------------------------------------- restore
-    manager, state, dropout_key, resumed_step = _restore(exp, workdir, train_loader, cleanup)
+    manager, state, dropout_key, resumed_step = _restore(exp, workdir, data, train_loader, cleanup)
     start_step = int(state.step)
     writer = metrics.MetricWriter(workdir, resume_step=start_step)
     cleanup.callback(writer.close)
