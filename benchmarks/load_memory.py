@@ -1,6 +1,6 @@
 r"""Peak host memory while a run loads a Hugging Face checkpoint (config.init_from): streamed
 tensor by tensor (tfjax.runner.pretrained.load_params) against reading the whole state dict
-first (interop.pretrained_params, then placing; what load_params did before it streamed).
+first (interop.pretrained.pretrained_params, then placing; what load_params did before it streamed).
 
     .venv/bin/python benchmarks/load_memory.py [--layers=16] [--width=1024] [--scan_layers]
         [--tiny]
@@ -90,11 +90,11 @@ def child(way: str, checkpoint: str, scan_layers: bool) -> dict:
     import numpy as np
     from flax import traverse_util
 
-    from tfjax import interop
+    from tfjax.interop.pretrained import pretrained_model, pretrained_params
     from tfjax.runner import pretrained
 
     found = pretrained.Pretrained.read(checkpoint, checkpoint)
-    model = interop.pretrained_model(checkpoint, scan_layers=scan_layers)
+    model = pretrained_model(checkpoint, scan_layers=scan_layers)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("fsdp",))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros((1, 8), np.int32)))
@@ -107,7 +107,7 @@ def child(way: str, checkpoint: str, scan_layers: bool) -> dict:
         if way == "streamed":
             params = pretrained.load_params(found, model, abstract)
         else:
-            loaded = traverse_util.flatten_dict(interop.pretrained_params(checkpoint, model))
+            loaded = traverse_util.flatten_dict(pretrained_params(checkpoint, model))
             placed = {}
             for k, a in traverse_util.flatten_dict(abstract).items():
                 x = np.asarray(loaded[k]).astype(a.dtype)

@@ -53,13 +53,6 @@ from tfjax.interop.nnx import as_nnx, example_images, linen_of
 
 ARCHITECTURES = REGISTRY.loaders  # Hugging Face architecture -> loader(directory, config, **kw)
 
-# Not public: here until tfjax.runner imports them from tfjax.interop.pretrained.
-family_of = pretrained.family_of
-pretrained_model = pretrained.pretrained_model
-pretrained_params = pretrained.pretrained_params
-check_pretrained = pretrained.check_pretrained
-stream_pretrained_params = pretrained.stream_pretrained_params
-
 
 def supported() -> list[core.registry.Row]:
     """The table of what converts, row by row, as docs/interop.md shows it (`Row.cells`:
