@@ -2,7 +2,8 @@
 (nnx.LoRAParam) have the Linen LoRA model's parameter tree and logical names, and from the same
 params the same logits and adapter gradients; a fresh LoRA model computes the base model; an
 optimizer over nnx.LoRAParam trains the adapters alone; one submodule can be wrapped; unrolled
-and scanned stacks alike."""
+and scanned stacks alike; adapter dropout in training calls; QLoRA's quantized base, bit for bit
+Linen's, with Linen's logits, gradients and merged weights."""
 
 import flax
 import flax.linen as nn
@@ -13,6 +14,7 @@ import optax
 import pytest
 from conftest import GEMMA2_TINY, with_random_lora_b
 from flax import nnx
+from qwix._src.providers import ptq
 
 from tfjax import interop, lora, sharding
 from tfjax.models import decoder as linen
@@ -28,7 +30,9 @@ FIELDS = {"modern": MODERN, "gemma": GEMMA}
 
 
 def _flat(tree):
-    return flax.traverse_util.flatten_dict(nn.meta.unbox(tree), sep="/")
+    return flax.traverse_util.flatten_dict(
+        nn.meta.unbox(tree), is_leaf=lambda _, x: isinstance(x, ptq.WithAux), sep="/"
+    )
 
 
 def _params(model):
@@ -233,10 +237,6 @@ def test_refusals():
         lora.apply_lora(model, CONFIG, TOKENS)
     with pytest.raises(TypeError, match="needs example inputs"):
         lora.apply_lora(model, CONFIG, rngs=nnx.Rngs(0))
-    with pytest.raises(NotImplementedError, match=r"LoraConfig.dropout=0.1"):
-        lora.apply_lora(model, lora.LoraConfig(dropout=0.1), TOKENS, rngs=nnx.Rngs(0))
-    with pytest.raises(NotImplementedError, match=r"LoraConfig.base_dtype='int8'"):
-        lora.apply_lora(model, lora.LoraConfig(base_dtype="int8"), TOKENS, rngs=nnx.Rngs(0))
     adapted = lora.apply_lora(model, CONFIG, TOKENS, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="has adapters already"):
         lora.apply_lora(adapted, CONFIG, TOKENS, rngs=nnx.Rngs(0))
@@ -271,3 +271,162 @@ def test_adapters_created_sharded_under_a_mesh(scan):
     with sharding.logical_context(mesh, rules):
         got = nnx.jit(lambda m, t: m(t)[0])(model, TOKENS)
     np.testing.assert_allclose(got, reference(TOKENS)[0], atol=1e-5, rtol=0)
+
+
+class _Projection(nnx.Module):
+    """x [B, 256] -> [B, 4] by one kernel, a call that trains with train=True and rngs."""
+
+    def __init__(self, rngs):
+        self.kernel = nnx.Param(jax.random.normal(rngs.params(), (256, 4)))
+
+    def __call__(self, x, *, train=False, rngs=None):
+        return jnp.einsum("bd,df->bf", x, self.kernel[...])
+
+
+def test_adapter_dropout_drops_the_adapters_inputs_in_training_calls_only():
+    """y = x W + (dropout(x) A) B alpha / r: the gradient of sum(y) with respect to x, less W's
+    part, is each input's kept (1 / (1 - rate)) or dropped (0) share of A B's, in a training
+    call only; the same key drops the same inputs, another key others."""
+    rate = 0.25
+    config = lora.LoraConfig(rank=2, alpha=4.0, targets="kernel", dropout=rate)
+    x = jnp.ones((1, 256))
+    model = lora.apply_lora(_Projection(nnx.Rngs(0)), config, x, rngs=nnx.Rngs(1))
+    model.kernel_lora_b[...] = jax.random.normal(jax.random.key(2), (2, 4))
+    through_adapters = (model.kernel_lora_a[...] @ model.kernel_lora_b[...]).sum(1) * 2.0
+    kernel = model.kernel[...]
+
+    def dropped(**kwargs):  # which inputs the adapters' part of the gradient drops
+        grad = jax.grad(lambda x: model(x, **kwargs).sum())(x)[0] - kernel.sum(1)
+        scaled = through_adapters / (1 - rate) if kwargs.get("train") else through_adapters
+        out = np.abs(grad) < np.abs(grad - scaled)
+        np.testing.assert_allclose(grad, np.where(out, 0.0, scaled), atol=1e-5, rtol=0)
+        return out
+
+    assert not dropped().any()  # not training: no dropout
+    assert not dropped(train=False, rngs=nnx.Rngs(dropout=3)).any()
+    drawn = dropped(train=True, rngs=nnx.Rngs(dropout=3))
+    assert 0.15 < drawn.mean() < 0.35, drawn.mean()
+    np.testing.assert_array_equal(dropped(train=True, rngs=nnx.Rngs(dropout=3)), drawn)
+    assert (dropped(train=True, rngs=nnx.Rngs(dropout=4)) != drawn).any()
+    with pytest.raises(ValueError, match=r"LoraConfig.dropout=0.25: .* needs rngs=nnx.Rngs"):
+        model(x, train=True)  # no rngs given, and the module has none
+
+
+def _stacked(params, num_layers):
+    """An unrolled decoder's params as the scanned one's: decoder/layers_i/... stacked [L]."""
+    flat = _flat(params)
+    out = {k: v for k, v in flat.items() if "/layers_" not in k}
+    for k in flat:
+        if "/layers_0/" in k:
+            layers = [flat[k.replace("/layers_0/", f"/layers_{i}/")] for i in range(num_layers)]
+            out[k.replace("/layers_0/", "/layers/")] = jnp.stack(layers)
+    return flax.traverse_util.unflatten_dict(out, sep="/")
+
+
+def test_adapter_dropout_in_a_decoders_training_call():
+    """A decoder (with dropout of its own) called with train=True: a fresh LoRA model is the
+    base model (B = 0; the model draws its own keys as without LoRA); with B trained, dropout
+    on the adapters' inputs, per the call's key, the same compiled and eager, and the same
+    draws per layer in a scanned stack as in the unrolled one (each layer its own)."""
+    fields = dict(MODERN, dropout_rate=0.1)
+    config = lora.LoraConfig(rank=2, alpha=4.0, dropout=0.5)
+    models = {}
+    for scan in (False, True):
+        base = decoder.Model(**fields, scan_layers=scan, rngs=nnx.Rngs(0))
+        models[scan] = model = lora.apply_lora(base, config, TOKENS, rngs=nnx.Rngs(1))
+        got = model(TOKENS, train=True, rngs=nnx.Rngs(dropout=3))[0]
+        want = base(TOKENS, train=True, rngs=nnx.Rngs(dropout=3))[0]
+        np.testing.assert_array_equal(got, want)
+    unrolled, scanned = models[False], models[True]
+    params = with_random_lora_b(_params(unrolled))
+    load_params(unrolled, params)
+    load_params(scanned, _stacked(params, unrolled.spec.num_layers))
+    train = unrolled(TOKENS, train=True, rngs=nnx.Rngs(dropout=3))[0]
+    np.testing.assert_allclose(
+        scanned(TOKENS, train=True, rngs=nnx.Rngs(dropout=3))[0], train, atol=1e-5, rtol=0
+    )
+    graphdef, state = nnx.split(unrolled)
+    compiled = jax.jit(
+        lambda s, k: nnx.merge(graphdef, s)(TOKENS, train=True, rngs=nnx.Rngs(dropout=k))[0]
+    )(state, jax.random.key(3))
+    np.testing.assert_allclose(compiled, train, atol=1e-5, rtol=0)
+    # the base's dropout alone (B = 0 above) against the adapters' too
+    base = decoder.Model(**fields, rngs=nnx.Rngs(0))
+    load_params(base, lora.split(params)[0])
+    assert not np.allclose(train, base(TOKENS, train=True, rngs=nnx.Rngs(dropout=3))[0])
+    assert not np.allclose(train, unrolled(TOKENS, train=True, rngs=nnx.Rngs(dropout=4))[0])
+    evaluated = unrolled(TOKENS)[0]
+    assert not np.allclose(train, evaluated)
+    load_params(base, lora.merge(params, config))  # not training: the merged model
+    np.testing.assert_allclose(evaluated, base(TOKENS)[0], atol=5e-5, rtol=0)
+
+
+QLORA = {"int8": lora.LoraConfig(rank=2, alpha=4.0, base_dtype="int8")}
+QLORA["nf4"] = lora.LoraConfig(rank=2, alpha=4.0, base_dtype="nf4", tile_size=16)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+@pytest.mark.parametrize("base_dtype", QLORA)
+def test_qlora_is_linens(base_dtype, scan):
+    """apply_lora with base_dtype quantizes the NNX model's targeted kernels as Linen's
+    init_params does from the same float base (bit for bit, Linen's params tree: WithAux in the
+    matmul's layout); from the same params the same logits and adapter gradients; a jitted
+    step trains the adapters on the quantized base; merged into the dequantized base, Linen's
+    merged weights, and the plain NNX model of them computes the QLoRA model."""
+    config = QLORA[base_dtype]
+    base, model = _nnx(MODERN, scan, config)
+    float_base = _params(base)
+    linen_model = lora.apply_lora(linen.Model(**MODERN, scan_layers=scan), config)
+    linen_params = nn.unbox(lora.init_params(linen_model, float_base, jax.random.key(1), TOKENS))
+    got, want = _flat(_params(model)), _flat(linen_params)
+    assert got.keys() == want.keys()
+    layer = "decoder/layers" if scan else "decoder/layers_0"
+    query = got[f"{layer}/self_attention/query_kernel"]
+    assert type(query) is ptq.WithAux and query.shape == ((2,) if scan else ()) + (32, 32)
+    for k in got:
+        assert jax.tree.structure(got[k]) == jax.tree.structure(want[k]), k
+        if not lora.is_adapter(k):
+            jax.tree.map(np.testing.assert_array_equal, got[k], want[k])
+    params = with_random_lora_b(linen_params)
+    load_params(model, params)
+    logits = jax.jit(linen_model.apply)({"params": params}, TOKENS)[0]
+    np.testing.assert_allclose(_jit_logits(model), logits, atol=1e-6, rtol=0)
+
+    def loss(logits):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, TOKENS).mean()
+
+    quantized, adapters = lora.split(params)
+    want_grads = jax.grad(
+        lambda a: loss(linen_model.apply({"params": lora.combine(quantized, a)}, TOKENS)[0])
+    )(adapters)
+    grads = nnx.grad(lambda m: loss(m(TOKENS)[0]), argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
+    got_grads, want_flat = _flat(nnx.to_pure_dict(grads)), _flat(want_grads)
+    assert got_grads.keys() == want_flat.keys()
+    for k in got_grads:
+        np.testing.assert_allclose(got_grads[k], want_flat[k], atol=1e-6, rtol=0, err_msg=k)
+    # merged into the dequantized base: Linen's weights; as a plain NNX model, the QLoRA logits
+    merged = lora.merge(lora.dequantized(_params(model), float_base), config)
+    want_merged = lora.merge(lora.dequantized(params, float_base), config)
+    jax.tree.map(np.testing.assert_array_equal, merged, want_merged)
+    plain = interop.as_nnx(model.spec, merged)
+    np.testing.assert_allclose(_jit_logits(plain), logits, atol=1e-4, rtol=0)
+    # a jitted step: the adapters move, the quantized base stays bit for bit
+    optimizer = nnx.Optimizer(model, optax.adam(3e-2), wrt=nnx.LoRAParam)
+    graphdef, state = nnx.split((model, optimizer))
+
+    @jax.jit
+    def step(state):
+        model, optimizer = nnx.merge(graphdef, state)
+        grads = nnx.grad(lambda m: loss(m(TOKENS)[0]), argnums=nnx.DiffState(0, nnx.LoRAParam))
+        optimizer.update(model, grads(model))
+        return nnx.state((model, optimizer))
+
+    nnx.update((model, optimizer), step(state))
+    after = _flat(_params(model))
+    for k, v in _flat(params).items():
+        same = all(jax.tree.leaves(jax.tree.map(np.array_equal, after[k], v)))
+        assert same != lora.is_adapter(k), k
+    # float kernels loaded into it are refused by name, not quantized on the way
+    load_params(model, lora.combine(float_base, adapters))
+    with pytest.raises(ValueError, match=r"base_dtype=.* the kernel .*_kernel holds float"):
+        model(TOKENS)

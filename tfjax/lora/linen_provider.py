@@ -263,7 +263,7 @@ class Provider(qwix.LoraProvider):
         )
         a, b = self._adapters(name, rhs.shape, a_shape, b_shape, a_axes, b_axes)
         dtype = self._dtype(lhs, rhs, out)
-        x = self._dropout(lhs)
+        x = self._dropout(lhs, name)
         # (x A) B: opt_einsum contracts x with A first, never forming A B
         delta = jnp.einsum(lora_str, x, a.astype(dtype), b.astype(dtype), **kwargs)
         return out.astype(dtype) + delta * jnp.asarray(self.config.scale, dtype)
@@ -314,7 +314,7 @@ class Provider(qwix.LoraProvider):
         a, b = self._adapters(name, rhs.shape, a_shape, b_shape, a_axes, b_axes)
         dtype = self._dtype(lhs, rhs, out)
         delta = _qlora._compute_lora_delta(
-            self._dropout(lhs),
+            self._dropout(lhs, name),
             a.astype(dtype),
             b.astype(dtype),
             lhs_ca,
@@ -385,7 +385,7 @@ class Provider(qwix.LoraProvider):
             (None, n - 1),
         )
         dtype = out.dtype
-        delta = conv(self._dropout(lhs), a.astype(dtype)) @ b.astype(dtype)
+        delta = conv(self._dropout(lhs, name), a.astype(dtype)) @ b.astype(dtype)
         return out + delta * jnp.asarray(self.config.scale, dtype)
 
     def _dtype(self, lhs, rhs, out):
@@ -393,12 +393,18 @@ class Provider(qwix.LoraProvider):
         modules promote both to the compute dtype, lhs's) for a quantized kernel."""
         return lhs.dtype if isinstance(rhs, _ptq.WithAux) else out.dtype
 
-    def _dropout(self, x):
+    def _dropout(self, x, name):
+        """The adapters' input `x` of the kernel `name`, with LoraConfig.dropout in training."""
         rate = self.config.dropout
-        if rate == 0.0 or not self._train:
+        key = self._dropout_key(name) if rate else None
+        if key is None:
             return x
-        keep = jax.random.bernoulli(_flax_util.make_rng("dropout"), 1.0 - rate, x.shape)
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
         return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+    def _dropout_key(self, name):
+        """The key of the running module's adapter dropout, None when not training."""
+        return _flax_util.make_rng("dropout") if self._train else None
 
     def _adapters(self, name, shape, a_shape, b_shape, a_axes, b_axes):
         """The kernel `name`'s (A, B), created at init. `a_axes`/`b_axes` say, per adapter
@@ -463,6 +469,16 @@ class Provider(qwix.LoraProvider):
             )
         boxed = module.get_variable("params", name)
         stored = _flax_util.unbox(boxed)
+        how = self._quantization(path, rhs, how, qtype)
+        # From the stored (param_dtype) values, in the matmul's layout.
+        value = _ptq.WithAux(_qarray.quantize(stored.reshape(rhs.shape), how), how)
+        axes = merged_axes(tuple(stored.shape), tuple(rhs.shape))
+        module.put_variable("params", name, jax.tree.map(lambda v: rebox(boxed, v, axes), value))
+        return value
+
+    def _quantization(self, path, rhs, how, qtype):
+        """Qwix's HowToQuantize of the kernel at `path` as the matmul operand `rhs` (`how`:
+        Qwix's get_how_to_quantize of the matmul), its blocks checked against `rhs`."""
         rule = self._rules[0]
         how = how(
             for_lhs=False,
@@ -473,11 +489,7 @@ class Provider(qwix.LoraProvider):
         for axis, size in how.tiled_axes.items():  # Qwix: "(32, 32) cannot be tiled as {0: 64}"
             if rhs.shape[axis] % size:
                 raise ValueError(tile_size_error(self.config, {path: rhs.shape[axis]}))
-        # From the stored (param_dtype) values, in the matmul's layout.
-        value = _ptq.WithAux(_qarray.quantize(stored.reshape(rhs.shape), how), how)
-        axes = merged_axes(tuple(stored.shape), tuple(rhs.shape))
-        module.put_variable("params", name, jax.tree.map(lambda v: rebox(boxed, v, axes), value))
-        return value
+        return how
 
 
 def rebox(box, value, axes):

@@ -5,6 +5,7 @@
     grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))  # base + adapters: the Linen tree
     plain = interop.as_nnx(model.spec, lora.merge(params, config))  # merged, no adapters
+    merged = lora.merge(lora.dequantized(params, float_params), config)  # QLoRA's
     state, targets = tfjax.runner.export.adapter_state(model.spec, params, family)  # peft's
 
 One submodule, its targets matched against its own paths:
@@ -27,24 +28,39 @@ among the running module's nnx.Params (`module.query_kernel[...]` is the stored 
 numpy-held ones are converted in promote_dtype) and followed through promote_dtype and
 reshape as in Linen. Qwix intercepts one method of an NNX model (__call__); the others of
 METHODS (the head's `logits`, which the chunked loss calls alone) are intercepted here.
-Not yet on NNX: adapter dropout (LoraConfig.dropout; tfjax.nnx takes explicit dropout keys,
-which the provider does not see) and QLoRA (base_dtype; tfjax.nnx's attention reads the
-kernel's [D, N, H] shape, which a kernel stored quantized as [D, N H] does not have).
+Adapter dropout (LoraConfig.dropout), in a training call only (train=True, or a tfjax.nnx
+layer's call given its `dropout_rng`): tfjax.nnx's modules take explicit keys, not a "dropout"
+stream, so each matmul's key is the `dropout_rng` of the innermost running module call that
+takes one (a layer's own, inside a scanned stack too), else the key the model draws from the
+call's `rngs` for its own dropout; folded with the kernel's path from that module.
+QLoRA (base_dtype): apply_lora quantizes the copy's targeted kernels as Linen's init_params
+does (bit for bit: the same WithAux(QArray) in the matmul's layout, each layer of a stack on its
+own), so the model's Param state is Linen's QLoRA params tree. tfjax.nnx's attention reads its
+kernels' shape ([D, N, H]), which a kernel stored as [D, N H] has not: the kernel's Param
+(_QuantizedKernel) is read as a view of the float kernel's shape, whose reshape to the matmul's
+layout gives the stored WithAux to the provider's (Linen's) quantized matmuls. The quantized
+kernels are not placed on a mesh in context (the adapters are): the runner places the params by
+the Linen model's names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
+import zlib
 from collections.abc import Sequence
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
 from qwix._src import model as _qmodel
+from qwix._src.core import qarray as _qarray
+from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
 from tfjax.lora.adapters import ADAPTER_SUFFIXES
@@ -72,6 +88,49 @@ class _NnxProvider(Provider):
     def __init__(self, config: LoraConfig):
         super().__init__(config)
         self.wants: dict[tuple, _Want] | None = None  # a dict while the first call records
+        # QLoRA: how each targeted kernel is quantized, as the first call's matmuls ask
+        self.hows: dict[tuple, _qarray.HowToQuantize] = {}
+        self._call_key = None  # the training call's key of the adapters' dropout
+
+    def process_model_inputs(self, model, model_args, model_kwargs):
+        if self.config.dropout:
+            self._call_key = _call_dropout_key(model, model_kwargs, self.config.dropout)
+        return super().process_model_inputs(model, model_args, model_kwargs)
+
+    def process_model_output(self, method_name, model_output):
+        self._call_key = None
+        return super().process_model_output(method_name, model_output)
+
+    def _dropout_key(self, name):
+        """In a training call: the `dropout_rng` of the innermost running tfjax.nnx module
+        that takes one (one per layer, in a scanned stack too), else the call's own key;
+        folded with the kernel's path from that module, so that each kernel's adapters drop
+        their own inputs (as Linen's make_rng gives) and a layer's draws do not depend on
+        whether its stack is scanned."""
+        if self._call_key is None:
+            return None
+        path = (*_nnx_path(_flax_util.get_current_module()), name)
+        key, owner = _module_dropout_key()
+        if key is None:
+            key = self._call_key
+        else:
+            path = path[len(_nnx_path(owner)) :]
+        return jax.random.fold_in(key, zlib.crc32("/".join(path).encode()) & 0x7FFFFFFF)
+
+    def _quantize(self, name, rhs, how, qtype):
+        """QLoRA, in the first call: the kernel `name` quantized (abstractly) as its matmul
+        asks, which apply_lora then does to its values; later a float kernel is refused."""
+        module = _flax_util.get_current_module()
+        path = "/".join((*_nnx_path(module), name))
+        if self.wants is None:
+            raise ValueError(
+                f"LoraConfig.base_dtype={qtype!r}, but the kernel {path} holds float values: "
+                "lora.apply_lora quantizes the NNX model's kernels; load a QLoRA model's "
+                "params (its quantized kernels) into it"
+            )
+        how = self._quantization(path, rhs, how, qtype)
+        self.hows[(_nnx_path(module), name)] = how
+        return _ptq.WithAux(_qarray.quantize(rhs, how), how)
 
     def _origin(self, value):
         origin = super()._origin(value)
@@ -131,9 +190,12 @@ class _NnxProvider(Provider):
 
 def _is_read_of(value, stored) -> bool:
     """Whether `value` is what `variable[...]` gives of a variable holding `stored`: `stored`
-    itself (a jax array or tracer), or a view of it (numpy's, e.g. from jax.device_get)."""
+    itself (a jax array or tracer), a view of it (numpy's, e.g. from jax.device_get), or a
+    quantized kernel's WithAux holding its arrays (see _QuantizedKernel)."""
     if value is stored:
         return True
+    if isinstance(value, _ptq.WithAux) and isinstance(stored, _ptq.WithAux):  # QLoRA's
+        return value.array.qvalue is stored.array.qvalue
     return (
         isinstance(value, np.ndarray)
         and isinstance(stored, np.ndarray)
@@ -164,17 +226,6 @@ def apply_lora_nnx(model, config: LoraConfig, args, kwargs, rngs):
             f"apply_lora of an NNX {type(model).__name__} needs example inputs (e.g. tokens): "
             "one abstract call finds the targeted matmuls"
         )
-    if config.dropout:
-        raise NotImplementedError(
-            f"LoraConfig.dropout={config.dropout}: adapter dropout is Linen's only so far "
-            "(tfjax.nnx's models take explicit dropout keys, which Qwix's provider does not see)"
-        )
-    if config.base_dtype is not None:
-        raise NotImplementedError(
-            f"LoraConfig.base_dtype={config.base_dtype!r}: QLoRA is Linen's only so far "
-            "(tfjax.nnx's attention reads its kernels' [D, N, H] shape; QLoRA stores them "
-            "quantized as [D, N H])"
-        )
     if nnx.state(model, nnx.LoRAParam):
         raise ValueError(f"apply_lora: the {type(model).__name__} has adapters already")
     names = [
@@ -192,23 +243,7 @@ def apply_lora_nnx(model, config: LoraConfig, args, kwargs, rngs):
     # A copy whose __call__ Qwix intercepts, each module given its path (qwix_path); Qwix's
     # own first call is skipped (see this module's docstring).
     out = qwix.apply_lora_to_model(model, provider, rngs=rngs, skip_nnx_init=True)
-    # Qwix's NNX path intercepts __call__ only; the other methods (the head's `logits`, which
-    # the chunked loss calls alone) are intercepted here the same way, on the class Qwix made
-    # for this copy. A method called from an intercepted one runs inside its interception.
-    cls = type(out)
-    for method in METHODS[1:]:
-        if callable(getattr(cls, method, None)):
-            setattr(
-                cls,
-                method,
-                _qmodel._apply_interceptors(
-                    getattr(cls._unquantized_type, method),
-                    provider,
-                    output_transform=functools.partial(
-                        _qmodel._output_transform_nnx, provider, method
-                    ),
-                ),
-            )
+    _intercept_other_methods(out, provider)
     provider.wants = {}
     try:
         nnx.eval_shape(lambda m: m(*args, **kwargs), out)
@@ -228,7 +263,31 @@ def apply_lora_nnx(model, config: LoraConfig, args, kwargs, rngs):
                 where, kernel, want, initializer, shape, adapter_axes, rngs.params()
             )
             setattr(module, name + suffix, adapter)
+        if (path, name) in provider.hows:  # QLoRA
+            setattr(module, name, _quantized(kernel, want, provider.hows[(path, name)]))
+    provider.hows = {}
     return out
+
+
+def _intercept_other_methods(model, provider):
+    """Qwix's NNX path intercepts __call__ only; the other methods of METHODS (the head's
+    `logits`, which the chunked loss calls alone) are intercepted here the same way, on the
+    class Qwix made for this copy. A method called from an intercepted one runs inside its
+    interception."""
+    cls = type(model)
+    for method in METHODS[1:]:
+        if callable(getattr(cls, method, None)):
+            setattr(
+                cls,
+                method,
+                _qmodel._apply_interceptors(
+                    getattr(cls._unquantized_type, method),
+                    provider,
+                    output_transform=functools.partial(
+                        _qmodel._output_transform_nnx, provider, method
+                    ),
+                ),
+            )
 
 
 def _nnx_adapter(where, kernel, want, initializer, shape, adapter_axes, key) -> nnx.LoRAParam:
@@ -260,3 +319,103 @@ def _nnx_blocks():
     from tfjax.nnx import blocks  # imported with NNX use only
 
     return blocks
+
+
+# ----------------------------------------------------------------------------------------------
+# Adapter dropout: the key of a training call.
+
+
+def _call_dropout_key(model, kwargs, rate):
+    """The key of a training call's adapter dropout, None when the call does not train: its
+    `dropout_rng` (a tfjax.nnx block's or layer's call), or with train=True the key the model
+    draws for its own dropout from `rngs` (else its own .rngs; read from a copy, so the model
+    draws what it draws without LoRA)."""
+    key = kwargs.get("dropout_rng")
+    if key is not None:
+        return key
+    if kwargs.get("train") is not True:
+        return None
+    rngs = kwargs.get("rngs") or getattr(model, "rngs", None)
+    if not isinstance(rngs, nnx.Rngs):
+        raise ValueError(
+            f"LoraConfig.dropout={rate}: a training call of the NNX {type(model).__name__} "
+            "needs rngs=nnx.Rngs(dropout=key) for the adapters' dropout"
+        )
+    return nnx.clone(rngs).dropout()
+
+
+def _module_dropout_key():
+    """(`dropout_rng`, its module) of the innermost running tfjax.nnx module call that has
+    one (its modules take their dropout key so, a key when training); (None, None) if none."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        local = frame.f_locals
+        if isinstance(local.get("self"), nnx.Module) and local.get("dropout_rng") is not None:
+            return local["dropout_rng"], local["self"]
+        frame = frame.f_back
+    return None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# QLoRA: a kernel stored quantized in its matmul's layout, read in its own shape.
+
+
+@flax.struct.dataclass
+class _KernelView(_ptq.WithAux):
+    """A quantized kernel (WithAux(QArray) in its matmul's layout, [D, N H] for query_kernel)
+    as its module reads it: of the float kernel's shape ([D, N, H]: tfjax.nnx's attention takes
+    N and H from it). Reshaped to the matmul's layout it is the stored WithAux again, which
+    the provider's matmuls take (as Linen's modules hand it over, reshaped by Qwix's WithAux)."""
+
+    kernel_shape: tuple = flax.struct.field(pytree_node=False, default=())  # one layer's
+    matmul_ndim: int = flax.struct.field(pytree_node=False, default=2)
+
+    @property
+    def shape(self):
+        stored = self.array.qvalue.shape  # [*L, ...]: a scanned stack's layers lead
+        return (*stored[: len(stored) - self.matmul_ndim], *self.kernel_shape)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        if shape != tuple(self.array.qvalue.shape):
+            raise ValueError(
+                f"a quantized kernel {self.shape} is multiplied as {self.array.qvalue.shape}, "
+                f"not {shape}"
+            )
+        return _ptq.WithAux(self.array, self.how)
+
+
+class _QuantizedKernel(nnx.Param):
+    """A QLoRA kernel's nnx.Param: its value Linen's QLoRA parameter (a WithAux, so the
+    model's Param state is the Linen params tree), read by its module (`kernel[...]`) as a
+    _KernelView. Float values loaded into it pass, and the matmul refuses them by name."""
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if not isinstance(value, _ptq.WithAux):
+            return value
+        meta = self.get_metadata()
+        return _KernelView(value.array, value.how, meta["kernel_shape"], meta["matmul_ndim"])
+
+
+def _quantized(kernel: nnx.Param, want: _Want, how) -> nnx.Param:
+    """The float nnx.Param `kernel` quantized as Linen's QLoRA stores it (init_params): a
+    WithAux(QArray) in its matmul's layout `want.shape`, each layer of a scanned stack [L, ...]
+    on its own. Not placed on a mesh (the runner places the params by Linen's names)."""
+    value = kernel.get_raw_value()
+    lead = tuple(value.shape[: value.ndim - len(want.kernel_shape)])
+    if lead:
+        layers = value.reshape(-1, *want.shape)
+        q = jax.vmap(lambda k: _qarray.quantize(k, how))(layers)
+        q = jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), q)
+    else:
+        q = _qarray.quantize(value.reshape(want.shape), how)
+    return _QuantizedKernel(
+        _ptq.WithAux(q, how),
+        kernel_shape=want.kernel_shape,
+        matmul_ndim=len(want.shape),
+    )
