@@ -386,6 +386,17 @@ def test_vit_aux_and_pooling():
         assert out.shape == (2, 32) and aux["encoded"].shape == (2, 6 + (pool == "cls"), 32)
 
 
+def test_vit_takes_images_of_its_image_size_and_channels_when_set():
+    """image_size and channels unset: any images (as always); set: others refused by name."""
+    m = vit.Model(variant="tiny/4", num_classes=None, image_size=8, channels=1)
+    x = jnp.ones((2, 8, 8, 1))
+    assert m.apply(m.init(jax.random.key(0), x), x)[0].shape == (2, 32)
+    with pytest.raises(ValueError, match=r"images are 8x12; VisionTransformer.image_size=8"):
+        m.init(jax.random.key(0), jnp.ones((2, 8, 12, 1)))
+    with pytest.raises(ValueError, match=r"images have 3 channels; VisionTransformer.channels=1"):
+        m.init(jax.random.key(0), jnp.ones((2, 8, 8, 3)))
+
+
 def test_patch_embed_is_the_strided_convolution():
     """Same parameters, initial values, outputs and gradients as nn.Conv with stride p."""
     x = jax.random.normal(jax.random.key(0), (2, 32, 48, 3))

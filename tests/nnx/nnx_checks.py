@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict
 
-from tfjax.nnx import models
+from tfjax.nnx import functional, models
 
 
 def flat(tree):
@@ -28,11 +28,15 @@ def close(got, want):
 
 def assert_same_tree(params, model):
     """The NNX `model`'s parameters have the (boxed) Linen `params`' paths, shapes, dtypes and
-    logical axis names."""
+    logical axis names; and as Functional.init gives them (functional.boxed_params), the same
+    tree of the same nn.LogicallyPartitioned boxes (their names are the tree's structure)."""
     state = nnx.state(model, nnx.Param)
     assert layout(nnx.to_pure_dict(state)) == layout(params)
     names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
     assert names == flatten_dict(nn.get_partition_spec(params))
+    boxed = functional.boxed_params(model)
+    assert jax.tree.structure(boxed) == jax.tree.structure(params)
+    assert layout(boxed) == layout(params)
 
 
 def loss(out, aux):

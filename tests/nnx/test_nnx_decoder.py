@@ -11,6 +11,7 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from nnx_checks import assert_same_tree
 
 from tfjax import sharding
 from tfjax.models import decoder as linen
@@ -124,10 +125,8 @@ def _layout(tree):
 def test_same_parameter_tree_and_logical_names(name, scan_layers):
     lm, model = _models(name, scan_layers)
     params = _linen_params(lm, _tokens())
-    state = nnx.state(model, nnx.Param)
-    assert _layout(nnx.to_pure_dict(state)) == _layout(params)
-    names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
-    assert names == flatten_dict(nn.get_partition_spec(params))
+    assert_same_tree(params, model)  # Functional.init's boxes too
+    names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model, nnx.Param))))
     if scan_layers:
         out = P("layers", "heads", "head_dim", "embed")
         assert names["decoder", "layers", "self_attention", "out_kernel"] == out
@@ -137,8 +136,8 @@ def test_bfloat16_storage_and_compute_as_linen():
     lm, model = _models("llama", True, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
     tokens = _tokens()
     params = _linen_params(lm, tokens)
+    assert_same_tree(params, model)  # Functional.init's boxes too
     layout = _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    assert layout == _layout(params)
     assert {dtype for _, dtype in layout.values()} == {jnp.dtype(jnp.bfloat16)}
     models.load_params(model, params)
     got, want = model(tokens)[0], lm.apply({"params": params}, tokens)[0]
@@ -228,10 +227,8 @@ def test_experts_as_linens_and_their_aux_losses(scan_layers):
     lm, model = _models("moe", scan_layers)
     tokens = _tokens()
     boxed = _linen_params(lm, tokens)
-    state = nnx.state(model, nnx.Param)
-    assert _layout(nnx.to_pure_dict(state)) == _layout(boxed)
-    names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(state)))
-    assert names == flatten_dict(nn.get_partition_spec(boxed))
+    assert_same_tree(boxed, model)  # Functional.init's boxes too
+    names = flatten_dict(nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model, nnx.Param))))
     layer, lead = (("layers",), ("layers",)) if scan_layers else (("layers_0",), ())
     experts = names[("decoder", *layer, "mlp", "experts", "wo")]
     assert experts == P(*lead, "experts", "mlp", "embed")

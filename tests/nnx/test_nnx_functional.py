@@ -1,5 +1,6 @@
 """tfjax.nnx.functional.Functional: an NNX family model behind Linen's init and apply. Its init
-is the Linen model's (the same boxed tree, names and values); its apply, computed by the NNX
+makes the NNX model's parameters as Linen's tree (the same boxes and logical names, values of
+its own); its apply, computed by the NNX
 model inside the caller's jit, gives the Linen model's outputs (the call, a method, dropout
 keys, the explicit cache) and refuses what NNX has no counterpart for."""
 
@@ -30,12 +31,58 @@ def _close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_init_is_the_linen_models(built):
+def _layout(tree):
+    return jax.tree.map(lambda x: (x.shape, x.dtype), nn.unbox(tree))
+
+
+def test_init_has_the_linen_tree_and_values_of_its_own(built):
+    """init is the NNX model's: Linen's tree, boxes, logical names, shapes and dtypes, its own
+    values (other RNG use), the same ones for the same key."""
     lm, fn, boxed, tokens = built
     want = lm.init(jax.random.key(0), tokens)["params"]
     assert jax.tree.structure(boxed) == jax.tree.structure(want)  # boxed alike, same names
     assert nn.get_partition_spec(boxed) == nn.get_partition_spec(want)
-    jax.tree.map(np.testing.assert_array_equal, nn.unbox(boxed), nn.unbox(want))
+    assert _layout(boxed) == _layout(want)
+    kernel = ("decoder", "layers", "mlp", "wi_0", "kernel")
+    got, linen_kernel = (nn.unbox(t) for t in (boxed, want))
+    for key in kernel:
+        got, linen_kernel = got[key], linen_kernel[key]
+    assert not np.array_equal(got, linen_kernel)
+    again = fn.init({"params": jax.random.key(0)}, tokens)["params"]
+    jax.tree.map(np.testing.assert_array_equal, nn.unbox(again), nn.unbox(boxed))
+
+
+@pytest.mark.parametrize(
+    "family, fields, inputs",
+    [
+        ("decoder", dict(variant="moe-tiny", vocab_size=VOCAB, first_dense_layers=1), (2, 8)),
+        ("encoder", dict(variant="tiny", vocab_size=VOCAB, head="classifier"), (2, 8)),
+        ("transformer", dict(variant="tiny", vocab_size=VOCAB, position="relative"), None),
+        ("vit", dict(variant="tiny/4", num_classes=3, pool="map", num_registers=2), None),
+    ],
+)
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_init_of_each_family_is_linens_tree_abstractly(family, fields, inputs, scan_layers):
+    """Functional.init of each family, made of its spec (tfjax.specs) as of its Linen model:
+    Linen init's tree, boxes and logical names, shapes and dtypes (abstractly: nothing drawn)."""
+    import importlib
+
+    fields = dict(fields, scan_layers=scan_layers)
+    variant = fields.pop("variant")
+    lm = importlib.import_module(f"tfjax.models.{family}").Model(variant, **fields)
+    spec = importlib.import_module(f"tfjax.specs.{family}").Model(variant, **fields)
+    if family == "vit":
+        args = (jnp.zeros((1, 8, 12, 1)),)
+    elif family == "transformer":
+        args = (jnp.ones((2, 7), jnp.int32), jnp.ones((2, 5), jnp.int32))
+    else:
+        args = (jnp.ones(inputs, jnp.int32),)
+    key = jax.random.key(0)
+    want = jax.eval_shape(lambda k: lm.init(k, *args)["params"], key)
+    for fn in (functional.Functional(spec, *args), functional.Functional(lm, *args)):
+        got = jax.eval_shape(lambda k, fn=fn: fn.init(k, *args)["params"], key)
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        assert _layout(got) == _layout(want)
 
 
 def test_apply_computes_the_linen_outputs_inside_a_jit(built):
@@ -97,6 +144,8 @@ def test_split_gives_the_nnx_models_function_and_params(built):
     model = models.from_linen(lm, rngs=nnx.Rngs(1))
     got_fn, params = functional.split(model)
     assert got_fn == fn
+    remade = jax.eval_shape(lambda k: got_fn.init(k, tokens)["params"], jax.random.key(0))
+    assert jax.tree.structure(remade) == jax.tree.structure(boxed)  # its spec's model, remade
     _close(got_fn.apply({"params": params}, tokens)[0], model(tokens)[0])
     with pytest.raises(TypeError, match="Linear is not a tfjax.nnx.models family model"):
         functional.split(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))
@@ -136,3 +185,9 @@ def test_a_vit_is_sized_by_example_images():
     _close(fn.apply({"params": params}, x)[0], spec.apply({"params": params}, x)[0])
     assert fn != functional.Functional(spec)  # 224 x 224 x 3 images
     assert fn == functional.Functional(spec, jax.ShapeDtypeStruct((5, 8, 12, 1), jnp.float32))
+    remade, _ = functional.split(models.from_spec(spec, images, rngs=nnx.Rngs(0)))
+    assert remade == fn  # the model of the same image size
+    layout = jax.eval_shape(lambda k: remade.init(k)["params"], jax.random.key(0))
+    assert jax.tree.map(lambda x: x.shape, nn.unbox(layout)) == jax.tree.map(
+        lambda x: x.shape, nn.unbox(params)
+    )

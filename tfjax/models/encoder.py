@@ -19,63 +19,30 @@ slices of T (`loss.chunks`), never all [B, T, V] at once.
 """
 
 from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
-from tfjax.allowed import one_of
 from tfjax.models import common
-from tfjax.models.common import check_tokens, from_variant
+from tfjax.models.common import check_tokens
 from tfjax.nn import axes, masks
+from tfjax.specs import encoder as encoder_spec
 
-# Sizes of BERT (Devlin et al.) and its miniatures (Turc et al., 2019); "tiny" for tests.
-VARIANTS = {
-    "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=64, max_len=128),
-    # configs/mlm.py's CPU experiment (pydoc): trains in minutes on two cores
-    "demo": dict(width=128, num_layers=4, num_heads=4, mlp_dim=512, max_len=128),
-    "bert-mini": dict(width=256, num_layers=4, num_heads=4, mlp_dim=1024),
-    "bert-small": dict(width=512, num_layers=4, num_heads=8, mlp_dim=2048),
-    "bert-medium": dict(width=512, num_layers=8, num_heads=8, mlp_dim=2048),
-    "bert-base": dict(width=768, num_layers=12, num_heads=12, mlp_dim=3072),
-    "bert-large": dict(width=1024, num_layers=24, num_heads=16, mlp_dim=4096),
-}
-HEADS = ("mlm", "classifier")
+# The presets and choices are the spec's (tfjax.specs.encoder).
+VARIANTS, HEADS = encoder_spec.VARIANTS, encoder_spec.HEADS
 
 
-class Encoder(nn.Module):
-    """BERT-like encoder; see the module docstring."""
+class Encoder(common.FromSpec, nn.Module):
+    """BERT-like encoder; see the module docstring. Its fields, their checks and what they
+    build are tfjax.specs.encoder.Encoder's (`spec`)."""
 
-    vocab_size: int  # V
-    width: int = 768  # D
-    num_layers: int = 12  # L
-    num_heads: int = 12  # A
-    mlp_dim: int = 3072  # 4 D in BERT
-    max_len: int = 512  # learned position table size
-    type_vocab_size: int = 2  # sentence A / B embeddings; 0 for none
-    head: str = "mlm"  # "mlm" (masked-LM logits) or "classifier" (pooled sequence logits)
-    num_classes: int = 2  # C, with head="classifier"
-    dropout_rate: float = 0.1  # embeddings, residual sub-layers and the classifier input
-    attention_dropout_rate: float = 0.1  # on attention weights (BERT: 0.1)
-    activation: str = "gelu"  # exact GELU as in BERT
-    norm_position: str = "post"  # BERT is post-LN
-    norm_eps: float = 1e-12  # BERT's LayerNorm epsilon
-    init_stddev: float = 0.02  # truncated-normal-like init scale of BERT
-    scan_layers: bool = False  # nn.scan over layers
-    remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
-    implementation: str | None = None  # attention backend
-    dtype: Any = None  # compute dtype (float32 when None)
-    param_dtype: Any = jnp.float32  # storage dtype
-
-    def __post_init__(self):
-        common.check_fields(self, head=one_of(*HEADS))
-        self.block_config()  # the layers' configs check the fields they take
-        super().__post_init__()
+    SPEC = encoder_spec.Encoder
+    locals().update(common.spec_fields(SPEC))
 
     def block_config(self) -> tnn.BlockConfig:
-        """Every layer's config: the flat fields translated (common.block_config)."""
-        return common.block_config(self)
+        """The spec's `block_config`: every layer's config."""
+        return self.spec.block_config()
 
     def setup(self):
         # What the masked-LM projection shares with __call__, here so that `logits` can be
@@ -193,4 +160,4 @@ class Encoder(nn.Module):
 
 def Model(variant: str | None = None, **overrides) -> Encoder:  # noqa: N802 (a factory)
     """Encoder(**VARIANTS[variant], **overrides); `vocab_size` is required."""
-    return from_variant(Encoder, VARIANTS, variant, overrides)
+    return Encoder.of(encoder_spec.Model(variant, **overrides))

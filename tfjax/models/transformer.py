@@ -33,117 +33,42 @@ The second form in the first example lets a loss make the logits in slices of T
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax import nn as tnn
-from tfjax.allowed import one_of
 from tfjax.models import common
-from tfjax.models.common import check_tokens, from_variant, shift_right
+from tfjax.models.common import check_tokens, shift_right
 from tfjax.nn import axes, masks
 from tfjax.ops.cache import max_length, next_position
+from tfjax.specs import transformer as transformer_spec
 
-# "base" and "big" are Table 3 of the paper; "tiny" is for tests, "demo" for configs/translate.py's
-# CPU experiment (trains in minutes on two cores), "small" a step between it and "base".
-VARIANTS = {
-    "tiny": dict(width=32, num_layers=2, num_heads=4, mlp_dim=64, dropout_rate=0.0),
-    "demo": dict(width=128, num_layers=2, num_heads=4, mlp_dim=512, dropout_rate=0.1),
-    "small": dict(width=256, num_layers=3, num_heads=4, mlp_dim=1024, dropout_rate=0.1),
-    "base": dict(width=512, num_layers=6, num_heads=8, mlp_dim=2048, dropout_rate=0.1),
-    "big": dict(width=1024, num_layers=6, num_heads=16, mlp_dim=4096, dropout_rate=0.3),
-}
-# T5 v1.1 (Raffel et al., 2020, its v1.1 release): what every size shares. Dropout as in the
-# checkpoints' config.json, everywhere transformers' T5 applies it (attention weights, the FFN's
-# hidden activations and each stack's output too).
-T5 = dict(
-    norm="rms",
-    norm_position="pre",
-    use_bias=False,
-    position="relative",
-    scale_embeddings=False,
-    attention_scale=1.0,
-    activation="geglu_tanh",
-    head_dim=64,
-    share_embeddings=True,
-    tie_embeddings=False,
-    norm_eps=1e-6,
-    dropout_rate=0.1,
-    attention_dropout_rate=0.1,
-    mlp_dropout_rate=0.1,
-    output_dropout=True,
-    vocab_size=32128,
-)
-# The published sizes of T5 v1.1 and Flan-T5 (Chung et al., 2022), which share them.
-VARIANTS |= {
-    "flan-t5-small": dict(T5, width=512, num_layers=8, num_heads=6, mlp_dim=1024),
-    "flan-t5-base": dict(T5, width=768, num_layers=12, num_heads=12, mlp_dim=2048),
-    "flan-t5-large": dict(T5, width=1024, num_layers=24, num_heads=16, mlp_dim=2816),
-    "flan-t5-xl": dict(T5, width=2048, num_layers=24, num_heads=32, mlp_dim=5120),
-    "flan-t5-xxl": dict(T5, width=4096, num_layers=24, num_heads=64, mlp_dim=10240),
-}
-POSITIONS = ("sinusoidal", "relative")
+# The presets and choices are the spec's (tfjax.specs.transformer).
+VARIANTS, T5, POSITIONS = transformer_spec.VARIANTS, transformer_spec.T5, transformer_spec.POSITIONS
 
 
-class Transformer(nn.Module):
-    """Encoder-decoder Transformer; see the module docstring."""
+class Transformer(common.FromSpec, nn.Module):
+    """Encoder-decoder Transformer; see the module docstring. Its fields, their checks and what
+    they build are tfjax.specs.transformer.Transformer's (`spec`)."""
 
-    vocab_size: int  # V, shared by source and target
-    width: int = 512  # D = d_model
-    num_layers: int = 6  # N, in the encoder and in the decoder
-    num_heads: int = 8  # h
-    mlp_dim: int = 2048  # d_ff
-    head_dim: int | None = None  # d_k = d_v; width // num_heads when None (T5: 64)
-    dropout_rate: float = 0.1  # P_drop: embeddings and every residual sub-layer
-    attention_dropout_rate: float = 0.0  # on attention weights (not in the paper; T5's rate)
-    mlp_dropout_rate: float = 0.0  # on the FFN's hidden activations (not in the paper; T5's)
-    output_dropout: bool = False  # dropout_rate also on each stack's output, after its final
-    # norm (T5)
-    activation: str = "relu"  # FFN activation (T5 v1.1: "geglu_tanh")
-    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm, T5)
-    norm_position: str = "post"  # "post" as in the paper, "pre" for stabler deep stacks
-    norm_eps: float = 1e-6  # norm epsilon
-    use_bias: bool = True  # biases in the attention and FFN projections (T5: none)
-    position: str = "sinusoidal"  # added sinusoids (the paper) or "relative" (T5's bias)
-    relative_buckets: int = 32  # position="relative": buckets of T5's relative distances
-    relative_max_distance: int = 128  # ... and the distance where the last bucket starts
-    scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (the paper; T5: no)
-    attention_scale: float | None = None  # logit scale; head_dim**-0.5 when None (T5: 1)
-    share_embeddings: bool = True  # one token embedding for source and target
-    tie_embeddings: bool | None = None  # the output projection is the target embedding^T;
-    # share_embeddings when None (the paper: one matrix for all three; T5 v1.1: no)
-    logits_bias: bool = False  # a learned [V] bias added to the logits (Marian)
-    final_norm: bool = False  # a LayerNorm after each post-norm stack (torch.nn.Transformer)
-    scan_layers: bool = False  # nn.scan over layers
-    remat_policy: str = "none"  # see tfjax.nn.blocks.REMAT_POLICIES
-    implementation: str | None = None  # attention backend
-    kernel_init: Callable = tnn.attention.default_kernel_init  # every projection kernel
-    dtype: Any = None  # compute dtype (float32 when None)
-    param_dtype: Any = jnp.float32  # storage dtype
-
-    def __post_init__(self):
-        common.check_fields(self, position=one_of(*POSITIONS))
-        self.block_config()  # the layers' configs check the fields they take
-        super().__post_init__()
+    SPEC = transformer_spec.Transformer
+    locals().update(common.spec_fields(SPEC))
 
     def block_config(self) -> tnn.BlockConfig:
-        """The encoder layers' config: the flat fields translated (common.block_config); the
-        decoder's is the same made causal and with cross-attention."""
-        return common.block_config(self)
+        """The spec's `block_config`: the encoder layers' config (the decoder's made causal,
+        with cross-attention)."""
+        return self.spec.block_config()
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
-        """An empty explicit KV cache of the decoder's self-attention for `batch_size` rows of
-        up to `length` target tokens, to pass as `cache=` to `decode` with decode=True (as
-        decoder.Decoder.init_cache)."""
-        config = self.block_config().attention
-        return common.init_cache(self, config, batch_size, length, dtype=dtype, sharding=sharding)
+        """The spec's `init_cache`: an empty explicit KV cache of the decoder's self-attention
+        for `cache=` to `decode` with decode=True."""
+        return self.spec.init_cache(batch_size, length, dtype=dtype, sharding=sharding)
 
     @property
     def tied(self) -> bool:
-        """Whether the logits are the target embedding^T (no output_proj)."""
-        return self.share_embeddings if self.tie_embeddings is None else self.tie_embeddings
+        """The spec's `tied`: whether the logits are the target embedding^T."""
+        return self.spec.tied
 
     def setup(self):
         def embed(name):
@@ -361,4 +286,4 @@ class Transformer(nn.Module):
 
 def Model(variant: str | None = None, **overrides) -> Transformer:  # noqa: N802 (a factory)
     """Transformer(**VARIANTS[variant], **overrides); `vocab_size` is required."""
-    return from_variant(Transformer, VARIANTS, variant, overrides)
+    return Transformer.of(transformer_spec.Model(variant, **overrides))

@@ -29,7 +29,11 @@ from tfjax.ops.attention import (  # noqa: F401 (re-exported)
     cudnn_unsupported_reason,
 )
 from tfjax.ops.cache import KVCache, write
-from tfjax.ops.config import AttentionConfig, LayerAttention  # noqa: F401 (re-exported)
+from tfjax.ops.config import (  # noqa: F401 (re-exported)
+    AttentionConfig,
+    LayerAttention,
+    default_kernel_init,  # noqa: F401 (re-exported)
+)
 
 
 @functools.wraps(_ops.dot_product_attention)
@@ -37,9 +41,6 @@ def dot_product_attention(q, k, v, **kwargs):
     # The kernels that run per shard take the layout the logical rules in context give.
     kwargs.setdefault("sharding", axes.attention_sharding())
     return _ops.dot_product_attention(q, k, v, **kwargs)
-
-
-default_kernel_init = nn.initializers.xavier_uniform()
 
 
 class MultiHeadAttention(nn.Module):

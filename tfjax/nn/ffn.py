@@ -22,9 +22,10 @@ from tfjax.ops.activations import (  # noqa: F401 (re-exported)
     gelu,
     quick_gelu,
 )
-from tfjax.ops.config import MlpConfig
-
-default_kernel_init = nn.initializers.xavier_uniform()
+from tfjax.ops.config import (
+    MlpConfig,
+    default_kernel_init,  # noqa: F401 (re-exported)
+)
 
 
 def dense(features, names, *, name, use_bias, kernel_init, dtype, param_dtype, **dense_kwargs):

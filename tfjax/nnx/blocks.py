@@ -26,13 +26,17 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tfjax.ops import axes, embed, moe, multihead, residual
 from tfjax.ops.cache import KVCache, write
-from tfjax.ops.config import AttentionConfig, BlockConfig, MlpConfig, MoeConfig
+from tfjax.ops.config import (
+    AttentionConfig,
+    BlockConfig,
+    MlpConfig,
+    MoeConfig,
+    default_kernel_init,  # noqa: F401 (re-exported)
+)
 from tfjax.ops.moe import EXPERTS, expert_names, expert_sharding, stacked_init
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
 from tfjax.ops.position import relative_position_bias
 from tfjax.ops.remat import LAYER_INPUT, REMAT_POLICIES, check_stack
-
-default_kernel_init = nn.initializers.xavier_uniform()  # Linen's modules' default
 
 
 class AuxLoss(nnx.Variable):

@@ -2,18 +2,19 @@
 steps, its ahead-of-time compiles and `tfjax.decode` run an NNX model on the code path they
 run a Linen model on, with the same parameter trees and checkpoints:
 
-    from tfjax.models import decoder
+    from tfjax.specs import decoder
     from tfjax.nnx.functional import Functional
     model = Functional(decoder.Model("tiny", vocab_size=256))  # the NNX decoder, as a function
-    params = model.init(key, tokens)["params"]                  # Linen's tree, names, values
+    params = model.init(key, tokens)["params"]                  # Linen's tree and names
     logits, aux = model.apply({"params": params}, tokens)       # computed by the NNX model
 
 `apply` is pure: each call merges the NNX model's structure (its graphdef, made once,
 abstractly) with the given parameters and calls it, so it traces inside the caller's `jax.jit`
-(split and merge inside one jit, not `nnx.jit`'s graph walk per call). `init` is the Linen
-model's (the NNX model's parameter tree is the Linen one by construction, so a run starts from
-the same values whichever API it uses). Fields and the explicit cache (`vocab_size`,
-`scan_layers`, `init_cache`, ...) are read off the Linen model, `spec`.
+(split and merge inside one jit, not `nnx.jit`'s graph walk per call). `init` makes the NNX
+model under the key and returns its parameters as Linen's `init` does: the same tree, shapes,
+dtypes and logical-axis boxes (nn.LogicallyPartitioned), with values of its own drawing.
+Fields and the explicit cache (`vocab_size`, `scan_layers`, `init_cache`, ...) are read off
+`spec`: the family spec (tfjax.specs) or Linen model it was made of.
 
 `split(model)` turns an NNX model (`tfjax.nnx.models`) into (Functional, params), as
 `tfjax.decode.generate` does with one it is given.
@@ -38,35 +39,39 @@ MUTABLE = (AUX_LOSSES,)
 
 
 class Functional:
-    """The NNX model of the (unbound) Linen family model `spec`, as `init` and `apply`;
-    `example_args` / `options` size what the fields do not (a ViT's images: see
-    tfjax.nnx.models.from_linen). Equal (and hashing equal) when the specs and the NNX models'
-    structures are: a static argument of jitted functions."""
+    """The NNX model of the family spec `spec` (tfjax.specs, or an unbound Linen family model),
+    as `init` and `apply`; `example_args` / `options` size what the fields do not (a ViT's
+    images: see tfjax.nnx.models.from_linen). Equal (and hashing equal) when the specs and the
+    NNX models' structures are: a static argument of jitted functions."""
 
-    def __init__(self, spec: nn.Module, *example_args, **options):
+    def __init__(self, spec, *example_args, **options):
+        def build(rngs):
+            return models.from_linen(spec, *example_args, rngs=rngs, **options)
+
         # The structure only: nnx.eval_shape makes no parameter.
-        self._set(
-            spec,
-            nnx.eval_shape(
-                lambda: models.from_linen(spec, *example_args, rngs=nnx.Rngs(0), **options)
-            ),
-        )
+        self._set(spec, nnx.eval_shape(lambda: build(nnx.Rngs(0))), build)
 
-    def _set(self, spec, abstract_model):
+    def _set(self, spec, abstract_model, build):
         self.spec = spec
+        self._build = build  # rngs -> the NNX model
         self._graphdef, self._params, self._rest = nnx.split(abstract_model, nnx.Param, ...)
 
     @classmethod
     def of(cls, model: nnx.Module) -> Functional:
-        """The Functional of an NNX family model (its structure, whatever built it)."""
-        spec = getattr(model, "spec", None)
-        if not isinstance(spec, nn.Module):
+        """The Functional of an NNX family model (its structure; `init` makes another of its
+        spec and options, a ViT's image size)."""
+        if type(model).__name__ not in models.FAMILIES or not hasattr(model, "spec"):
             raise TypeError(
                 f"{type(model).__name__} is not a tfjax.nnx.models family model (one built from "
-                "a Linen model, its .spec)"
+                "a family spec, its .spec)"
             )
+        spec, options = model.spec, dict(getattr(model, "options", {}))
+
+        def build(rngs):
+            return models.from_spec(spec, rngs=rngs, **options)
+
         fn = cls.__new__(cls)
-        fn._set(spec, nnx.eval_shape(lambda: model))
+        fn._set(spec, nnx.eval_shape(lambda: model), build)
         return fn
 
     def __eq__(self, other):
@@ -89,13 +94,19 @@ class Functional:
         if name.startswith("_") or hasattr(nn.Module, name):
             raise AttributeError(
                 f"Functional has no {name!r}: it runs the NNX model through init and apply; "
-                "the Linen model is its .spec"
+                "its family spec is its .spec"
             )
         return getattr(self.spec, name)
 
     def init(self, rngs, *args, **kwargs):
-        """The Linen model's `init`: the same boxed params, with their logical names."""
-        return self.spec.init(rngs, *args, **kwargs)
+        """Linen's `init`, by the NNX model: {"params": the parameters of the NNX model made
+        under `rngs` (a key, or {"params": key, ...})}, each boxed with its logical axis names
+        (nn.LogicallyPartitioned), as Linen's init gives the same tree. `args` and `kwargs`
+        (Linen's example inputs) are not read: the spec and the options given when this was
+        made size the model."""
+        del args, kwargs
+        key = rngs["params"] if isinstance(rngs, dict) else rngs
+        return {"params": boxed_params(self._build(nnx.Rngs(key)))}
 
     def model(self, params) -> nnx.Module:
         """The NNX model holding `params` (a Linen params tree, boxed or not); inside a trace,
@@ -154,6 +165,20 @@ def _collections(mutable) -> tuple:
             "cache is explicit, cache=; it sows no intermediates)"
         )
     return tuple(names)
+
+
+def boxed_params(model: nnx.Module) -> dict:
+    """The nnx.Param state of `model` as Linen's params tree: each parameter with logical axis
+    names (its `out_sharding`, tfjax.nnx.blocks.metadata) boxed in nn.LogicallyPartitioned."""
+    tree = {}
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = variable.get_value()
+        names = variable.get_metadata().get("out_sharding")
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value if names is None else nn.LogicallyPartitioned(value, tuple(names))
+    return tree
 
 
 def split(model: nnx.Module) -> tuple[Functional, dict]:

@@ -12,6 +12,8 @@ self-attention config without positions or a window.
 import dataclasses
 import math
 
+import jax
+
 from tfjax.ops.activations import (
     ALL_ACTIVATIONS,
     GATED_ACTIVATIONS,
@@ -22,6 +24,10 @@ from tfjax.ops.activations import (
 from tfjax.ops.attention import check_implementation, check_softcap, check_window
 from tfjax.ops.norms import NORMS
 from tfjax.ops.position import RopeScaling
+
+# The projections' kernel initializer unless a layer or family says otherwise (Glorot uniform,
+# as Flax's Dense): one object, which tfjax.nn's, tfjax.nnx's layers and the specs default to.
+default_kernel_init = jax.nn.initializers.xavier_uniform()
 
 POSITIONS = (None, "rope", "alibi")
 QK_NORMS = ("rms", "rms_plus_one")

@@ -28,7 +28,7 @@ from tfjax.ops.norms import NORMS
 from tfjax.ops.remat import REMAT_POLICIES
 
 # A spec's dataclass options: frozen (a static, hashable description) and keyword-only.
-SPEC = dict(frozen=True, kw_only=True)
+SPEC_OPTIONS = dict(frozen=True, kw_only=True)
 
 # What a family's flat field allows besides its annotated type (an `int | None` field may also
 # be None): the families name their fields alike, so one table serves them all; each family

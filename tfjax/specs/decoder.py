@@ -321,7 +321,7 @@ MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are
 )
 
 
-@dataclasses.dataclass(**common.SPEC)
+@dataclasses.dataclass(**common.SPEC_OPTIONS)
 class Decoder:
     """The GPT-like decoder's fields (letters as in tfjax.models.decoder); see the module
     docstring."""

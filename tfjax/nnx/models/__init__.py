@@ -1,13 +1,14 @@
 """The model families as Flax NNX modules, one file per family as in tfjax.models (decoder,
 encoder, transformer, vit).
 
-Each NNX family model is built from an unbound Linen model of the same family (its `spec`),
-which holds, checks and translates the fields; so one place builds the NNX model of any Linen
+Each NNX family model is built from its family's spec (tfjax.specs.<family>, its `spec`),
+which holds, checks and translates the fields, or from a Linen model of the family, whose
+fields and methods are its spec's; so one place builds the NNX model of any spec or Linen
 family model, and one loads a Linen `params` tree into it:
 
-    from tfjax.models import decoder
+    from tfjax.specs import decoder
     from tfjax.nnx import models
-    model = models.from_linen(decoder.Model("gpt2-small", vocab_size=50257), rngs=nnx.Rngs(0))
+    model = models.from_spec(decoder.Model("gpt2-small", vocab_size=50257), rngs=nnx.Rngs(0))
     models.load_params(model, params)  # a Linen model's (or checkpoint's) params
 """
 
@@ -16,7 +17,7 @@ import importlib
 import flax.linen as nn
 from flax import nnx
 
-# The Linen family model's class name -> the module here that has its NNX model.
+# A family spec's (and its Linen model's) class name -> the module here that has its NNX model.
 FAMILIES = {
     "Decoder": "decoder",
     "Encoder": "encoder",
@@ -25,8 +26,9 @@ FAMILIES = {
 }
 
 
-def from_linen(spec: nn.Module, *example_args, rngs: nnx.Rngs, **options) -> nnx.Module:
-    """The NNX model of the same family and fields as the (unbound) Linen model `spec`.
+def from_spec(spec, *example_args, rngs: nnx.Rngs, **options) -> nnx.Module:
+    """The NNX model of the family spec `spec` (tfjax.specs), or of an (unbound) Linen family
+    model's same family and fields.
 
     `options`: what the NNX model needs besides (a ViT's image_size and channels), or
     `example_args`, inputs as the model will take them (arrays or their shapes and dtypes), from
@@ -49,3 +51,6 @@ def load_params(model: nnx.Module, params) -> None:
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, nn.meta.unbox(params))
     nnx.update(model, state)
+
+
+from_linen = from_spec  # its name when the NNX models were built from Linen models only

@@ -2,10 +2,11 @@
 
 Letters: B batch, T length, D model width, V vocab, C classes.
 
-The same fields, presets (`encoder.VARIANTS`) and checks as the Linen model: the fields are
-held, checked and translated into the layers' configs by an unbound Linen `Encoder` (its
-`spec`), so a field, preset or check added there holds here too; this file adds only the NNX
-modules, which compute the same function with the same parameter tree:
+The same fields, presets (`encoder.VARIANTS`) and checks as the Linen model: both are built
+from the family's spec (tfjax.specs.encoder.Encoder, its `spec`), which holds, checks and
+translates the fields into the layers' configs, so a field, preset or check added there holds
+in both; this file adds only the NNX modules, which compute the same function with the same
+parameter tree:
 
     from flax import nnx
     from tfjax.nnx.models import encoder
@@ -22,21 +23,21 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.models import encoder as linen
-from tfjax.models.common import check_tokens
-from tfjax.nn import axes
 from tfjax.nnx import blocks
-from tfjax.ops import masks
+from tfjax.ops import axes, masks
 from tfjax.ops.activations import gelu
+from tfjax.specs import encoder as encoder_spec
+from tfjax.specs.common import check_tokens
 
-VARIANTS = linen.VARIANTS
+VARIANTS = encoder_spec.VARIANTS
 
 
 class Encoder(nnx.Module):
-    """BERT-like encoder in NNX; see the module docstring. `spec`: a (Linen)
-    tfjax.models.encoder Encoder, unbound, whose fields say what to build."""
+    """BERT-like encoder in NNX; see the module docstring. `spec`: the tfjax.specs.encoder
+    Encoder whose fields say what to build, or a Linen tfjax.models.encoder Encoder
+    (unbound), whose fields and methods are its spec's; kept as given, as `spec`."""
 
-    def __init__(self, spec: linen.Encoder, *, rngs: nnx.Rngs):
+    def __init__(self, spec: encoder_spec.Encoder, *, rngs: nnx.Rngs):
         self.spec = spec
         d = spec.width
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
@@ -135,6 +136,6 @@ class Encoder(nnx.Module):
 
 
 def Model(variant: str | None = None, *, rngs: nnx.Rngs, **overrides) -> Encoder:  # noqa: N802
-    """Encoder(spec=tfjax.models.encoder.Model(variant, **overrides)): the Linen family's
+    """Encoder(spec=tfjax.specs.encoder.Model(variant, **overrides)): the family's
     presets, fields and checks; `vocab_size` is required."""
-    return Encoder(linen.Model(variant, **overrides), rngs=rngs)
+    return Encoder(encoder_spec.Model(variant, **overrides), rngs=rngs)

@@ -3,10 +3,11 @@ v1.1 / Flan-T5 with its relative position bias) as a Flax NNX module.
 
 Letters: B batch, S source length, T target length, D model width, V vocab.
 
-The same fields, presets (`transformer.VARIANTS`) and checks as the Linen model: the fields are
-held, checked and translated into the layers' configs by an unbound Linen `Transformer` (its
-`spec`), so a field, preset or check added there holds here too; this file adds only the NNX
-modules, which compute the same function with the same parameter tree:
+The same fields, presets (`transformer.VARIANTS`) and checks as the Linen model: both are
+built from the family's spec (tfjax.specs.transformer.Transformer, its `spec`), which holds,
+checks and translates the fields into the layers' configs, so a field, preset or check added
+there holds in both; this file adds only the NNX modules, which compute the same function with
+the same parameter tree:
 
     from flax import nnx
     from tfjax.nnx.models import transformer
@@ -27,22 +28,23 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.models import transformer as linen
-from tfjax.models.common import check_tokens, shift_right
-from tfjax.nn import axes
 from tfjax.nnx import blocks
-from tfjax.ops import masks
+from tfjax.ops import axes, masks
 from tfjax.ops.cache import max_length, next_position
 from tfjax.ops.position import sinusoidal
+from tfjax.specs import transformer as transformer_spec
+from tfjax.specs.common import check_tokens, shift_right
 
-VARIANTS = linen.VARIANTS
+VARIANTS = transformer_spec.VARIANTS
 
 
 class Transformer(nnx.Module):
-    """Encoder-decoder Transformer in NNX; see the module docstring. `spec`: a (Linen)
-    tfjax.models.transformer Transformer, unbound, whose fields say what to build."""
+    """Encoder-decoder Transformer in NNX; see the module docstring. `spec`: the
+    tfjax.specs.transformer Transformer whose fields say what to build, or a Linen
+    tfjax.models.transformer Transformer (unbound), whose fields and methods are its spec's;
+    kept as given, as `spec`."""
 
-    def __init__(self, spec: linen.Transformer, *, rngs: nnx.Rngs):
+    def __init__(self, spec: transformer_spec.Transformer, *, rngs: nnx.Rngs):
         self.spec = spec
         d, v = spec.width, spec.vocab_size
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
@@ -270,4 +272,4 @@ class Transformer(nnx.Module):
 def Model(variant: str | None = None, *, rngs: nnx.Rngs, **overrides) -> Transformer:  # noqa: N802
     """Transformer(spec=tfjax.models.transformer.Model(variant, **overrides)): the Linen
     family's presets, fields and checks; `vocab_size` is required (the T5 presets set it)."""
-    return Transformer(linen.Model(variant, **overrides), rngs=rngs)
+    return Transformer(transformer_spec.Model(variant, **overrides), rngs=rngs)

@@ -3,10 +3,11 @@ Flax NNX module.
 
 Letters: B batch, H, W image height and width, C channels, D model width, P patches.
 
-The same fields, presets (`vit.VARIANTS`) and checks as the Linen model: the fields are held,
-checked and translated into the layers' configs by an unbound Linen `VisionTransformer` (its
-`spec`), so a field, preset or check added there holds here too; this file adds only the NNX
-modules, which compute the same function with the same parameter tree:
+The same fields, presets (`vit.VARIANTS`) and checks as the Linen model: both are built from
+the family's spec (tfjax.specs.vit.VisionTransformer, its `spec`), which holds, checks and
+translates the fields into the layers' configs, so a field, preset or check added there holds
+in both; this file adds only the NNX modules, which compute the same function with the same
+parameter tree:
 
     from flax import nnx
     from tfjax.nnx.models import vit
@@ -16,19 +17,19 @@ modules, which compute the same function with the same parameter tree:
 
 Linen sizes the patch kernel [p, p, C, D] and the learned position table [1, n, D] from the
 images it is initialised with; an NNX model is made before any image, so it takes them as
-`image_size` (the published towers' TRAINED_IMAGE_SIZES, else 224) and `channels` (3).
+`image_size` and `channels`: its arguments, else the spec's fields, else the published towers'
+TRAINED_IMAGE_SIZES (the factory `Model`) or 224, and 3.
 """
 
 import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.models import vit as linen
-from tfjax.nn import axes
 from tfjax.nnx import blocks
-from tfjax.ops import vision
+from tfjax.ops import axes, vision
+from tfjax.specs import vit as vit_spec
 
-VARIANTS = linen.VARIANTS
+VARIANTS = vit_spec.VARIANTS
 
 
 class PatchEmbed(nnx.Module):
@@ -80,29 +81,29 @@ class MapHead(nnx.Module):
 
 
 class VisionTransformer(nnx.Module):
-    """ViT in NNX; see the module docstring. `spec`: a (Linen) tfjax.models.vit
-    VisionTransformer, unbound, whose fields say what to build; `image_size` (an int, or
-    (H, W)) and `channels`: the images' it takes, which size the patch kernel and a learned
-    position table."""
+    """ViT in NNX; see the module docstring. `spec`: the tfjax.specs.vit VisionTransformer whose
+    fields say what to build, or a Linen tfjax.models.vit VisionTransformer (unbound), whose
+    fields and methods are its spec's; kept as given, as `spec`. `image_size` (an int, or
+    (H, W)) and `channels`: the images' it takes (the spec's when None, else 224 and 3), which
+    size the patch kernel and a learned position table."""
 
     def __init__(
         self,
-        spec: linen.VisionTransformer,
+        spec: vit_spec.VisionTransformer,
         *,
-        image_size: int | tuple[int, int] = 224,
-        channels: int = 3,
+        image_size: int | tuple[int, int] | None = None,
+        channels: int | None = None,
         rngs: nnx.Rngs,
     ):
         self.spec = spec
         d, p = spec.width, spec.patch_size
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
-        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-        if (height % p or width % p) and not spec.drop_remainder:
-            raise ValueError(
-                f"image_size={image_size} is not divisible by patch_size={p} (set "
-                "drop_remainder=True to drop the last rows and columns)"
-            )
-        self.num_patches = (height // p) * (width // p)
+        image_size = image_size or spec.image_size or 224
+        channels = channels or spec.channels or 3
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        rows, columns = spec.patch_grid(size)
+        self.num_patches = rows * columns
+        self.image_size, self.channels = size, channels  # (H, W) and C: see `options`
         self.patch_embed = PatchEmbed(channels, d, p, use_bias=spec.patch_bias, rngs=rngs, **dtypes)
 
         def embedding(shape, init=nn.initializers.zeros):
@@ -152,6 +153,11 @@ class VisionTransformer(nnx.Module):
             )
         # Where training's dropout keys come from (the "dropout" stream, else "default").
         self.rngs = rngs.fork()
+
+    @property
+    def options(self) -> dict:
+        """What sized this model besides its spec (tfjax.nnx.functional remakes it by them)."""
+        return dict(image_size=self.image_size, channels=self.channels)
 
     def _param(self, name):
         value = getattr(self, name, None)
@@ -214,13 +220,13 @@ def Model(  # noqa: N802 (a factory)
     *,
     rngs: nnx.Rngs,
     image_size: int | tuple[int, int] | None = None,
-    channels: int = 3,
+    channels: int | None = None,
     **overrides,
 ) -> VisionTransformer:
-    """VisionTransformer(spec=tfjax.models.vit.Model(variant, **overrides)): the Linen family's
-    presets, fields and checks; image_size: the published tower's trained size
-    (TRAINED_IMAGE_SIZES) when None, else 224."""
-    if image_size is None:
-        image_size = linen.TRAINED_IMAGE_SIZES.get(variant, 224)
-    spec = linen.Model(variant, **overrides)
+    """VisionTransformer(spec=tfjax.specs.vit.Model(variant, **overrides)): the family's
+    presets, fields and checks; image_size: the spec's when None, else the published tower's
+    trained size (TRAINED_IMAGE_SIZES), else 224."""
+    spec = vit_spec.Model(variant, **overrides)
+    if image_size is None and spec.image_size is None:
+        image_size = vit_spec.TRAINED_IMAGE_SIZES.get(variant, 224)
     return VisionTransformer(spec, image_size=image_size, channels=channels, rngs=rngs)
