@@ -16,6 +16,7 @@ from jax import lax
 
 
 def is_encoder_decoder(model) -> bool:
+    """A transformer (source -> target: `encode`, then `decode`), not a decoder."""
     return hasattr(model, "encode")
 
 
