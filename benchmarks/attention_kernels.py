@@ -12,7 +12,7 @@ attention implementation. The loss runs in `--loss_chunks` slices (config.loss.c
 "peak" is what tfjax.runner.aot reports (what must fit in HBM per chip); a program over the
 chip's HBM is refused by the compiler, and the row gives what it asked for. Nothing runs on a
 TPU: speed is not measured here. Results: benchmarks/results/attention_kernels.json (or --out) and a
-Markdown table on stdout (the README's), with each implementation's peak as a ratio of
+Markdown table on stdout (docs/performance.md's), with each implementation's peak as a ratio of
 "chunked"'s at the same T, compiled in the same run.
 """
 

@@ -6,7 +6,7 @@ matmuls: FSDP's weight gathers and gradient reduce-scatters, see tfjax.runner.ao
 
 Each preset runs `experiments/compile.py` in its own process (libtpu's TPU compiler or XLA's
 GPU compiler, on this CPU host; no TPU or GPU is used or needed) and the results go to a
-Markdown table on stdout (the README's) and, for a run of them all, to
+Markdown table on stdout (docs/scaling.md's) and, for a run of them all, to
 benchmarks/results/compile_presets.json (or --out). Nothing here is timed on TPU hardware:
 "ideal step" is the model's FLOPs at the chips' peak bf16 rate, a lower bound on the step time.
 """

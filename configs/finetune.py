@@ -22,7 +22,7 @@ Presets (comma-separated, applied in order): "full" (the default: every paramete
 "lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen; in a mixture of
 experts the attention and any dense layers', not the experts': tfjax.lora), "tiny" (tests),
 and the sized ones below, each compiled for its target with experiments/compile.py (sizes only,
-no weights needed; figures in the README's fine-tuning table).
+no weights needed; figures in docs/finetuning.md).
 
 "vision": a vision checkpoint (DINOv2 with or without registers or its classifier, CLIP or
 SigLIP vision towers; tfjax.runner.pretrained) with a new head for the classes of your images:

@@ -30,7 +30,7 @@ HBM):
   modern-small batch 128 x 2048, FSDP, remat full, v5p:2x2x1: 14.7 of 95 GiB (15%)
 
   (TPU attention from 1,024 tokens is the splash kernel. For long contexts and large
-  vocabularies see the README's "Attention backends" and "Memory levers": loss.chunks,
+  vocabularies see docs/performance.md, "Attention backends" and "Memory levers": loss.chunks,
   remat_policy="offload_layer_inputs".)
 """
 
@@ -107,7 +107,7 @@ def _paper(
 
 
 # Each preset's comment names the slice it is meant for; it compiles and fits there
-# (experiments/compile.py, figures in the README).
+# (experiments/compile.py, figures in docs/scaling.md).
 _PRESETS = {
     "pydoc": defaults.unchanged,
     "tiny": _tiny,

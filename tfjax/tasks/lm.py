@@ -45,8 +45,8 @@ def labels_and_weights(batch):
     next token starts another example has weight 0. All T positions keep their logits, the last
     one weighted 0, rather than slicing it off: a position of weight 0 adds nothing to any sum
     or to the gradient, so the sums are those of logits[:, :-1] against tokens[:, 1:], made from
-    the [B, T, V] logits as the model gives them (measured in README, "What changed the CPU
-    step")."""
+    the [B, T, V] logits as the model gives them (measured in docs/performance.md, "What changed the
+    CPU step")."""
     if "weights" not in batch:
         raise KeyError(
             'lm batches need "weights" f32 [B, T] (1.0 on the tokens the loss trains, 0.0 on '

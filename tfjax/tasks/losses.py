@@ -159,8 +159,8 @@ def first_argmax(x):
     """jnp.argmax(x, axis=-1) (the first index among ties) for non-NaN x, computed as the
     smallest index holding the maximum: the maximum, then the least index whose value equals
     it, which is argmax's answer by definition, ties included (two plain reductions where
-    argmax makes one over (value, index) pairs; measured in README, "What changed the CPU
-    step").
+    argmax makes one over (value, index) pairs; measured in docs/performance.md, "What changed
+    the CPU step").
     Ties must not all count as correct (`label_logit >= max` would give a zero-initialised
     head 100% accuracy), hence the index rather than a comparison with the label's logit.
     """
