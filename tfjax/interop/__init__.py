@@ -24,20 +24,7 @@ from flax import nnx as _nnx
 from tfjax.interop import core, families, pretrained
 from tfjax.interop.core.files import CONFIG, read_config, read_state_dict, write_safetensors
 from tfjax.interop.core.posemb import resample_posemb
-from tfjax.interop.families import (
-    REGISTRY,
-    bert,
-    clip,
-    dinov2,
-    gemma,
-    gpt2,
-    llama,
-    marian,
-    moe,
-    t5,
-    torch_nn,
-    vit,
-)
+from tfjax.interop.families import REGISTRY
 from tfjax.interop.families.bert import *  # noqa: F403 (each family's __all__: its converters)
 from tfjax.interop.families.clip import *  # noqa: F403
 from tfjax.interop.families.dinov2 import *  # noqa: F403
@@ -121,14 +108,5 @@ __all__ = [
     "supported",
     "write_safetensors",
 ]
-__all__ += bert.__all__
-__all__ += clip.__all__
-__all__ += dinov2.__all__
-__all__ += gemma.__all__
-__all__ += gpt2.__all__
-__all__ += llama.__all__
-__all__ += marian.__all__
-__all__ += moe.__all__
-__all__ += t5.__all__
-__all__ += torch_nn.__all__
-__all__ += vit.__all__
+for _family in families.ALL:  # each family's converters, from_* / to_*
+    __all__ += _family.__all__
