@@ -19,7 +19,7 @@ figure (the first step alone: the compile arm compiles the train step there), an
 the ratios compile / saved.
 
 Prints the table and ratios and writes benchmarks/results/saved_executables.json (or --out).
---tiny: configs/lm.py:tiny, one round.
+--tiny: configs/lm.py:tiny, one round, without the untimed launch (a smoke run times nothing).
 """
 
 import os
@@ -105,7 +105,8 @@ def main():
             f"{save_s:.1f} s, {size / 2**20:.1f} MiB written"
         )
         arms = {"compile": (), "saved": (f"--config.compiled_dir={directory}",)}
-        launch(config, env)  # untimed: the dataset prepared, the page cache warm
+        if not args.tiny:
+            launch(config, env)  # untimed: the dataset prepared, the page cache warm
         runs = {arm: [] for arm in arms}
         log(f"\n[start-up] experiments/run.py --config={config}, fresh workdirs, {reps} round(s)")
         for r in range(reps):
