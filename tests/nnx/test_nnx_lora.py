@@ -391,6 +391,11 @@ def test_qlora_is_linens(base_dtype, scan):
     load_params(model, params)
     logits = jax.jit(linen_model.apply)({"params": params}, TOKENS)[0]
     np.testing.assert_allclose(_jit_logits(model), logits, atol=1e-6, rtol=0)
+    # held as numpy arrays (jax.device_get's), called eagerly: the kernels are still found
+    numpy_model = _nnx(MODERN, scan, config)[1]
+    load_params(numpy_model, jax.device_get(params))
+    eager = linen_model.apply({"params": params}, TOKENS)[0]
+    np.testing.assert_allclose(numpy_model(TOKENS)[0], eager, atol=1e-6, rtol=0)
 
     def loss(logits):
         return optax.softmax_cross_entropy_with_integer_labels(logits, TOKENS).mean()

@@ -40,7 +40,8 @@ quantized-training provider takes jax.lax.ragged_dot, and none a Pallas kernel):
 matches one is refused by name at init, rather than left without adapters.
 
 With `base_dtype` ("int8" or "nf4") the targeted kernels are stored quantized (QLoRA):
-`init_params` quantizes the float base once, and the model dequantizes them in its matmuls.
+`init_params` quantizes the float base once (an NNX model's `apply_lora` quantizes the kernels
+it holds, as init_params would), and the model dequantizes them in its matmuls.
 A quantized kernel is stored in the matmul's layout (query_kernel as [D, N H]) as a Qwix
 `WithAux(QArray(qvalue, scale))` with logical names; train the adapters on it, and `merge` them
 into the float base dequantized (`dequantized`): the kernels the adapters were trained on.

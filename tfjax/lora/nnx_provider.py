@@ -195,7 +195,7 @@ def _is_read_of(value, stored) -> bool:
     if value is stored:
         return True
     if isinstance(value, _ptq.WithAux) and isinstance(stored, _ptq.WithAux):  # QLoRA's
-        return value.array.qvalue is stored.array.qvalue
+        return _is_read_of(value.array.qvalue, stored.array.qvalue)
     return (
         isinstance(value, np.ndarray)
         and isinstance(stored, np.ndarray)
@@ -335,7 +335,9 @@ def _call_dropout_key(model, kwargs, rate):
         return key
     if kwargs.get("train") is not True:
         return None
-    rngs = kwargs.get("rngs") or getattr(model, "rngs", None)
+    rngs = kwargs.get("rngs")
+    if rngs is None:
+        rngs = getattr(model, "rngs", None)
     if not isinstance(rngs, nnx.Rngs):
         raise ValueError(
             f"LoraConfig.dropout={rate}: a training call of the NNX {type(model).__name__} "
