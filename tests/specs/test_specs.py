@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tfjax.models.common import linen_of
 from tfjax.specs import common
 
 FAMILIES = {  # module -> (spec class, fields a preset needs besides)
@@ -119,3 +120,4 @@ def test_the_linen_model_has_the_specs_fields_and_checks(family):
     assert common.values(model.spec) == {k: getattr(model, k) for k in linen_fields}
     with pytest.raises(ValueError, match=rf"{name}\.width must be an integer >= 1"):
         getattr(linen, name)(**required, width=0)
+    assert linen_of(model.spec) == model and linen_of(model) is model

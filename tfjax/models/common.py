@@ -3,6 +3,9 @@ its layer stack, and, re-exported from tfjax.specs.common, what each flat field 
 check, the layers' configs of the flat fields, the explicit KV cache and input checks."""
 
 import dataclasses
+import importlib
+
+import flax.linen as nn
 
 from tfjax import nn as tnn
 from tfjax.ops.config import BlockConfig
@@ -58,6 +61,15 @@ class FromSpec:
     def __post_init__(self):
         self.spec  # noqa: B018 (the spec's checks)
         super().__post_init__()
+
+
+def linen_of(spec) -> nn.Module:
+    """The Linen model of a family spec (tfjax.specs.<family>, as an NNX model's `spec` may be);
+    a Linen model as it is."""
+    if isinstance(spec, nn.Module):
+        return spec
+    family = importlib.import_module(f"tfjax.models.{type(spec).__module__.rsplit('.', 1)[-1]}")
+    return getattr(family, type(spec).__name__).of(spec)
 
 
 def stack(model, config: BlockConfig, name: str, num_layers=None, **options) -> tnn.Stack:
