@@ -66,7 +66,7 @@ from qwix._src.utils import flax_util as _flax_util
 from tfjax.lora.adapters import ADAPTER_SUFFIXES
 from tfjax.lora.config import METHODS, LoraConfig
 from tfjax.lora.linen_provider import Provider, merged_axes
-from tfjax.nn import axes as _axes
+from tfjax.ops import axes as _axes
 
 
 @dataclasses.dataclass(frozen=True)
