@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import jax.numpy as jnp
+import ml_collections
 
 from tfjax import allowed, sharding, tasks
 from tfjax import lora as lora_lib
@@ -265,8 +266,6 @@ def _check_as_recorded(config, workdir: str) -> None:
     stored = workdirs.previous_config(workdir)
     if stored is None:
         return
-    import ml_collections
-
     where = os.path.join(workdir, workdirs.CONFIG_FILE)
     trained = optim.lora_config(ml_collections.ConfigDict(stored))
     now = optim.lora_config(config)

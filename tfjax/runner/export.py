@@ -74,6 +74,7 @@ import re
 import shutil
 import tempfile
 
+import flax.linen as nn
 import jax
 import numpy as np
 from absl import logging
@@ -443,8 +444,6 @@ def adapter_layers(model, params, family) -> tuple[list[PeftLayer], list[str]]:
     out], alone or beside other kernels' columns, checked on index probes.
     target_modules: the layers' last names ("q_proj") when they name exactly the adapted
     layers, else their full names. A kernel with no such layer is a ValueError naming it."""
-    import flax.linen as nn
-
     from tfjax.interop.core import rules as key_rules
 
     flat = key_rules.flatten(key_rules.unrolled(model, nn.unbox(params)))

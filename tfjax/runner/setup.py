@@ -45,6 +45,7 @@ from flax import traverse_util
 
 from tfjax import lora as lora_lib
 from tfjax import sharding, tasks
+from tfjax.nnx.functional import Functional
 from tfjax.runner import checkpoint, checks, chips, defaults, evaluation, optim
 from tfjax.runner import pretrained as pretrained_lib
 from tfjax.runner.steps import TrainState, make_eval_step, make_train_step, split_params
@@ -183,8 +184,6 @@ def for_api(config, model, task, element_spec):
     the same parameter tree, so the state and the checkpoints are the same."""
     if api(config) == "linen":
         return model
-    from tfjax.nnx.functional import Functional
-
     args, _ = task.model_inputs(dummy_batch(element_spec, 1))
     try:
         return Functional(model, *args)
