@@ -1,6 +1,6 @@
 """Converted checkpoints as Flax NNX models (tfjax.nnx), and NNX models back to what
-`interop.export` writes: a tfjax.nnx family model is its Linen `spec` holding the Linen params
-tree as its nnx.Param state.
+`interop.export` writes: a tfjax.nnx family model is its `spec` (a family spec or a Linen model)
+holding the Linen params tree as its nnx.Param state.
 
     model = interop.as_nnx(linen_model, params)     # what interop.load(..., nnx=True) gives
     spec, params = linen_of(model, None)            # what interop.save(model, directory) writes
@@ -12,6 +12,8 @@ import numpy as np
 from flax import nnx
 
 from tfjax.interop.core.posemb import image_size_pair
+from tfjax.models import common
+from tfjax.nnx import models as nnx_models
 
 
 def as_nnx(model, params, *example_args, rngs: nnx.Rngs | None = None):
@@ -21,8 +23,6 @@ def as_nnx(model, params, *example_args, rngs: nnx.Rngs | None = None):
     `rngs`, nnx.Rngs(0) when None) is computed. Any family `tfjax.nnx.models.FAMILIES` has;
     `example_args`: inputs as the model will take them, for a family that is sized by its
     inputs (a ViT's images, [B, H, W, C] arrays or shapes; else its default size)."""
-    from tfjax.nnx import models as nnx_models  # NNX only when asked for
-
     rngs = nnx.Rngs(0) if rngs is None else rngs
 
     def build(rngs):
@@ -69,7 +69,8 @@ def example_images(model, config, overrides) -> tuple:
 
 def linen_of(model, params):
     """(Linen model, params) of the arguments of export/save: an NNX model gives its `spec`
-    and its nnx.Param state (the Linen params tree)."""
+    and its nnx.Param state (the Linen params tree); its `spec` (a family spec or a Linen model)
+    as the Linen model."""
     if not isinstance(model, nnx.Module):
         if params is None:
             raise TypeError(f"a Linen {type(model).__name__} needs its params")
@@ -83,6 +84,9 @@ def linen_of(model, params):
             "with the model's `spec`"
         )
     spec = getattr(model, "spec", None)
-    if not isinstance(spec, flax.linen.Module):
-        raise TypeError(f"{type(model).__name__} is not a tfjax.nnx family model (no Linen `spec`)")
-    return spec, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    if type(spec).__name__ not in nnx_models.FAMILIES:
+        raise TypeError(
+            f"{type(model).__name__} is not a tfjax.nnx family model (no family `spec`: one of "
+            f"{', '.join(sorted(nnx_models.FAMILIES))})"
+        )
+    return common.linen_of(spec), nnx.to_pure_dict(nnx.state(model, nnx.Param))

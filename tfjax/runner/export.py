@@ -81,6 +81,7 @@ from absl import logging
 
 from tfjax import lora
 from tfjax.models import decoder
+from tfjax.models.common import linen_of
 from tfjax.nnx.functional import Functional
 from tfjax.runner import checkpoint, pretrained, train, workdirs
 
@@ -151,7 +152,7 @@ def export_run(
         )
         params = jax.device_get(params)
         if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
-            model = model.spec
+            model = linen_of(model.spec)
         if adapters_only:
             layers, targets = adapter_layers(model, params, family_of(base)[0])
             state = _state(layers)
