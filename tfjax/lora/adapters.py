@@ -4,7 +4,6 @@ the kernels (W + A B alpha / r) or into a QLoRA run's dequantized base."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import flax
 import flax.linen as nn
@@ -13,10 +12,7 @@ import jax.numpy as jnp
 from qwix._src.core import qarray as _qarray
 from qwix._src.providers import ptq as _ptq
 
-if TYPE_CHECKING:
-    from tfjax.lora.config import LoraConfig
-
-ADAPTER_SUFFIXES = ("_lora_a", "_lora_b")  # Qwix's names: kernel `W` -> `W_lora_a`, `W_lora_b`
+from tfjax.lora.config import ADAPTER_SUFFIXES, LoraConfig, flat_params
 
 
 def is_adapter(path) -> bool:
@@ -28,11 +24,6 @@ def is_adapter(path) -> bool:
         keys = [getattr(k, "key", getattr(k, "name", k)) for k in path]
         last = str(keys[-1]) if keys else ""
     return last.endswith(ADAPTER_SUFFIXES)
-
-
-def flat_params(params) -> dict:
-    """`params` as one dict {path tuple: leaf}."""
-    return flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
 
 
 def adapter_mask(params):

@@ -6,9 +6,8 @@ import dataclasses
 import math
 import re
 
+import flax
 import flax.linen as nn
-
-from tfjax.lora.adapters import ADAPTER_SUFFIXES, flat_params
 
 # The attention projections (self- and cross-attention: query, key, value, output) and the MLP
 # kernels (wi, or wi_0 and wi_1 when gated; wo) of tfjax's blocks, unrolled or scanned. Not the
@@ -23,6 +22,7 @@ NF4_TILE_SIZE = 64  # QLoRA's NF4 block (Dettmers et al., 2023): one scale per 6
 # base_dtype -> its tile_size when LoraConfig.tile_size is None (0: one scale per output channel)
 DEFAULT_TILE_SIZES = {"int8": 0, "nf4": NF4_TILE_SIZE}
 METHODS = ("__call__", "logits", "encode", "decode")  # the model methods that get adapters
+ADAPTER_SUFFIXES = ("_lora_a", "_lora_b")  # Qwix's names: kernel `W` -> `W_lora_a`, `W_lora_b`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,11 @@ class LoraConfig:
             return None
         size = self.tile_size if self.tile_size is not None else DEFAULT_TILE_SIZES[self.base_dtype]
         return size or None
+
+
+def flat_params(params) -> dict:
+    """`params` as one dict {path tuple: leaf}."""
+    return flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -65,8 +65,7 @@ from qwix._src.providers import lora as _qlora
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
-from tfjax.lora.adapters import ADAPTER_SUFFIXES
-from tfjax.lora.config import METHODS, LoraConfig, tile_size_error
+from tfjax.lora.config import ADAPTER_SUFFIXES, METHODS, LoraConfig, tile_size_error
 from tfjax.nn import moe as _moe
 
 

@@ -63,8 +63,7 @@ from qwix._src.core import qarray as _qarray
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
-from tfjax.lora.adapters import ADAPTER_SUFFIXES
-from tfjax.lora.config import METHODS, LoraConfig
+from tfjax.lora.config import ADAPTER_SUFFIXES, METHODS, LoraConfig
 from tfjax.lora.linen_provider import Provider, merged_axes
 from tfjax.ops import axes as _axes
 
