@@ -2,16 +2,11 @@
 
 Letters: B batch, T length, D model width, V vocab.
 
-GPT-2: learned positions, pre-LN blocks with biases, tanh-GELU FFN, a final LayerNorm and the
-output projection tied to the token embeddings. The modern variant (as in Llama): RMSNorm,
-SwiGLU FFN, RoPE, grouped-query attention, no biases, untied output projection. Gemma 2 / 3
-add a norm after each sub-layer too ("sandwich"), RMSNorm with (1 + w), embeddings scaled by
-sqrt(D), GeGLU, soft caps on the attention and output logits (Gemma 2), and local
-(sliding-window) and global layers in a repeating `attention_pattern`, each kind with its own
-RoPE (Gemma 3). Layers that differ only so keep one parameter shape: a scanned stack passes
-each layer's kind as a scanned index (tfjax.nn.Stack's `variants`).
-GPT-OSS adds attention sinks (`attention_sinks`: a learned logit per query head in each
-softmax's denominator) and biases everywhere to local and global layers of that kind.
+What GPT-2, the modern variant (as in Llama), Gemma 2 / 3 and GPT-OSS change is told once, in
+the family's spec (tfjax.specs.decoder). Local (sliding-window) and global layers of Gemma's
+`attention_pattern` differ only so and keep one parameter shape: a scanned stack passes each
+layer's kind as a scanned index (tfjax.nn.Stack's `variants`). GPT-OSS's attention sinks
+(`attention_sinks`) are a learned logit per query head in each softmax's denominator.
 
 Mixtures of experts (num_experts > 0; Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek): each layer's FFN
 is a tfjax.nn.MoeMlp, a router choosing experts_per_token of num_experts expert MLPs of width
@@ -41,7 +36,6 @@ same numbers.
 """
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from tfjax import nn as tnn
 from tfjax.models import common
@@ -49,7 +43,7 @@ from tfjax.models.common import check_tokens
 from tfjax.nn import axes
 from tfjax.ops import head
 from tfjax.ops.activations import softcap
-from tfjax.ops.cache import next_position
+from tfjax.ops.cache import query_positions
 from tfjax.specs import decoder as decoder_spec
 
 # The presets and choices are the spec's (tfjax.specs.decoder).
@@ -143,14 +137,11 @@ class Decoder(common.FromSpec, nn.Module):
         """
         check_tokens(tokens, "tokens")
         t = tokens.shape[1]
-        if self.position == "learned" and t > self.max_len:  # past the table's last row
-            raise ValueError(f"tokens are {t} long; max_len={self.max_len} (position='learned')")
+        self.spec.check_length(t)
         init = nn.initializers.normal(self.init_stddev)
         embed = self.embed
-        if positions is None and cache is not None:
-            positions = next_position(cache) + jnp.arange(t)
-        elif positions is None:
-            positions = tnn.position.DecodePositions()(t) if decode else jnp.arange(t)
+        counter = tnn.position.DecodePositions() if decode else None
+        positions = query_positions(t, positions, cache, counter)
         # [B, T, D]
         x = embed(tokens)
         if self.position == "learned":
@@ -168,6 +159,7 @@ class Decoder(common.FromSpec, nn.Module):
         pos = positions if positions.ndim == 2 else positions[None]
         variants = self.layer_variants()[1]
         stacks, caches = self.stacks(), []
+        stack_caches = self.spec.stack_caches(cache)
         for i, (name, config, first, n) in enumerate(stacks):
             layers = common.stack(
                 self,
@@ -178,27 +170,19 @@ class Decoder(common.FromSpec, nn.Module):
                 kernel_init=init,
                 final_norm=None if i == len(stacks) - 1 else False,
             )
-            stack_cache = None
-            if cache is not None and len(stacks) == 1:
-                stack_cache = cache
-            elif cache is not None:  # one per stack (scanned), or the layers' own
-                stack_cache = cache[i] if self.scan_layers else cache[first : first + n]
             x = layers(
                 x,
                 segment_ids=segment_ids,
                 positions=pos,
                 train=train,
                 decode=decode,
-                cache=stack_cache,
+                cache=stack_caches[i],
             )
             if cache is not None:
                 x, stack_cache = x
                 caches.append(stack_cache)
         if cache is not None:
-            if len(stacks) == 1:
-                cache = caches[0]
-            else:
-                cache = tuple(caches) if self.scan_layers else caches[0] + caches[1]
+            cache = self.spec.join_caches(caches)
         out = (self.logits(x) if apply_head else x), {"pre_logits": x}
         return out if cache is None else (out, cache)
 

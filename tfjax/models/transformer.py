@@ -41,7 +41,7 @@ from tfjax import nn as tnn
 from tfjax.models import common
 from tfjax.models.common import check_tokens, shift_right
 from tfjax.nn import axes, masks
-from tfjax.ops.cache import max_length, next_position
+from tfjax.ops.cache import max_length, query_positions
 from tfjax.specs import transformer as transformer_spec
 
 # The presets and choices are the spec's (tfjax.specs.transformer).
@@ -205,14 +205,8 @@ class Transformer(common.FromSpec, nn.Module):
         """
         check_tokens(decoder_inputs, "decoder_inputs")
         t = decoder_inputs.shape[1]
-        if targets_positions is not None:
-            positions = targets_positions
-        elif cache is not None:
-            positions = next_position(cache) + jnp.arange(t)
-        elif decode:
-            positions = self.decode_positions(t)
-        else:
-            positions = jnp.arange(t)
+        counter = self.decode_positions if decode else None
+        positions = query_positions(t, targets_positions, cache, counter)
         embed = self.embed if self.share_embeddings else self.target_embed
         y = self._embed(embed, decoder_inputs, positions, train)
         # Segment ids, not [T, S] masks (the attention kernels compare them block by block):

@@ -89,3 +89,16 @@ def max_length(cache) -> int:
     if not isinstance(cache, KVCache):
         cache = cache[0]
     return cache.keys.shape[-3]
+
+
+def query_positions(length: int, positions=None, cache=None, counter=None) -> jax.Array:
+    """The positions of `length` new tokens: `positions` when given ([T] or [B, T]); else [T]
+    after what the explicit `cache` holds; else `counter(length)` when given (a Linen model's
+    "cache" collection counting them); else 0 .. length - 1."""
+    if positions is not None:
+        return positions
+    if cache is not None:
+        return next_position(cache) + jnp.arange(length)
+    if counter is not None:
+        return counter(length)
+    return jnp.arange(length)

@@ -480,15 +480,39 @@ class Decoder:
         stack). dtype: of the keys and values (the compute dtype when None); sharding: of one
         layer's keys [B, S, K, H] (tfjax.ops.init_cache)."""
         config = self.block_config().attention
-        caches = [
-            common.init_cache(
-                self, config, batch_size, length, dtype=dtype, sharding=sharding, num_layers=n
-            )
-            for _, _, _, n in self.stacks()
+        return self.join_caches(
+            [
+                common.init_cache(
+                    self, config, batch_size, length, dtype=dtype, sharding=sharding, num_layers=n
+                )
+                for _, _, _, n in self.stacks()
+            ]
+        )
+
+    def stack_caches(self, cache) -> list:
+        """The explicit KV `cache` (init_cache's) split into one per stack, in `stacks` order
+        (a None each without one)."""
+        stacks = self.stacks()
+        if cache is None or len(stacks) == 1:
+            return [cache] * len(stacks)
+        # one per stack (scanned), or the layers' own
+        return [
+            cache[i] if self.scan_layers else cache[first : first + n]
+            for i, (_, _, first, n) in enumerate(stacks)
         ]
+
+    def join_caches(self, caches: list):
+        """The stacks' KV caches (as `stack_caches` splits them) as one explicit cache."""
         if len(caches) == 1:
             return caches[0]
         return tuple(caches) if self.scan_layers else caches[0] + caches[1]
+
+    def check_length(self, length: int) -> None:
+        """Refuses `length` tokens past the learned position table's last row."""
+        if self.position == "learned" and length > self.max_len:
+            raise ValueError(
+                f"tokens are {length} long; max_len={self.max_len} (position='learned')"
+            )
 
 
 def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)

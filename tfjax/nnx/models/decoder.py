@@ -22,14 +22,13 @@ is no "cache" collection. A mixture of experts (num_experts > 0) sows its router
 the Linen model's `mutable=["aux_losses"]` collection.
 """
 
-import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
 from tfjax.nnx import blocks
 from tfjax.ops import axes, head
 from tfjax.ops.activations import softcap
-from tfjax.ops.cache import next_position
+from tfjax.ops.cache import query_positions
 from tfjax.ops.position import sinusoidal
 from tfjax.specs import decoder as decoder_spec
 from tfjax.specs.common import check_tokens
@@ -121,10 +120,8 @@ class Decoder(nnx.Module):
         spec = self.spec
         check_tokens(tokens, "tokens")
         t = tokens.shape[1]
-        if spec.position == "learned" and t > spec.max_len:
-            raise ValueError(f"tokens are {t} long; max_len={spec.max_len} (position='learned')")
-        if positions is None:
-            positions = jnp.arange(t) if cache is None else next_position(cache) + jnp.arange(t)
+        spec.check_length(t)
+        positions = query_positions(t, positions, cache)
         key = None
         if train:
             key = (rngs or self.rngs).dropout()
@@ -136,13 +133,10 @@ class Decoder(nnx.Module):
             x = x + sinusoidal(positions, spec.width, dtype=x.dtype)
         x = blocks.dropout(x, spec.dropout_rate, blocks.fold_key(key, 0))
         pos = positions if positions.ndim == 2 else positions[None]
-        stacks, caches = spec.stacks(), []
-        for i, (name, _, first, n) in enumerate(stacks):
-            stack_cache = None  # as the Linen model splits it
-            if cache is not None and len(stacks) == 1:
-                stack_cache = cache
-            elif cache is not None:  # one per stack (scanned), or the layers' own
-                stack_cache = cache[i] if spec.scan_layers else cache[first : first + n]
+        caches = []
+        for i, ((name, *_), stack_cache) in enumerate(
+            zip(spec.stacks(), spec.stack_caches(cache), strict=True)
+        ):
             x = getattr(self, name)(
                 x,
                 segment_ids=segment_ids,
@@ -154,10 +148,7 @@ class Decoder(nnx.Module):
                 x, stack_cache = x
                 caches.append(stack_cache)
         if cache is not None:
-            if len(stacks) == 1:
-                cache = caches[0]
-            else:
-                cache = tuple(caches) if spec.scan_layers else caches[0] + caches[1]
+            cache = spec.join_caches(caches)
         out = (self.logits(x) if apply_head else x), {"pre_logits": x}
         return out if cache is None else (out, cache)
 

@@ -30,7 +30,7 @@ from flax import nnx
 
 from tfjax.nnx import blocks
 from tfjax.ops import axes, masks
-from tfjax.ops.cache import max_length, next_position
+from tfjax.ops.cache import max_length, query_positions
 from tfjax.ops.position import sinusoidal
 from tfjax.specs import transformer as transformer_spec
 from tfjax.specs.common import check_tokens, shift_right
@@ -197,12 +197,7 @@ class Transformer(nnx.Module):
             )
         key = self._key(train, rngs)
         t = decoder_inputs.shape[1]
-        if targets_positions is not None:
-            positions = targets_positions
-        elif cache is not None:
-            positions = next_position(cache) + jnp.arange(t)
-        else:
-            positions = jnp.arange(t)
+        positions = query_positions(t, targets_positions, cache)
         embed = self.embed if spec.share_embeddings else self.target_embed
         y = self._embed(embed, decoder_inputs, positions, blocks.fold_key(key, 0))
         if inputs_segment_ids is None:
