@@ -86,33 +86,12 @@ def check_options(
             raise OptionError("top_p", f"top_p must be in (0, 1], got {top_p}")
 
 
-def check_against_model(
-    model,
-    width,
-    *,
-    method,
-    max_new_tokens,
-    eos_id,
-    pad_id,
-    beam_size,
-    beam_rules,
-    early_stopping,
-    temperature,
-    top_k,
-    top_p,
-):
+def check_against_model(model, width, *, max_new_tokens, eos_id, pad_id, **options):
     """Host-side validation of the options, for prompts of `width` columns: every message names
-    the option and what is allowed. Returns eos_id as a tuple of ids."""
-    check_options(
-        method=method,
-        max_new_tokens=max_new_tokens,
-        beam_size=beam_size,
-        beam_rules=beam_rules,
-        early_stopping=early_stopping,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
+    the option and what is allowed; `options`: the others `check_options` takes (method,
+    beam_size, beam_rules, early_stopping, temperature, top_k, top_p). Returns eos_id as a
+    tuple of ids."""
+    check_options(max_new_tokens=max_new_tokens, **options)
     vocab = model.vocab_size
     eos_ids = _eos_ids(eos_id, vocab)
     if not (isinstance(pad_id, (int, np.integer)) and 0 <= pad_id < vocab):
