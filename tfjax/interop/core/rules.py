@@ -305,26 +305,14 @@ def _fmt(path: Path) -> str:
 
 
 def import_state(
-    state: StateDict,
-    rules: Sequence[Rule],
-    expected: dict[Path, jax.ShapeDtypeStruct],
-    *,
-    what: str,
-    ignore: Sequence[str] = (),
-    tied: dict[str, str] | None = None,
+    state: StateDict, rules: Sequence[Rule], expected: dict[Path, jax.ShapeDtypeStruct], **checks
 ) -> dict:
     """Applies `rules` to `state`; returns the unrolled params tree (numpy, expected dtypes).
 
-    Args:
-      expected: the params of the model built from the config (from `param_shapes`).
-      what: the architecture's name, for messages ("GPT2LMHeadModel").
-      ignore: fnmatch patterns of keys that hold no parameters (buffers like rotary inv_freq).
-      tied: optional key -> key it must equal (an output matrix tied to the embeddings).
-    Raises:
-      ValueError naming every missing or unexpected key, or the first key whose shape does not
-      match, and the file it is in.
+    `expected` and `checks` (what=, ignore=, tied=) as `check_state` takes them: it checks the
+    state first.
     """
-    check_state(state, rules, expected, what=what, ignore=ignore, tied=tied)
+    check_state(state, rules, expected, **checks)
     return unflatten(dict(convert_rules(state, rules, expected)))
 
 
@@ -338,7 +326,17 @@ def check_state(
     tied: dict[str, str] | None = None,
 ) -> None:
     """`import_state`'s checks, without converting: every key and shape (from `state.shape`,
-    which a LazyStateDict reads from the files' headers), the tied keys (read two at a time)."""
+    which a LazyStateDict reads from the files' headers), the tied keys (read two at a time).
+
+    Args:
+      expected: the params of the model built from the config (from `param_shapes`).
+      what: the architecture's name, for messages ("GPT2LMHeadModel").
+      ignore: fnmatch patterns of keys that hold no parameters (buffers like rotary inv_freq).
+      tied: optional key -> key it must equal (an output matrix tied to the embeddings).
+    Raises:
+      ValueError naming every missing or unexpected key, or the first key whose shape does not
+      match, and the file it is in.
+    """
     missing = [k for r in rules for k in r.keys if k not in state]
     if missing:
         sample = listing(state)
