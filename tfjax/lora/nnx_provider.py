@@ -39,8 +39,8 @@ own), so the model's Param state is Linen's QLoRA params tree. tfjax.nnx's atten
 kernels' shape ([D, N, H]), which a kernel stored as [D, N H] has not: the kernel's Param
 (_QuantizedKernel) is read as a view of the float kernel's shape, whose reshape to the matmul's
 layout gives the stored WithAux to the provider's (Linen's) quantized matmuls. The quantized
-kernels are not placed on a mesh in context (the adapters are): the runner places the params by
-the Linen model's names.
+kernels carry no logical axis names and are not placed on a mesh in context (the adapters are):
+under the runner (model.api=nnx) they are replicated where Linen's QLoRA shards them.
 """
 
 from __future__ import annotations
@@ -406,7 +406,7 @@ class _QuantizedKernel(nnx.Param):
 def _quantized(kernel: nnx.Param, want: _Want, how) -> nnx.Param:
     """The float nnx.Param `kernel` quantized as Linen's QLoRA stores it (init_params): a
     WithAux(QArray) in its matmul's layout `want.shape`, each layer of a scanned stack [L, ...]
-    on its own. Not placed on a mesh (the runner places the params by Linen's names)."""
+    on its own. Not placed on a mesh, and without logical axis names (see the module docstring)."""
     value = kernel.get_raw_value()
     lead = tuple(value.shape[: value.ndim - len(want.kernel_shape)])
     if lead:
