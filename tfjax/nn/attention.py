@@ -107,13 +107,9 @@ class MultiHeadAttention(nn.Module):
         if positions is None:
             positions = offset + jnp.arange(x.shape[1])
         q, k, v = self._project_qkv(x, context)
-        if self_attention:
-            q, k = multihead.rotate(q, k, positions, self.config, variant)
-            kv_segment_ids = segment_ids
-        else:
-            segment_ids, kv_segment_ids = multihead.ids_on_both_sides(
-                segment_ids, context_segment_ids, x.shape[:2], context.shape[:2]
-            )
+        q, k, segment_ids, kv_segment_ids = multihead.prepare(
+            q, k, self.config, self_attention, positions, variant, segment_ids, context_segment_ids
+        )
         if decoding:
             if segment_ids is not None:
                 raise ValueError(

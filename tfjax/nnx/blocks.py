@@ -246,13 +246,9 @@ class Attention(nnx.Module):
         q = nn.with_logical_constraint(q, (axes.BATCH, axes.LENGTH, axes.ACT_HEADS, None))
         if self.config.qk_norm:
             q, k = self.query_norm(q), self.key_norm(k)
-        if self_attention:
-            q, k = multihead.rotate(q, k, positions, self.config, variant)
-            kv_segment_ids = segment_ids
-        else:
-            segment_ids, kv_segment_ids = multihead.ids_on_both_sides(
-                segment_ids, context_segment_ids, x.shape[:2], context.shape[:2]
-            )
+        q, k, segment_ids, kv_segment_ids = multihead.prepare(
+            q, k, self.config, self_attention, positions, variant, segment_ids, context_segment_ids
+        )
         if cache is not None:
             if segment_ids is not None:
                 raise ValueError("Attention: decoding takes a mask, not segment_ids")

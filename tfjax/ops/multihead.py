@@ -86,6 +86,19 @@ def ids_on_both_sides(segment_ids, kv_segment_ids, query_shape, key_shape):
     return segment_ids, kv_segment_ids
 
 
+def prepare(q, k, config, self_attention, positions, variant, segment_ids, kv_segment_ids):
+    """Projected q [B, T, N, H] and k [B, S, K, H] made ready to attend: self-attention's
+    rotated (`rotate`) with the keys' ids the queries'; cross-attention's ids on both sides
+    (`ids_on_both_sides`). Returns (q, k, segment_ids, kv_segment_ids)."""
+    if self_attention:
+        q, k = rotate(q, k, positions, config, variant)
+        return q, k, segment_ids, segment_ids
+    segment_ids, kv_segment_ids = ids_on_both_sides(
+        segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2]
+    )
+    return q, k, segment_ids, kv_segment_ids
+
+
 def attend(
     q,
     k,
