@@ -85,3 +85,16 @@ def stack(model, config: BlockConfig, name: str, num_layers=None, **options) -> 
         name=name,
         **options,
     )
+
+
+def learned_positions(model) -> tnn.LearnedPositions:
+    """A family's learned position table, "pos_embed" (of the Linen `model`'s max_len, width,
+    init_stddev and dtypes); made inside the model's compact method."""
+    return tnn.LearnedPositions(
+        model.max_len,
+        model.width,
+        model.init_stddev,
+        model.param_dtype,
+        model.dtype,
+        name="pos_embed",
+    )

@@ -85,11 +85,9 @@ class Decoder(common.FromSpec, nn.Module):
         self.embed = tnn.Embed(
             self.vocab_size,
             self.width,
-            scale_by_sqrt_width=self.scale_embeddings,
-            scale_dtype=self.param_dtype if self.scale_embeddings else None,
-            init_stddev=self.init_stddev,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            **self.spec.embed_options(),
         )
         if not self.tie_embeddings:
             self.output_proj = tnn.ffn.dense(
@@ -145,14 +143,7 @@ class Decoder(common.FromSpec, nn.Module):
         # [B, T, D]
         x = embed(tokens)
         if self.position == "learned":
-            x = x + tnn.LearnedPositions(
-                self.max_len,
-                self.width,
-                self.init_stddev,
-                self.param_dtype,
-                self.dtype,
-                name="pos_embed",
-            )(positions)
+            x = x + common.learned_positions(self)(positions)
         elif self.position == "sinusoidal":
             x = x + tnn.sinusoidal(positions, self.width, dtype=x.dtype)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)

@@ -64,8 +64,7 @@ class Encoder(common.FromSpec, nn.Module):
 
     def logits(self, h):
         """The masked-LM projection: h [B, T, D] (after the head's LayerNorm) -> [B, T, V]."""
-        if self.head != "mlm":
-            raise ValueError(f"logits is the projection of head='mlm'; this head={self.head!r}")
+        self.spec.check_logits()
         # [B, T, V]
         logits = self.embed.attend(h) + self.mlm_bias.astype(h.dtype)
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
@@ -113,21 +112,11 @@ class Encoder(common.FromSpec, nn.Module):
         """
         check_tokens(tokens, "tokens")
         t = tokens.shape[1]
-        if t > self.max_len:
-            raise ValueError(f"tokens are {t} long; max_len={self.max_len}")
-        if not apply_head and self.head != "mlm":
-            raise ValueError(f"apply_head=False is for head='mlm'; this head={self.head!r}")
+        self.spec.check_call(t, apply_head=apply_head)
         embed = self.embed
         positions = jnp.arange(t)[None] if positions is None else positions
         # [B, T, D]
-        x = embed(tokens) + tnn.LearnedPositions(
-            self.max_len,
-            self.width,
-            self.init_stddev,
-            self.param_dtype,
-            self.dtype,
-            name="pos_embed",
-        )(positions)
+        x = embed(tokens) + common.learned_positions(self)(positions)
         if self.type_vocab_size:
             types = jnp.zeros_like(tokens) if token_types is None else token_types
             x = x + tnn.Embed(

@@ -107,6 +107,23 @@ def check_fields(model, **family: allowed.Allowed) -> None:
         )
 
 
+class FamilySpec:
+    """What every family spec checks when made (its __post_init__): each field against its type,
+    ALLOWED and the family's CHOICES (`check_fields`), then the family's own checks across
+    fields (`check_family`), then the layers' configs, which check the fields they take
+    (`block_config`)."""
+
+    CHOICES: dict = {}  # field -> allowed.Allowed: the family's own choices (one_of(...))
+
+    def __post_init__(self):
+        check_fields(self, **self.CHOICES)
+        self.check_family()
+        self.block_config()
+
+    def check_family(self) -> None:
+        """The family's checks across fields; none unless the family has some."""
+
+
 # Where a family's flat field goes in its layers' configs: the families name their fields alike
 # and each has a subset; a field it lacks takes the config's default. One field may feed two.
 ATTENTION_FIELDS = {  # family field -> AttentionConfig field

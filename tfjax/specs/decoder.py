@@ -322,9 +322,11 @@ MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are
 
 
 @dataclasses.dataclass(**common.SPEC_OPTIONS)
-class Decoder:
+class Decoder(common.FamilySpec):
     """The GPT-like decoder's fields (letters as in tfjax.models.decoder); see the module
     docstring."""
+
+    CHOICES = dict(position=one_of(*POSITIONS), norm_position=one_of(*NORM_POSITIONS))
 
     vocab_size: int  # V
     width: int = 768  # D
@@ -389,10 +391,8 @@ class Decoder:
     dtype: Any = None  # compute dtype (float32 when None)
     param_dtype: Any = jnp.float32  # storage dtype
 
-    def __post_init__(self):
-        common.check_fields(
-            self, position=one_of(*POSITIONS), norm_position=one_of(*NORM_POSITIONS)
-        )
+    def check_family(self) -> None:
+        """The attention pattern and its local layers' fields, and the experts' fields."""
         pattern = self.attention_pattern
         if pattern is not None:
             if not pattern or any(kind not in LAYER_KINDS for kind in pattern):
@@ -423,7 +423,6 @@ class Decoder:
                 f"first_dense_layers={self.first_dense_layers} must be in [0, num_layers="
                 f"{self.num_layers})"
             )
-        self.block_config()  # the layers' configs check the fields they take
 
     def layer_variants(self):
         """(the attention variants of the stack's blocks, each layer's index into them or None).
@@ -464,6 +463,15 @@ class Decoder:
             mlp=dict(hidden_dim=mlp_dim),
             moe=moe,
             causal=True,
+        )
+
+    def embed_options(self) -> dict:
+        """The token embedding's options besides its sizes and dtypes: init_stddev, and with
+        scale_embeddings the sqrt(D) scale rounded to param_dtype (as Gemma's)."""
+        return dict(
+            scale_by_sqrt_width=self.scale_embeddings,
+            scale_dtype=self.param_dtype if self.scale_embeddings else None,
+            init_stddev=self.init_stddev,
         )
 
     def stacks(self):

@@ -30,8 +30,10 @@ HEADS = ("mlm", "classifier")
 
 
 @dataclasses.dataclass(**common.SPEC_OPTIONS)
-class Encoder:
+class Encoder(common.FamilySpec):
     """The BERT-like encoder's fields (letters as in tfjax.models.encoder)."""
+
+    CHOICES = dict(head=one_of(*HEADS))
 
     vocab_size: int  # V
     width: int = 768  # D
@@ -54,13 +56,22 @@ class Encoder:
     dtype: Any = None  # compute dtype (float32 when None)
     param_dtype: Any = jnp.float32  # storage dtype
 
-    def __post_init__(self):
-        common.check_fields(self, head=one_of(*HEADS))
-        self.block_config()  # the layers' configs check the fields they take
-
     def block_config(self) -> BlockConfig:
         """Every layer's config: the flat fields translated (common.block_config)."""
         return common.block_config(self)
+
+    def check_call(self, length: int, *, apply_head: bool = True) -> None:
+        """Refuses tokens `length` long past the learned position table, and apply_head=False
+        (the masked-LM head's hidden states) with another head."""
+        if length > self.max_len:
+            raise ValueError(f"tokens are {length} long; max_len={self.max_len}")
+        if not apply_head and self.head != "mlm":
+            raise ValueError(f"apply_head=False is for head='mlm'; this head={self.head!r}")
+
+    def check_logits(self) -> None:
+        """Refuses `logits` (the masked-LM projection) with another head."""
+        if self.head != "mlm":
+            raise ValueError(f"logits is the projection of head='mlm'; this head={self.head!r}")
 
 
 def Model(variant: str | None = None, **overrides) -> Encoder:  # noqa: N802 (a factory)

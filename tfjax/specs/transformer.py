@@ -59,8 +59,10 @@ POSITIONS = ("sinusoidal", "relative")
 
 
 @dataclasses.dataclass(**common.SPEC_OPTIONS)
-class Transformer:
+class Transformer(common.FamilySpec):
     """The encoder-decoder Transformer's fields (letters as in tfjax.models.transformer)."""
+
+    CHOICES = dict(position=one_of(*POSITIONS))
 
     vocab_size: int  # V, shared by source and target
     width: int = 512  # D = d_model
@@ -94,10 +96,6 @@ class Transformer:
     kernel_init: Callable = default_kernel_init  # every projection kernel
     dtype: Any = None  # compute dtype (float32 when None)
     param_dtype: Any = jnp.float32  # storage dtype
-
-    def __post_init__(self):
-        common.check_fields(self, position=one_of(*POSITIONS))
-        self.block_config()  # the layers' configs check the fields they take
 
     def block_config(self) -> BlockConfig:
         """The encoder layers' config: the flat fields translated (common.block_config); the

@@ -89,8 +89,10 @@ FINAL_NORMS = ("tokens", "pooled")
 
 
 @dataclasses.dataclass(**common.SPEC_OPTIONS)
-class VisionTransformer:
+class VisionTransformer(common.FamilySpec):
     """The ViT's fields (letters as in tfjax.models.vit)."""
+
+    CHOICES = dict(pool=one_of(*POOLS), posemb=one_of(*POSEMBS), final_norm=one_of(*FINAL_NORMS))
 
     num_classes: int | None = 1000  # no head (aux["pre_logits"] only) when None
     patch_size: int = 16  # square patches
@@ -131,13 +133,8 @@ class VisionTransformer:
     dtype: Any = None  # compute dtype (float32 when None)
     param_dtype: Any = jnp.float32  # storage dtype
 
-    def __post_init__(self):
-        common.check_fields(
-            self,
-            pool=one_of(*POOLS),
-            posemb=one_of(*POSEMBS),
-            final_norm=one_of(*FINAL_NORMS),
-        )
+    def check_family(self) -> None:
+        """The sin-cos table's width, and image_size against patch_size."""
         if self.posemb == "sincos2d" and self.width % 4:  # sin and cos of rows and columns
             raise ValueError(
                 f"VisionTransformer.width={self.width} must be a multiple of 4 with "
@@ -145,7 +142,6 @@ class VisionTransformer:
             )
         if self.image_size is not None:
             self.patch_grid((self.image_size, self.image_size))
-        self.block_config()  # the layers' configs check the fields they take
 
     def block_config(self) -> BlockConfig:
         """Every layer's config (and the MAP head's): the flat fields translated

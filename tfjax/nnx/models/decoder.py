@@ -46,13 +46,7 @@ class Decoder(nnx.Module):
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
         init = nn.initializers.normal(spec.init_stddev)
         self.embed = blocks.Embed(
-            spec.vocab_size,
-            spec.width,
-            scale_by_sqrt_width=spec.scale_embeddings,
-            scale_dtype=spec.param_dtype if spec.scale_embeddings else None,
-            init_stddev=spec.init_stddev,
-            rngs=rngs,
-            **dtypes,
+            spec.vocab_size, spec.width, rngs=rngs, **spec.embed_options(), **dtypes
         )
         if not spec.tie_embeddings:
             self.output_proj = blocks.dense(

@@ -79,10 +79,7 @@ class Encoder(nnx.Module):
 
     def logits(self, h):
         """The masked-LM projection: h [B, T, D] (after the head's LayerNorm) -> [B, T, V]."""
-        if self.spec.head != "mlm":
-            raise ValueError(
-                f"logits is the projection of head='mlm'; this head={self.spec.head!r}"
-            )
+        self.spec.check_logits()
         # [B, T, V]
         logits = self.embed.attend(h) + self.mlm_bias[...].astype(h.dtype)
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.LENGTH, axes.ACT_VOCAB))
@@ -107,10 +104,7 @@ class Encoder(nnx.Module):
         spec = self.spec
         check_tokens(tokens, "tokens")
         t = tokens.shape[1]
-        if t > spec.max_len:
-            raise ValueError(f"tokens are {t} long; max_len={spec.max_len}")
-        if not apply_head and spec.head != "mlm":
-            raise ValueError(f"apply_head=False is for head='mlm'; this head={spec.head!r}")
+        spec.check_call(t, apply_head=apply_head)
         key = (rngs or self.rngs).dropout() if train else None
         positions = jnp.arange(t)[None] if positions is None else positions
         # [B, T, D]
