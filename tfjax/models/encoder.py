@@ -129,8 +129,8 @@ class Encoder(common.FromSpec, nn.Module):
             )(types)
         x = self._norm("embed_norm")(x)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-        if segment_ids is None:  # padding (id 0) attends to nothing and is never attended
-            segment_ids = masks.padding_ids(tokens)
+        # without ids, padding (id 0) attends to nothing and is never attended
+        segment_ids = masks.ids_or_padding(segment_ids, tokens)
         layers = common.stack(self, self.block_config(), "encoder", kernel_init=self._kernel_init)
         x = layers(x, segment_ids=segment_ids, train=train)
         aux = {"encoded": x}

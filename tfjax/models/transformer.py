@@ -168,8 +168,8 @@ class Transformer(common.FromSpec, nn.Module):
         check_tokens(inputs, "inputs")
         positions = jnp.arange(inputs.shape[1]) if inputs_positions is None else inputs_positions
         x = self._embed(self.embed, inputs, positions, train)
-        if inputs_segment_ids is None:  # padding (id 0) attends to nothing, is never attended
-            inputs_segment_ids = masks.padding_ids(inputs)
+        # without ids, padding (id 0) attends to nothing, is never attended
+        inputs_segment_ids = masks.ids_or_padding(inputs_segment_ids, inputs)
         bias = self._relative_bias("encoder", inputs.shape[1])
         x = self.encoder(x, bias=bias, segment_ids=inputs_segment_ids, train=train)
         return self._stack_output(x, train)
@@ -212,10 +212,8 @@ class Transformer(common.FromSpec, nn.Module):
         # Segment ids, not [T, S] masks (the attention kernels compare them block by block):
         # packed rows' own, else 1 for tokens and 0 for padding. Decoding (no targets) has a
         # causal cache and masks only the padded source keys.
-        if inputs_segment_ids is None:
-            inputs_segment_ids = masks.padding_ids(inputs)
-        if targets_segment_ids is None and targets is not None:
-            targets_segment_ids = masks.padding_ids(targets)
+        inputs_segment_ids = masks.ids_or_padding(inputs_segment_ids, inputs)
+        targets_segment_ids = masks.ids_or_padding(targets_segment_ids, targets)
         bias = self._relative_bias("decoder", t, positions if decode else None, cache)
         y = self.decoder(
             y,

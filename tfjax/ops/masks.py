@@ -88,6 +88,14 @@ def padding_ids(tokens, *, pad_id: int = 0) -> jnp.ndarray:
     return (tokens != pad_id).astype(jnp.int32)
 
 
+def ids_or_padding(segment_ids, tokens):
+    """The given `segment_ids`, else `padding_ids(tokens)` of unpacked rows (None without
+    tokens either)."""
+    if segment_ids is not None or tokens is None:
+        return segment_ids
+    return padding_ids(tokens)
+
+
 def combine_masks(*masks):
     """AND of the given masks (None entries skipped); None when all are None."""
     masks = [m for m in masks if m is not None]

@@ -113,8 +113,8 @@ class Encoder(nnx.Module):
             x = x + self.type_embed(jnp.zeros_like(tokens) if token_types is None else token_types)
         x = self.embed_norm(x)
         x = blocks.dropout(x, spec.dropout_rate, blocks.fold_key(key, 0))
-        if segment_ids is None:  # padding (id 0) attends to nothing and is never attended
-            segment_ids = masks.padding_ids(tokens)
+        # without ids, padding (id 0) attends to nothing and is never attended
+        segment_ids = masks.ids_or_padding(segment_ids, tokens)
         x = self.encoder(x, segment_ids=segment_ids, dropout_rng=blocks.fold_key(key, 1))
         aux = {"encoded": x}
         if spec.head == "mlm":

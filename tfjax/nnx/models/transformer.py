@@ -158,8 +158,8 @@ class Transformer(nnx.Module):
         key = self._key(train, rngs)
         positions = jnp.arange(inputs.shape[1]) if inputs_positions is None else inputs_positions
         x = self._embed(self.embed, inputs, positions, blocks.fold_key(key, 0))
-        if inputs_segment_ids is None:  # padding (id 0) attends to nothing, is never attended
-            inputs_segment_ids = masks.padding_ids(inputs)
+        # without ids, padding (id 0) attends to nothing, is never attended
+        inputs_segment_ids = masks.ids_or_padding(inputs_segment_ids, inputs)
         bias = self._relative_bias("encoder", inputs.shape[1])
         x = self.encoder(
             x, bias=bias, segment_ids=inputs_segment_ids, dropout_rng=blocks.fold_key(key, 1)
@@ -200,10 +200,8 @@ class Transformer(nnx.Module):
         positions = query_positions(t, targets_positions, cache)
         embed = self.embed if spec.share_embeddings else self.target_embed
         y = self._embed(embed, decoder_inputs, positions, blocks.fold_key(key, 0))
-        if inputs_segment_ids is None:
-            inputs_segment_ids = masks.padding_ids(inputs)
-        if targets_segment_ids is None and targets is not None:
-            targets_segment_ids = masks.padding_ids(targets)
+        inputs_segment_ids = masks.ids_or_padding(inputs_segment_ids, inputs)
+        targets_segment_ids = masks.ids_or_padding(targets_segment_ids, targets)
         bias = self._relative_bias("decoder", t, positions, cache)
         y = self.decoder(
             y,
