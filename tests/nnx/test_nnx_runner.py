@@ -1,9 +1,10 @@
 """The runner with config.model.api="nnx" (tfjax.nnx.functional): from the same initial state
-the same losses, evaluations and parameters step for step as api="linen", on one device and
-on a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices; the same checkpoints, so a Linen run
-resumes as NNX (and back) and its losses continue as the Linen-only run's; what NNX cannot run
-yet, and a bad api, refused by name before any work; a LoRA and a QLoRA fine-tune of a Hugging
-Face checkpoint trained and exported in NNX as in Linen."""
+(the NNX model draws its own initial values, so the Linen run's are given to it) the same
+losses, evaluations and parameters step for step as api="linen", on one device and on a
+(data 2, fsdp 2, tensor 2) mesh of 8 CPU devices; the same checkpoints, so a Linen run resumes
+as NNX (and back) and its losses continue as the Linen-only run's; what NNX cannot run yet,
+and a bad api, refused by name before any work; a LoRA and a QLoRA fine-tune of a Hugging Face
+checkpoint trained and exported in NNX as in Linen."""
 
 import json
 import os
@@ -31,9 +32,10 @@ def _config(spec="lm.py:tiny", **overrides):
         return set_fields(config, overrides)
 
 
-def _steps(api, mesh_fields, devices):
-    """(per-step train stats, eval stats, final params, the Experiment) of STEPS train steps of
-    lm.py:tiny from one seed's initial state, with model.api=`api`."""
+def _steps(api, mesh_fields, devices, initial=None):
+    """(per-step train stats, eval stats, final params, the Experiment, initial params) of STEPS
+    train steps of lm.py:tiny with model.api=`api`, from one seed's initial state, its
+    parameters `initial` where given (`exp.init`'s known parameters)."""
     config = _config(**{"model.api": api, **{f"mesh.{k}": v for k, v in mesh_fields.items()}})
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
     exp = setup.set_up(config, mesh, inputs=setup.planned_inputs(config))
@@ -43,13 +45,16 @@ def _steps(api, mesh_fields, devices):
         np.array([[1] * 20 + [2] * 12], np.int32), batch["tokens"].shape[0], 0
     )
     batch = sharding.shard_batch(batch, mesh, exp.rules)
-    state = exp.init(jax.random.key(0))
+    if initial is not None:  # placed as the runner places known parameters (donated by init)
+        initial = jax.device_put(initial, exp.param_shardings)
+    state = exp.init(jax.random.key(0), initial)
+    initial = jax.device_get(state.params)  # before the steps donate them
     train_stats = []
     for _ in range(STEPS):
         state, stats = exp.train_step(state, batch, jax.random.key(1))
         train_stats.append(jax.device_get(stats))
     evals = jax.device_get(exp.eval_step(state.params, batch))
-    return train_stats, evals, jax.device_get(state.params), exp
+    return train_stats, evals, jax.device_get(state.params), exp, initial
 
 
 MESHES = {
@@ -61,8 +66,8 @@ MESHES = {
 @pytest.mark.parametrize("mesh", MESHES)
 def test_nnx_steps_give_linens_losses_and_parameters(mesh):
     fields, devices = MESHES[mesh]
-    linen_stats, linen_eval, linen_params, linen_exp = _steps("linen", fields, devices)
-    nnx_stats, nnx_eval, nnx_params, nnx_exp = _steps("nnx", fields, devices)
+    linen_stats, linen_eval, linen_params, linen_exp, initial = _steps("linen", fields, devices)
+    nnx_stats, nnx_eval, nnx_params, nnx_exp, _ = _steps("nnx", fields, devices, initial)
     assert isinstance(nnx_exp.model, Functional) and not isinstance(linen_exp.model, Functional)
     # The same abstract state, laid out alike: one checkpoint layout for both.
     assert jax.tree.structure(nnx_exp.abstract_state) == jax.tree.structure(
@@ -115,7 +120,11 @@ def _samples(workdir, step):
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
     """Workdirs: "linen" and "nnx" straight 4-step runs; "linen->nnx" 2 steps in Linen resumed
-    as NNX, "nnx->linen" the other way."""
+    as NNX, "nnx->linen" the other way. Each starts from the parameters of a 2-step Linen run
+    (config.init_from; the NNX model draws other initial values than Linen's)."""
+    start = str(tmp_path_factory.mktemp("start"))
+    first = train.train_and_evaluate(_run_config(data_dir, "linen"), start, stop_after_step=2)
+    assert first["step"] == 2
     out = {}
     for name, apis in {
         "linen": ("linen",),
@@ -124,14 +133,13 @@ def runs(data_dir, tmp_path_factory):
         "nnx->linen": ("nnx", "linen"),
     }.items():
         workdir = str(tmp_path_factory.mktemp(name.replace("->", "_to_")))
+        configs = [_run_config(data_dir, api, init_from=start) for api in apis]
         if len(apis) == 1:
-            assert train.train_and_evaluate(_run_config(data_dir, apis[0]), workdir)["step"] == 4
+            assert train.train_and_evaluate(configs[0], workdir)["step"] == 4
         else:
-            first = train.train_and_evaluate(
-                _run_config(data_dir, apis[0]), workdir, stop_after_step=2
-            )
+            first = train.train_and_evaluate(configs[0], workdir, stop_after_step=2)
             assert first["step"] == 2
-            assert train.train_and_evaluate(_run_config(data_dir, apis[1]), workdir)["step"] == 4
+            assert train.train_and_evaluate(configs[1], workdir)["step"] == 4
         out[name] = workdir
     return out
 

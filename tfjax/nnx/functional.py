@@ -42,11 +42,14 @@ class Functional:
     """The NNX model of the family spec `spec` (tfjax.specs, or an unbound Linen family model),
     as `init` and `apply`; `example_args` / `options` size what the fields do not (a ViT's
     images: see tfjax.nnx.models.from_linen). Equal (and hashing equal) when the specs and the
-    NNX models' structures are: a static argument of jitted functions."""
+    NNX models' structures are: a static argument of jitted functions. `adapt(model, rngs)`:
+    the NNX model as it runs, from the one made of `spec` (e.g. with tfjax.lora's adapters:
+    `init` makes them, `apply` runs them); a function, so tfjax.nnx needs no tfjax.lora."""
 
-    def __init__(self, spec, *example_args, **options):
+    def __init__(self, spec, *example_args, adapt=None, **options):
         def build(rngs):
-            return models.from_linen(spec, *example_args, rngs=rngs, **options)
+            model = models.from_linen(spec, *example_args, rngs=rngs, **options)
+            return model if adapt is None else adapt(model, rngs)
 
         # The structure only: nnx.eval_shape makes no parameter.
         self._set(spec, nnx.eval_shape(lambda: build(nnx.Rngs(0))), build)
@@ -74,15 +77,15 @@ class Functional:
         fn._set(spec, nnx.eval_shape(lambda: model), build)
         return fn
 
-    def __eq__(self, other):
+    def __eq__(self, other):  # by the family spec: a Linen model's equals its dataclass's
         return (
             type(other) is type(self)
-            and other.spec == self.spec
+            and models.family_spec(other.spec) == models.family_spec(self.spec)
             and other._graphdef == self._graphdef
         )
 
     def __hash__(self):
-        return hash((type(self), self.spec, self._graphdef))
+        return hash((type(self), models.family_spec(self.spec), self._graphdef))
 
     def __repr__(self):
         return f"Functional({self.spec!r})"

@@ -69,12 +69,6 @@ def check_config(config) -> tuple:
     # Builds the optimizer and its schedule (nothing is allocated) for their errors; d_model
     # only scales the values of the "rsqrt" schedule.
     optim.make_optimizer(config.optim, d_model=1, num_train_steps=config.num_train_steps)
-    lora = optim.lora_config(config)
-    if lora is not None and config.model.get("api") == "nnx":
-        raise ValueError(
-            f"lora.rank={config.lora.rank} with model.api='nnx': tfjax.nnx has no LoRA "
-            "adapters yet; set model.api='linen' (the same checkpoints) or lora.rank=0"
-        )
     return rules
 
 

@@ -176,17 +176,24 @@ def api(config) -> str:
     return config.model.get("api", "linen")
 
 
-def for_api(config, model, task, element_spec):
+def for_api(config, model, task, element_spec, lora=None):
     """`model` (a Linen family model, as `build_model` gives it) as config.model.api runs it:
     itself ("linen"), or its NNX model behind Linen's init and apply ("nnx":
     `tfjax.nnx.functional.Functional`, which the steps and decoding take as they take the Linen
-    model), sized by a batch of `element_spec` as Linen's init is (a ViT's images). Both have
+    model), sized by a batch of `element_spec` as Linen's init is (a ViT's images), with the
+    adapters of `lora` (a tfjax.lora.LoraConfig) as the NNX LoRA provider adds them. Both have
     the same parameter tree, so the state and the checkpoints are the same."""
     if api(config) == "linen":
         return model
-    args, _ = task.model_inputs(dummy_batch(element_spec, 1))
+    args, kwargs = task.model_inputs(dummy_batch(element_spec, 1))
+    adapt = None
+    if lora is not None:  # the adapters (QLoRA: the targeted kernels quantized)
+
+        def adapt(nnx_model, rngs):
+            return lora_lib.apply_lora(nnx_model, lora, *args, **kwargs, train=False, rngs=rngs)
+
     try:
-        return Functional(model, *args)
+        return Functional(model, *args, adapt=adapt)
     except NotImplementedError as e:  # a family or layer tfjax.nnx does not have yet
         raise ValueError(f"model.api='nnx': {e}; model.api='linen' runs it") from None
 
@@ -241,10 +248,14 @@ def quantize_base_fn(exp: Experiment):
         exp.base_model, exp.task, exp.inputs.train, mesh=exp.mesh, rules=exp.rules
     )
 
+    # The Linen LoRA model quantizes for both APIs (the same kernels, bit for bit): an NNX
+    # model's Functional applies parameters, it does not make them from given ones.
+    linen = exp.model.spec if isinstance(exp.model, Functional) else exp.model
+
     def quantize(params, rng):
         with sharding.logical_context(exp.mesh, exp.rules):
             args, kwargs = _example_inputs(exp.task, exp.inputs.train, exp.mesh, exp.rules)
-            return lora_lib.init_params(exp.model, params, rng, *args, **kwargs, train=False)
+            return lora_lib.init_params(linen, params, rng, *args, **kwargs, train=False)
 
     return abstract, jax.jit(quantize, out_shardings=exp.param_shardings, donate_argnums=0)
 
@@ -479,7 +490,7 @@ def check_model(run: Run) -> None:
     trainable = optim.trainable(config.optim, lora=lora is not None)
     if trainable is not None:
         optim.check_trainable(config.optim, nn.unbox(variables["params"]), trainable)
-    for_api(config, model, task, inputs.train)  # what tfjax.nnx cannot run, by name
+    for_api(config, model, task, inputs.train, lora)  # what tfjax.nnx cannot run, by name
     if config.task == "classification" and data.num_classes:
         head = output.shape[-1]
         if head < data.num_classes:
@@ -527,7 +538,7 @@ def build(prepared: Prepared, inputs: Inputs) -> Experiment:
     base_model, lora_config = model, prepared.lora
     if lora_config is not None:
         model = lora_lib.apply_lora(model, lora_config)
-    runs = for_api(config, model, task, inputs.train)  # what the steps and decoding call
+    runs = for_api(config, model, task, inputs.train, lora_config)  # what the steps call
     ema = config.optim.ema_decay > 0
     trainable = optim.trainable(config.optim, lora=lora_config is not None)
     init_fn, abstract_state, param_shardings = abstract_train_state(

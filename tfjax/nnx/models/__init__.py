@@ -45,6 +45,12 @@ def from_spec(spec, *example_args, rngs: nnx.Rngs, **options) -> nnx.Module:
     return getattr(family, name)(spec, rngs=rngs, **options)
 
 
+def family_spec(spec):
+    """The family spec (tfjax.specs) of `spec`: itself, or a Linen family model's `.spec` (the
+    dataclass its fields come from). The NNX models hold the spec, whose methods they call."""
+    return getattr(spec, "spec", spec)
+
+
 def load_params(model: nnx.Module, params) -> None:
     """Puts a Linen model's `params` tree (the same layout; boxed with logical names, as `init`
     returns it, or not) into the NNX `model`, in place."""

@@ -25,7 +25,7 @@ the Linen model's `mutable=["aux_losses"]` collection.
 from flax import linen as nn
 from flax import nnx
 
-from tfjax.nnx import blocks
+from tfjax.nnx import blocks, models
 from tfjax.ops import axes, head
 from tfjax.ops.activations import softcap
 from tfjax.ops.cache import query_positions
@@ -39,10 +39,10 @@ VARIANTS = decoder_spec.VARIANTS
 class Decoder(nnx.Module):
     """GPT-like decoder in NNX; see the module docstring. `spec`: the tfjax.specs.decoder
     Decoder whose fields say what to build, or a Linen tfjax.models.decoder Decoder (unbound),
-    whose fields and methods are its spec's; kept as given, as `spec`."""
+    whose fields and methods are its spec's; `.spec` is the family spec."""
 
     def __init__(self, spec: decoder_spec.Decoder, *, rngs: nnx.Rngs):
-        self.spec = spec
+        self.spec = spec = models.family_spec(spec)
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
         init = nn.initializers.normal(spec.init_stddev)
         self.embed = blocks.Embed(

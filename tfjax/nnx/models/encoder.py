@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.nnx import blocks
+from tfjax.nnx import blocks, models
 from tfjax.ops import axes, masks
 from tfjax.ops.activations import gelu
 from tfjax.specs import encoder as encoder_spec
@@ -35,10 +35,10 @@ VARIANTS = encoder_spec.VARIANTS
 class Encoder(nnx.Module):
     """BERT-like encoder in NNX; see the module docstring. `spec`: the tfjax.specs.encoder
     Encoder whose fields say what to build, or a Linen tfjax.models.encoder Encoder
-    (unbound), whose fields and methods are its spec's; kept as given, as `spec`."""
+    (unbound), whose fields and methods are its spec's; `.spec` is the family spec."""
 
     def __init__(self, spec: encoder_spec.Encoder, *, rngs: nnx.Rngs):
-        self.spec = spec
+        self.spec = spec = models.family_spec(spec)
         d = spec.width
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
         init = nn.initializers.normal(spec.init_stddev)

@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.nnx import blocks
+from tfjax.nnx import blocks, models
 from tfjax.ops import axes, masks
 from tfjax.ops.cache import max_length, query_positions
 from tfjax.ops.position import sinusoidal
@@ -42,10 +42,10 @@ class Transformer(nnx.Module):
     """Encoder-decoder Transformer in NNX; see the module docstring. `spec`: the
     tfjax.specs.transformer Transformer whose fields say what to build, or a Linen
     tfjax.models.transformer Transformer (unbound), whose fields and methods are its spec's;
-    kept as given, as `spec`."""
+    held as its family spec, `spec` (`models.family_spec`)."""
 
     def __init__(self, spec: transformer_spec.Transformer, *, rngs: nnx.Rngs):
-        self.spec = spec
+        self.spec = spec = models.family_spec(spec)
         d, v = spec.width, spec.vocab_size
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
 

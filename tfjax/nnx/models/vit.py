@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.nnx import blocks
+from tfjax.nnx import blocks, models
 from tfjax.ops import axes, vision
 from tfjax.specs import vit as vit_spec
 
@@ -83,7 +83,7 @@ class MapHead(nnx.Module):
 class VisionTransformer(nnx.Module):
     """ViT in NNX; see the module docstring. `spec`: the tfjax.specs.vit VisionTransformer whose
     fields say what to build, or a Linen tfjax.models.vit VisionTransformer (unbound), whose
-    fields and methods are its spec's; kept as given, as `spec`. `image_size` (an int, or
+    fields and methods are its spec's; `.spec` is the family spec. `image_size` (an int, or
     (H, W)) and `channels`: the images' it takes (the spec's when None, else 224 and 3), which
     size the patch kernel and a learned position table."""
 
@@ -95,7 +95,7 @@ class VisionTransformer(nnx.Module):
         channels: int | None = None,
         rngs: nnx.Rngs,
     ):
-        self.spec = spec
+        self.spec = spec = models.family_spec(spec)
         d, p = spec.width, spec.patch_size
         dtypes = dict(dtype=spec.dtype, param_dtype=spec.param_dtype)
         image_size = image_size or spec.image_size or 224
