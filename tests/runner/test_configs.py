@@ -65,7 +65,7 @@ def test_every_preset_names_a_model_variant_and_sets_only_what_differs(name):
         config = module.get_config(preset)
         if name == "finetune" and config.model.variant is None:
             continue  # the sizes are the checkpoint's (config.init_from), set by none of them
-        variant = checks.model_module(config.model.name).VARIANTS[config.model.variant]
+        variant = defaults.model_module(config.model.name).VARIANTS[config.model.variant]
         repeated = {k: v for k, v in config.model.items() if k in variant and v == variant[k]}
         assert not repeated, (preset, config.model.variant, repeated)
 
@@ -159,7 +159,7 @@ def test_every_field_of_every_preset_declares_what_it_allows(name):
             if key == "logical_axis_rules":  # a table of its own: tfjax.sharding.check_rules
                 continue
             if key == "model":
-                family = checks.model_module(value.name).Model.__annotations__["return"]
+                family = defaults.model_module(value.name).Model.__annotations__["return"]
                 fields = {f.name for f in dataclasses.fields(family)}
                 assert set(value) - set(defaults.MODEL) <= fields, (preset, set(value) - fields)
                 continue
