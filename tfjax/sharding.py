@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from tfjax.nn.axes import (
+from tfjax.ops.axes import (
     ACT_EMBED,
     ACT_HEADS,
     ACT_MLP,
