@@ -6,7 +6,8 @@ Letters: B batch, T length, N = B T tokens, D model width, F expert width, E exp
     y = mlp.apply(variables, x)                                       # [B, T, D] -> [B, T, D]
     y, state = mlp.apply(variables, x, mutable=[AUX_LOSSES])          # and its losses
 
-Parameters: "router" (kernel [D, E], bias [E] with router_bias), "experts" ("wi_0", "wi_1"
+Parameters: "router" (kernel [D, E], bias [E] with router_bias), with score_bias
+"router_score_bias" [E] (float32, not trained: DeepSeek-V3's correction), "experts" ("wi_0", "wi_1"
 [E, D, F] for gated activations, else "wi"; "wo" [E, F, D]; with use_bias "<name>_bias"
 [E, F] / [E, D]), and with shared experts "shared" (a tfjax.nn Mlp / GatedMlp) and
 "shared_gate" (kernel [D, 1]). The expert kernels' leading axis is named `experts`: the
@@ -105,8 +106,12 @@ class MoeMlp(nn.Module):
             dtype=router_dtype,
             param_dtype=self.param_dtype,
         )(tokens.astype(router_dtype))
+        score_bias = None
+        if c.score_bias:  # not trained: route stops its gradient
+            init = nn.with_logical_partitioning(nn.initializers.zeros, (axes.ROUTER,))
+            score_bias = self.param("router_score_bias", init, (c.num_experts,), jnp.float32)
         weights, experts, scores = moe.route(
-            logits, c.top_k, score=c.router_score, renormalize=c.renormalize
+            logits, c.top_k, score_bias=score_bias, **c.route_options()
         )
         if self.is_mutable_collection(AUX_LOSSES):
             for name, value in moe.aux_losses(logits, scores, experts, c).items():

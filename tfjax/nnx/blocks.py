@@ -391,6 +391,9 @@ class MoeMlp(nnx.Module):
         self.router = dense(
             width, c.num_experts, (axes.EMBED, None), use_bias=c.router_bias, dtype=None, **kw
         )
+        if c.score_bias:  # float32 as Linen's; not trained (route stops its gradient)
+            shape, zeros = (c.num_experts,), nn.initializers.zeros
+            self.router_score_bias = param(rngs, zeros, shape, jnp.float32, (axes.ROUTER,))
         # The attribute is named as Linen's module (EXPERTS), which active_parameters reads.
         setattr(self, EXPERTS, Experts(c, width, dtype=dtype, **kw))
         if c.shared_dim:
@@ -409,8 +412,9 @@ class MoeMlp(nnx.Module):
         # The router in float32 or wider (ST-MoE's selective precision), as Linen's; [N, E]
         router_dtype = jnp.promote_types(self.dtype or x.dtype, jnp.float32)
         logits = self.router(tokens.astype(router_dtype))
+        score_bias = self.router_score_bias[...] if c.score_bias else None
         weights, experts, scores = moe.route(
-            logits, c.top_k, score=c.router_score, renormalize=c.renormalize
+            logits, c.top_k, score_bias=score_bias, **c.route_options()
         )
         for name, value in moe.aux_losses(logits, scores, experts, c).items():
             sow(self, name, value)

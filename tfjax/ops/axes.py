@@ -30,6 +30,8 @@ VOCAB = "vocab"
 NORM = "norm"
 LAYERS = "layers"  # the stacked axis of scanned layers
 EXPERTS = "experts"  # the stacked axis of a mixture's expert kernels (expert parallelism)
+ROUTER = "router"  # a router's per-expert vector (DeepSeek-V3's score correction): replicated
+LATENT = "latent"  # multi-head latent attention's low ranks (DeepSeek's q and kv latents)
 
 
 def shards(name: str) -> int:

@@ -176,7 +176,9 @@ class MoeConfig:
 
     Mixtral, Qwen3-MoE: softmax scores, renormalized. GPT-OSS: softmax of the chosen logits,
     which is the same (renormalized), with a router bias, expert biases and "swiglu_clamped".
-    DeepSeek-V3: sigmoid scores, renormalized, a shared expert.
+    DeepSeek-V3: sigmoid scores with a correction bias for choosing (score_bias), experts
+    chosen from the best groups only (groups, groups_kept), renormalized, scaled (scale), a
+    shared expert.
     """
 
     num_experts: int  # E
@@ -191,6 +193,14 @@ class MoeConfig:
     renormalize: bool = True  # the chosen k scores divided by their sum (Mixtral; Qwen-MoE's
     # norm_topk_prob); False: the scores as they are (Qwen1.5/2-MoE)
     router_bias: bool = False  # a bias on the router's logits (GPT-OSS)
+    score_bias: bool = False  # a correction [E] ("router_score_bias") added to the scores to
+    # choose the experts, not to weigh them; not trained (DeepSeek-V3's e_score_correction_bias,
+    # which its training adjusts for balance outside the gradient)
+    groups: int = 1  # G: the experts as G groups of E / G, each scored by its two best scores
+    # (DeepSeek-V3's n_group)
+    groups_kept: int | None = None  # the experts of only this many best groups may be chosen;
+    # all when None (DeepSeek-V3's topk_group)
+    scale: float = 1.0  # the chosen weights times this (DeepSeek-V3's routed_scaling_factor)
     shared_dim: int = 0  # F of the always-on shared experts, one MLP (DeepSeek: the number of
     # shared experts times their width; Qwen2-MoE's shared_expert_intermediate_size); 0: none
     shared_gate: bool = False  # the shared experts' output times sigmoid(x w) (Qwen2-MoE)
@@ -211,11 +221,43 @@ class MoeConfig:
         _check_choice("MoeConfig", "activation", self.activation, ALL_ACTIVATIONS)
         _check_swiglu("MoeConfig", self)
         _check_choice("MoeConfig", "router_score", self.router_score, ROUTER_SCORES)
+        self._check_groups()
+        if isinstance(self.scale, bool) or not (
+            isinstance(self.scale, int | float) and math.isfinite(self.scale) and self.scale > 0
+        ):
+            raise ValueError(f"MoeConfig: scale must be a positive number, got {self.scale!r}")
         if self.shared_gate and not self.shared_dim:
             raise ValueError("MoeConfig: shared_gate=True needs shared experts (shared_dim > 0)")
         for field in ("load_balance_weight", "router_z_weight"):
             if not getattr(self, field) >= 0:
                 raise ValueError(f"MoeConfig: {field} must be >= 0, got {getattr(self, field)}")
+
+    def _check_groups(self) -> None:
+        g, kept, e = self.groups, self.groups_kept, self.num_experts
+        if g < 1 or e % g:
+            raise ValueError(f"MoeConfig: groups={g} must divide num_experts={e}")
+        if kept is not None and not 1 <= kept <= g:
+            raise ValueError(f"MoeConfig: groups_kept={kept} must be in [1, groups={g}] or None")
+        if g > 1 and e // g < 2 and kept is not None and kept < g:
+            raise ValueError(
+                f"MoeConfig: groups={g} of {e} experts leaves groups of one; a group is scored "
+                "by its two best experts (groups of at least 2)"
+            )
+        if kept is not None and self.top_k > kept * (e // g):
+            raise ValueError(
+                f"MoeConfig: top_k={self.top_k} exceeds the {kept * (e // g)} experts of the "
+                f"groups_kept={kept} groups"
+            )
+
+    def route_options(self) -> dict:
+        """tfjax.ops.moe.route's options of this router (not its score_bias array)."""
+        return dict(
+            score=self.router_score,
+            renormalize=self.renormalize,
+            groups=self.groups,
+            groups_kept=self.groups_kept,
+            scale=self.scale,
+        )
 
     @property
     def gated(self) -> bool:

@@ -41,21 +41,49 @@ AUX_LOSSES = "aux_losses"  # the collection of the layers' auxiliary losses (sca
 EXPERTS = "experts"  # the name of the module that holds the expert kernels
 
 
-def route(logits, top_k: int, *, score: str = "softmax", renormalize: bool = True):
+def route(
+    logits,
+    top_k: int,
+    *,
+    score: str = "softmax",
+    renormalize: bool = True,
+    score_bias=None,
+    groups: int = 1,
+    groups_kept: int | None = None,
+    scale: float = 1.0,
+):
     """The router's choice from its logits [N, E]: (weights [N, k], experts [N, k] int32,
     scores [N, E]), in float32 or wider.
 
     score: "softmax" (over the E experts; Mixtral, Qwen-MoE) or "sigmoid" (each on its own,
     DeepSeek-V3); the k experts of highest score are chosen, their scores the weights, divided
-    by their sum with `renormalize`. Softmax, top-k and renormalization equal GPT-OSS's softmax
-    of the top-k logits.
+    by their sum with `renormalize`, times `scale`. Softmax, top-k and renormalization equal
+    GPT-OSS's softmax of the top-k logits.
+
+    DeepSeek-V3's choice (its weights stay the scores above): score_bias [E] (a correction kept
+    for balance, not trained: no gradient reaches it) is added to the scores for choosing only;
+    with `groups` G > 1 the E experts are G groups of E / G, each scored by the sum of its two
+    best (biased) scores, and only the experts of the `groups_kept` best groups (all when None)
+    may be chosen; `scale` is its routed_scaling_factor.
     """
     logits = _at_least_float32(logits)
     scores = jax.nn.softmax(logits, axis=-1) if score == "softmax" else jax.nn.sigmoid(logits)
-    weights, experts = jax.lax.top_k(scores, top_k)
+    choice = scores
+    if score_bias is not None:
+        choice = scores + jax.lax.stop_gradient(score_bias).astype(scores.dtype)
+    if groups > 1 and groups_kept is not None and groups_kept < groups:
+        n, e = choice.shape
+        # [N, G, E / G] -> [N, G]: each group's two best scores, summed
+        grouped = choice.reshape(n, groups, e // groups)
+        best = jax.lax.top_k(grouped, min(2, e // groups))[0].sum(axis=-1)
+        _, kept = jax.lax.top_k(best, groups_kept)  # [N, groups_kept]
+        keep = jnp.zeros((n, groups), bool).at[jnp.arange(n)[:, None], kept].set(True)
+        choice = jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(n, e)
+    _, experts = jax.lax.top_k(choice, top_k)
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
     if renormalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return weights, experts, scores
+    return weights * scale if scale != 1.0 else weights, experts, scores
 
 
 def load_balance_loss(scores, experts, num_experts: int):

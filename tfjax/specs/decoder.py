@@ -315,6 +315,10 @@ MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are
     "router_score",
     "router_renormalize",
     "router_bias",
+    "router_score_bias",
+    "router_groups",
+    "router_groups_kept",
+    "router_scale",
     "shared_expert_dim",
     "shared_expert_gate",
     "first_dense_layers",
@@ -377,6 +381,12 @@ class Decoder(common.FamilySpec):
     router_score: str = "softmax"  # "softmax" or "sigmoid" (DeepSeek-V3) of the router logits
     router_renormalize: bool = True  # the k chosen scores divided by their sum (norm_topk_prob)
     router_bias: bool = False  # a bias on the router logits (GPT-OSS)
+    router_score_bias: bool = False  # a correction [E] added to the scores to choose experts
+    # only, not trained (DeepSeek-V3's e_score_correction_bias)
+    router_groups: int = 1  # the experts as this many groups (DeepSeek-V3's n_group) ...
+    router_groups_kept: int | None = None  # ... of which the best this many may be chosen
+    # (topk_group); all when None
+    router_scale: float = 1.0  # the chosen weights times this (routed_scaling_factor)
     shared_expert_dim: int = 0  # width of the always-on shared experts' MLP; 0: none
     shared_expert_gate: bool = False  # the shared experts' output times a sigmoid gate
     # (Qwen2-MoE)
