@@ -9,6 +9,8 @@ share them unchanged.
   multihead    multi-head attention given its parameters: the projections, RoPE, variants,
                ALiBi, decoding
   chunked, splash   the memory-lean kernels behind dot_product_attention
+  delta_rule   the gated delta rule (Qwen3.5's Gated DeltaNet linear attention), chunked or
+               recurrent, and the causal depthwise convolution before it
   masks        boolean attention masks
   position     sinusoidal, 2-D sin-cos, RoPE and RopeScaling, ALiBi, T5's buckets and bias
   norms, activations   the norm and FFN activation maths (and the logits' soft cap)
@@ -30,6 +32,7 @@ from tfjax.ops import (
     cache,
     chunked,
     config,
+    delta_rule,
     embed,
     head,
     masks,
@@ -45,6 +48,7 @@ from tfjax.ops.activations import ACTIVATIONS, ALL_ACTIVATIONS, GATED_ACTIVATION
 from tfjax.ops.attention import attention_weights, choose_implementation, dot_product_attention
 from tfjax.ops.cache import KVCache, init_cache
 from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig, MoeConfig
+from tfjax.ops.delta_rule import causal_conv1d, gated_delta_rule
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
 from tfjax.ops.position import RopeScaling, alibi_bias, rope, sincos_2d, sinusoidal
 
@@ -65,11 +69,14 @@ __all__ = [
     "attention",
     "attention_weights",
     "cache",
+    "causal_conv1d",
     "choose_implementation",
     "chunked",
     "config",
+    "delta_rule",
     "dot_product_attention",
     "embed",
+    "gated_delta_rule",
     "gelu",
     "head",
     "init_cache",
