@@ -71,6 +71,14 @@ def test_gradients_of_both_forms_agree(chunk_size, segment_ids):
         close(a, b)
 
 
+@pytest.mark.parametrize("c", [1, 5, 16])  # powers of two and not
+def test_unit_lower_inverse(c):
+    strict = np.tril(np.random.default_rng(c).standard_normal((2, 3, c, c)), -1)
+    with jax.enable_x64(True):
+        got = jax.jit(dr.unit_lower_inverse)(jnp.asarray(strict))
+    close(got, np.linalg.inv(np.eye(c) + strict), tol=1e-12)
+
+
 @pytest.mark.parametrize("normalize_qk", [True, False])
 def test_both_forms_match_transformers_in_float64(normalize_qk):
     # Grouped heads (K = 2 serve N = 4), an initial state, a length no chunk divides.
