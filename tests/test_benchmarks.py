@@ -173,3 +173,14 @@ def test_label_logit_tiny(tmp_path):
     out, result = _run("label_logit.py", tmp_path / "tpu.json", "--topology=v5p:2x2x1")
     assert "ratio peak masked sum / gather = " in out
     assert result["gather"]["compiled"] and result["masked sum"]["peak_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_delta_rule_tiny(tmp_path):
+    out, result = _run("delta_rule.py", tmp_path / "delta_rule.json")
+    assert "ratio chunked/attention time at T=" in out
+    rows = result["rows"]
+    assert [r["length"] for r in rows] == [64, 96]
+    # The chunked form computed what the recurrent one did (the script checks to 1e-4).
+    assert all(r["max_abs_difference"] < 1e-4 for r in rows)
+    assert all(set(r["median_ms"]) == {"chunked", "recurrent", "attention"} for r in rows)
