@@ -22,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from tfjax.nn import axes
 from tfjax.nn.attention import MultiHeadAttention, default_kernel_init
 from tfjax.nn.ffn import make_mlp
+from tfjax.nn.mla import LatentAttention
 from tfjax.nn.moe import AUX_LOSSES, MoeMlp
 from tfjax.nn.norms import make_norm
 from tfjax.ops import residual
@@ -165,7 +166,9 @@ class Block(nn.Module):
         return x if cache is None else (x, cache)
 
     def _attention(self, name, config):
-        return MultiHeadAttention(
+        # DeepSeek's multi-head latent attention (self-attention only)
+        kind = LatentAttention if config.latent is not None else MultiHeadAttention
+        return kind(
             config,
             kernel_init=self.kernel_init,
             dtype=self.dtype,

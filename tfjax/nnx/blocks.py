@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from tfjax.nnx.mla import LatentAttention
+from tfjax.nnx.params import metadata, param, place  # noqa: F401 (re-exported)
 from tfjax.ops import axes, embed, moe, multihead, residual
 from tfjax.ops.cache import KVCache, write
 from tfjax.ops.config import (
@@ -54,21 +56,6 @@ def sow(module: nnx.Module, name: str, value) -> None:
     setattr(module, name, AuxLoss((value,)))
 
 
-def place(value, names):
-    """`value` placed where the logical axis rules in context put a parameter of logical
-    `names` on the mesh in context (jax.set_mesh); as it is without a mesh or rules. Resolved by
-    Linen's nn.logical_to_mesh_axes, so as the Linen model's parameter: a mesh axis goes to the
-    first name whose rule names it (the expert-parallel rules give E the fsdp axis before D);
-    NNX's own eager sharding maps each name alone, and two names can then claim one axis."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not nn.get_logical_axis_rules():
-        return value
-    spec = nn.logical_to_mesh_axes(tuple(names))
-    if mesh.are_all_axes_explicit:
-        return jax.sharding.reshard(value, spec)
-    return jax.lax.with_sharding_constraint(value, spec)
-
-
 def _placed(module, names: dict):
     """`module` (an nnx.Linear or norm) with its parameters (attribute -> logical names)
     placed as `place` says."""
@@ -77,18 +64,6 @@ def _placed(module, names: dict):
         if variable is not None:
             variable.set_value(place(variable.get_value(), n))
     return module
-
-
-def metadata(names) -> dict:
-    """A parameter's metadata: its logical axis `names` (one per dimension); its placement on a
-    mesh is `place`'s, not NNX's eager sharding."""
-    return {"out_sharding": tuple(names), "eager_sharding": False}
-
-
-def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
-    """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names` (and
-    placed by them under a mesh)."""
-    return nnx.Param(place(init(rngs.params(), shape, dtype), names), **metadata(names))
 
 
 def dense(
@@ -463,7 +438,10 @@ class Block(nnx.Module):
         self.config = config
         kw = dict(kernel_init=kernel_init, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm = dict(eps=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.self_attention = Attention(config.attention, width, **kw)
+        latent = config.attention.latent is not None  # DeepSeek's multi-head latent attention
+        self.self_attention = (LatentAttention if latent else Attention)(
+            config.attention, width, **kw
+        )
         sublayers = ["self_attention", "mlp"]
         if config.cross_attention:
             cross = config.attention.for_cross_attention()

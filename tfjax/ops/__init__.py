@@ -23,7 +23,9 @@ share them unchanged.
                registers, mask token) and pooled
   config       AttentionConfig, MlpConfig, MoeConfig, BlockConfig, LayerAttention: what a
                layer computes
-  cache        KVCache, the decoding cache as a pytree the caller holds
+  mla          multi-head latent attention (DeepSeek), its expanded and absorbed forms
+  cache        KVCache (LatentCache for latent attention), the decoding cache as a pytree the
+               caller holds
 """
 
 from tfjax.ops import (
@@ -36,6 +38,7 @@ from tfjax.ops import (
     embed,
     head,
     masks,
+    mla,
     moe,
     multihead,
     norms,
@@ -46,8 +49,15 @@ from tfjax.ops import (
 )
 from tfjax.ops.activations import ACTIVATIONS, ALL_ACTIVATIONS, GATED_ACTIVATIONS, gelu
 from tfjax.ops.attention import attention_weights, choose_implementation, dot_product_attention
-from tfjax.ops.cache import KVCache, init_cache
-from tfjax.ops.config import AttentionConfig, BlockConfig, LayerAttention, MlpConfig, MoeConfig
+from tfjax.ops.cache import KVCache, LatentCache, init_cache
+from tfjax.ops.config import (
+    AttentionConfig,
+    BlockConfig,
+    LatentAttention,
+    LayerAttention,
+    MlpConfig,
+    MoeConfig,
+)
 from tfjax.ops.delta_rule import causal_conv1d, gated_delta_rule
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
 from tfjax.ops.position import RopeScaling, alibi_bias, rope, sincos_2d, sinusoidal
@@ -60,6 +70,8 @@ __all__ = [
     "AttentionConfig",
     "BlockConfig",
     "KVCache",
+    "LatentAttention",
+    "LatentCache",
     "LayerAttention",
     "MlpConfig",
     "MoeConfig",
@@ -81,6 +93,7 @@ __all__ = [
     "head",
     "init_cache",
     "masks",
+    "mla",
     "moe",
     "multihead",
     "norms",

@@ -6,7 +6,9 @@ A caller makes the cache with `init_cache` (zeros, laid out as it asks: its own 
 sharding), passes it with each decoding call and gets the updated cache back, so the memory and
 its layout are the caller's. A layer's cache is one `KVCache`; a stack's is one per layer, as its
 parameters are: a tuple of L caches (unrolled layers) or one `KVCache` whose every leaf has a
-leading layer axis [L, ...] (scanned layers).
+leading layer axis [L, ...] (scanned layers). Multi-head latent attention (an AttentionConfig
+with `latent`; tfjax.ops.mla) caches a `LatentCache` instead: per token its latent [R] and its
+rotated shared key part [Hr], not per-head keys and values.
 """
 
 from typing import NamedTuple
@@ -23,6 +25,18 @@ class KVCache(NamedTuple):
     keys: jax.Array  # [B, S, K, H] (RoPE applied)
     values: jax.Array  # [B, S, K, H]
     index: jax.Array  # [] int32: how many positions are written; the next token goes there
+
+
+class LatentCache(NamedTuple):
+    """One latent attention layer's cache (tfjax.ops.mla) at positions 0..S-1, of which the
+    first `index` hold tokens: R the latent (kv_rank), Hr the shared rotated key part."""
+
+    latent: jax.Array  # [B, S, R] (after its RMSNorm)
+    rope_keys: jax.Array  # [B, S, Hr] (RoPE applied)
+    index: jax.Array  # [] int32: how many positions are written; the next token goes there
+
+
+CACHES = (KVCache, LatentCache)  # one layer's cache, of either kind
 
 
 def init_cache(
@@ -46,25 +60,37 @@ def init_cache(
       sharding: where one layer's keys and values [B, S, K, H] live (a jax.sharding.Sharding,
         e.g. a NamedSharding with the batch split); scanned stacks keep the layer axis unsplit.
     """
-    shape = (batch_size, length, config.kv_heads, config.head_width(width))
+    if config.latent is not None:  # [B, S, R] and [B, S, Hr]; a sharding's [B, S] part
+        lat = config.latent
+        shapes = [(batch_size, length, lat.kv_rank), (batch_size, length, lat.rope_dim)]
+        kind, sharding = LatentCache, _first_axes(sharding, 2)
+    else:
+        shape = (batch_size, length, config.kv_heads, config.head_width(width))
+        shapes, kind = [shape, shape], KVCache
     if num_layers is None:
-        return _zeros(shape, dtype, sharding)
+        return _zeros(kind, shapes, dtype, sharding)
     if not scanned:
-        return tuple(_zeros(shape, dtype, sharding) for _ in range(num_layers))
+        return tuple(_zeros(kind, shapes, dtype, sharding) for _ in range(num_layers))
     if isinstance(sharding, jax.sharding.NamedSharding):
         sharding = jax.sharding.NamedSharding(
             sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec)
         )
-    return _zeros((num_layers, *shape), dtype, sharding)
+    return _zeros(kind, [(num_layers, *s) for s in shapes], dtype, sharding)
 
 
-def _zeros(shape, dtype, sharding) -> KVCache:
-    """A KVCache of zeros with `shape` keys and values, index 0 for each leading axis before B."""
-    return KVCache(
-        jnp.zeros(shape, dtype, device=sharding),
-        jnp.zeros(shape, dtype, device=sharding),
-        jnp.zeros(shape[:-4], jnp.int32),
-    )
+def _first_axes(sharding, n: int):
+    """A NamedSharding of [B, S, K, H] keys cut to its first n axes' spec (others as given)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = jax.sharding.PartitionSpec(*tuple(sharding.spec)[:n])
+        return jax.sharding.NamedSharding(sharding.mesh, spec)
+    return sharding
+
+
+def _zeros(kind, shapes, dtype, sharding):
+    """A `kind` cache of zeros with leaves of `shapes`, index 0 for each leading axis before B
+    (the layers' of a scanned stack)."""
+    lead = shapes[0][: -4 if kind is KVCache else -3]
+    return kind(*(jnp.zeros(s, dtype, device=sharding) for s in shapes), jnp.zeros(lead, jnp.int32))
 
 
 def write(cache: KVCache, k, v) -> KVCache:
@@ -77,18 +103,29 @@ def write(cache: KVCache, k, v) -> KVCache:
     )
 
 
+def write_latent(cache: LatentCache, latent, rope_keys) -> LatentCache:
+    """One latent layer's cache with latent [B, T, R] and rope_keys [B, T, Hr] written at
+    positions index..index + T - 1."""
+    start = (0, cache.index, 0)
+    return LatentCache(
+        lax.dynamic_update_slice(cache.latent, latent.astype(cache.latent.dtype), start),
+        lax.dynamic_update_slice(cache.rope_keys, rope_keys.astype(cache.rope_keys.dtype), start),
+        cache.index + latent.shape[1],
+    )
+
+
 def next_position(cache) -> jax.Array:
     """Where a layer's or a stack's cache puts the next token: how many it holds, [] int32."""
-    if not isinstance(cache, KVCache):
+    if not isinstance(cache, CACHES):
         cache = cache[0]
     return cache.index if cache.index.ndim == 0 else cache.index[0]
 
 
 def max_length(cache) -> int:
     """S: the positions a layer's or a stack's cache has room for."""
-    if not isinstance(cache, KVCache):
+    if not isinstance(cache, CACHES):
         cache = cache[0]
-    return cache.keys.shape[-3]
+    return cache[0].shape[-3 if isinstance(cache, KVCache) else -2]
 
 
 def query_positions(length: int, positions=None, cache=None, counter=None) -> jax.Array:

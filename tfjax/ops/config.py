@@ -68,6 +68,32 @@ class LayerAttention:
 
 
 @dataclasses.dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (MLA; DeepSeek-V2 / V3; tfjax.ops.mla): keys and values of
+    every head come up from one shared latent of `kv_rank` per token, which (with one rotated
+    key part of `rope_dim` shared by all heads) is all a decoding cache holds. Each query and
+    key head is [its own part of head_dim (not rotated) | rope_dim (RoPE)]; each value head is
+    value_dim wide. Queries come from the input directly or through a latent of `q_rank`."""
+
+    kv_rank: int  # R: the shared latent of keys and values (kv_lora_rank)
+    rope_dim: int  # Hr: the rotated part of each query and key head (qk_rope_head_dim)
+    value_dim: int | None = None  # Hv: each value head's width (v_head_dim); head_dim when None
+    q_rank: int | None = None  # Rq: queries through a latent of this rank (q_lora_rank);
+    # straight from the input when None
+    norm_eps: float = 1e-6  # the latents' RMSNorms (DeepSeek's: fixed at 1e-6)
+
+    def __post_init__(self):
+        for field in ("kv_rank", "rope_dim", "value_dim", "q_rank"):
+            value = getattr(self, field)
+            if value is None and field in ("value_dim", "q_rank"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LatentAttention: {field} must be an int >= 1, got {value!r}")
+        if self.rope_dim % 2:
+            raise ValueError(f"LatentAttention: rope_dim={self.rope_dim} must be even (RoPE pairs)")
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """Multi-head attention with grouped-query heads (tfjax.nn.MultiHeadAttention)."""
 
@@ -91,6 +117,8 @@ class AttentionConfig:
     dropout_rate: float = 0.0  # dropout on the attention weights
     implementation: str | None = None  # backend: "xla", "cudnn", "splash", "chunked" or None
     # (chosen per call; see tfjax.ops.attention)
+    latent: LatentAttention | None = None  # multi-head latent attention (DeepSeek): head_dim
+    # is then each head's unrotated query and key part (qk_nope_head_dim)
 
     def __post_init__(self):
         kv = self.kv_heads
@@ -117,6 +145,39 @@ class AttentionConfig:
                 f"AttentionConfig: dropout_rate must be in [0, 1), got {self.dropout_rate}"
             )
         check_implementation(self.implementation)
+        if self.latent is not None:
+            self._check_latent()
+
+    def _check_latent(self) -> None:
+        """What multi-head latent attention takes: RoPE, every head its own key (from the
+        latent), one variant, no biases, per-head norms, soft cap or sinks."""
+        if not isinstance(self.latent, LatentAttention):
+            raise ValueError("AttentionConfig: latent must be a LatentAttention or None")
+        have = dict(
+            position=self.position,
+            num_kv_heads=self.kv_heads,
+            variants=len(self.variants),
+            use_bias=self.use_bias,
+            qkv_bias=bool(self.qkv_bias),
+            qk_norm=self.qk_norm,
+            softcap=self.softcap,
+            sinks=self.sinks,
+        )
+        want = dict(
+            position="rope",
+            num_kv_heads=self.num_heads,
+            variants=1,
+            use_bias=False,
+            qkv_bias=False,
+            qk_norm=False,
+            softcap=None,
+            sinks=False,
+        )
+        wrong = [f"{k}={have[k]!r} (needs {want[k]!r})" for k in want if have[k] != want[k]]
+        if self.head_dim is None:
+            wrong.append("head_dim=None (needs the heads' unrotated width, qk_nope_head_dim)")
+        if wrong:
+            raise ValueError(f"AttentionConfig: latent attention does not take {', '.join(wrong)}")
 
     @property
     def kv_heads(self) -> int:

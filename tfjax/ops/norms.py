@@ -14,6 +14,19 @@ from jax import lax
 NORMS = ("layer", "rms", "rms_plus_one")
 
 
+def rms_norm(x, w, *, eps: float):
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, normalised in float32, then back in
+    x's dtype times w (as transformers' Llama / DeepSeek RMSNorm).
+
+    Args:
+      x: [.., D]; w: [D] the scale.
+    """
+    x32 = x.astype(jnp.float32)
+    # [.., 1]
+    inv_rms = lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * inv_rms).astype(x.dtype) * w.astype(x.dtype)
+
+
 def rms_norm_plus_one(x, w, *, eps: float):
     """x / sqrt(mean(x^2) + eps) * (1 + w) over the last axis, in float32, back in x's dtype.
 

@@ -77,6 +77,8 @@ class RopeScaling:
     beta_slow: float = 1.0  # yarn: rotations below which a frequency is divided by factor
     attention_factor: float | None = None  # yarn: cos/sin scale; None: 0.1 ln(factor) + 1
     truncate: bool = True  # yarn: round the ramp's ends to whole dimensions
+    mscale_all_dim: float | None = None  # yarn, read by multi-head latent attention only
+    # (DeepSeek): its logits also times (0.1 mscale_all_dim ln(factor) + 1)^2 (tfjax.ops.mla)
 
     def __post_init__(self):
         if self.kind not in SCALING_KINDS:

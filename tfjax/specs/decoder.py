@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from tfjax.allowed import one_of
 from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
-from tfjax.ops.config import BlockConfig, LayerAttention
+from tfjax.ops.config import BlockConfig, LatentAttention, LayerAttention
 from tfjax.ops.position import RopeScaling
 from tfjax.specs import common
 
@@ -144,6 +144,33 @@ VARIANTS = {
         num_experts=8,
         experts_per_token=2,
         expert_mlp_dim=32,
+        **_MODERN,
+    ),
+    # DeepSeek-V3's layers in miniature, for tests: multi-head latent attention (queries
+    # through a latent), a dense first layer, then experts routed by group-limited sigmoid
+    # scores with a correction bias and a scale, and a shared expert
+    "deepseek-tiny": dict(
+        width=32,
+        num_layers=3,
+        num_heads=4,
+        head_dim=8,
+        kv_lora_rank=16,
+        q_lora_rank=12,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        mlp_dim=64,
+        max_len=256,
+        num_experts=8,
+        experts_per_token=2,
+        expert_mlp_dim=16,
+        shared_expert_dim=16,
+        router_score="sigmoid",
+        router_score_bias=True,
+        router_groups=4,
+        router_groups_kept=2,
+        router_scale=2.5,
+        first_dense_layers=1,
+        norm_eps=1e-6,
         **_MODERN,
     ),
     "modern-small": dict(
@@ -352,6 +379,14 @@ class Decoder(common.FamilySpec):
     # rope_base when None (rope_base and rope_scaling are the "global" layers')
     local_rope_scaling: RopeScaling | None = None  # the "local" layers' RoPE
     # scaling; none when None
+    kv_lora_rank: int | None = None  # multi-head latent attention (DeepSeek; tfjax.ops.mla):
+    # keys and values from one latent of this rank per token, which is what the cache holds;
+    # head_dim is then each head's unrotated query and key part (qk_nope_head_dim)
+    q_lora_rank: int | None = None  # latent attention: queries through a latent of this rank;
+    # straight from the input when None
+    qk_rope_head_dim: int | None = None  # latent attention: each query and key head's rotated
+    # part (the keys' shared by all heads)
+    v_head_dim: int | None = None  # latent attention: each value head's width; head_dim when None
     attention_scalar: float | None = None  # attention logits are q.k / sqrt(attention_scalar);
     # head_dim when None (Gemma's query_pre_attn_scalar)
     attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
@@ -418,6 +453,16 @@ class Decoder(common.FamilySpec):
                 "local_rope_base and local_rope_scaling need an attention_pattern (the layers "
                 "they apply to)"
             )
+        latent = ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+        if self.kv_lora_rank is None:
+            moot = [name for name in latent if getattr(self, name) is not None]
+            if moot:
+                raise ValueError(
+                    f"{', '.join(moot)} set, but kv_lora_rank=None: they shape multi-head latent "
+                    "attention (set kv_lora_rank)"
+                )
+        elif self.qk_rope_head_dim is None:
+            raise ValueError("kv_lora_rank needs qk_rope_head_dim (the heads' rotated part)")
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
         if not self.num_experts:  # a mixture's options are refused, not ignored, without one
@@ -469,11 +514,21 @@ class Decoder(common.FamilySpec):
                 position=self.position if self.position in ("rope", "alibi") else None,
                 variants=self.layer_variants()[0],
                 scale=None if self.attention_scalar is None else self.attention_scalar**-0.5,
+                **self._latent(),
             ),
             mlp=dict(hidden_dim=mlp_dim),
             moe=moe,
             causal=True,
         )
+
+    def _latent(self) -> dict:
+        """The attention config's latent attention (and the head_dim it needs), or nothing."""
+        if self.kv_lora_rank is None:
+            return {}
+        latent = LatentAttention(
+            self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim, self.q_lora_rank
+        )
+        return dict(latent=latent, head_dim=self.head_dim or self.width // self.num_heads)
 
     def embed_options(self) -> dict:
         """The token embedding's options besides its sizes and dtypes: init_stddev, and with

@@ -1,0 +1,73 @@
+"""Multi-head latent attention (DeepSeek) in NNX: the parameters of tfjax.ops.mla (their names,
+shapes and logical axes from `mla.parameter_shapes`, as Linen's tfjax.nn.mla.LatentAttention),
+its maths that module's."""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+from flax import nnx
+
+from tfjax.nnx.params import param
+from tfjax.ops import axes, mla
+from tfjax.ops.cache import LatentCache
+from tfjax.ops.config import AttentionConfig, default_kernel_init
+
+
+class LatentAttention(nnx.Module):
+    """Self-attention with `config.latent` (tfjax.ops.mla): the expanded form without a cache,
+    the absorbed form over a tfjax.ops.LatentCache (`cache=`) when decoding."""
+
+    def __init__(
+        self,
+        config: AttentionConfig,
+        width: int,
+        *,
+        kernel_init: Callable = default_kernel_init,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.config, self.dtype = config, dtype
+        self.names = tuple(mla.parameter_shapes(config, width))
+        for name, (shape, names, kind) in mla.parameter_shapes(config, width).items():
+            init = kernel_init if kind == "kernel" else nn.initializers.ones
+            setattr(self, name, param(rngs, init, shape, param_dtype, names))
+
+    def __call__(
+        self,
+        x,
+        *,
+        mask=None,
+        bias=None,
+        segment_ids=None,
+        is_causal: bool = False,
+        positions=None,
+        dropout_rng=None,
+        variant=None,
+        cache: LatentCache | None = None,
+    ):
+        """tfjax.nnx.Attention's self-attention call (no `bias`: latent attention takes none).
+        Returns [B, T, D]; with `cache`, ([B, T, D], the updated cache)."""
+        if bias is not None:
+            raise ValueError("LatentAttention: takes no additive logit bias")
+        dtype = self.dtype or jnp.result_type(x, *(getattr(self, n)[...] for n in self.names))
+        p = {name: getattr(self, name)[...].astype(dtype) for name in self.names}
+        rate = self.config.dropout_rate if dropout_rng is not None else 0.0
+        options = (
+            {} if cache is not None else dict(dropout_rate=rate, sharding=axes.attention_sharding())
+        )
+        if rate > 0.0 and cache is None:
+            options["dropout_rng"] = dropout_rng
+        return mla.latent_attention(
+            x.astype(dtype),
+            p,
+            self.config,
+            positions=positions,
+            cache=cache,
+            mask=mask,
+            segment_ids=segment_ids,
+            is_causal=is_causal,
+            **options,
+        )

@@ -1,0 +1,35 @@
+"""NNX parameters with logical axis names: how tfjax.nnx's modules create them and place them on
+the mesh in context (the blocks, and multi-head latent attention, tfjax.nnx.mla)."""
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+from flax import nnx
+
+
+def place(value, names):
+    """`value` placed where the logical axis rules in context put a parameter of logical
+    `names` on the mesh in context (jax.set_mesh); as it is without a mesh or rules. Resolved by
+    Linen's nn.logical_to_mesh_axes, so as the Linen model's parameter: a mesh axis goes to the
+    first name whose rule names it (the expert-parallel rules give E the fsdp axis before D);
+    NNX's own eager sharding maps each name alone, and two names can then claim one axis."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not nn.get_logical_axis_rules():
+        return value
+    spec = nn.logical_to_mesh_axes(tuple(names))
+    if mesh.are_all_axes_explicit:
+        return jax.sharding.reshard(value, spec)
+    return jax.lax.with_sharding_constraint(value, spec)
+
+
+def metadata(names) -> dict:
+    """A parameter's metadata: its logical axis `names` (one per dimension); its placement on a
+    mesh is `place`'s, not NNX's eager sharding."""
+    return {"out_sharding": tuple(names), "eager_sharding": False}
+
+
+def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
+    """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names` (and
+    placed by them under a mesh)."""
+    return nnx.Param(place(init(rngs.params(), shape, dtype), names), **metadata(names))
