@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
 from tfjax.ops import delta_rule as dr
 
@@ -177,6 +178,43 @@ def test_wrong_shapes_name_the_argument(name, shapes):
         dr.gated_delta_rule(**args)
     with pytest.raises(ValueError, match="^implementation: 'splash'"):
         dr.gated_delta_rule(*inputs()[:5], implementation="splash")
+
+
+def test_the_ops_make_transformers_gated_deltanet_layer():
+    """Qwen3.5's linear-attention layer from its parameters: projections (numpy), the
+    convolution and the rule from tfjax.ops (q, k as convolved: the op normalises and scales),
+    the gated RMSNorm and the output projection (numpy)."""
+    kh, n, hk, hv, d = 2, 4, 8, 6, 16
+    config = Qwen3_5TextConfig(
+        hidden_size=d,
+        linear_num_key_heads=kh,
+        linear_num_value_heads=n,
+        linear_key_head_dim=hk,
+        linear_value_head_dim=hv,
+        linear_conv_kernel_dim=4,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+    )
+    torch.manual_seed(0)
+    layer = hf.Qwen3_5GatedDeltaNet(config, 0).eval()
+    with torch.no_grad():
+        layer.norm.weight.normal_()
+        x = torch.randn(2, 11, d)
+        want = layer(x).numpy()
+    p = {name: w.detach().numpy() for name, w in layer.named_parameters()}
+    x = x.numpy()
+    b, t = x.shape[:2]
+    mixed, _ = dr.causal_conv1d(x @ p["in_proj_qkv.weight"].T, p["conv1d.weight"][:, 0, :].T)
+    q, k, v = np.split(np.asarray(mixed), [kh * hk, 2 * kh * hk], axis=-1)
+    q, k, v = q.reshape(b, t, kh, hk), k.reshape(b, t, kh, hk), v.reshape(b, t, n, hv)
+    beta = 1 / (1 + np.exp(-x @ p["in_proj_b.weight"].T))
+    g = -np.exp(p["A_log"]) * np.logaddexp(0, x @ p["in_proj_a.weight"].T + p["dt_bias"])
+    out, _ = entry(q, k, v, g, beta, chunk_size=4)
+    out = np.asarray(out)
+    z = (x @ p["in_proj_z.weight"].T).reshape(b, t, n, hv)
+    out = out / np.sqrt(np.mean(out**2, -1, keepdims=True) + config.rms_norm_eps)
+    out = out * p["norm.weight"] * z / (1 + np.exp(-z))
+    close(out.reshape(b, t, n * hv) @ p["out_proj.weight"].T, want, tol=1e-5)
 
 
 def conv_case(b=2, t=9, c=5, w=4, seed=7):
