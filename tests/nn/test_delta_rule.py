@@ -178,6 +178,8 @@ def test_wrong_shapes_name_the_argument(name, shapes):
         dr.gated_delta_rule(**args)
     with pytest.raises(ValueError, match="^implementation: 'splash'"):
         dr.gated_delta_rule(*inputs()[:5], implementation="splash")
+    with pytest.raises(ValueError, match="^chunk_size: 0"):
+        dr.gated_delta_rule(*inputs()[:5], chunk_size=0)
 
 
 def test_the_ops_make_transformers_gated_deltanet_layer():
