@@ -383,9 +383,10 @@ def test_a_missing_expert_is_named(mixtral):
 
 
 def test_mixtures_of_experts_without_a_converter_are_refused_by_name(tmp_path):
-    """DeepSeek loads nowhere: interop.load names the architecture."""
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
-    with pytest.raises(ValueError, match=r"architectures=\['DeepseekV3ForCausalLM'\] has no conv"):
+    """DeepSeek-V2 loads nowhere (V3 does: test_interop_deepseek): interop.load names the
+    architecture."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV2ForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"architectures=\['DeepseekV2ForCausalLM'\] has no conv"):
         interop.load(tmp_path)
 
 

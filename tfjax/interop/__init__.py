@@ -27,6 +27,7 @@ from tfjax.interop.core.posemb import resample_posemb
 from tfjax.interop.families import REGISTRY
 from tfjax.interop.families.bert import *  # noqa: F403 (each family's __all__: its converters)
 from tfjax.interop.families.clip import *  # noqa: F403
+from tfjax.interop.families.deepseek import *  # noqa: F403
 from tfjax.interop.families.dinov2 import *  # noqa: F403
 from tfjax.interop.families.gemma import *  # noqa: F403
 from tfjax.interop.families.gpt2 import *  # noqa: F403

@@ -205,6 +205,7 @@ ROPE_FIELDS = {  # config key -> RopeScaling field
     "beta_slow": "beta_slow",
     "attention_factor": "attention_factor",
     "truncate": "truncate",
+    "mscale_all_dim": "mscale_all_dim",  # read by latent attention only (DeepSeek)
 }
 
 

@@ -6,6 +6,7 @@ table of what converts (docs/interop.md) with their loaders, and its exporters. 
   gpt2      GPT-2                            t5        T5 v1.1, Flan-T5
   llama     Llama, Mistral, Qwen 2 / 3       marian    Marian / Opus-MT
   moe       Mixtral, Qwen3-MoE, GPT-OSS      vit       Hugging Face's and timm's ViT
+  deepseek  DeepSeek-V3 (latent attention)
   gemma     Gemma 2, Gemma 3 (text)          dinov2    DINOv2, with registers, classifiers
   bert      BERT (MLM, classifier)           clip      CLIP's and SigLIP's vision towers
   torch_nn  torch.nn.Transformer with embeddings, torch.nn.MultiheadAttention (no config.json)
@@ -17,6 +18,7 @@ from tfjax.interop.core.registry import Registry
 from tfjax.interop.families import (
     bert,
     clip,
+    deepseek,
     dinov2,
     gemma,
     gpt2,
@@ -28,5 +30,18 @@ from tfjax.interop.families import (
     vit,
 )
 
-ALL = (gpt2, llama, moe, gemma, bert, vit, dinov2, clip, t5, marian, torch_nn)  # the table's order
+ALL = (
+    gpt2,
+    llama,
+    moe,
+    deepseek,
+    gemma,
+    bert,
+    vit,
+    dinov2,
+    clip,
+    t5,
+    marian,
+    torch_nn,
+)  # the table's order
 REGISTRY = Registry(family.CONVERTS for family in ALL)

@@ -194,7 +194,9 @@ CONVERTS = Converts(
     exports=(
         Exporter(
             decoder.Decoder,
-            when=lambda m: m.norm_position == "sandwich" and not m.num_experts,
+            when=lambda m: (
+                m.norm_position == "sandwich" and not m.num_experts and m.kv_lora_rank is None
+            ),
             export=_export,
             family=export_family,
             needs="Gemma 2 / 3: a norm before and after each sub-layer (norm_position='sandwich') "

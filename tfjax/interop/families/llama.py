@@ -138,7 +138,10 @@ CONVERTS = Converts(
         Exporter(
             decoder.Decoder,
             when=lambda m: (
-                m.position != "learned" and m.norm_position != "sandwich" and not m.num_experts
+                m.position != "learned"
+                and m.norm_position != "sandwich"
+                and not m.num_experts
+                and m.kv_lora_rank is None
             ),
             export=_export,
             family=export_family,

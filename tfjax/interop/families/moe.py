@@ -457,11 +457,12 @@ def _is_moe(m) -> bool:
         and not m.shared_expert_dim
         and not m.use_bias
         and not m.attention_sinks
+        and m.kv_lora_rank is None
     )
 
 
 def _is_gpt_oss(m) -> bool:
-    return bool(m.num_experts and m.attention_sinks)
+    return bool(m.num_experts and m.attention_sinks and m.kv_lora_rank is None)
 
 
 CONVERTS = Converts(
