@@ -3,6 +3,7 @@ latent and straight from the input), greedy generation with the latent cache, ro
 transformers reading the export, scanned == unrolled, Linen == NNX, and refusals."""
 
 import interop_references as references
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,6 +11,9 @@ from interop_references import V, torch, transformers
 
 from tfjax import interop
 from tfjax.interop import pretrained
+from tfjax.interop.core import tables
+from tfjax.interop.core.decoders import spelled_out
+from tfjax.models import decoder
 from tfjax.ops import LatentCache
 
 # Two layers: a dense first one (first_k_dense_replace=1), then 8 experts in 4 groups of which
@@ -130,6 +134,28 @@ def test_nnx_gives_linens_logits(deepseek_q_latent):
     want = references.apply(model, params, jnp.asarray(ids))
     got = np.asarray(nnx_model(jnp.asarray(ids))[0])
     np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+
+
+def test_preset_exports_a_config_transformers_builds_with_the_same_count():
+    """deepseek-v3's exported config.json builds, in transformers (on the meta device), a model
+    with the preset's parameters (the routers' correction biases are buffers there), and loads
+    back as the same model."""
+    model = spelled_out(decoder.Model("deepseek-v3"))
+    family = interop.REGISTRY.exporter(model).family(model)
+    config = tables.hf_config(family, model)
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert config["rope_parameters"]["mscale_all_dim"] == 1.0
+    assert decoder.Model(**tables.model_fields(family, config)) == model
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**config)
+        )
+    scanned = model.clone(scan_layers=True)  # one layer of each stack traced
+    shapes = jax.eval_shape(lambda: scanned.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+    biases = (model.num_layers - model.first_dense_layers) * model.num_experts
+    assert count - biases == sum(p.numel() for p in reference.parameters())
+    assert sum(b.numel() for n, b in reference.named_buffers() if "e_score" in n) == biases
 
 
 @pytest.mark.parametrize(

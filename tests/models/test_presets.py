@@ -53,13 +53,16 @@ def test_every_published_preset_is_counted():
 # from the checkpoints' config.json sizes, and the cards' rounded figures (billions, decimals).
 # Mixtral and Qwen count every parameter a token uses; OpenAI's GPT-OSS card leaves out the
 # embedding table ("active" 3.61B and 5.13B; its totals 20.91B and 116.83B) and counts the
-# attention sinks (64 a layer).
-MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-")
+# attention sinks (64 a layer). DeepSeek's card rounds to whole billions.
+MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-", "deepseek-v3")
 MOE_CARDS = {
     "mixtral-8x7b": (46_702_792_704, 12_879_925_248, (46.7, 12.9, 1)),
     "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704, (30.5, 3.3, 1)),
     "gpt-oss-20b": (20_914_757_184, 3_608_307_264, (20.91, 3.61, 2)),
     "gpt-oss-120b": (116_829_156_672, 5_132_849_472, (116.83, 5.13, 2)),
+    # DeepSeek-V3: "671B total, 37B activated for each token" (without its 14B
+    # multi-token-prediction module); tfjax counts the routers' 256 correction biases a layer
+    "deepseek-v3": (671_026_419_200, 37_552_297_472, (671, 37, 0)),
 }
 
 

@@ -263,6 +263,45 @@ VARIANTS = {
     # layer local) with YaRN, experts of the clamped SwiGLU routed by a biased router.
     "gpt-oss-20b": dict(_GPT_OSS, num_layers=24, num_experts=32),
     "gpt-oss-120b": dict(_GPT_OSS, num_layers=36, num_experts=128),
+    # DeepSeek-V3 (deepseek-ai/DeepSeek-V3's config.json; its multi-token-prediction layer is
+    # not part of the model): multi-head latent attention with YaRN (40 x 4,096 positions),
+    # three dense layers, then 256 experts (8 a token, from the best 4 of 8 groups) and one
+    # shared expert
+    "deepseek-v3": dict(
+        _MODERN,
+        width=7168,
+        num_layers=61,
+        num_heads=128,
+        head_dim=128,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        mlp_dim=18432,
+        vocab_size=129280,
+        max_len=163840,
+        norm_eps=1e-6,
+        rope_base=10_000.0,
+        rope_scaling=RopeScaling(
+            "yarn",
+            40.0,
+            4096,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            attention_factor=1.0,  # mscale / mscale_all_dim: both 1.0
+            mscale_all_dim=1.0,
+        ),
+        num_experts=256,
+        experts_per_token=8,
+        expert_mlp_dim=2048,
+        shared_expert_dim=2048,
+        router_score="sigmoid",
+        router_score_bias=True,
+        router_groups=8,
+        router_groups_kept=4,
+        router_scale=2.5,
+        first_dense_layers=3,
+    ),
     "gemma-2-2b": dict(
         _GEMMA2, width=2304, num_layers=26, num_heads=8, num_kv_heads=4, mlp_dim=9216
     ),
