@@ -174,3 +174,12 @@ def test_preset_exports_a_config_transformers_builds_with_the_same_count():
 )
 def test_unsupported_configs_are_refused_by_key(changes, message, deepseek_q_latent):
     references.check_config_refused(deepseek_q_latent[1], changes, message)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_prompts_decode_as_each_prompt_alone(side, deepseek_q_latent):
+    """Prompts of 5, 2 and 4 tokens in one batch, padded: the latent cache's absorbed form
+    takes the padding mask as the expanded form does."""
+    ref, path = deepseek_q_latent
+    model, params = interop.load(path)
+    references.check_padded_prompts(ref, model, params, side)

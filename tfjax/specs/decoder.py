@@ -10,7 +10,11 @@ sqrt(D), GeGLU, soft caps on the attention and output logits (Gemma 2), and loca
 (sliding-window) and global layers in a repeating `attention_pattern`, each kind with its own
 RoPE (Gemma 3). GPT-OSS adds attention sinks and biases everywhere; mixtures of experts
 (num_experts > 0) route each token to experts_per_token of num_experts expert MLPs after
-first_dense_layers dense layers. See tfjax.models.decoder for the model.
+first_dense_layers dense layers. DeepSeek-V3 adds multi-head latent attention (kv_lora_rank:
+keys and values from one latent per token, which is what its decoding cache holds;
+tfjax.ops.mla) and routes by sigmoid scores with a correction bias, within the best groups of
+experts, scaled (router_score_bias, router_groups, router_groups_kept, router_scale). See
+tfjax.models.decoder for the model.
 
     spec = decoder.Model("gpt2-small", vocab_size=50257)   # a checked, frozen Decoder
     spec.stacks(), spec.block_config(), spec.init_cache(batch_size, length)
@@ -587,10 +591,11 @@ class Decoder(common.FamilySpec):
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
         """An empty explicit KV cache for `batch_size` rows of up to `length` tokens (prompt
-        and generated), to pass as `cache=` with decode=True: a tfjax.ops.KVCache per layer
-        (one with [L, ...] leaves when scan_layers; with first_dense_layers, a tuple of one per
-        stack). dtype: of the keys and values (the compute dtype when None); sharding: of one
-        layer's keys [B, S, K, H] (tfjax.ops.init_cache)."""
+        and generated), to pass as `cache=` with decode=True: a tfjax.ops.KVCache per layer, a
+        tfjax.ops.LatentCache with kv_lora_rank (one with [L, ...] leaves when scan_layers; with
+        first_dense_layers, a tuple of one per stack). dtype: of the keys and values (the
+        compute dtype when None); sharding: of one layer's keys [B, S, K, H]
+        (tfjax.ops.init_cache)."""
         config = self.block_config().attention
         return self.join_caches(
             [
