@@ -183,3 +183,11 @@ def test_padded_prompts_decode_as_each_prompt_alone(side, deepseek_q_latent):
     ref, path = deepseek_q_latent
     model, params = interop.load(path)
     references.check_padded_prompts(ref, model, params, side)
+
+
+def test_scanned_gives_the_unrolled_logits(deepseek_q_latent):
+    _, path = deepseek_q_latent
+    ids = jnp.asarray(references.tokens((2, 9)))
+    unrolled, scanned = (interop.load(path, scan_layers=s) for s in (False, True))
+    want, got = (references.apply(m, p, ids) for m, p in (unrolled, scanned))
+    np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
