@@ -1,0 +1,42 @@
+"""Gated DeltaNet linear attention (Qwen3.5's linear layers) in NNX: the parameters of
+tfjax.ops.linear_attention (names, shapes and logical axes from its `parameter_shapes`, as
+Linen's tfjax.nn.linear_attention.GatedDeltaNet), its maths that module's."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from tfjax.nnx.params import param
+from tfjax.ops import linear_attention as la
+from tfjax.ops.config import default_kernel_init
+
+
+class GatedDeltaNet(nnx.Module):
+    """A Gated DeltaNet layer (tfjax.ops.linear_attention.gated_deltanet) on inputs of `width`
+    (the config's, or given)."""
+
+    def __init__(
+        self,
+        config: la.LinearAttentionConfig,
+        width: int,
+        *,
+        kernel_init: Callable = default_kernel_init,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.config, self.dtype = config, dtype
+        inits = la.initializers(kernel_init)
+        self.names = tuple(la.parameter_shapes(config, width))
+        for name, (shape, names, kind) in la.parameter_shapes(config, width).items():
+            setattr(self, name, param(rngs, inits[kind], shape, param_dtype, names))
+
+    def __call__(self, x, *, segment_ids=None, cache: la.RecurrentState | None = None):
+        """x [B, T, D] -> (y [B, T, D], the RecurrentState after x, or None without `cache`)."""
+        dtype = self.dtype or jnp.result_type(x, *(getattr(self, n)[...] for n in self.names))
+        p = {name: getattr(self, name)[...].astype(dtype) for name in self.names}
+        return la.gated_deltanet(
+            x.astype(dtype), p, self.config, segment_ids=segment_ids, cache=cache
+        )
