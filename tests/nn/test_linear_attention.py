@@ -64,9 +64,21 @@ def nnx_layer(params, config=CONFIG):
     return model
 
 
+@nnx.jit
+def call(model, x, segment_ids=None, cache=None):
+    """The NNX module's call, compiled (eagerly, its scans compile op by op)."""
+    return model(x, segment_ids=segment_ids, cache=cache)
+
+
+@jax.jit
+def linen_call(params, x, segment_ids=None, cache=None):
+    lm = LinenGatedDeltaNet(CONFIG)
+    return lm.apply({"params": params}, x, segment_ids=segment_ids, cache=cache)
+
+
 def linen_params(seed=0):
     lm = LinenGatedDeltaNet(CONFIG)
-    return lm, lm.init(jax.random.key(seed), jnp.zeros((1, 3, D)))["params"]
+    return lm, jax.jit(lm.init)(jax.random.key(seed), jnp.zeros((1, 3, D)))["params"]
 
 
 def rows(b=2, t=11, seed=1):
@@ -82,11 +94,10 @@ def test_modules_match_transformers_layer(implementation):
     state = {k: w.detach().numpy() for k, w in layer.state_dict().items()}
     params = convert.from_transformers(state, CONFIG)
     config = la.LinearAttentionConfig(**{**CONFIG.__dict__, "implementation": implementation})
-    got, cache = nnx_layer(params, config)(jnp.asarray(x))
+    got, cache = call(nnx_layer(params, config), jnp.asarray(x))
     assert cache is None
     close(got, want)
-    lm = LinenGatedDeltaNet(config)
-    got, _ = lm.apply({"params": params}, jnp.asarray(x))
+    got, _ = jax.jit(LinenGatedDeltaNet(config).apply)({"params": params}, jnp.asarray(x))
     close(got, want)
 
 
@@ -120,67 +131,65 @@ def test_linen_and_nnx_share_the_tree_and_the_function():
     params = nn.meta.unbox(boxed)
     x = jnp.asarray(rows(seed=2))
     ids = jnp.asarray([[1] * 6 + [2] * 5, [1] * 9 + [0] * 2])
-    for kwargs in ({}, {"segment_ids": ids}):
-        got, _ = nnx_layer(params)(x, **kwargs)
-        want, _ = lm.apply({"params": params}, x, **kwargs)
+    model = nnx_layer(params)
+    for segment_ids in (None, ids):
+        got, _ = call(model, x, segment_ids=segment_ids)
+        want, _ = linen_call(params, x, segment_ids=segment_ids)
         close(got, want, tol=1e-6)
     # Every parameter reaches the output.
-    grads = jax.grad(lambda p: jnp.sum(lm.apply({"params": p}, x)[0] ** 2))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(linen_call(p, x)[0] ** 2)))(params)
     for name, g in grads.items():
         assert np.abs(np.asarray(g)).max() > 0, name
 
 
 def test_prefill_then_decoding_equals_the_full_pass():
-    lm, boxed = linen_params(seed=4)
-    params = nn.meta.unbox(boxed)
+    params = nn.meta.unbox(linen_params(seed=4)[1])
     model = nnx_layer(params)
     x = jnp.asarray(rows(t=12, seed=5))
     empty = la.init_recurrent_state(CONFIG, 2)
-    full, full_cache = model(x, cache=empty)
+    full, full_cache = call(model, x, cache=empty)
     assert int(full_cache.index) == 12
-    outs, cache = [], empty
-    for lo, hi in ((0, 7), (7, 8), (8, 9), (9, 11), (11, 12)):  # prefill, 1, 1, 2, 1 tokens
-        out, cache = model(x[:, lo:hi], cache=cache)
+    outs, caches = [], [empty]
+    for lo, hi in ((0, 8), (8, 9), (9, 10), (10, 12)):  # prefill, then 1, 1, 2 tokens
+        out, cache = call(model, x[:, lo:hi], cache=caches[-1])
         outs.append(out)
+        caches.append(cache)
     close(jnp.concatenate(outs, axis=1), full)
     close(cache.state, full_cache.state)
     close(cache.conv, full_cache.conv)
     assert int(cache.index) == 12
-    # Linen decodes the same.
-    out, linen_cache = lm.apply({"params": params}, x[:, 11:], cache=cache_after(model, x))
-    close(out, full[:, 11:])
+    # Linen decodes the same from the NNX module's state.
+    out, linen_cache = linen_call(params, x[:, 10:], cache=caches[3])
+    close(out, full[:, 10:])
     close(linen_cache.state, full_cache.state)
-
-
-def cache_after(model, x):
-    """The state after all of x but its last token."""
-    return model(x[:, :-1], cache=la.init_recurrent_state(CONFIG, x.shape[0]))[1]
+    assert int(linen_cache.index) == 12
 
 
 def test_packed_segments_equal_separate_rows():
-    lm, boxed = linen_params(seed=6)
-    params = nn.meta.unbox(boxed)
-    model = nnx_layer(params)
-    x = jnp.asarray(rows(b=1, t=12, seed=7))
-    ids = jnp.asarray([[1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 3, 3]])
-    out, cache = model(x, segment_ids=ids, cache=la.init_recurrent_state(CONFIG, 1))
-    for seg, cols in ((1, slice(0, 5)), (2, slice(5, 9)), (3, slice(10, 12))):
-        alone, alone_cache = model(x[:, cols], cache=la.init_recurrent_state(CONFIG, 1))
-        close(out[:, cols], alone)
-        if seg == 3:  # the row's last segment leaves its state
-            close(cache.state, alone_cache.state)
-    assert not np.any(np.asarray(out[:, 9]))  # padding's output
+    model = nnx_layer(nn.meta.unbox(linen_params(seed=6)[1]))
+    x = jnp.asarray(rows(b=1, t=13, seed=7))
+    # Three segments of 4 tokens, padding between the second and third.
+    ids = jnp.asarray([[1, 1, 1, 1, 2, 2, 2, 2, 0, 3, 3, 3, 3]])
+    cols = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [9, 10, 11, 12]])
+    out, cache = call(model, x, segment_ids=ids, cache=la.init_recurrent_state(CONFIG, 1))
+    alone, alone_cache = call(model, x[0, cols], cache=la.init_recurrent_state(CONFIG, 3))
+    close(out[0, cols], alone)
+    close(cache.state, alone_cache.state[2:])  # the row's last segment's state
+    close(cache.conv, alone_cache.conv[2:])
+    assert not np.any(np.asarray(out[:, 8]))  # padding's output
 
 
 def test_the_state_does_not_grow_with_the_context():
-    model = nnx_layer(nn.meta.unbox(linen_params()[1]))
-    w, c = CONFIG.conv_kernel_size, CONFIG.conv_channels
+    params = nn.meta.unbox(linen_params()[1])
+    empty = la.init_recurrent_state(CONFIG, 2)
     shapes = {}
-    for t in (3, 40):
-        _, cache = model(jnp.asarray(rows(t=t)), cache=la.init_recurrent_state(CONFIG, 2))
-        shapes[t] = jax.tree.map(lambda a: (a.shape, a.dtype), tuple(cache))
-    assert shapes[3] == shapes[40]
-    assert shapes[3][0][0] == (2, w - 1, c) and shapes[3][1][0] == (2, 4, 8, 6)
+    for t in (3, 4096):  # shapes only (jax.eval_shape): nothing runs
+        x = jax.ShapeDtypeStruct((2, t, D), jnp.float32)
+        _, cache = jax.eval_shape(lambda x: la.gated_deltanet(x, params, CONFIG, cache=empty), x)
+        shapes[t] = [(a.shape, a.dtype) for a in cache]
+    assert shapes[3] == shapes[4096] == [(a.shape, a.dtype) for a in empty]
+    w, c = CONFIG.conv_kernel_size, CONFIG.conv_channels
+    assert empty.conv.shape == (2, w - 1, c) and empty.state.shape == (2, 4, 8, 6)
     # A stack's: unrolled (a tuple of layers) or scanned (a leading layer axis).
     stack = la.init_recurrent_state(CONFIG, 2, num_layers=3)
     assert len(stack) == 3 and all(isinstance(s, la.RecurrentState) for s in stack)
