@@ -188,6 +188,11 @@ def test_the_state_does_not_grow_with_the_context():
         _, cache = jax.eval_shape(lambda x: la.gated_deltanet(x, params, CONFIG, cache=empty), x)
         shapes[t] = [(a.shape, a.dtype) for a in cache]
     assert shapes[3] == shapes[4096] == [(a.shape, a.dtype) for a in empty]
+    # bfloat16 compute: the output in it, the state kept in the cache's dtypes.
+    half = {name: w.astype(jnp.bfloat16) for name, w in params.items()}
+    x = jax.ShapeDtypeStruct((2, 5, D), jnp.bfloat16)
+    y, cache = jax.eval_shape(lambda x: la.gated_deltanet(x, half, CONFIG, cache=empty), x)
+    assert y.dtype == jnp.bfloat16 and [a.dtype for a in cache] == [a.dtype for a in empty]
     w, c = CONFIG.conv_kernel_size, CONFIG.conv_channels
     assert empty.conv.shape == (2, w - 1, c) and empty.state.shape == (2, 4, 8, 6)
     # A stack's: unrolled (a tuple of layers) or scanned (a leading layer axis).
@@ -241,7 +246,10 @@ def test_gated_attention_pieces_match_transformers_attention():
         want, _ = layer(x, rotary(x, pos), mask)
     p = {k: w.detach().numpy() for k, w in layer.state_dict().items()}
     x = x.numpy()[0]
-    query, gate = np.split((x @ p["q_proj.weight"].T).reshape(7, n, 2 * h), 2, axis=-1)
+    query_kernel, gate_kernel = convert.gated_query_from_transformers(p["q_proj.weight"], n, h)
+    back = convert.gated_query_to_transformers(query_kernel, gate_kernel)
+    np.testing.assert_array_equal(back, p["q_proj.weight"])
+    query, gate = (np.einsum("td,dnh->tnh", x, w) for w in (query_kernel, gate_kernel))
 
     def norm(y, w):
         return y / np.sqrt(np.mean(y**2, -1, keepdims=True) + config.rms_norm_eps) * (1 + w)
@@ -257,3 +265,7 @@ def test_gated_attention_pieces_match_transformers_attention():
     close(got[None], want.numpy())
     with pytest.raises(ValueError, match="^rotary_dim"):
         la.partial_rope(q, jnp.arange(7), 3)
+    bias = np.arange(n * 2 * h, dtype=np.float32)  # the same layout as the weight's rows
+    q_bias, gate_bias = convert.gated_query_from_transformers(bias, n, h)
+    assert q_bias.shape == (n, h) and q_bias[1, 0] == 2 * h and gate_bias[0, 0] == h
+    np.testing.assert_array_equal(convert.gated_query_to_transformers(q_bias, gate_bias), bias)

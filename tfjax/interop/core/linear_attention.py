@@ -82,3 +82,25 @@ def to_transformers(params: dict, config) -> dict:
     for key, name in _VECTORS.items():
         state[key] = np.asarray(params[name])
     return state
+
+
+def gated_query_from_transformers(weight, num_heads: int, head_dim: int):
+    """(query, gate) of Qwen3.5's gated full attention from its q_proj `weight` [N 2H, D]
+    (each head's H query rows, then its H gate rows) or bias [N 2H]: kernels [D, N, H] (or
+    biases [N, H]) for the decoder's attention, which multiplies its output by sigmoid(gate)."""
+    weight = np.asarray(weight)
+    w = weight.reshape(num_heads, 2, head_dim, *weight.shape[1:])
+    query, gate = w[:, 0], w[:, 1]  # [N, H, (D)]
+    if weight.ndim == 2:
+        query, gate = np.moveaxis(query, -1, 0), np.moveaxis(gate, -1, 0)
+    return query, gate
+
+
+def gated_query_to_transformers(query, gate):
+    """q_proj's weight [N 2H, D] (or bias [N 2H]) from the query and gate kernels [D, N, H]
+    (or biases [N, H]): the inverse of gated_query_from_transformers."""
+    query, gate = np.asarray(query), np.asarray(gate)
+    if query.ndim == 3:
+        query, gate = np.moveaxis(query, 0, -1), np.moveaxis(gate, 0, -1)  # [N, H, D]
+    both = np.stack([query, gate], axis=1)  # [N, 2, H, (D)]
+    return both.reshape(-1, *both.shape[3:])
