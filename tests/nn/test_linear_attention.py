@@ -99,6 +99,14 @@ def test_modules_match_transformers_layer(implementation):
     close(got, want)
     got, _ = jax.jit(LinenGatedDeltaNet(config).apply)({"params": params}, jnp.asarray(x))
     close(got, want)
+    # Left padding: transformers zeroes the padded inputs (its attention_mask); tfjax's
+    # segment_ids keep them out of the convolution and the state. The same outputs.
+    mask = np.ones(x.shape[:2], np.int64)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        want = layer(torch.from_numpy(x), attention_mask=torch.from_numpy(mask)).numpy()
+    got, _ = call(nnx_layer(params, config), jnp.asarray(x), segment_ids=jnp.asarray(mask))
+    close(got, want)
 
 
 def test_weight_conversion_round_trips_bitwise():
