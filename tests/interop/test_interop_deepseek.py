@@ -170,6 +170,10 @@ def test_preset_exports_a_config_transformers_builds_with_the_same_count():
         ({"num_key_value_heads": 2}, r"num_key_value_heads=2 is not supported"),
         ({"scoring_func": "softmax"}, r"scoring_func='softmax' is not supported"),
         ({"topk_group": 5}, r"groups_kept=5 must be in \[1, groups=4\]"),
+        (
+            {"quantization_config": {"quant_method": "fp8"}},
+            r"quantization_config \(quant_method='fp8'\) is not supported",
+        ),
     ],
 )
 def test_unsupported_configs_are_refused_by_key(changes, message, deepseek_q_latent):

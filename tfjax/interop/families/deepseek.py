@@ -36,8 +36,10 @@ v_head_dim, rope_parameters (YaRN's mscale_all_dim: the attention logits' extra 
 tie_word_embeddings, rms_norm_eps (the latents' norms: 1e-6, as DeepSeek's). Refused by key
 before any tensor is read: attention_bias, rope_interleave=false, a rope type tfjax lacks,
 num_key_value_heads other than the heads, scoring_func / topk_method of DeepSeek's own code
-other than sigmoid / noaux_tc, moe_layer_freq other than 1. The multi-token-prediction layers
-(num_nextn_predict_layers; the published files' model.layers.61) are not read.
+other than sigmoid / noaux_tc, moe_layer_freq other than 1, quantization_config (the Hub's FP8
+files). The multi-token-prediction layers (num_nextn_predict_layers) are not part of the model:
+a state dict that holds them (the published files' model.layers.61) is refused as having
+unexpected keys.
 """
 
 import jax.numpy as jnp
@@ -191,7 +193,15 @@ def _layout(state) -> dict:
 
 
 def _read(family: Family, c: dict) -> dict:
-    """The table's fields, with n_shared_experts as the shared experts' width."""
+    """The table's fields, with n_shared_experts as the shared experts' width; quantized
+    weights (the Hub's FP8 files) refused before any is read."""
+    quantized = c.get("quantization_config")
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        raise ValueError(
+            f"{family.architecture}: quantization_config (quant_method={method!r}) is not "
+            "supported: tfjax loads float weights (dequantize the checkpoint to bfloat16 first)"
+        )
     fields = table_fields(family, c)
     shared = c.get("n_shared_experts")
     shared = 1 if shared is None else shared
