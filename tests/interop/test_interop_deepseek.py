@@ -11,7 +11,7 @@ from interop_references import V, torch, transformers
 
 from tfjax import interop
 from tfjax.interop import pretrained
-from tfjax.interop.core import tables
+from tfjax.interop.core import rules, tables
 from tfjax.interop.core.decoders import spelled_out
 from tfjax.models import decoder
 from tfjax.ops import LatentCache
@@ -195,3 +195,15 @@ def test_scanned_gives_the_unrolled_logits(deepseek_q_latent):
     unrolled, scanned = (interop.load(path, scan_layers=s) for s in (False, True))
     want, got = (references.apply(m, p, ids) for m, p in (unrolled, scanned))
     np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+
+
+def test_a_run_streams_the_loaded_params(deepseek_q_latent):
+    """What a run's init_from reads (scanned: both stacks filled layer by layer, kv_b_proj split
+    and the RoPE rows permuted as they are read) is what load gives."""
+    _, path = deepseek_q_latent
+    model = pretrained.pretrained_model(path, scan_layers=True)
+    want = rules.flatten(pretrained.pretrained_params(path, model))
+    streamed = dict(pretrained.stream_pretrained_params(path, model))
+    assert streamed.keys() == want.keys()
+    for key, value in want.items():
+        assert np.array_equal(streamed[key], value), key
