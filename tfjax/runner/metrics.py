@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -32,9 +33,7 @@ class MetricWriter:
             return
         if os.path.exists(self.path):
             _drop_after(self.path, resume_step)
-        from tensorboardX import SummaryWriter  # imported here: only process 0 needs it
-
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = _summary_writer()(os.path.join(workdir, "tensorboard"))
         self._file = open(self.path, "a")  # noqa: SIM115 - closed in close()
 
     def write(self, step: int, split: str, metrics: dict) -> None:
@@ -52,6 +51,23 @@ class MetricWriter:
         if self.enabled:
             self._file.close()
             self._tb.close()
+
+
+def _summary_writer():
+    """tensorboardX's SummaryWriter (imported here: only process 0 needs it), imported without
+    torch. tensorboardX imports torch where it is installed, only to accept its tensors, which
+    the runner never passes: 1.5-2 s of every run's start on a 2-core host, as long as the rest
+    of the runner's imports. With torch already imported it is used as it is."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX loads
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]  # a later `import torch` imports it
+    return SummaryWriter
 
 
 def _number(v):
