@@ -184,3 +184,15 @@ def test_delta_rule_tiny(tmp_path):
     # The chunked form computed what the recurrent one did (the script checks to 1e-4).
     assert all(r["max_abs_difference"] < 1e-4 for r in rows)
     assert all(set(r["median_ms"]) == {"chunked", "recurrent", "attention"} for r in rows)
+
+
+def test_cache_memory_tiny(tmp_path):
+    """Latent attention's cache grows by the latent and the shared rotated key a token and layer
+    (deepseek-tiny: 3 layers of 16 + 4 in bfloat16), far less than the same heads' keys and
+    values; a grouped-query cache by its kv heads' keys and values."""
+    out, result = _run("cache_memory.py", tmp_path / "cache_memory.json")
+    rows = {row["preset"]: row for row in result["rows"]}
+    assert rows["deepseek-tiny"]["kinds"]["latent"]["bytes_per_token"] == 3 * (16 + 4) * 2
+    assert rows["deepseek-tiny"]["per_head_bytes_per_token"] == 3 * 4 * (8 + 4 + 6) * 2
+    assert rows["modern-tiny"]["kinds"]["kv"]["bytes_per_token"] == 2 * 2 * 2 * 8 * 2
+    assert "ratio deepseek-tiny latent/per_head = 0.2778" in out
