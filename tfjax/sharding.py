@@ -1,7 +1,7 @@
 """Logical axis names, rules -> NamedSharding, and the device mesh from the config.
 
 Model code names the axes of every parameter and of the activations at block boundaries with
-the logical names below (defined in `tfjax.nn.axes`, which model code imports). A run maps them
+the logical names of `tfjax.ops.axes` (`tfjax.nn.axes` to Linen model code). A run maps them
 onto a mesh with three axes through `config.logical_axis_rules`:
 
   data    pure data parallelism: the batch is split, parameters are replicated
@@ -31,43 +31,12 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from tfjax.ops.axes import (
-    ACT_EMBED,
-    ACT_HEADS,
-    ACT_MLP,
-    ACT_VOCAB,
-    BATCH,
-    EMBED,
-    EXPERTS,
-    HEAD_DIM,
-    HEADS,
-    KV_HEADS,
-    LAYERS,
-    LENGTH,
-    MLP,
-    NORM,
-    VOCAB,
-)
+from tfjax.ops import axes
 
 __all__ = [
-    "ACT_EMBED",
-    "ACT_HEADS",
-    "ACT_MLP",
-    "ACT_VOCAB",
-    "BATCH",
     "DEFAULT_RULES",
-    "EMBED",
-    "EXPERTS",
-    "HEAD_DIM",
-    "HEADS",
-    "KV_HEADS",
-    "LAYERS",
-    "LENGTH",
     "MESH_AXES",
     "MESH_CONFIG_KEYS",
-    "MLP",
-    "NORM",
-    "VOCAB",
     "batch_sharding",
     "check_divisible",
     "check_rules",
@@ -88,21 +57,21 @@ MESH_CONFIG_KEYS = MESH_AXES + ("dcn_data",)
 
 # (logical name, mesh axis or axes or None). A name absent from the rules is not sharded.
 DEFAULT_RULES = (
-    (BATCH, ("data", "fsdp")),
-    (LENGTH, None),
-    (ACT_EMBED, None),
-    (ACT_HEADS, "tensor"),
-    (ACT_MLP, "tensor"),
-    (ACT_VOCAB, "tensor"),
-    (EMBED, "fsdp"),
-    (MLP, "tensor"),
-    (HEADS, "tensor"),
-    (KV_HEADS, "tensor"),
-    (VOCAB, "tensor"),
-    (HEAD_DIM, None),
-    (NORM, None),
-    (LAYERS, None),
-    (EXPERTS, None),
+    (axes.BATCH, ("data", "fsdp")),
+    (axes.LENGTH, None),
+    (axes.ACT_EMBED, None),
+    (axes.ACT_HEADS, "tensor"),
+    (axes.ACT_MLP, "tensor"),
+    (axes.ACT_VOCAB, "tensor"),
+    (axes.EMBED, "fsdp"),
+    (axes.MLP, "tensor"),
+    (axes.HEADS, "tensor"),
+    (axes.KV_HEADS, "tensor"),
+    (axes.VOCAB, "tensor"),
+    (axes.HEAD_DIM, None),
+    (axes.NORM, None),
+    (axes.LAYERS, None),
+    (axes.EXPERTS, None),
 )
 
 
@@ -110,7 +79,9 @@ def expert_parallel(rules, mesh_axes):
     """`rules` with a mixture's experts split over `mesh_axes` (a mesh axis or a tuple of them),
     its rule first: a weight's mesh axis goes to the first of its logical axes whose rule names
     it, so the experts take it before the kernels' embed (FSDP) or mlp (tensor) axis does."""
-    return ((EXPERTS, mesh_axes),) + tuple(r for r in check_rules(rules) if r[0] != EXPERTS)
+    return ((axes.EXPERTS, mesh_axes),) + tuple(
+        r for r in check_rules(rules) if r[0] != axes.EXPERTS
+    )
 
 
 def make_mesh(mesh_config: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
@@ -210,10 +181,10 @@ def check_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
         name, target = rule
         if isinstance(target, (list, tuple)):
             target = tuple(target)
-            axes = target
+            mesh_axes = target
         else:
-            axes = () if target is None else (target,)
-        for axis in axes:
+            mesh_axes = () if target is None else (target,)
+        for axis in mesh_axes:
             if axis not in MESH_AXES:
                 raise ValueError(
                     f"logical_axis_rules: rule for {name!r} names mesh axis {axis!r}; the mesh "
@@ -243,9 +214,8 @@ def check_divisible(abstract_tree, shardings, what: str = "parameter") -> None:
     parameters); the error names the array, its shape and the offending dimension."""
     flat = jax.tree_util.tree_flatten_with_path(abstract_tree)[0]
     for (path, leaf), sharding in zip(flat, jax.tree.leaves(shardings), strict=True):
-        for dim, axes in enumerate(sharding.spec):
-            axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-            parts = math.prod(sharding.mesh.shape[a] for a in axes)
+        for dim, entry in enumerate(sharding.spec):
+            parts = math.prod(sharding.mesh.shape[a] for a in _mesh_axes(entry))
             if leaf.shape[dim] % parts:
                 name = "/".join(str(getattr(k, "key", k)) for k in path)
                 raise ValueError(
@@ -262,14 +232,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
     """How an input array [B, ...] is laid out: its batch axis by the `batch` rule."""
-    return NamedSharding(mesh, nn.logical_to_mesh_axes((BATCH,) + (None,) * (ndim - 1), rules))
+    return NamedSharding(mesh, nn.logical_to_mesh_axes((axes.BATCH,) + (None,) * (ndim - 1), rules))
 
 
 def data_parallel_size(mesh: Mesh, rules) -> int:
     """Number of shards of the batch axis (data x fsdp with the default rules)."""
-    spec = nn.logical_to_mesh_axes((BATCH,), rules)[0]
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-    return math.prod(mesh.shape[axis] for axis in axes)
+    spec = nn.logical_to_mesh_axes((axes.BATCH,), rules)[0]
+    return math.prod(mesh.shape[axis] for axis in _mesh_axes(spec))
+
+
+def _mesh_axes(entry) -> tuple:
+    """A PartitionSpec entry (None, a mesh axis, or a tuple of them) as a tuple of mesh axes."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 @functools.lru_cache(maxsize=16)

@@ -31,6 +31,7 @@ from flax import traverse_util
 
 from tfjax import sharding
 from tfjax.nn.moe import AUX_LOSSES
+from tfjax.ops import axes
 from tfjax.tasks import losses
 
 AUX_PREFIX = "aux_"  # the stats (and metrics) of the model's auxiliary losses: aux_<name>
@@ -230,7 +231,7 @@ def _accumulated(grad_fn, params, batch, step_rng, m):
         # [B, ...] -> [M, B/M, ...], micro-batch i = rows i, i + M, ...: each device's
         # contiguous rows divide evenly, so splitting moves no data.
         x = x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
-        names = (None, sharding.BATCH) + (None,) * (x.ndim - 2)
+        names = (None, axes.BATCH) + (None,) * (x.ndim - 2)
         return nn.with_logical_constraint(x, names)
 
     micro = jax.tree.map(split, batch)
