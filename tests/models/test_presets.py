@@ -86,7 +86,9 @@ def test_mixture_of_experts_presets_have_the_cards_total_and_active_parameters(v
 PUBLISHED = sorted(
     v
     for v in decoder.VARIANTS
-    if v.startswith(("llama-", "mistral-", "qwen", "gemma-")) and v not in MOE_CARDS
+    if v.startswith(("llama-", "mistral-", "qwen", "gemma-"))
+    and v not in MOE_CARDS
+    and not v.endswith("-tiny")  # test presets (qwen3.5-tiny)
 )
 
 

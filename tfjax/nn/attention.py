@@ -34,6 +34,7 @@ from tfjax.ops.config import (  # noqa: F401 (re-exported)
     LayerAttention,
     default_kernel_init,  # noqa: F401 (re-exported)
 )
+from tfjax.ops.linear_attention import gate_output
 
 
 @functools.wraps(_ops.dot_product_attention)
@@ -142,6 +143,9 @@ class MultiHeadAttention(nn.Module):
         )
         if sow:
             self.sow("intermediates", "attention_weights", weights)
+        if self.config.output_gate:  # Qwen3.5: the output times sigmoid(x gate_kernel)
+            n, h = out.shape[2:]
+            out = gate_output(out, self._project("gate", x, n, h, axes.HEADS))
         out = self._project_out(out, x.shape[-1])
         return out if cache is None else (out, cache)
 

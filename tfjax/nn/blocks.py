@@ -22,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from tfjax.nn import axes
 from tfjax.nn.attention import MultiHeadAttention, default_kernel_init
 from tfjax.nn.ffn import make_mlp
+from tfjax.nn.linear_attention import GatedDeltaNet
 from tfjax.nn.mla import LatentAttention
 from tfjax.nn.moe import AUX_LOSSES, MoeMlp
 from tfjax.nn.norms import make_norm
@@ -115,10 +116,27 @@ class Block(nn.Module):
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
         # The identity, named for the remat policies that save the layer's input by name.
         x = checkpoint_name(x, LAYER_INPUT)
-        attend = self._attention("self_attention", self.config.attention)
+        if self.config.linear_attention is not None:  # Qwen3.5's Gated DeltaNet layers
+            attend = GatedDeltaNet(
+                self.config.linear_attention,
+                kernel_init=self.kernel_init,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name="self_attention",
+            )
+        else:
+            attend = self._attention("self_attention", self.config.attention)
 
         def self_attention(y):
             nonlocal cache
+            if self.config.linear_attention is not None:  # its state, not keys, as `cache`
+                if decode and cache is None:
+                    raise ValueError(
+                        "Block: linear attention decodes with the explicit cache (cache=), not "
+                        "the 'cache' collection"
+                    )
+                y, cache = attend(y, segment_ids=segment_ids, cache=cache)
+                return y
             y = attend(
                 y,
                 mask=mask,

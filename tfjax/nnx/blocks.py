@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from tfjax.nnx.linear_attention import GatedDeltaNet
 from tfjax.nnx.mla import LatentAttention
 from tfjax.nnx.params import metadata, param, place  # noqa: F401 (re-exported)
 from tfjax.ops import axes, embed, moe, multihead, residual
@@ -35,6 +36,7 @@ from tfjax.ops.config import (
     MoeConfig,
     default_kernel_init,  # noqa: F401 (re-exported)
 )
+from tfjax.ops.linear_attention import gate_output
 from tfjax.ops.moe import EXPERTS, expert_names, expert_sharding, stacked_init
 from tfjax.ops.norms import NORMS, rms_norm_plus_one
 from tfjax.ops.position import relative_position_bias
@@ -160,9 +162,13 @@ class Attention(nnx.Module):
         self.key_kernel = kernel((d_kv, kh, h), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM))
         self.value_kernel = kernel((d_kv, kh, h), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM))
         self.out_kernel = kernel((n, h, out_features), (axes.HEADS, axes.HEAD_DIM, axes.EMBED))
+        if config.output_gate:  # Qwen3.5: the output times sigmoid(x gate_kernel)
+            self.gate_kernel = kernel((width, n, h), (axes.EMBED, axes.HEADS, axes.HEAD_DIM))
         qkv_bias = config.use_bias if config.qkv_bias is None else config.qkv_bias
         if qkv_bias:
             self.query_bias = bias((n, h), (axes.HEADS, axes.HEAD_DIM))
+            if config.output_gate:
+                self.gate_bias = bias((n, h), (axes.HEADS, axes.HEAD_DIM))
             self.key_bias = bias((kh, h), (axes.KV_HEADS, axes.HEAD_DIM))
             self.value_bias = bias((kh, h), (axes.KV_HEADS, axes.HEAD_DIM))
         if config.use_bias:
@@ -249,6 +255,8 @@ class Attention(nnx.Module):
             is_causal=is_causal,
             sinks=self.sinks[...] if self.config.sinks else None,
         )
+        if self.config.output_gate:
+            out = gate_output(out, self._project("gate", x))
         kernel = self.out_kernel[...]
         out, kernel = nnx.nn.dtypes.promote_dtype((out, kernel), dtype=self.dtype)
         # [B, T, D]
@@ -438,10 +446,12 @@ class Block(nnx.Module):
         self.config = config
         kw = dict(kernel_init=kernel_init, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm = dict(eps=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        latent = config.attention.latent is not None  # DeepSeek's multi-head latent attention
-        self.self_attention = (LatentAttention if latent else Attention)(
-            config.attention, width, **kw
-        )
+        if config.linear_attention is not None:  # Qwen3.5's Gated DeltaNet layers
+            self.self_attention = GatedDeltaNet(config.linear_attention, width, **kw)
+        else:  # latent: DeepSeek's multi-head latent attention
+            latent = config.attention.latent is not None
+            kind = LatentAttention if latent else Attention
+            self.self_attention = kind(config.attention, width, **kw)
         sublayers = ["self_attention", "mlp"]
         if config.cross_attention:
             cross = config.attention.for_cross_attention()
@@ -497,6 +507,9 @@ class Block(nnx.Module):
 
         def self_attention(y):
             nonlocal cache
+            if self.config.linear_attention is not None:  # its state, not keys, as `cache`
+                y, cache = self.self_attention(y, segment_ids=segment_ids, cache=cache)
+                return y
             y = self.self_attention(
                 y,
                 mask=mask,

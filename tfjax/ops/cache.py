@@ -8,7 +8,8 @@ its layout are the caller's. A layer's cache is one `KVCache`; a stack's is one 
 parameters are: a tuple of L caches (unrolled layers) or one `KVCache` whose every leaf has a
 leading layer axis [L, ...] (scanned layers). Multi-head latent attention (an AttentionConfig
 with `latent`; tfjax.ops.mla) caches a `LatentCache` instead: per token its latent [R] and its
-rotated shared key part [Hr], not per-head keys and values.
+rotated shared key part [Hr], not per-head keys and values. A Gated DeltaNet layer (Qwen3.5's
+linear attention) keeps a fixed-size tfjax.ops.linear_attention.RecurrentState in its place.
 """
 
 from typing import NamedTuple
@@ -16,6 +17,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from tfjax.ops.linear_attention import RecurrentState
 
 
 class KVCache(NamedTuple):
@@ -114,17 +117,35 @@ def write_latent(cache: LatentCache, latent, rope_keys) -> LatentCache:
     )
 
 
+def _layer_cache(cache):
+    """One layer's cache from a layer's or a stack's (a tuple of them, maybe nested per stack):
+    the first attention cache (KVCache or LatentCache), else the first RecurrentState (a stack
+    of Gated DeltaNet layers only, tfjax.ops.linear_attention), else None."""
+    if isinstance(cache, CACHES):
+        return cache
+    if isinstance(cache, RecurrentState):
+        return None
+    states = []
+    for part in cache:
+        if isinstance(part, RecurrentState):
+            states.append(part)
+        elif (found := _layer_cache(part)) is not None:
+            return found
+    return states[0] if states else None
+
+
 def next_position(cache) -> jax.Array:
-    """Where a layer's or a stack's cache puts the next token: how many it holds, [] int32."""
-    if not isinstance(cache, CACHES):
-        cache = cache[0]
+    """Where a layer's or a stack's cache puts the next token: how many it holds, [] int32 (the
+    attention layers', which a stack's recurrent states count alike)."""
+    cache = cache if isinstance(cache, RecurrentState) else _layer_cache(cache)
     return cache.index if cache.index.ndim == 0 else cache.index[0]
 
 
 def max_length(cache) -> int:
-    """S: the positions a layer's or a stack's cache has room for."""
+    """S: the positions a layer's or a stack's cache has room for (its attention layers')."""
+    cache = _layer_cache(cache)
     if not isinstance(cache, CACHES):
-        cache = cache[0]
+        raise ValueError("max_length: the cache has no attention layer (recurrent states only)")
     return cache[0].shape[-3 if isinstance(cache, KVCache) else -2]
 
 

@@ -22,6 +22,7 @@ from tfjax.ops.activations import (
     by_name,
 )
 from tfjax.ops.attention import check_implementation, check_softcap, check_window
+from tfjax.ops.linear_attention import LinearAttentionConfig
 from tfjax.ops.norms import NORMS
 from tfjax.ops.position import RopeScaling
 
@@ -119,6 +120,10 @@ class AttentionConfig:
     # (chosen per call; see tfjax.ops.attention)
     latent: LatentAttention | None = None  # multi-head latent attention (DeepSeek): head_dim
     # is then each head's unrotated query and key part (qk_nope_head_dim)
+    output_gate: bool = False  # the output times sigmoid(x Wg) per head before its projection
+    # ("gate_kernel" [D, N, H]; Qwen3.5's gated attention, whose q_proj holds both)
+    partial_rotary_factor: float = 1.0  # RoPE on the first int(H * this) channels of each
+    # query and key head only (Qwen3.5: 0.25)
 
     def __post_init__(self):
         kv = self.kv_heads
@@ -145,6 +150,11 @@ class AttentionConfig:
                 f"AttentionConfig: dropout_rate must be in [0, 1), got {self.dropout_rate}"
             )
         check_implementation(self.implementation)
+        factor = self.partial_rotary_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+            raise ValueError(
+                f"AttentionConfig: partial_rotary_factor must be a number in (0, 1], got {factor!r}"
+            )
         if self.latent is not None:
             self._check_latent()
 
@@ -162,6 +172,8 @@ class AttentionConfig:
             qk_norm=self.qk_norm,
             softcap=self.softcap,
             sinks=self.sinks,
+            output_gate=self.output_gate,
+            partial_rotary_factor=self.partial_rotary_factor,
         )
         want = dict(
             position="rope",
@@ -172,6 +184,8 @@ class AttentionConfig:
             qk_norm=False,
             softcap=None,
             sinks=False,
+            output_gate=False,
+            partial_rotary_factor=1.0,
         )
         wrong = [f"{k}={have[k]!r} (needs {want[k]!r})" for k in want if have[k] != want[k]]
         if self.head_dim is None:
@@ -187,6 +201,11 @@ class AttentionConfig:
     def head_width(self, width: int) -> int:
         """H for inputs of `width`: head_dim, or width // num_heads when None."""
         return self.head_dim or width // self.num_heads
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """The channels of each [.., head_dim] query and key head that RoPE rotates (as
+        transformers: int(head_dim * partial_rotary_factor))."""
+        return int(head_dim * self.partial_rotary_factor)
 
     def logit_options(self) -> dict:
         """What shapes the logits, as dot_product_attention's arguments of the same names."""
@@ -358,8 +377,16 @@ class BlockConfig:
     dropout_rate: float = 0.0  # residual dropout on each sub-layer's output (paper: 0.1)
     layer_scale: float | None = None  # init of a learned [D] gamma multiplying each sub-layer's
     # output before the residual add (CaiT, DINOv2); none when None
+    linear_attention: LinearAttentionConfig | None = None  # the layer mixes tokens by Gated
+    # DeltaNet linear attention (tfjax.ops.linear_attention; Qwen3.5's "linear_attention"
+    # layers) in place of `attention`, which is then unused
 
     def __post_init__(self):
+        if self.linear_attention is not None:
+            if not isinstance(self.linear_attention, LinearAttentionConfig):
+                raise ValueError("BlockConfig: linear_attention must be a LinearAttentionConfig")
+            if self.cross_attention:
+                raise ValueError("BlockConfig: linear_attention does not take cross_attention")
         for field, classes in (("attention", (AttentionConfig,)), ("mlp", (MlpConfig, MoeConfig))):
             if not isinstance(getattr(self, field), classes):
                 names = " or ".join(c.__name__ for c in classes)

@@ -63,15 +63,21 @@ def check_variant(config, variant) -> None:
 
 def rotate(q, k, positions, config, variant=None):
     """Self-attention's q [B, T, N, H] and k [B, T, K, H], rotated by RoPE at `positions` ([B, T]
-    or [T]) when config.position is "rope" (with the variant's base and scaling)."""
+    or [T]) when config.position is "rope" (with the variant's base and scaling; only the first
+    config.rotary_dim(H) channels of each head)."""
     if config.position != "rope":
         return q, k
 
+    rotary = config.rotary_dim(q.shape[-1])
+
     def one(choice):
-        return tuple(
-            position.rope(y, positions, base=choice.rope_base, scaling=choice.rope_scaling)
-            for y in (q, k)
-        )
+        def rope(y):  # the first `rotary` channels of each head (all but with a partial factor)
+            y_rot = position.rope(
+                y[..., :rotary], positions, base=choice.rope_base, scaling=choice.rope_scaling
+            )
+            return y_rot if rotary == y.shape[-1] else jnp.concatenate([y_rot, y[..., rotary:]], -1)
+
+        return rope(q), rope(k)
 
     return by_variant(variant, config.variants, one)
 

@@ -13,7 +13,10 @@ RoPE (Gemma 3). GPT-OSS adds attention sinks and biases everywhere; mixtures of 
 first_dense_layers dense layers. DeepSeek-V3 adds multi-head latent attention (kv_lora_rank:
 keys and values from one latent per token, which is what its decoding cache holds;
 tfjax.ops.mla) and routes by sigmoid scores with a correction bias, within the best groups of
-experts, scaled (router_score_bias, router_groups, router_groups_kept, router_scale). See
+experts, scaled (router_score_bias, router_groups, router_groups_kept, router_scale). Qwen3.5
+mixes Gated DeltaNet linear-attention layers (tfjax.ops.linear_attention; a fixed-size
+recurrent state in the cache) with gated full-attention layers (attention_output_gate,
+partial_rotary_factor) by `layer_types`; each run of same-kind layers is its own stack. See
 tfjax.models.decoder for the model.
 
     spec = decoder.Model("gpt2-small", vocab_size=50257)   # a checked, frozen Decoder
@@ -28,6 +31,7 @@ import jax.numpy as jnp
 from tfjax.allowed import one_of
 from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
 from tfjax.ops.config import BlockConfig, LatentAttention, LayerAttention
+from tfjax.ops.linear_attention import LinearAttentionConfig, init_recurrent_state
 from tfjax.ops.position import RopeScaling
 from tfjax.specs import common
 
@@ -176,6 +180,29 @@ VARIANTS = {
         first_dense_layers=1,
         norm_eps=1e-6,
         **_MODERN,
+    ),
+    # Qwen3.5's layers in miniature, for tests: three Gated DeltaNet linear-attention layers,
+    # then one gated full-attention layer with RoPE on a quarter of each head, (1 + w) norms
+    "qwen3.5-tiny": dict(
+        _MODERN,
+        width=32,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=256,
+        norm="rms_plus_one",
+        norm_eps=1e-6,
+        qk_norm=True,
+        layer_types=("linear_attention",) * 3 + ("full_attention",),
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        attention_output_gate=True,
+        partial_rotary_factor=0.25,
     ),
     "modern-small": dict(
         width=768,
@@ -379,6 +406,14 @@ VARIANTS = {
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 NORM_POSITIONS = ("pre", "sandwich")
 LAYER_KINDS = ("local", "global")  # attention_pattern's entries, in Stack variant order
+LAYER_TYPES = ("full_attention", "linear_attention")  # layer_types' entries (Qwen3.5)
+LINEAR_ONLY = (  # the fields that shape linear-attention layers (moot without one)
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are moot without)
     "experts_per_token",
     "expert_mlp_dim",
@@ -430,6 +465,18 @@ class Decoder(common.FamilySpec):
     qk_rope_head_dim: int | None = None  # latent attention: each query and key head's rotated
     # part (the keys' shared by all heads)
     v_head_dim: int | None = None  # latent attention: each value head's width; head_dim when None
+    layer_types: tuple[str, ...] | None = None  # one per layer: "full_attention" or
+    # "linear_attention" (Gated DeltaNet, tfjax.ops.linear_attention; Qwen3.5); None: all full
+    linear_num_key_heads: int | None = None  # linear layers: query/key heads K (needed with
+    # linear layers, as the next three)
+    linear_num_value_heads: int | None = None  # linear layers: value heads N (a multiple of K)
+    linear_key_head_dim: int | None = None  # linear layers: Hk
+    linear_value_head_dim: int | None = None  # linear layers: Hv
+    linear_conv_kernel_dim: int | None = None  # linear layers: the convolution's width; 4 when
+    # None
+    attention_output_gate: bool = False  # full attention's output times sigmoid(x Wg) per head
+    # (Qwen3.5's gated attention)
+    partial_rotary_factor: float = 1.0  # RoPE on the first int(H * this) channels of each head
     attention_scalar: float | None = None  # attention logits are q.k / sqrt(attention_scalar);
     # head_dim when None (Gemma's query_pre_attn_scalar)
     attention_softcap: float | None = None  # attention logits -> c * tanh(logits / c) (Gemma 2)
@@ -506,6 +553,7 @@ class Decoder(common.FamilySpec):
                 )
         elif self.qk_rope_head_dim is None:
             raise ValueError("kv_lora_rank needs qk_rope_head_dim (the heads' rotated part)")
+        self._check_layer_types()
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
         if not self.num_experts:  # a mixture's options are refused, not ignored, without one
@@ -521,6 +569,54 @@ class Decoder(common.FamilySpec):
                 f"first_dense_layers={self.first_dense_layers} must be in [0, num_layers="
                 f"{self.num_layers})"
             )
+
+    def _check_layer_types(self) -> None:
+        """layer_types: one known type per layer; linear layers need their sizes, and do not
+        mix with attention_pattern, latent attention or first_dense_layers."""
+        types = self.layer_types
+        if types is not None:
+            if not isinstance(types, tuple) or len(types) != self.num_layers:
+                raise ValueError(
+                    f"layer_types={types!r} must be a tuple of one type per layer "
+                    f"(num_layers={self.num_layers})"
+                )
+            unknown = sorted({t for t in types if t not in LAYER_TYPES}, key=str)
+            if unknown:
+                raise ValueError(f"layer_types has {unknown}; allowed: {LAYER_TYPES}")
+        if not self.linear_layers:
+            moot = [name for name in LINEAR_ONLY if getattr(self, name) is not None]
+            if moot:
+                raise ValueError(
+                    f"{', '.join(moot)} set, but layer_types has no linear_attention layer"
+                )
+            return
+        missing = [name for name in LINEAR_ONLY[:4] if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"linear_attention layers need {', '.join(missing)}")
+        clash = dict(
+            attention_pattern=self.attention_pattern,
+            kv_lora_rank=self.kv_lora_rank,
+            first_dense_layers=self.first_dense_layers or None,
+        )
+        clash = [f"{k}={v!r}" for k, v in clash.items() if v is not None]
+        if clash:
+            raise ValueError(f"linear_attention layers do not take {', '.join(clash)}")
+
+    @property
+    def linear_layers(self) -> bool:
+        """Whether some layer is a linear-attention (Gated DeltaNet) layer."""
+        return self.layer_types is not None and "linear_attention" in self.layer_types
+
+    def linear_attention_config(self) -> LinearAttentionConfig:
+        """The linear-attention layers' config (their output norm's epsilon norm_eps)."""
+        return LinearAttentionConfig(
+            self.linear_num_key_heads,
+            self.linear_num_value_heads,
+            self.linear_key_head_dim,
+            self.linear_value_head_dim,
+            self.linear_conv_kernel_dim or 4,
+            norm_eps=self.norm_eps,
+        )
 
     def layer_variants(self):
         """(the attention variants of the stack's blocks, each layer's index into them or None).
@@ -584,27 +680,56 @@ class Decoder(common.FamilySpec):
 
     def stacks(self):
         """The layer stacks in order: (name, their config, first layer, number of layers); one,
-        "decoder", unless first_dense_layers puts a "dense_decoder" before it."""
+        "decoder", unless first_dense_layers puts a "dense_decoder" before it, or layer_types
+        mixes linear and full attention (`_runs`)."""
         f = self.first_dense_layers
+        if self.linear_layers:
+            return self._runs()
         rest = ("decoder", self.block_config(), f, self.num_layers - f)
         return [("dense_decoder", self.block_config(experts=False), 0, f), rest] if f else [rest]
+
+    def _runs(self):
+        """With linear layers, one stack per run of consecutive layers of one type (their
+        parameters differ): "decoder_0", "decoder_1", ... ("decoder" if only one)."""
+        full = self.block_config()
+        linear = dataclasses.replace(full, linear_attention=self.linear_attention_config())
+        runs, first = [], 0
+        for i in range(1, self.num_layers + 1):
+            if i == self.num_layers or self.layer_types[i] != self.layer_types[first]:
+                kind = linear if self.layer_types[first] == "linear_attention" else full
+                runs.append([kind, first, i - first])
+                first = i
+        names = ["decoder"] if len(runs) == 1 else [f"decoder_{k}" for k in range(len(runs))]
+        return [(name, *run) for name, run in zip(names, runs, strict=True)]
 
     def init_cache(self, batch_size: int, length: int, *, dtype=None, sharding=None):
         """An empty explicit KV cache for `batch_size` rows of up to `length` tokens (prompt
         and generated), to pass as `cache=` with decode=True: a tfjax.ops.KVCache per layer, a
         tfjax.ops.LatentCache with kv_lora_rank (one with [L, ...] leaves when scan_layers; with
-        first_dense_layers, a tuple of one per stack). dtype: of the keys and values (the
-        compute dtype when None); sharding: of one layer's keys [B, S, K, H]
-        (tfjax.ops.init_cache)."""
-        config = self.block_config().attention
-        return self.join_caches(
-            [
+        first_dense_layers, a tuple of one per stack); linear-attention layers hold a
+        tfjax.ops.RecurrentState (the layers' own in order; scanned, one per stack). dtype: of
+        the keys and values (the compute dtype when None); sharding: of one layer's keys
+        [B, S, K, H] (tfjax.ops.init_cache)."""
+        config, caches = self.block_config().attention, []
+        for _, block, _, n in self.stacks():
+            if block.linear_attention is not None:  # a fixed-size recurrent state per layer
+                dtype_ = dtype or self.dtype or jnp.float32
+                caches.append(
+                    init_recurrent_state(
+                        block.linear_attention,
+                        batch_size,
+                        num_layers=n,
+                        scanned=self.scan_layers,
+                        dtype=dtype_,
+                    )
+                )
+                continue
+            caches.append(
                 common.init_cache(
                     self, config, batch_size, length, dtype=dtype, sharding=sharding, num_layers=n
                 )
-                for _, _, _, n in self.stacks()
-            ]
-        )
+            )
+        return self.join_caches(caches)
 
     def stack_caches(self, cache) -> list:
         """The explicit KV `cache` (init_cache's) split into one per stack, in `stacks` order
@@ -622,7 +747,7 @@ class Decoder(common.FamilySpec):
         """The stacks' KV caches (as `stack_caches` splits them) as one explicit cache."""
         if len(caches) == 1:
             return caches[0]
-        return tuple(caches) if self.scan_layers else caches[0] + caches[1]
+        return tuple(caches) if self.scan_layers else sum(caches, ())
 
     def check_length(self, length: int) -> None:
         """Refuses `length` tokens past the learned position table's last row."""
