@@ -56,8 +56,9 @@ class LatentAttention(nn.Module):
             p[name] = self.param(
                 name, nn.with_logical_partitioning(init, names), shape, self.param_dtype
             )
-        dtype = self.dtype or jnp.result_type(x, *p.values())
-        p = {name: w.astype(dtype) for name, w in p.items()}
+        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
+        x, *values = nn.dtypes.promote_dtype(x, *p.values(), dtype=self.dtype)
+        p = dict(zip(p, values, strict=True))
         rate = self.config.dropout_rate if train and cache is None else 0.0
         options = {}
         if cache is None:
@@ -65,7 +66,7 @@ class LatentAttention(nn.Module):
             if rate > 0.0:
                 options["dropout_rng"] = self.make_rng("dropout")
         return mla.latent_attention(
-            x.astype(dtype),
+            x,
             p,
             self.config,
             positions=positions,

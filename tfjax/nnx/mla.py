@@ -52,8 +52,11 @@ class LatentAttention(nnx.Module):
         Returns [B, T, D]; with `cache`, ([B, T, D], the updated cache)."""
         if bias is not None:
             raise ValueError("LatentAttention: takes no additive logit bias")
-        dtype = self.dtype or jnp.result_type(x, *(getattr(self, n)[...] for n in self.names))
-        p = {name: getattr(self, name)[...].astype(dtype) for name in self.names}
+        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
+        x, *values = nnx.nn.dtypes.promote_dtype(
+            (x, *(getattr(self, n)[...] for n in self.names)), dtype=self.dtype
+        )
+        p = dict(zip(self.names, values, strict=True))
         rate = self.config.dropout_rate if dropout_rng is not None else 0.0
         options = (
             {} if cache is not None else dict(dropout_rate=rate, sharding=axes.attention_sharding())
@@ -61,7 +64,7 @@ class LatentAttention(nnx.Module):
         if rate > 0.0 and cache is None:
             options["dropout_rng"] = dropout_rng
         return mla.latent_attention(
-            x.astype(dtype),
+            x,
             p,
             self.config,
             positions=positions,
