@@ -17,6 +17,7 @@ Every converter checks every key and shape before returning: nothing is loaded h
 Needs `safetensors` (and `torch` only for pytorch_model.bin files); never `transformers`.
 """
 
+import logging
 import os
 
 from flax import nnx as _nnx
@@ -34,6 +35,7 @@ from tfjax.interop.families.gpt2 import *  # noqa: F403
 from tfjax.interop.families.llama import *  # noqa: F403
 from tfjax.interop.families.marian import *  # noqa: F403
 from tfjax.interop.families.moe import *  # noqa: F403
+from tfjax.interop.families.qwen3_5 import *  # noqa: F403
 from tfjax.interop.families.t5 import *  # noqa: F403
 from tfjax.interop.families.torch_nn import *  # noqa: F403
 from tfjax.interop.families.vit import *  # noqa: F403
@@ -70,9 +72,23 @@ def load(directory, *, nnx: bool = False, rngs: _nnx.Rngs | None = None, **overr
 
 def export(model, params=None):
     """({Hugging Face key: numpy array}, config dict) for a tfjax model: a Linen model and its
-    params, or a tfjax.nnx model alone (its params are its nnx.Param state)."""
+    params, or a tfjax.nnx model alone (its params are its nnx.Param state).
+
+    A model loaded from a multimodal checkpoint (Gemma3ForConditionalGeneration) is its text
+    model: the export is the text architecture (config["architectures"]), and a log line says
+    it is text only."""
     model, params = linen_of(model, params)
-    return REGISTRY.exporter(model).export(model, params)
+    state, config = REGISTRY.exporter(model).export(model, params)
+    for architecture in config.get("architectures", ()):
+        wrappers = core.multimodal.text_only(architecture)
+        if wrappers:
+            logging.getLogger(__name__).info(
+                "export: %s, a text-only model (no vision tower: what a model loaded from %s "
+                "keeps)",
+                architecture,
+                " or ".join(wrappers),
+            )
+    return state, config
 
 
 def save(model, *args) -> str:

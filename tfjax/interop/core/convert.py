@@ -6,6 +6,8 @@ its rules (`import_params`); `to_hf` writes both back. `converters` makes the pu
 `from_x` / `to_x` of a family that needs nothing else.
 """
 
+import fnmatch
+import logging
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -37,6 +39,22 @@ def import_rules(family: Family, model, state: StateDict, prefix: str):
     return family.rules(model, prefix, **family.layout(state))
 
 
+def ignored(family: Family, state: StateDict) -> tuple[str, ...]:
+    """The patterns of the keys reading `state` leaves alone: the family's buffers and the
+    parts it skips, of which a log line says how many tensors `state` holds (keys only)."""
+    if family.skip:
+        counts = {p: sum(fnmatch.fnmatch(k, p) for k in state) for p in family.skip}
+        found = {p: n for p, n in counts.items() if n}
+        if found:
+            logging.getLogger(__name__).info(
+                "%s: skipped %d tensors tfjax does not load: %s",
+                family.architecture,
+                sum(found.values()),
+                ", ".join(f"{p} ({n})" for p, n in found.items()),
+            )
+    return (*family.ignore, *family.skip)
+
+
 def import_params(family: Family, model, state: StateDict, *, inputs=None, rules=None):
     """`model`'s params from `state` by the family's rules (or `rules`), every key checked, in
     the model's layout. `inputs` replace the family's example inputs (ViT's image size)."""
@@ -46,7 +64,7 @@ def import_params(family: Family, model, state: StateDict, *, inputs=None, rules
         import_rules(family, model, state, prefix) if rules is None else rules,
         param_shapes(model, *(family.inputs if inputs is None else inputs)),
         what=family.architecture,
-        ignore=family.ignore,
+        ignore=ignored(family, state),
         tied=family.tied(model, prefix),
     )
     return finish(model, params)
@@ -64,7 +82,7 @@ def check_params(family: Family, model, state: StateDict):
         rules,
         expected,
         what=family.architecture,
-        ignore=family.ignore,
+        ignore=ignored(family, state),
         tied=family.tied(model, prefix),
     )
     return rules, expected

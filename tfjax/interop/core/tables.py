@@ -72,6 +72,8 @@ class Family:
     defaults: dict = dataclasses.field(default_factory=dict)  # model fields its config does
     # not hold: load sets them unless the config does
     ignore: tuple[str, ...] = ()  # fnmatch patterns of keys that hold buffers, not parameters
+    skip: tuple[str, ...] = ()  # fnmatch patterns of the parts tfjax does not load (a
+    # multimodal model's vision tower): not read, and a log line counts them
     tied: Callable[..., dict] = lambda model, prefix: {}  # key -> the key it must equal
     layout: Callable[..., dict] = lambda state: {}  # state dict -> keyword arguments of `rules`
     # that how a checkpoint stores its tensors decides (a mixture's experts one tensor each, or

@@ -7,13 +7,17 @@ table of what converts (docs/interop.md) with their loaders, and its exporters. 
   llama     Llama, Mistral, Qwen 2 / 3       marian    Marian / Opus-MT
   moe       Mixtral, Qwen3-MoE, GPT-OSS      vit       Hugging Face's and timm's ViT
   deepseek  DeepSeek-V3 (latent attention)
+  qwen3_5   Qwen3.5 (linear and gated attention)
   gemma     Gemma 2, Gemma 3 (text)          dinov2    DINOv2, with registers, classifiers
   bert      BERT (MLM, classifier)           clip      CLIP's and SigLIP's vision towers
   torch_nn  torch.nn.Transformer with embeddings, torch.nn.MultiheadAttention (no config.json)
 
 Families import `tfjax.interop.core`, never each other: what two of them share lives there.
+Multimodal `...ForConditionalGeneration` checkpoints load as their text model through the table
+`core.multimodal.WRAPPERS`, whose rows join the family of each text architecture.
 """
 
+from tfjax.interop.core.multimodal import with_wrappers
 from tfjax.interop.core.registry import Registry
 from tfjax.interop.families import (
     bert,
@@ -25,6 +29,7 @@ from tfjax.interop.families import (
     llama,
     marian,
     moe,
+    qwen3_5,
     t5,
     torch_nn,
     vit,
@@ -35,6 +40,7 @@ ALL = (
     llama,
     moe,
     deepseek,
+    qwen3_5,
     gemma,
     bert,
     vit,
@@ -44,4 +50,4 @@ ALL = (
     marian,
     torch_nn,
 )  # the table's order
-REGISTRY = Registry(family.CONVERTS for family in ALL)
+REGISTRY = Registry(with_wrappers([family.CONVERTS for family in ALL]))
