@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from tfjax import nn as tnn
 from tfjax.models import common
-from tfjax.models.common import check_tokens, shift_right
+from tfjax.models.common import check_tokens
 from tfjax.nn import axes, masks
 from tfjax.ops.cache import max_length, query_positions
 from tfjax.specs import transformer as transformer_spec
@@ -231,49 +231,12 @@ class Transformer(common.FromSpec, nn.Module):
         out = (self.logits(y) if apply_head else y), y
         return out if cache is None else (out, cache)
 
-    def __call__(
-        self,
-        inputs,
-        targets,
-        *,
-        inputs_segment_ids=None,
-        targets_segment_ids=None,
-        inputs_positions=None,
-        targets_positions=None,
-        train: bool = False,
-        apply_head: bool = True,
-    ):
-        """Teacher-forced logits.
-
-        Args:
-          inputs: [B, S] source ids, 0 = padding.
-          targets: [B, T] target ids, 0 = padding; shifted right inside.
-          *_segment_ids, *_positions: [B, S] / [B, T] for packed rows.
-          apply_head: False returns the final decoder states [B, T, D] in place of the logits
-            (`logits(hidden)` gives the logits).
-        Returns:
-          ([B, T, V] logits, aux) with aux["encoded"] [B, S, D], aux["pre_logits"] [B, T, D].
-        """
-        check_tokens(targets, "targets")
-        encoded = self.encode(
-            inputs,
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            train=train,
-        )
-        decoder_inputs = shift_right(targets, targets_segment_ids)
-        logits, y = self.decode(
-            encoded,
-            inputs,
-            decoder_inputs,
-            targets=targets,
-            targets_segment_ids=targets_segment_ids,
-            inputs_segment_ids=inputs_segment_ids,
-            targets_positions=targets_positions,
-            train=train,
-            apply_head=apply_head,
-        )
-        return logits, {"encoded": encoded, "pre_logits": y}
+    def __call__(self, inputs, targets, *, train: bool = False, **options):
+        """Teacher-forced logits: inputs [B, S] and targets [B, T] (0 = padding; shifted right
+        inside) -> ([B, T, V] logits, aux) with aux["encoded"] [B, S, D] and aux["pre_logits"]
+        [B, T, D]. `options`: inputs_/targets_segment_ids, inputs_/targets_positions (packed
+        rows) and apply_head, as tfjax.specs.transformer.teacher_forced takes them."""
+        return transformer_spec.teacher_forced(self, inputs, targets, train=train, **options)
 
 
 def Model(variant: str | None = None, **overrides) -> Transformer:  # noqa: N802 (a factory)

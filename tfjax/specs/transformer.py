@@ -5,6 +5,8 @@ tfjax.nnx.models.transformer (NNX) build their modules from it.
 
     spec = transformer.Model("base", vocab_size=32000)   # a checked, frozen Transformer
     spec.block_config(), spec.init_cache(batch_size, max_target_length)
+
+`teacher_forced` is both models' call: their `encode` and `decode` put together.
 """
 
 import dataclasses
@@ -113,6 +115,50 @@ class Transformer(common.FamilySpec):
     def tied(self) -> bool:
         """Whether the logits are the target embedding^T (no output_proj)."""
         return self.share_embeddings if self.tie_embeddings is None else self.tie_embeddings
+
+
+def teacher_forced(
+    model,
+    inputs,
+    targets,
+    *,
+    inputs_segment_ids=None,
+    targets_segment_ids=None,
+    inputs_positions=None,
+    targets_positions=None,
+    apply_head: bool = True,
+    **options,
+):
+    """Teacher-forced logits of an encoder-decoder `model` (Linen or NNX: its `encode` and
+    `decode`), the call of both.
+
+    Args:
+      inputs: [B, S] source ids, 0 = padding.
+      targets: [B, T] target ids, 0 = padding; shifted right here (0 starts), so the logits at
+        t predict targets[t].
+      *_segment_ids, *_positions: [B, S] / [B, T] for packed rows.
+      apply_head: False gives the final decoder states [B, T, D] in place of the logits
+        (`model.logits(hidden)` gives the logits).
+      options: what else both `encode` and `decode` take (train; NNX: rngs).
+    Returns:
+      ([B, T, V] logits, aux) with aux["encoded"] [B, S, D], aux["pre_logits"] [B, T, D].
+    """
+    common.check_tokens(targets, "targets")
+    encoded = model.encode(
+        inputs, inputs_segment_ids=inputs_segment_ids, inputs_positions=inputs_positions, **options
+    )
+    logits, y = model.decode(
+        encoded,
+        inputs,
+        common.shift_right(targets, targets_segment_ids),
+        targets=targets,
+        targets_segment_ids=targets_segment_ids,
+        inputs_segment_ids=inputs_segment_ids,
+        targets_positions=targets_positions,
+        apply_head=apply_head,
+        **options,
+    )
+    return logits, {"encoded": encoded, "pre_logits": y}
 
 
 def Model(variant: str | None = None, **overrides) -> Transformer:  # noqa: N802 (a factory)

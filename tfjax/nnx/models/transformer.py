@@ -33,7 +33,7 @@ from tfjax.ops import axes, masks
 from tfjax.ops.cache import max_length, query_positions
 from tfjax.ops.position import sinusoidal
 from tfjax.specs import transformer as transformer_spec
-from tfjax.specs.common import check_tokens, shift_right
+from tfjax.specs.common import check_tokens
 
 VARIANTS = transformer_spec.VARIANTS
 
@@ -219,47 +219,18 @@ class Transformer(nnx.Module):
         return out if cache is None else (out, cache)
 
     def __call__(
-        self,
-        inputs,
-        targets,
-        *,
-        inputs_segment_ids=None,
-        targets_segment_ids=None,
-        inputs_positions=None,
-        targets_positions=None,
-        train: bool = False,
-        apply_head: bool = True,
-        rngs: nnx.Rngs | None = None,
+        self, inputs, targets, *, train: bool = False, rngs: nnx.Rngs | None = None, **options
     ):
-        """The Linen model's call: teacher-forced logits, inputs [B, S] and targets [B, T]
-        (0 = padding; shifted right inside) -> ([B, T, V] logits, aux) with aux["encoded"]
-        [B, S, D] and aux["pre_logits"] [B, T, D].
+        """The Linen model's call (tfjax.specs.transformer.teacher_forced, which takes the
+        `options`): teacher-forced logits, inputs [B, S] and targets [B, T] (0 = padding;
+        shifted right inside) -> ([B, T, V] logits, aux) with aux["encoded"] [B, S, D] and
+        aux["pre_logits"] [B, T, D].
 
         train: dropout on, its keys from `rngs` (else the model's own) "dropout" stream.
         """
-        check_tokens(targets, "targets")
-        rngs = rngs or self.rngs
-        encoded = self.encode(
-            inputs,
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            train=train,
-            rngs=rngs,
+        return transformer_spec.teacher_forced(
+            self, inputs, targets, train=train, rngs=rngs, **options
         )
-        decoder_inputs = shift_right(targets, targets_segment_ids)
-        logits, y = self.decode(
-            encoded,
-            inputs,
-            decoder_inputs,
-            targets=targets,
-            targets_segment_ids=targets_segment_ids,
-            inputs_segment_ids=inputs_segment_ids,
-            targets_positions=targets_positions,
-            train=train,
-            apply_head=apply_head,
-            rngs=rngs,
-        )
-        return logits, {"encoded": encoded, "pre_logits": y}
 
 
 def Model(variant: str | None = None, *, rngs: nnx.Rngs, **overrides) -> Transformer:  # noqa: N802
