@@ -95,17 +95,6 @@ what the config files say: added tokens, named special tokens, generation ids), 
 (jinja2 as transformers renders it), rows (`row_format`, `encode_row`: rows -> examples).
 """
 
-from tfjax.data.checkpoint_tokenizer.config_files import (
-    ADDED_TOKENS,
-    CHAT_TEMPLATE_FILE,
-    FILES,
-    GENERATION_CONFIG,
-    NAMED_TOKENS,
-    SENTENCEPIECE_MODEL,
-    SPECIAL_TOKENS_MAP,
-    TOKENIZER_CONFIG,
-    TOKENIZER_JSON,
-)
 from tfjax.data.checkpoint_tokenizer.rows import (
     ROW_FORMATS,
     encode_row,
@@ -115,16 +104,7 @@ from tfjax.data.checkpoint_tokenizer.rows import (
 from tfjax.data.checkpoint_tokenizer.tokenizer import CheckpointTokenizer
 
 __all__ = [
-    "ADDED_TOKENS",
-    "CHAT_TEMPLATE_FILE",
-    "FILES",
-    "GENERATION_CONFIG",
-    "NAMED_TOKENS",
     "ROW_FORMATS",
-    "SENTENCEPIECE_MODEL",
-    "SPECIAL_TOKENS_MAP",
-    "TOKENIZER_CONFIG",
-    "TOKENIZER_JSON",
     "CheckpointTokenizer",
     "encode_row",
     "message_weight",
