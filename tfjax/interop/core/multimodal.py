@@ -9,7 +9,9 @@ wrapper's family from the text family's:
 
   config    `text_config`, with the keys the wrapper's config holds at its top level (`top`:
             transformers 5's Gemma3Config ties the head by its own tie_word_embeddings, True
-            when absent) read from there; a `text_config` of another model_type is refused
+            when absent) read from there; a `text_config` of another model_type is refused,
+            and one setting a key the wrapper's forward does not apply (`unapplied`: Gemma 3's
+            final_logit_softcapping, which only Gemma3ForCausalLM applies)
   keys      the text family's "model." -> "model.language_model." (transformers 5's names) or
             "language_model.model." (the older files'), "lm_head." -> "lm_head." or
             "language_model.lm_head." (`TEXT_KEYS`); the checkpoint's keys decide which
@@ -19,7 +21,8 @@ wrapper's family from the text family's:
 
 The export of the loaded model is the text family's (`Gemma3ForCausalLM`): text only, which
 `interop.export` says. A new wrapper whose text family exists is one line of `WRAPPERS`, e.g.
-    Wrapper("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen 3.5", ("visual",)),
+    Wrapper("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen 3.5, text part",
+            ("visual",), top={"tie_word_embeddings": False}),  # Qwen3_5Config's default
 `with_wrappers` adds each line's row to the family that loads its text architecture.
 """
 
