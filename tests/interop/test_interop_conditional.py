@@ -19,7 +19,7 @@ import pytest
 from interop_references import ATOL, V, apply, torch, transformers
 
 from tfjax import interop
-from tfjax.interop.core import multimodal
+from tfjax.interop.core import multimodal, tables
 
 IMAGE_IDS = {"boi_token_index": V - 3, "eoi_token_index": V - 2, "image_token_index": V - 1}
 
@@ -136,6 +136,50 @@ def test_the_text_config_is_read_with_the_wrappers_top_level_keys(
     assert untied.config.text_config.tie_word_embeddings and not untied.config.tie_word_embeddings
     untied_model, untied_params = interop.load(untied_in_memory[1])
     assert not untied_model.tie_embeddings and "output_proj" in untied_params
+
+
+def test_a_hub_text_config_leaving_keys_out_reads_as_transformers_reads_it(gemma3_multimodal):
+    """gemma-3-4b-it's config.json (transformers 4.50) names six text keys and no top-level
+    tie_word_embeddings: the others are Gemma3TextConfig's defaults, read as transformers 5
+    reads them (no model is built: the sizes are the published ones)."""
+    config = interop.read_config(gemma3_multimodal[1])
+    hub = {k: v for k, v in config.items() if k != "tie_word_embeddings"}
+    hub["text_config"] = {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    }
+    family = interop.ARCHITECTURES["Gemma3ForConditionalGeneration"].family
+    got = tables.model_fields(family, hub)
+    theirs = transformers.Gemma3Config(
+        **{k: v for k, v in hub.items() if k not in ("architectures", "model_type")}
+    )
+    text = theirs.text_config
+    want = {
+        "vocab_size": text.vocab_size,
+        "width": text.hidden_size,
+        "mlp_dim": text.intermediate_size,
+        "num_layers": text.num_hidden_layers,
+        "num_heads": text.num_attention_heads,
+        "num_kv_heads": text.num_key_value_heads,
+        "head_dim": text.head_dim,
+        "attention_scalar": text.query_pre_attn_scalar,
+        "sliding_window": text.sliding_window,
+        "max_len": text.max_position_embeddings,
+        "norm_eps": text.rms_norm_eps,
+        "rope_base": text.rope_parameters["full_attention"]["rope_theta"],
+        "local_rope_base": text.rope_parameters["sliding_attention"]["rope_theta"],
+        "tie_embeddings": theirs.tie_word_embeddings,
+    }
+    assert {k: got[k] for k in want} == want
+    assert (got["vocab_size"], got["num_heads"], got["num_kv_heads"]) == (262_208, 8, 4)
+    assert got["rope_scaling"].kind == "linear" and got["rope_scaling"].factor == 8.0
+    kinds = {"sliding_attention": "local", "full_attention": "global"}
+    pattern = got["attention_pattern"]
+    assert [pattern[i % len(pattern)] for i in range(34)] == [kinds[t] for t in text.layer_types]
 
 
 def test_the_vision_tower_is_skipped_and_counted(gemma3_multimodal, caplog):

@@ -9,7 +9,8 @@ wrapper's family from the text family's:
 
   config    `text_config`, with the keys the wrapper's config holds at its top level (`top`:
             transformers 5's Gemma3Config ties the head by its own tie_word_embeddings, True
-            when absent) read from there; a `text_config` of another model_type is refused,
+            when absent) read from there, and the text config class's defaults for the keys
+            it leaves out (`text_defaults`); a `text_config` of another model_type is refused,
             and one setting a key the wrapper's forward does not apply (`unapplied`: Gemma 3's
             final_logit_softcapping, which only Gemma3ForCausalLM applies)
   keys      the text family's "model." -> "model.language_model." (transformers 5's names) or
@@ -56,11 +57,28 @@ class Wrapper:
     top: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: {"tie_word_embeddings": True}
     )
+    # the text config class's defaults for the keys the Hub's text_config leaves out (its
+    # files write only what differs: gemma-3-4b-it's names no vocab_size or heads)
+    text_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # text_config keys the wrapper's forward does not apply, refused unless null (the text
     # model would apply them, and the logits differ)
     unapplied: tuple[str, ...] = ()
     layouts: tuple[Mapping[str, str], ...] = TEXT_KEYS
 
+
+# transformers' Gemma3TextConfig defaults where tfjax's Gemma 3 table has none or another
+# (sizes it requires, num_key_value_heads, sliding_window: Gemma3ForCausalLM configs write them)
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+}
 
 WRAPPERS = (
     Wrapper(
@@ -68,6 +86,7 @@ WRAPPERS = (
         "Gemma3ForCausalLM",
         "Gemma 3 4B / 12B / 27B (multimodal), text part",
         ("vision_tower", "multi_modal_projector"),
+        text_defaults=GEMMA3_TEXT_DEFAULTS,
         unapplied=("final_logit_softcapping",),  # only Gemma3ForCausalLM caps its logits
     ),
 )
@@ -95,7 +114,8 @@ def text_config(wrapper: Wrapper, text: Family, config: dict) -> dict:
                 f"(needs null): {wrapper.architecture} does not apply it, {text.architecture} "
                 "does, so which model is meant is unclear"
             )
-    return {**inner, **{k: config.get(k, default) for k, default in wrapper.top.items()}}
+    top = {k: config.get(k, default) for k, default in wrapper.top.items()}
+    return {**wrapper.text_defaults, **inner, **top}
 
 
 def renamed(key: str, layout: Mapping[str, str]) -> str:
