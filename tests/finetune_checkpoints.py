@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 LETTERS = "abcdefgh"
-FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe")
+FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3")
 
 # Per family: special tokens (bos may be None), the eos ids generation stops at, and a chat
 # template of the family's shape.
@@ -58,6 +58,19 @@ _SPECIAL = {
     ),
 }
 _SPECIAL["qwen3_moe"] = _SPECIAL["qwen3"]  # Qwen3-MoE's tokenizer is Qwen 3's
+# DeepSeek-V3's: its full-width bars and "▁" in the special tokens, a system prompt untagged
+_SPECIAL["deepseek_v3"] = dict(
+    bos="<｜begin▁of▁sentence｜>",
+    eos="<｜end▁of▁sentence｜>",
+    extra=("<｜User｜>", "<｜Assistant｜>"),
+    stop=("<｜end▁of▁sentence｜>",),
+    template=(
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<｜User｜>"
+        "{{ m['content'] }}{% elif m['role'] == 'assistant' %}<｜Assistant｜>"
+        "{{ m['content'] }}<｜end▁of▁sentence｜>{% else %}{{ m['content'] }}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+    ),
+)
 
 
 def task_rows(task: str, n: int, seed: int) -> list[dict]:
@@ -143,6 +156,28 @@ def _model(family: str, vocab_size: int, ids: dict):
             tie_word_embeddings=False,
         )
         return transformers.Qwen3MoeForCausalLM(config)
+    if family == "deepseek_v3":
+        # DeepSeek-V3's shape, small: latent attention with queries through a latent
+        # (q_lora_rank), a dense first layer (first_k_dense_replace), then 8 experts in 4 groups
+        # of which a token uses the best 2 (2 experts each, routed scale 2.5) and a shared one.
+        sizes["num_key_value_heads"] = sizes["num_attention_heads"]  # latent attention's
+        config = transformers.DeepseekV3Config(
+            **sizes,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            tie_word_embeddings=False,
+        )
+        return transformers.DeepseekV3ForCausalLM(config)
     config = transformers.Gemma3TextConfig(
         **sizes, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
     )

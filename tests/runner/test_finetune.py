@@ -83,8 +83,12 @@ def read_weights(directory) -> dict[str, np.ndarray]:
     return safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
 
 
-# The kernels LoRA adapts by default, as Hugging Face names them.
-ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The kernels LoRA adapts by default, as Hugging Face names them (DeepSeek-V3's latent
+# attention: q_a_proj, q_b_proj, kv_a_proj_with_mqa and kv_b_proj, its key_up and value_up).
+ADAPTED = (
+    *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    *("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"),
+)
 EXPORT = os.path.join(ROOT, "experiments", "export.py")
 
 
@@ -122,7 +126,15 @@ def check_adapters(workdir, merged, base, rows, output):
     assert config["base_model_name_or_path"] == base
     assert (config["r"], config["lora_alpha"]) == (16, 32.0)  # the lora preset's
     layers = adapted_layers(base)
-    assert sorted(config["target_modules"]) == sorted({m.rsplit(".", 1)[-1] for m in layers})
+    # the layers' last names, unless those name others too (DeepSeek-V3's experts' gate_proj
+    # beside its dense layer's and shared experts'): then their full names
+    names = {m.rsplit(".", 1)[-1] for m in layers}
+    others = [
+        k
+        for k in read_weights(base)
+        if k.split(".")[-2] in names and k.removesuffix(".weight") not in layers
+    ]
+    assert sorted(config["target_modules"]) == sorted(layers if others else names)
     tensors = safetensors.numpy.load_file(os.path.join(out, "adapter_model.safetensors"))
     assert set(tensors) == {
         f"base_model.model.{layer}.lora_{ab}.weight" for layer in layers for ab in "AB"
@@ -176,7 +188,15 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert base.keys() == tuned.keys()
         changed = {k for k in base if not np.array_equal(base[k], tuned[k])}
         assert changed == {f"{layer}.weight" for layer in adapted_layers(checkpoints[family])}
-        check_adapters(workdir, out, checkpoints[family], task[2], tmp_path / "adapters")
+        if family == "deepseek_v3":  # peft loads its attention's adapters (test below), but
+            # its dense layer's and shared experts' gate_proj, ... onto the routed experts
+            with pytest.raises(
+                ValueError, match=r"^--adapters_only: the adapted kernel .*/mlp/.* named as the"
+            ):
+                export.export_run(str(workdir), str(tmp_path / "adapters"), adapters_only=True)
+            assert not (tmp_path / "adapters").exists()
+        else:
+            check_adapters(workdir, out, checkpoints[family], task[2], tmp_path / "adapters")
         assert_adapters_only_checkpoint(workdir)
         if family == "llama":
             check_adapter_refusals(workdir, checkpoints, tmp_path)
@@ -378,6 +398,82 @@ def test_gpt2s_conv1d_and_fused_c_attn_adapters_load_in_peft(targets, fused, nam
     want, _ = model.apply({"params": params}, tokens)
     np.testing.assert_allclose(got, np.asarray(want), atol=1e-5, rtol=0)
     assert np.abs(got - before).max() > 0.05  # the adapters act
+
+
+@pytest.mark.parametrize(
+    "targets, names, fused",
+    [
+        (  # every projection of the latent attention: kv_b_proj holds key_up and value_up
+            ".*/self_attention/.*_kernel",
+            ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_a_proj", "q_b_proj"],
+            True,
+        ),
+        (".*/self_attention/key_up_kernel", ["kv_b_proj"], False),  # its value rows: zero
+    ],
+)
+def test_deepseeks_latent_attention_adapters_load_in_peft(targets, names, fused, tmp_path):
+    """DeepSeek-V3's latent attention's adapters as peft's on q_a_proj, q_b_proj,
+    kv_a_proj_with_mqa, kv_b_proj and o_proj: key_up and value_up are both written into
+    kv_b_proj (each head's key rows, then its value rows), one layer of rank 2 r (rank_pattern)
+    as GPT-2's c_attn; the rotated rows of q_b_proj and kv_a_proj_with_mqa in DeepSeek's
+    interleaved order. peft on the checkpoint computes the LoRA model's logits."""
+    import ml_collections
+    import peft
+    import torch
+    import transformers
+    from conftest import with_random_lora_b
+
+    config = transformers.DeepseekV3Config(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=12,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        n_routed_experts=4,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        max_position_embeddings=16,
+        initializer_range=0.2,
+    )
+    torch.manual_seed(0)
+    transformers.DeepseekV3ForCausalLM(config).save_pretrained(tmp_path / "deepseek")
+    base = hf_pretrained.pretrained_model(tmp_path / "deepseek")
+    run = ml_collections.ConfigDict({"lora": {"rank": 2, "alpha": 4.0, "dropout": 0.0}})
+    model = lora.apply_lora(base, lora.LoraConfig(rank=2, alpha=4.0, targets=targets))
+    tokens = np.array([[1, 5, 9, 2, 30, 7, 7, 0]], np.int32)
+    params = lora.init_params(
+        model,
+        hf_pretrained.pretrained_params(tmp_path / "deepseek", base),
+        jax.random.key(0),
+        tokens,
+    )
+    params = with_random_lora_b(params)
+    layers, modules = export.adapter_layers(
+        model, params, hf_pretrained.family_of(tmp_path / "deepseek")[0]
+    )
+    assert modules == names
+    adapter_config = export._adapter_config(run, str(tmp_path / "deepseek"), modules, layers)
+    kv_b = {f"model.layers.{i}.self_attn.kv_b_proj": 4 for i in range(2)} if fused else {}
+    assert adapter_config["rank_pattern"] == kv_b
+    (tmp_path / "adapters").mkdir()
+    export._write_adapters(export._state(layers), adapter_config, str(tmp_path / "adapters"))
+    load = transformers.DeepseekV3ForCausalLM.from_pretrained
+    tuned = peft.PeftModel.from_pretrained(load(tmp_path / "deepseek"), tmp_path / "adapters")
+    with torch.no_grad():
+        got = tuned.eval()(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+        before = load(tmp_path / "deepseek").eval()(torch.tensor(tokens, dtype=torch.long))
+    want, _ = model.apply({"params": params}, tokens)
+    np.testing.assert_allclose(got, np.asarray(want), atol=1e-4, rtol=0)
+    assert np.abs(got - before.logits.numpy()).max() > 0.05  # the adapters act
 
 
 def test_qlora_trains_adapters_on_the_quantized_checkpoint(checkpoints, task, tmp_path):

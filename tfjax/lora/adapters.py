@@ -74,7 +74,7 @@ def merge(params, config: LoraConfig) -> dict:
                 "kernels: merge(combine(float_base, split(params)[1]), config)"
             )
         a, b = nn.unbox(flat[a_path]), nn.unbox(flat[b_path])
-        delta = _delta(a, b, kernel.shape, config.rank, name)
+        delta = kernel_delta(a, b, kernel.shape, config.rank, name)
         merged = (kernel.astype(jnp.float32) + config.scale * delta).astype(kernel.dtype)
         out[path] = leaf.replace_boxed(merged) if isinstance(leaf, nn.meta.AxisMetadata) else merged
     return flax.traverse_util.unflatten_dict(out)
@@ -95,7 +95,7 @@ def dequantized(params, like) -> dict:
     return flax.traverse_util.unflatten_dict(out)
 
 
-def _delta(a, b, shape, rank, name):
+def kernel_delta(a, b, shape, rank, name):
     """A B in the kernel's `shape`: A [*L, in..., r] and B [*L, r, out...] (L: the stacked
     layer axes, shared with the kernel) for a kernel [*L, in..., out...]."""
     for s in range(len(shape) + 1):

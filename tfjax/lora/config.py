@@ -9,13 +9,16 @@ import re
 import flax
 import flax.linen as nn
 
-# The attention projections (self- and cross-attention: query, key, value, output) and the MLP
-# kernels (wi, or wi_0 and wi_1 when gated; wo) of tfjax's blocks, unrolled or scanned. Not the
-# embeddings, the output head, the norms, nor a mixture's router or experts (mlp/router/kernel;
+# The attention projections (self- and cross-attention: query, key, value, output; latent
+# attention's query_down, query_up, kv_down, key_up, value_up, tfjax.ops.mla) and the MLP kernels
+# (wi, or wi_0 and wi_1 when gated; wo) of tfjax's blocks, unrolled or scanned, a mixture's
+# shared experts' among them (mlp/shared: a dense MLP every token passes). Not the embeddings,
+# the output head, the norms, nor a mixture's router or routed experts (mlp/router/kernel;
 # mlp/experts/wi_0, which cannot be adapted).
 DEFAULT_TARGETS = (
-    r".*/(self_attention|cross_attention)/(query|key|value|out)_kernel"
-    r"|.*/mlp/(wi|wi_0|wi_1|wo)/kernel"
+    r".*/(self_attention|cross_attention)/"
+    r"(query|key|value|out|query_down|query_up|kv_down|key_up|value_up)_kernel"
+    r"|.*/mlp/(shared/)?(wi|wi_0|wi_1|wo)/kernel"
 )
 BASE_DTYPES = (None, "int8", "nf4")  # LoraConfig.base_dtype's values
 NF4_TILE_SIZE = 64  # QLoRA's NF4 block (Dettmers et al., 2023): one scale per 64 inputs

@@ -65,6 +65,7 @@ from qwix._src.providers import lora as _qlora
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
+from tfjax.lora import adapters as _adapters
 from tfjax.lora.config import ADAPTER_SUFFIXES, METHODS, LoraConfig, tile_size_error
 from tfjax.nn import moe as _moe
 
@@ -251,21 +252,47 @@ class Provider(qwix.LoraProvider):
         if name is None:
             return jnp.einsum(einsum_str, *operands, **kwargs)
         lhs, rhs = operands
+        rank = self.config.rank
+        a_shape, b_shape, lora_str, a_axes, b_axes = _qlora._parse_einsum_str_for_lora(
+            lhs.shape, rhs.shape, einsum_str, rank
+        )
+        made = self._made_adapters(name)
+        if made is not None and (made[0].shape, made[1].shape) != (tuple(a_shape), tuple(b_shape)):
+            return self._merged_einsum(name, einsum_str, lhs, rhs, *made, **kwargs)
         how = functools.partial(
             _qeinsum.get_how_to_quantize, einsum_str=einsum_str, ndims=(lhs.ndim, rhs.ndim)
         )
         rhs = self._maybe_quantized(name, rhs, how, lhs.dtype)
         out = super(qwix.LoraProvider, self).einsum(einsum_str, lhs, rhs, **kwargs)
-        rank = self.config.rank
-        a_shape, b_shape, lora_str, a_axes, b_axes = _qlora._parse_einsum_str_for_lora(
-            lhs.shape, rhs.shape, einsum_str, rank
-        )
         a, b = self._adapters(name, rhs.shape, a_shape, b_shape, a_axes, b_axes)
         dtype = self._dtype(lhs, rhs, out)
         x = self._dropout(lhs, name)
         # (x A) B: opt_einsum contracts x with A first, never forming A B
         delta = jnp.einsum(lora_str, x, a.astype(dtype), b.astype(dtype), **kwargs)
         return out.astype(dtype) + delta * jnp.asarray(self.config.scale, dtype)
+
+    def _merged_einsum(self, name, einsum_str, lhs, rhs, a, b, **kwargs):
+        """An einsum of the kernel `name` other than the one its adapters A, B were made for
+        (latent attention's absorbed form contracts key_up_kernel over its heads' channels
+        where the expanded form, which made them, contracts the latent; tfjax.ops.mla): the
+        kernel with its adapters merged, W + (A B) alpha / r in its layout, the same product.
+        Not training: no adapter dropout (the absorbed form only decodes)."""
+        path = "/".join((*map(str, self._module_path(_flax_util.get_current_module())), name))
+        kernel = rhs
+        if isinstance(rhs, _ptq.WithAux):  # QLoRA: the base the adapters train on
+            kernel = _qarray.dequantize(rhs.array).astype(lhs.dtype)
+        delta = _adapters.kernel_delta(a, b, kernel.shape, self.config.rank, path)
+        merged = kernel.astype(jnp.float32) + self.config.scale * delta
+        return jnp.einsum(einsum_str, lhs, merged.astype(kernel.dtype), **kwargs)
+
+    def _made_adapters(self, name):
+        """The running module's adapters (A, B) of the kernel `name`; None before they are
+        made."""
+        module = _flax_util.get_current_module()
+        names = [name + suffix for suffix in ADAPTER_SUFFIXES]
+        if not all(module.has_variable("params", n) for n in names):
+            return None
+        return tuple(_flax_util.unbox(module.get_variable("params", n)) for n in names)
 
     def dot_general(
         self,

@@ -168,6 +168,11 @@ class _NnxProvider(Provider):
     def _creates(self, module) -> bool:
         return self.wants is not None
 
+    def _made_adapters(self, name):
+        module = _flax_util.get_current_module()
+        a, b = (getattr(module, name + suffix, None) for suffix in ADAPTER_SUFFIXES)
+        return None if a is None or b is None else (a[...], b[...])
+
     def _adapters(self, name, shape, a_shape, b_shape, a_axes, b_axes):
         module = _flax_util.get_current_module()
         a = getattr(module, name + ADAPTER_SUFFIXES[0], None)

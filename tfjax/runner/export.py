@@ -467,6 +467,7 @@ def adapter_layers(model, params, family) -> tuple[list[PeftLayer], list[str]]:
         groups.setdefault(id(rule), (rule, []))[1].append(kernel_path)
     if not adapted:
         raise ValueError("the params hold no LoRA adapters")
+    _refuse_expert_names([(rule, paths) for rule, paths in groups.values()], rules)
     layers = sorted(
         (_peft_layer(rule, paths, flat, adapted) for rule, paths in groups.values()),
         key=lambda layer: layer.module,
@@ -480,6 +481,32 @@ def adapter_layers(model, params, family) -> tuple[list[PeftLayer], list[str]]:
         if k.endswith(".weight") and k[: -len(".weight")].rsplit(".", 1)[-1] in last
     }
     return layers, sorted(last) if named == set(modules) else modules
+
+
+def _refuse_expert_names(groups, rules) -> None:
+    """peft (0.21, with transformers 5) loads a target module named as a mixture's expert
+    Linear (gate_proj, up_proj, down_proj of mlp.experts.j) onto the experts' fused weights
+    (gate_up_proj, down_proj), whichever layer it names: adapters of a dense layer or a shared
+    expert under those names (DeepSeek-V3's) would not load onto their layer. Refused by name."""
+    experts = set()
+    for rule in rules:
+        for key in rule.keys:
+            if ".experts." in key:
+                parts = key.split(".experts.", 1)[1].split(".")
+                experts.add(parts[-2] if parts[-1] == "weight" else parts[-1])
+    if "gate_up_proj" in experts:  # transformers 5's fused experts: peft maps both halves there
+        experts |= {"gate_proj", "up_proj"}
+    for rule, paths in groups:
+        module = rule.keys[0].removesuffix(".weight")
+        name = module.rsplit(".", 1)[-1]
+        if ".experts." not in module and name in experts:
+            raise ValueError(
+                f"--adapters_only: the adapted kernel {'/'.join(paths[0])} is written as "
+                f"{module}, named as the mixture's experts' {name} layers: peft (with "
+                "transformers 5) loads adapters on any layer of that name onto the experts' "
+                "fused weights, not onto this one; export without the flag (adapters merged) or "
+                "leave it out of lora.targets"
+            )
 
 
 def _peft_layer(rule, paths, flat, adapted) -> PeftLayer:
