@@ -35,6 +35,7 @@ from tfjax.interop.families.gpt2 import *  # noqa: F403
 from tfjax.interop.families.llama import *  # noqa: F403
 from tfjax.interop.families.marian import *  # noqa: F403
 from tfjax.interop.families.moe import *  # noqa: F403
+from tfjax.interop.families.qwen3_5 import *  # noqa: F403
 from tfjax.interop.families.t5 import *  # noqa: F403
 from tfjax.interop.families.torch_nn import *  # noqa: F403
 from tfjax.interop.families.vit import *  # noqa: F403

@@ -7,6 +7,7 @@ table of what converts (docs/interop.md) with their loaders, and its exporters. 
   llama     Llama, Mistral, Qwen 2 / 3       marian    Marian / Opus-MT
   moe       Mixtral, Qwen3-MoE, GPT-OSS      vit       Hugging Face's and timm's ViT
   deepseek  DeepSeek-V3 (latent attention)
+  qwen3_5   Qwen3.5 (linear and gated attention)
   gemma     Gemma 2, Gemma 3 (text)          dinov2    DINOv2, with registers, classifiers
   bert      BERT (MLM, classifier)           clip      CLIP's and SigLIP's vision towers
   torch_nn  torch.nn.Transformer with embeddings, torch.nn.MultiheadAttention (no config.json)
@@ -28,6 +29,7 @@ from tfjax.interop.families import (
     llama,
     marian,
     moe,
+    qwen3_5,
     t5,
     torch_nn,
     vit,
@@ -38,6 +40,7 @@ ALL = (
     llama,
     moe,
     deepseek,
+    qwen3_5,
     gemma,
     bert,
     vit,

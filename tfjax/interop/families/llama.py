@@ -142,6 +142,8 @@ CONVERTS = Converts(
                 and m.norm_position != "sandwich"
                 and not m.num_experts
                 and m.kv_lora_rank is None
+                and m.layer_types is None  # Qwen3.5's layers: families.qwen3_5
+                and not m.attention_output_gate
             ),
             export=_export,
             family=export_family,

@@ -1,0 +1,134 @@
+"""Qwen3.5 (tfjax.interop.families.qwen3_5) against transformers: logits (unrolled and scanned),
+greedy generation through the recurrent states and KV caches, round trips, transformers reading
+the export, Linen == NNX, and refusals."""
+
+import interop_references as references
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from interop_references import V, torch, transformers
+
+from tfjax import interop
+from tfjax.interop import pretrained
+from tfjax.ops import KVCache
+from tfjax.ops.linear_attention import RecurrentState
+
+# Five layers: linear, linear, full, linear, full (runs of 2, 1, 1, 1); 4 heads of 16 (RoPE on
+# a quarter), 2 key/value heads; linear attention of 2 key heads (8) and 4 value heads (8).
+SIZES = dict(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=5,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=64,
+    initializer_range=0.05,  # logits near 1: the reference runs its delta rule and norms in
+    # float32 even in float64, whose rounding larger weights amplify past 1e-5
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+TYPES = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+
+
+def _build(seed, **config):
+    torch.manual_seed(seed)
+    ref = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SIZES, **config))
+    with torch.no_grad():  # random norm offsets and decays, so each shows
+        for name, p in ref.named_parameters():
+            if name.endswith(("norm.weight", "dt_bias", "A_log")):
+                p.copy_(p + 0.3 * torch.randn_like(p))
+    return ref.eval()
+
+
+@references.reference
+def qwen3_5_layer_types():
+    """layer_types listed: runs of different lengths, partial rotary 0.25, theta 500."""
+    rope = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}
+    return _build(31, layer_types=[*TYPES, "full_attention"], rope_parameters=rope)
+
+
+@references.reference
+def qwen3_5_interval():
+    """Every second layer full (full_attention_interval), RoPE on half of each head, tied."""
+    rope = {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5}
+    return _build(32, full_attention_interval=2, rope_parameters=rope, tie_word_embeddings=True)
+
+
+FAMILIES = ["qwen3_5_layer_types", "qwen3_5_interval"]
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_reference(family, scan_layers, request):
+    references.check_decoder_logits(*request.getfixturevalue(family), scan_layers)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_matches_reference(family, request):
+    """tfjax.decode through the linear layers' recurrent states and the full layers' KV caches,
+    token for token."""
+    references.check_greedy_generation(*request.getfixturevalue(family))
+
+
+def test_the_config_reads_as_qwen3_5_and_the_cache_mixes_kinds(qwen3_5_layer_types):
+    _, path = qwen3_5_layer_types
+    model = pretrained.pretrained_model(path)
+    assert model.layer_types == (*TYPES, "full_attention")
+    assert (model.partial_rotary_factor, model.rope_base, model.norm) == (
+        0.25,
+        500.0,
+        "rms_plus_one",
+    )
+    assert [n for _, _, _, n in model.stacks()] == [2, 1, 1, 1]
+    cache = model.init_cache(2, 10)
+    kinds = [type(c) for c in cache]
+    assert kinds == [RecurrentState, RecurrentState, KVCache, RecurrentState, KVCache]
+    assert cache[0].state.shape == (2, 4, 8, 8) and cache[2].keys.shape == (2, 10, 2, 16)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_through_safetensors_is_bitwise(family, request, tmp_path):
+    references.check_round_trip(request.getfixturevalue(family)[1], False, tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
+    references.check_transformers_reads_export(*request.getfixturevalue(family), tmp_path)
+
+
+def test_nnx_gives_linens_logits(qwen3_5_layer_types):
+    _, path = qwen3_5_layer_types
+    model, params = interop.load(path)
+    nnx_model = interop.as_nnx(model, params)
+    ids, _ = references.padded_batch()
+    want = references.apply(model, params, jnp.asarray(ids))
+    got = np.asarray(nnx.jit(lambda m, x: m(x)[0])(nnx_model, jnp.asarray(ids)))  # both compiled
+    np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"attention_bias": True}, r"attention_bias=True is not supported \(needs False\)"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0}},
+            r"rope_type='yarn' is not supported",
+        ),
+        (
+            {"layer_types": [*TYPES, "sliding_attention"]},
+            r"layer_types has \['sliding_attention'\]",
+        ),
+        ({"hidden_act": "gelu"}, r"hidden_act='gelu' is not supported"),
+    ],
+)
+def test_unsupported_configs_are_refused_by_key(changes, message, qwen3_5_layer_types):
+    references.check_config_refused(qwen3_5_layer_types[1], changes, message)
