@@ -411,3 +411,28 @@ def test_convolution_kernels():
     params = with_random_lora_b(params)
     expected = Convolution().apply({"params": lora.merge(params, config)}, x)
     np.testing.assert_allclose(model.apply({"params": params}, x), expected, atol=1e-5)
+
+
+class _GatedLinear(nn.Module):
+    """A kernel multiplied by an einsum and one used elementwise (no matmul Qwix intercepts)."""
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.ones, (x.shape[-1], 3))
+        gate = self.param("gate_kernel", nn.initializers.ones, (3,))
+        x, kernel, gate = nn.dtypes.promote_dtype(x, kernel, gate, dtype=None)
+        return jnp.einsum("bd,de->be", x, kernel) * gate
+
+
+def test_a_target_kernel_no_matmul_multiplies_is_refused_by_name():
+    """A targeted kernel that the model reads but no intercepted matmul multiplies would get no
+    adapters: refused at init, named; the einsum's kernel alone is adapted."""
+    x = jnp.ones((2, 4))
+    model = lora.apply_lora(_GatedLinear(), lora.LoraConfig(rank=2, targets=".*kernel"))
+    with pytest.raises(
+        ValueError, match=r"targets='\.\*kernel' matches gate_kernel: kernel\(s\) the model reads"
+    ):
+        model.init(jax.random.key(0), x)
+    model = lora.apply_lora(_GatedLinear(), lora.LoraConfig(rank=2, targets="kernel"))
+    params = model.init(jax.random.key(0), x)["params"]
+    assert sorted(params) == ["gate_kernel", "kernel", "kernel_lora_a", "kernel_lora_b"]

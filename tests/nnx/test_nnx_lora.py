@@ -435,3 +435,32 @@ def test_qlora_is_linens(base_dtype, scan):
     load_params(model, lora.combine(float_base, adapters))
     with pytest.raises(ValueError, match=r"base_dtype=.* the kernel .*_kernel holds float"):
         model(TOKENS)
+
+
+class _GatedLinear(nnx.Module):
+    """A kernel multiplied by an einsum and one used elementwise (no matmul Qwix intercepts)."""
+
+    def __init__(self):
+        self.kernel = nnx.Param(jnp.ones((4, 3)))
+        self.gate_kernel = nnx.Param(jnp.ones((3,)))
+
+    def __call__(self, x):
+        x, kernel, gate = nnx.nn.dtypes.promote_dtype(
+            (x, self.kernel[...], self.gate_kernel[...]), dtype=None
+        )
+        return jnp.einsum("bd,de->be", x, kernel) * gate
+
+
+def test_a_target_kernel_no_matmul_multiplies_is_refused_by_name():
+    x = jnp.ones((2, 4))
+    config = lora.LoraConfig(rank=2, targets=".*kernel")
+    with pytest.raises(
+        ValueError, match=r"targets='\.\*kernel' matches gate_kernel: kernel\(s\) the model reads"
+    ):
+        lora.apply_lora(_GatedLinear(), config, x, rngs=nnx.Rngs(0))
+    config = lora.LoraConfig(rank=2, targets="kernel")
+    adapted = lora.apply_lora(_GatedLinear(), config, x, rngs=nnx.Rngs(0))
+    assert sorted(nnx.to_pure_dict(nnx.state(adapted, nnx.LoRAParam))) == [
+        "kernel_lora_a",
+        "kernel_lora_b",
+    ]

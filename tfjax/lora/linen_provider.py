@@ -147,6 +147,7 @@ class Provider(qwix.LoraProvider):
         self._origins: dict[int, tuple[Any, tuple]] = {}
         self._seen: set[str] = set()  # the paths of the kernels the call multiplied with
         self._matched: set[str] = set()  # those matching targets
+        self._read: set[str] = set()  # the kernels matching targets that the call read
         self._creating = False  # the call could create parameters (init)
         self._train = False
 
@@ -154,7 +155,7 @@ class Provider(qwix.LoraProvider):
 
     def process_model_inputs(self, model, model_args, model_kwargs):
         self._origins.clear()
-        self._seen, self._matched, self._creating = set(), set(), False
+        self._seen, self._matched, self._read, self._creating = set(), set(), set(), False
         self._train = model_kwargs.get("train", False) is True
         return super().process_model_inputs(model, model_args, model_kwargs)
 
@@ -169,6 +170,15 @@ class Provider(qwix.LoraProvider):
                 f"LoraConfig.targets={self.config.targets!r} matches none of the model's "
                 f"kernels (regex fully matched against parameter paths); its kernels: "
                 f"{some or 'none seen'}"
+            )
+        if self._creating and self._read - self._matched:
+            missed = sorted(self._read - self._matched)
+            raise ValueError(
+                f"LoraConfig.targets={self.config.targets!r} matches {', '.join(missed[:4])}"
+                f"{f', and {len(missed) - 4} more' if len(missed) > 4 else ''}: kernel(s) the "
+                "model reads but multiplies by no einsum, dot_general or convolution on the "
+                "kernel itself (what Qwix's LoRA intercepts), so they would get no adapters; "
+                "leave them out of targets"
             )
         return super().process_model_output(method_name, model_output)
 
@@ -186,8 +196,11 @@ class Provider(qwix.LoraProvider):
 
     def nn_param(self, module, name, *args, **kwargs):
         value = super().nn_param(module, name, *args, **kwargs)
+        path = "/".join((*module.path, name))
         if isinstance(module, _moe.Experts) and not name.endswith("_bias"):
-            self._refuse_experts("/".join((*module.path, name)))
+            self._refuse_experts(path)
+        if name.endswith("kernel") and self._targets.fullmatch(path):
+            self._read.add(path)  # refused at the call's end unless a matmul adapts it
         self._record(value, (tuple(module.path), name))
         return value
 
@@ -211,6 +224,10 @@ class Provider(qwix.LoraProvider):
             origin = self._origin(x) if x is not None else None
             if origin is not None:
                 self._record(y, origin)
+                path, name = origin
+                full = "/".join((*map(str, path), name))
+                if name.endswith("kernel") and self._targets.fullmatch(full):
+                    self._read.add(full)  # NNX's reads (Linen's: nn_param)
         return out
 
     def _reshape(self, operand, *args, **kwargs):
