@@ -31,9 +31,11 @@ with a leading [L] ("layers") in a scanned stack. The adapters carry the logical
 the kernel's axes (a merged axis: its first one's), so tfjax's sharding rules place them with
 no new rule. A starts He-uniform, B at zero: a fresh LoRA model computes the base model.
 
-A mixture of experts (tfjax.nn.moe): its attention, its router (mlp/router/kernel) and its
-dense layers' MLPs (first_dense_layers) are kernels like the others; by default its attention
-and dense MLPs are adapted. Its experts' stacked kernels [E, D, F] are multiplied by a grouped
+A mixture of experts (tfjax.nn.moe): its attention, its router (mlp/router/kernel), its
+dense layers' MLPs (first_dense_layers) and its shared experts' (mlp/shared) are kernels like the
+others; by default its attention, dense and shared MLPs are adapted. Latent attention
+(DeepSeek, tfjax.ops.mla): query_down (or query), query_up, kv_down, key_up, value_up and out
+by default. Its experts' stacked kernels [E, D, F] are multiplied by a grouped
 matmul (tfjax.ops.moe.grouped_matmul: XLA's ragged_dot, Megablox or Tokamax), which Qwix 0.1.8's
 LoRA does not intercept (its LoraProvider takes einsum, dot_general and conv; only its
 quantized-training provider takes jax.lax.ragged_dot, and none a Pallas kernel): a target that

@@ -40,6 +40,13 @@ decoders, each measured (tests/test_lora.py pins the result):
      per-layer HowToQuantize (channelwise axis 1: the input axis of the stacked kernel): the
      scale of mlp/wo/kernel came out (1, 96, 1), not (2, 1, 32). init_params quantizes through
      the model instead, layer by layer.
+  8. A kernel multiplied by two einsums of other contractions (latent attention's key_up and
+     value_up: over the latent when training, over the heads' channels when decoding in the
+     absorbed form, tfjax.ops.mla) would get a second pair of adapters of other shapes (Flax's
+     ScopeParamShapeError): the einsum its adapters were not made for takes the kernel with
+     them merged, W + (A B) alpha / r, the same product.
+  9. A targeted kernel the model reads but no intercepted matmul multiplies (used elementwise,
+     or by a primitive Qwix does not intercept) would silently get no adapters: refused by name.
 Also by reading Qwix's source: its adapter dropout runs on every call (train or not); here
 only with train=True. And adapters are computed in the matmul's compute dtype (A, B cast to
 it, as tfjax's modules cast kernels), where Qwix promoted a bfloat16 model's projections to

@@ -44,8 +44,10 @@ logits and bitsandbytes quantizes otherwise; the full export, adapters merged in
 dequantized kernels, is the trained model), a config.init_from that is not the Hugging Face
 checkpoint directory the run started from (from scratch, from another run's workdir, or
 moved), a checkpoint that is not a decoder-only LM (what AutoModelForCausalLM loads: GPT-2's
-GPT2LMHeadModel too), and a kernel that no Linear or Conv1D layer of the checkpoint holds as
-its matmul (an embedding as the tied output head).
+GPT2LMHeadModel too), a kernel that no Linear or Conv1D layer of the checkpoint holds as
+its matmul (an embedding as the tied output head), and a dense or shared MLP layer named as a
+mixture's experts' Linear layers (DeepSeek-V3's mlp.gate_proj: peft maps that name onto the
+experts' fused weights).
 
 `init_from` (experiments/export.py's --config.init_from, the flag run.py and decode.py take) is
 the checkpoint's new place when it has moved since the run; the base found there must be the
