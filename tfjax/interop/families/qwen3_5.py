@@ -1,7 +1,7 @@
-"""Qwen3.5 (`Qwen3_5ForCausalLM`, the text model) <-> `tfjax.models.decoder` with `layer_types`:
-Gated DeltaNet linear-attention layers (tfjax.ops.linear_attention) among gated full-attention
-layers (attention_output_gate, partial_rotary_factor), (1 + w) RMSNorms (norm="rms_plus_one",
-the per-head q/k norms too).
+"""Qwen3.5 (`Qwen3_5ForCausalLM`, the text model; `Qwen3_5MoeForCausalLM` with experts) <->
+`tfjax.models.decoder` with `layer_types`: Gated DeltaNet linear-attention layers
+(tfjax.ops.linear_attention) among gated full-attention layers (attention_output_gate,
+partial_rotary_factor), (1 + w) RMSNorms (norm="rms_plus_one", the per-head q/k norms too).
 
     model, params = from_qwen3_5("path/to/checkpoint")   # config.json + weights
     state, config = to_qwen3_5(model, params)            # back to Hugging Face keys
@@ -25,8 +25,13 @@ linear_conv_kernel_dim, rope_parameters (rope_theta, partial_rotary_factor; mrop
 mrope_interleaved are read and dropped: a text model's positions are the same on the three
 streams, which gives plain RoPE). Refused by key before any tensor is read: attention_bias, a
 rope_type other than "default", a layer type other than full_attention / linear_attention.
-Multimodal checkpoints (Qwen3_5ForConditionalGeneration) load through tfjax.interop.core's
-wrapper table, not here.
+Qwen3.5-MoE's FFN (every layer): mlp.gate [E, D] -> mlp/router/kernel, the experts fused
+(mlp.experts.gate_up_proj [E, 2F, D], down_proj [E, D, F]) or one tensor each (mlp.experts.j.
+{gate,up,down}_proj) -> mlp/experts/wi_0, wi_1, wo, mlp.shared_expert.* -> mlp/shared/*, and
+mlp.shared_expert_gate [1, D] -> mlp/shared_gate/kernel; moe_intermediate_size ->
+expert_mlp_dim, shared_expert_intermediate_size -> shared_expert_dim, num_experts,
+num_experts_per_tok. Multimodal checkpoints (Qwen3_5ForConditionalGeneration) load through
+tfjax.interop.core's wrapper table, not here.
 """
 
 import jax.numpy as jnp
@@ -35,13 +40,21 @@ from tfjax.interop.core import convert
 from tfjax.interop.core import linear_attention as la_convert
 from tfjax.interop.core.decoders import SIZES, rope_scaling_of, spelled_out, tied_head
 from tfjax.interop.core.registry import Converts, Exporter, Row
-from tfjax.interop.core.rules import Rule, identity, linear, linear_out
+from tfjax.interop.core.rules import (
+    Rule,
+    fused_expert_halves,
+    fused_experts,
+    identity,
+    linear,
+    linear_out,
+    per_expert,
+)
 from tfjax.interop.core.tables import Family, Field, Fixed, table_fields
 from tfjax.models import decoder
 from tfjax.ops import linear_attention as la
 from tfjax.specs.decoder import LAYER_TYPES, LINEAR_ONLY
 
-__all__ = ["from_qwen3_5", "to_qwen3_5"]
+__all__ = ["from_qwen3_5", "from_qwen3_5_moe", "to_qwen3_5", "to_qwen3_5_moe"]
 
 _MLP = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
 _NORMS = {"input_layernorm": "self_attention_norm", "post_attention_layernorm": "mlp_norm"}
@@ -98,8 +111,30 @@ def _linear_attention(a: str, att: tuple, config: la.LinearAttentionConfig) -> R
     return Rule(tuple(f"{a}{k}" for k in keys), tuple((*att, n) for n in names), to_jax, to_torch)
 
 
-def qwen3_5_rules(model: decoder.Decoder, prefix="model.") -> list[Rule]:
-    """Qwen3.5's state-dict keys (see the module docstring)."""
+def _experts(h: str, path: tuple, num_experts: int, fused: bool) -> list[Rule]:
+    """Qwen3.5-MoE's FFN of layer i (keys under `h`, params under `path`): the router, the
+    experts (transformers' fused tensors or one per expert), the gated shared expert."""
+    m, kernels = f"{h}mlp.", [(*path, "experts", k) for k in _MLP.values()]
+    rules = [linear(f"{m}gate.weight", (*path, "router", "kernel"))]
+    if fused:
+        rules += [
+            fused_expert_halves(f"{m}experts.gate_up_proj", kernels[:2]),
+            fused_experts(f"{m}experts.down_proj", kernels[2]),
+        ]
+    else:
+        for name, kernel in zip(_MLP, kernels, strict=True):
+            keys = [f"{m}experts.{j}.{name}.weight" for j in range(num_experts)]
+            rules.append(per_expert(keys, kernel))
+    rules += [
+        linear(f"{m}shared_expert.{theirs}.weight", (*path, "shared", ours, "kernel"))
+        for theirs, ours in _MLP.items()
+    ]
+    return [*rules, linear(f"{m}shared_expert_gate.weight", (*path, "shared_gate", "kernel"))]
+
+
+def qwen3_5_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -> list[Rule]:
+    """Qwen3.5's state-dict keys (see the module docstring); with experts, Qwen3.5-MoE's (the
+    export writes one tensor per expert, as transformers' save_pretrained and the Hub do)."""
     last = model.stacks()[-1][0]
     rules = [
         identity(f"{prefix}embed_tokens.weight", ("embed", "embedding")),
@@ -126,6 +161,9 @@ def qwen3_5_rules(model: decoder.Decoder, prefix="model.") -> list[Rule]:
                 identity(f"{a}q_norm.weight", (*att, "query_norm", "scale")),
                 identity(f"{a}k_norm.weight", (*att, "key_norm", "scale")),
             ]
+        if model.num_experts:
+            rules += _experts(h, (*layer, "mlp"), model.num_experts, fused)
+            continue
         for theirs, ours in _MLP.items():
             rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
     return rules
@@ -168,67 +206,103 @@ def _read(family: Family, c: dict) -> dict:
             full = [(i + 1) % every == 0 for i in range(n)]
             c = {**c, "layer_types": ["full_attention" if f else "linear_attention" for f in full]}
     fields = table_fields(family, c)
+    if c.get("output_router_logits") and "num_experts" in fields:  # transformers adds the loss
+        fields["load_balance_loss_weight"] = float(c.get("router_aux_loss_coef", 0.001))
     if "linear_attention" not in fields["layer_types"]:  # the linear sizes shape nothing
         fields.update(dict.fromkeys(LINEAR_ONLY))
     return fields
 
 
-QWEN3_5 = Family(
-    architecture="Qwen3_5ForCausalLM",
-    model_type="qwen3_5_text",
-    model=decoder.Model,
-    config=(
-        *SIZES,
-        Field("head_dim", "head_dim", 256),
-        Field("intermediate_size", "mlp_dim"),
-        Field("max_position_embeddings", "max_len", 32768),
-        Field("hidden_act", "activation", "silu", values={"silu": "swiglu"}),
-        Field("rms_norm_eps", "norm_eps", 1e-6),
-        Field("layer_types", "layer_types", to_model=_layer_types, to_config=list),
-        Field("linear_num_key_heads", "linear_num_key_heads", 16),
-        Field("linear_num_value_heads", "linear_num_value_heads", 32),
-        Field("linear_key_head_dim", "linear_key_head_dim", 128),
-        Field("linear_value_head_dim", "linear_value_head_dim", 128),
-        Field("linear_conv_kernel_dim", "linear_conv_kernel_dim", 4),
-        Field(
-            "rope_parameters",
-            "rope_scaling",
-            None,
-            to_model=_rope,
-            to_config=lambda scaling: {"rope_type": "default"},
-        ),
-        Field("rope_parameters.rope_theta", "rope_base", 10_000.0),
-        Field("rope_parameters.partial_rotary_factor", "partial_rotary_factor", 0.25),
-        Field("attention_dropout", "attention_dropout_rate", 0.0),
-        Field("tie_word_embeddings", "tie_embeddings", False),
-        Field("initializer_range", "init_stddev", 0.02),
-        Fixed("attention_bias", False, why="tfjax's Qwen3.5 layers have no biases"),
+_ATTENTION = dict(  # the model fields Qwen3.5's layers fix
+    position="rope",
+    norm="rms_plus_one",
+    norm_position="pre",
+    use_bias=False,
+    qkv_bias=None,
+    qk_norm=True,
+    attention_output_gate=True,
+    rope_scaling=None,
+    attention_sinks=False,
+    attention_pattern=None,
+    sliding_window=None,
+    attention_scalar=None,
+    attention_softcap=None,
+    final_logit_softcap=None,
+    scale_embeddings=False,
+)
+
+
+def _family(architecture: str, model_type: str, *ffn, requires: dict) -> Family:
+    """Qwen3.5's table with the FFN's entries `ffn` (a dense MLP's or the experts')."""
+    return Family(
+        architecture=architecture,
+        model_type=model_type,
+        model=decoder.Model,
+        config=(*_CONFIG, *ffn),
+        rules=qwen3_5_rules,
+        prefix="model.",
+        bare="layers.",
+        requires={**_ATTENTION, **requires},
+        defaults={"dropout_rate": 0.0},
+        ignore=("*rotary_emb.inv_freq",),
+        tied=tied_head("embed_tokens.weight"),
+        layout=lambda state: {"fused": any(k.endswith(".experts.gate_up_proj") for k in state)},
+        read=_read,
+    )
+
+
+_CONFIG = (
+    *SIZES,
+    Field("head_dim", "head_dim", 256),
+    Field("max_position_embeddings", "max_len", 32768),
+    Field("hidden_act", "activation", "silu", values={"silu": "swiglu"}),
+    Field("rms_norm_eps", "norm_eps", 1e-6),
+    Field("layer_types", "layer_types", to_model=_layer_types, to_config=list),
+    Field("linear_num_key_heads", "linear_num_key_heads", 16),
+    Field("linear_num_value_heads", "linear_num_value_heads", 32),
+    Field("linear_key_head_dim", "linear_key_head_dim", 128),
+    Field("linear_value_head_dim", "linear_value_head_dim", 128),
+    Field("linear_conv_kernel_dim", "linear_conv_kernel_dim", 4),
+    Field(
+        "rope_parameters",
+        "rope_scaling",
+        None,
+        to_model=_rope,
+        to_config=lambda scaling: {"rope_type": "default"},
     ),
-    rules=qwen3_5_rules,
-    prefix="model.",
-    bare="layers.",
+    Field("rope_parameters.rope_theta", "rope_base", 10_000.0),
+    Field("rope_parameters.partial_rotary_factor", "partial_rotary_factor", 0.25),
+    Field("attention_dropout", "attention_dropout_rate", 0.0),
+    Field("tie_word_embeddings", "tie_embeddings", False),
+    Field("initializer_range", "init_stddev", 0.02),
+    Fixed("attention_bias", False, why="tfjax's Qwen3.5 layers have no biases"),
+)
+QWEN3_5 = _family(
+    "Qwen3_5ForCausalLM",
+    "qwen3_5_text",
+    Field("intermediate_size", "mlp_dim"),
+    requires={"num_experts": 0},
+)
+# Qwen3.5-MoE: every layer's FFN experts of moe_intermediate_size (renormalised softmax
+# routing) and a shared expert of shared_expert_intermediate_size gated by sigmoid(x w).
+QWEN3_5_MOE = _family(
+    "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe_text",
+    Field("num_experts", "num_experts", 256),
+    Field("num_experts_per_tok", "experts_per_token", 8),
+    Field("moe_intermediate_size", "expert_mlp_dim", 512),
+    Field("shared_expert_intermediate_size", "shared_expert_dim", 512),
     requires={
-        "position": "rope",
-        "norm": "rms_plus_one",
-        "norm_position": "pre",
-        "use_bias": False,
-        "qkv_bias": None,
-        "qk_norm": True,
-        "attention_output_gate": True,
-        "rope_scaling": None,
-        "attention_sinks": False,
-        "attention_pattern": None,
-        "sliding_window": None,
-        "attention_scalar": None,
-        "attention_softcap": None,
-        "final_logit_softcap": None,
-        "scale_embeddings": False,
-        "num_experts": 0,
+        "router_score": "softmax",
+        "router_renormalize": True,
+        "router_bias": False,
+        "router_score_bias": False,
+        "router_groups": 1,
+        "router_groups_kept": None,
+        "router_scale": 1.0,
+        "shared_expert_gate": True,
+        "first_dense_layers": 0,
     },
-    defaults={"dropout_rate": 0.0},
-    ignore=("*rotary_emb.inv_freq",),
-    tied=tied_head("embed_tokens.weight"),
-    read=_read,
 )
 
 
@@ -242,10 +316,11 @@ def _written(model: decoder.Decoder) -> decoder.Decoder:
 
 
 from_qwen3_5, to_qwen3_5 = convert.converters(QWEN3_5, "qwen3_5", _written)
+from_qwen3_5_moe, to_qwen3_5_moe = convert.converters(QWEN3_5_MOE, "qwen3_5_moe", _written)
 
 
-def _export(model: decoder.Decoder, params):
-    return convert.to_hf(QWEN3_5, _written(model), params)
+def _exporter(family: Family):
+    return lambda model, params: convert.to_hf(family, _written(model), params)
 
 
 def is_qwen3_5(model) -> bool:
@@ -264,14 +339,29 @@ CONVERTS = Converts(
             "`tfjax.ops.RecurrentState` per linear layer",
             loads={QWEN3_5.architecture: from_qwen3_5},
         ),
+        Row(
+            "Qwen3.5-MoE (text)",
+            "`from_qwen3_5_moe` / `to_qwen3_5_moe`",
+            "decoder",
+            "Qwen3.5's layers with `num_experts` (renormalised softmax routing, fused or "
+            "per-expert tensors) and a shared expert gated by `shared_expert_gate`",
+            loads={QWEN3_5_MOE.architecture: from_qwen3_5_moe},
+        ),
     ),
     exports=(
         Exporter(
             decoder.Decoder,
             when=lambda m: is_qwen3_5(m) and not m.num_experts,
-            export=_export,
+            export=_exporter(QWEN3_5),
             family=lambda model: QWEN3_5,
             needs="Qwen3.5: layer_types or attention_output_gate, a dense FFN",
+        ),
+        Exporter(
+            decoder.Decoder,
+            when=lambda m: bool(is_qwen3_5(m) and m.num_experts and m.shared_expert_dim),
+            export=_exporter(QWEN3_5_MOE),
+            family=lambda model: QWEN3_5_MOE,
+            needs="Qwen3.5-MoE: layer_types or attention_output_gate, experts and a shared one",
         ),
     ),
 )
