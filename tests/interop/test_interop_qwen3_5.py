@@ -132,3 +132,12 @@ def test_nnx_gives_linens_logits(qwen3_5_layer_types):
 )
 def test_unsupported_configs_are_refused_by_key(changes, message, qwen3_5_layer_types):
     references.check_config_refused(qwen3_5_layer_types[1], changes, message)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_prompts_decode_as_each_prompt_alone(side, qwen3_5_layer_types):
+    """Prompts of 5, 2 and 4 tokens in one batch, padded: the recurrent states see each row's
+    prompt tokens only."""
+    ref, path = qwen3_5_layer_types
+    model, params = interop.load(path)
+    references.check_padded_prompts(ref, model, params, side)
