@@ -194,7 +194,8 @@ def training_flops_per_example(model, params, example: dict) -> float:
         attention = layers * (s * s + t * t + t * s) * d_attention
     elif kind in ("Decoder", "Encoder"):
         t = example["tokens"][1]
-        names = ("dense_decoder", "decoder") if kind == "Decoder" else ("encoder",)
+        # the decoder's stacks by name (DeepSeek's dense_decoder, Qwen3.5's runs of one type)
+        names = tuple(n for n, *_ in model.spec.stacks()) if kind == "Decoder" else ("encoder",)
         stack = {name: params[name] for name in names if name in params}
         if getattr(model, "num_experts", 0):
             layer_params = moe.active_parameters(stack, model.experts_per_token, model.num_experts)
