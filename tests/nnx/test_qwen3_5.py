@@ -164,3 +164,25 @@ def test_what_the_spec_cannot_take_is_refused_by_name(fields, message):
 def test_linear_layers_do_not_mix_with_attention_patterns():
     with pytest.raises(ValueError, match=r"do not take attention_pattern=\('global',\)"):
         spec.Model("qwen3.5-tiny", vocab_size=VOCAB, attention_pattern=("global",))
+
+
+def test_linen_decoding_needs_the_explicit_cache():
+    """Linear layers keep their state in the explicit cache, not the "cache" collection."""
+    lm, _ = _models(False)
+    tokens = _tokens(length=3)
+    _, params = _params(lm, tokens)
+    with pytest.raises(ValueError, match=r"linear attention decodes with the explicit cache"):
+        lm.apply({"params": params}, tokens, decode=True, mutable=["cache"])
+
+
+def test_a_cache_of_linear_layers_only_has_no_length():
+    """next_position reads the recurrent states; max_length, which only attention caches have,
+    is refused by name."""
+    linear_only = spec.Model(
+        "qwen3.5-tiny", vocab_size=VOCAB, layer_types=("linear_attention",) * 4
+    )
+    cache = linear_only.init_cache(2, 8)
+    assert len(cache) == 4 and all(isinstance(c, RecurrentState) for c in cache)
+    assert int(next_position(cache)) == 0
+    with pytest.raises(ValueError, match=r"no attention layer"):
+        max_length(cache)
