@@ -464,3 +464,33 @@ def test_a_target_kernel_no_matmul_multiplies_is_refused_by_name():
         "kernel_lora_a",
         "kernel_lora_b",
     ]
+
+
+def test_latent_attention_adapters_decode_as_the_forward_pass_in_linen_and_nnx():
+    """DeepSeek-shaped (deepseek-tiny): the default targets adapt the latent attention's six
+    projections and the dense and shared MLPs; with B drawn at random NNX gives Linen's logits,
+    and decoding through the latent cache (the absorbed form, which takes key_up and value_up
+    with their adapters merged) gives the forward pass's, in both."""
+    fields = dict(variant="deepseek-tiny", vocab_size=V)
+    lm = lora.apply_lora(linen.Model(**fields), CONFIG)
+    params = with_random_lora_b(nn.unbox(lm.init(jax.random.key(0), TOKENS)["params"]))
+    kernels = {k.rsplit("_lora_", 1)[0] for k in _flat(params) if lora.is_adapter(k)}
+    attention = {k.rsplit("/", 1)[1] for k in kernels if "/self_attention/" in k}
+    assert attention == {
+        f"{n}_kernel" for n in ("query_down", "query_up", "kv_down", "key_up", "value_up", "out")
+    }
+    assert any("/mlp/shared/wi_0/" in k for k in kernels)
+    assert not any("/experts/" in k for k in kernels)
+    model = lora.apply_lora(
+        decoder.Model(**fields, rngs=nnx.Rngs(0)), CONFIG, TOKENS, rngs=nnx.Rngs(1)
+    )
+    load_params(model, params)
+    full = lm.apply({"params": params}, TOKENS)[0]
+    np.testing.assert_allclose(model(TOKENS)[0], full, atol=1e-5, rtol=0)
+    want_cache, cache = lm.init_cache(2, 16), model.init_cache(2, 16)
+    for start, stop in ((0, 5), (5, 6)):
+        step = TOKENS[:, start:stop]
+        (want, _), want_cache = lm.apply({"params": params}, step, decode=True, cache=want_cache)
+        (got, _), cache = model(step, cache=cache)
+        np.testing.assert_allclose(want, full[:, start:stop], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
