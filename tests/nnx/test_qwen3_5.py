@@ -154,6 +154,10 @@ def test_generation_with_the_cache_matches_recomputing(options):
             r"linear_attention layers need linear_num_value_heads, linear_key_head_dim",
         ),
         (dict(partial_rotary_factor=1.5), r"partial_rotary_factor must be a number in \(0, 1\]"),
+        (
+            dict(partial_rotary_factor=0.5, position="learned"),
+            r"partial_rotary_factor=0.5 applies to position='rope', not 'learned'",
+        ),
     ],
 )
 def test_what_the_spec_cannot_take_is_refused_by_name(fields, message):

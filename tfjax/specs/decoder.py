@@ -554,6 +554,11 @@ class Decoder(common.FamilySpec):
         elif self.qk_rope_head_dim is None:
             raise ValueError("kv_lora_rank needs qk_rope_head_dim (the heads' rotated part)")
         self._check_layer_types()
+        if self.partial_rotary_factor != 1.0 and self.position != "rope":
+            raise ValueError(
+                f"partial_rotary_factor={self.partial_rotary_factor} applies to position='rope', "
+                f"not {self.position!r}"
+            )
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
         if not self.num_experts:  # a mixture's options are refused, not ignored, without one
