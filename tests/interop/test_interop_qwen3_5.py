@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from interop_references import V, torch, transformers
+from safetensors import safe_open
 
 from tfjax import interop
 from tfjax.interop import pretrained
@@ -141,3 +142,53 @@ def test_padded_prompts_decode_as_each_prompt_alone(side, qwen3_5_layer_types):
     ref, path = qwen3_5_layer_types
     model, params = interop.load(path)
     references.check_padded_prompts(ref, model, params, side)
+
+
+@references.reference
+def qwen3_5_image_text():
+    """Qwen3_5ForConditionalGeneration: qwen3_5_layer_types' text model beside a 1-layer vision
+    tower, untied (the wrapper's default)."""
+    torch.manual_seed(33)
+    rope = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}
+    text = transformers.Qwen3_5TextConfig(**SIZES, layer_types=[*TYPES, "full_attention"])
+    text.rope_parameters = rope
+    vision = transformers.Qwen3_5VisionConfig(
+        depth=1, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32
+    )
+    config = transformers.Qwen3_5Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), tie_word_embeddings=False
+    )
+    return transformers.Qwen3_5ForConditionalGeneration(config).eval()
+
+
+def test_the_image_text_checkpoint_loads_its_text_model(qwen3_5_image_text, tmp_path, caplog):
+    """The text part of a Qwen3_5ForConditionalGeneration: its logits on text-only tokens, the
+    vision tower and a multi-token-prediction head (the published files hold one) skipped by
+    name and counted; the export is a Qwen3_5ForCausalLM that transformers reads with the same
+    logits."""
+    ref, path = qwen3_5_image_text
+    with safe_open(f"{path}/model.safetensors", "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open's API)
+    assert any(k.startswith("model.visual.") for k in state)
+    state["mtp.fc.weight"] = torch.zeros(32, 64)
+    interop.write_safetensors(state, str(tmp_path), interop.read_config(path))
+    with caplog.at_level("INFO"):
+        model, params = interop.load(str(tmp_path))
+    skipped = " ".join(r.getMessage() for r in caplog.records)
+    assert "visual.*" in skipped and "mtp.*" in skipped, skipped
+    assert (model.num_layers, model.layer_types[-1], model.tie_embeddings) == (
+        5,
+        "full_attention",
+        False,
+    )
+    ids = references.tokens((2, 9))
+    with torch.no_grad():
+        expected = ref.double()(torch.tensor(ids)).logits.numpy()
+    got = references.apply(model, params, jnp.asarray(ids))
+    np.testing.assert_allclose(got, expected, atol=references.ATOL)
+    interop.save(model, params, str(tmp_path / "export"))
+    assert interop.read_config(str(tmp_path / "export"))["architectures"] == ["Qwen3_5ForCausalLM"]
+    back = transformers.Qwen3_5ForCausalLM.from_pretrained(str(tmp_path / "export")).eval()
+    with torch.no_grad():
+        again = back.double()(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(again, expected, atol=references.ATOL)

@@ -89,6 +89,22 @@ WRAPPERS = (
         text_defaults=GEMMA3_TEXT_DEFAULTS,
         unapplied=("final_logit_softcapping",),  # only Gemma3ForCausalLM caps its logits
     ),
+    # Qwen3.5's published checkpoints (Qwen3_5Config: untied unless it says so); "mtp" the
+    # multi-token-prediction head at the top level, which transformers skips too.
+    Wrapper(
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5ForCausalLM",
+        "Qwen3.5 (image-text), text part",
+        ("visual", "mtp"),
+        top={"tie_word_embeddings": False},
+    ),
+    Wrapper(
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3.5-MoE (image-text), text part",
+        ("visual", "mtp"),
+        top={"tie_word_embeddings": False},
+    ),
 )
 
 

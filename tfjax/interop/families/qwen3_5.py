@@ -245,6 +245,9 @@ def _family(architecture: str, model_type: str, *ffn, requires: dict) -> Family:
         requires={**_ATTENTION, **requires},
         defaults={"dropout_rate": 0.0},
         ignore=("*rotary_emb.inv_freq",),
+        # The published files hold a multi-token-prediction head (mtp.*), which transformers'
+        # model does not load either: skipped by name, counted in the log.
+        skip=("mtp.*",),
         tied=tied_head("embed_tokens.weight"),
         layout=lambda state: {"fused": any(k.endswith(".experts.gate_up_proj") for k in state)},
         read=_read,
