@@ -54,7 +54,7 @@ def test_every_published_preset_is_counted():
 # Mixtral and Qwen count every parameter a token uses; OpenAI's GPT-OSS card leaves out the
 # embedding table ("active" 3.61B and 5.13B; its totals 20.91B and 116.83B) and counts the
 # attention sinks (64 a layer). DeepSeek's card rounds to whole billions.
-MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-", "deepseek-v3")
+MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-", "deepseek-v3", "qwen3.5-35b")
 MOE_CARDS = {
     "mixtral-8x7b": (46_702_792_704, 12_879_925_248, (46.7, 12.9, 1)),
     "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704, (30.5, 3.3, 1)),
@@ -63,6 +63,10 @@ MOE_CARDS = {
     # DeepSeek-V3: "671B total, 37B activated for each token" (without its 14B
     # multi-token-prediction module); tfjax counts the routers' 256 correction biases a layer
     "deepseek-v3": (671_026_419_200, 37_552_297_472, (671, 37, 0)),
+    # Qwen3.5-35B-A3B's text model (its name: 35B total, 3B activated; the published files add
+    # a vision tower and a multi-token-prediction head); transformers' Qwen3_5MoeForCausalLM
+    # built from the preset's exported config (meta device) has the same total
+    "qwen3.5-35b-a3b": (34_660_610_688, 3_454_988_928, (35, 3, 0)),
 }
 
 

@@ -29,8 +29,7 @@ class GatedDeltaNet(nn.Module):
         for name, (shape, names, kind) in la.parameter_shapes(self.config, x.shape[-1]).items():
             init = nn.with_logical_partitioning(inits[kind], names)
             p[name] = self.param(name, init, shape, self.param_dtype)
-        dtype = self.dtype or jnp.result_type(x, *p.values())
-        p = {name: w.astype(dtype) for name, w in p.items()}
-        return la.gated_deltanet(
-            x.astype(dtype), p, self.config, segment_ids=segment_ids, cache=cache
-        )
+        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
+        x, *values = nn.dtypes.promote_dtype(x, *p.values(), dtype=self.dtype)
+        p = dict(zip(p, values, strict=True))
+        return la.gated_deltanet(x, p, self.config, segment_ids=segment_ids, cache=cache)

@@ -35,8 +35,9 @@ class GatedDeltaNet(nnx.Module):
 
     def __call__(self, x, *, segment_ids=None, cache: la.RecurrentState | None = None):
         """x [B, T, D] -> (y [B, T, D], the RecurrentState after x, or None without `cache`)."""
-        dtype = self.dtype or jnp.result_type(x, *(getattr(self, n)[...] for n in self.names))
-        p = {name: getattr(self, name)[...].astype(dtype) for name in self.names}
-        return la.gated_deltanet(
-            x.astype(dtype), p, self.config, segment_ids=segment_ids, cache=cache
+        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
+        x, *values = nnx.nn.dtypes.promote_dtype(
+            (x, *(getattr(self, n)[...] for n in self.names)), dtype=self.dtype
         )
+        p = dict(zip(self.names, values, strict=True))
+        return la.gated_deltanet(x, p, self.config, segment_ids=segment_ids, cache=cache)

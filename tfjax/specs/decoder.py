@@ -294,6 +294,37 @@ VARIANTS = {
     # layer local) with YaRN, experts of the clamped SwiGLU routed by a biased router.
     "gpt-oss-20b": dict(_GPT_OSS, num_layers=24, num_experts=32),
     "gpt-oss-120b": dict(_GPT_OSS, num_layers=36, num_experts=128),
+    # Qwen3.5-35B-A3B (the text model; sizes from THUDM/slime's scripts/models/
+    # qwen3.5-35B-A3B.sh, its Megatron config of the published checkpoint): 40 layers, three
+    # Gated DeltaNet layers to one gated full-attention layer, RoPE on a quarter of each
+    # head, every FFN 256 experts (8 a token) of 512 and a gated shared expert of 512
+    "qwen3.5-35b-a3b": dict(
+        _MODERN,
+        width=2048,
+        num_layers=40,
+        num_heads=16,
+        num_kv_heads=2,
+        head_dim=256,
+        vocab_size=248320,
+        max_len=262144,
+        rope_base=10_000_000.0,
+        norm="rms_plus_one",
+        norm_eps=1e-6,
+        qk_norm=True,
+        layer_types=(("linear_attention",) * 3 + ("full_attention",)) * 10,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        attention_output_gate=True,
+        partial_rotary_factor=0.25,
+        num_experts=256,
+        experts_per_token=8,
+        expert_mlp_dim=512,
+        shared_expert_dim=512,
+        shared_expert_gate=True,
+    ),
     # DeepSeek-V3 (deepseek-ai/DeepSeek-V3's config.json; its multi-token-prediction layer is
     # not part of the model): multi-head latent attention with YaRN (40 x 4,096 positions),
     # three dense layers, then 256 experts (8 a token, from the best 4 of 8 groups) and one
