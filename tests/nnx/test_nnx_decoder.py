@@ -355,3 +355,16 @@ def test_published_presets_have_linens_tree(variant):
     model = nnx.eval_shape(lambda: decoder.Model(variant, scan_layers=True, rngs=nnx.Rngs(0)))
     params = jax.eval_shape(lambda: lm.init(jax.random.key(0), tokens))["params"]
     assert _layout(nnx.to_pure_dict(nnx.state(model, nnx.Param))) == _layout(params)
+
+
+@pytest.mark.parametrize("name", ["moe", "deepseek-tiny", "qwen3.5-tiny"])
+def test_graph_definition_hashes(name):
+    """nnx.jit and the runner's decoding take the graph definition as a static argument, which
+    must hash: every module attribute that is not a Variable must be hashable (an experts'
+    dict of logical names was not)."""
+    if name == "moe":
+        model = _models("moe", False)[1]
+    else:
+        model = decoder.Model(name, vocab_size=VOCAB, rngs=nnx.Rngs(0))
+    graph, _ = nnx.split(model)
+    assert hash(graph) == hash(nnx.split(model)[0])

@@ -320,19 +320,19 @@ class Experts(nnx.Module):
         rngs: nnx.Rngs,
     ):
         c, self.config, self.dtype = config, config, dtype
-        self.names = expert_names(c)
+        names = expert_names(c)  # not kept: a dict attribute is unhashable in NNX's graph def
         self.kernels = ("wi_0", "wi_1") if c.gated else ("wi",)
         shapes = {name: (c.num_experts, width, c.hidden_dim) for name in self.kernels}
         shapes["wo"] = (c.num_experts, c.hidden_dim, width)
         self.kernels += ("wo",)
         for name, shape in shapes.items():
             init = stacked_init(kernel_init)
-            setattr(self, name, param(rngs, init, shape, param_dtype, self.names[name]))
+            setattr(self, name, param(rngs, init, shape, param_dtype, names[name]))
             if c.use_bias:
                 bias = f"{name}_bias"
                 zeros = nn.initializers.zeros
                 shape = (c.num_experts, shape[-1])
-                setattr(self, bias, param(rngs, zeros, shape, param_dtype, self.names[bias]))
+                setattr(self, bias, param(rngs, zeros, shape, param_dtype, names[bias]))
 
     def __call__(self, x, weights, experts):
         """x [N, D], weights [N, k], experts [N, k] -> [N, D]."""
@@ -349,7 +349,7 @@ class Experts(nnx.Module):
             biases,
             activation=c.activation_fn(),
             num_experts=c.num_experts,
-            sharding=expert_sharding(self.names),
+            sharding=expert_sharding(expert_names(c)),
         )
 
 
