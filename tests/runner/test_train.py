@@ -381,3 +381,29 @@ def test_model_flops_count_the_experts_a_token_uses():
     experts = sum(x.size for x in jax.tree.leaves([layer["mlp"]["experts"] for layer in layers]))
     assert experts == 2 * 8 * 3 * 32 * 32  # 2 layers of 8 experts, wi_0, wi_1 and wo of 32 x 32
     assert flops[8] - flops[2] == pytest.approx(6 * 16 * experts * 6 / 8)
+
+
+def test_model_flops_of_token_mixing_by_layer_kind():
+    """Beyond the weights (6 FLOPs per parameter and token, training), full attention costs
+    3 * 2 * T^2 * N * (Hqk + Hv) a layer: latent attention's queries and keys are Hn + Hr wide;
+    Gated DeltaNet layers 3 * 6 * T * Nv * Hk * Hv, linear in T."""
+    from tfjax.models import decoder
+    from tfjax.runner import chips
+
+    def mixing(name, t):
+        model = decoder.Model(name, vocab_size=64)
+        params = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+        params = nn.unbox(params["params"])
+        total = chips.training_flops_per_example(model, params, {"tokens": (1, t)})
+        return total - chips.training_flops_per_example(model, params, {"tokens": (1, 1)}) * t
+
+    t = 16
+    # deepseek-tiny: 3 layers, 4 heads, Hn 8, Hr 4, Hv 6; the T = 1 call's mixing is 1 / T^2 of it
+    latent = 3 * 2 * 3 * 4 * (8 + 4 + 6)
+    assert mixing("deepseek-tiny", t) == pytest.approx(latent * (t * t - t))
+    # qwen3.5-tiny: 3 Gated DeltaNet layers (4 value heads, Hk = Hv = 8; linear in T: nothing
+    # left after subtracting T single tokens) and 1 full attention layer (4 heads of 16)
+    assert mixing("qwen3.5-tiny", t) == pytest.approx(3 * 2 * 1 * 4 * (16 + 16) * (t * t - t))
+    model = decoder.Model("qwen3.5-tiny", vocab_size=64)
+    linear = 6 * 3 * t * 4 * 8 * 8  # forward
+    assert chips._decoder_mixing_flops(model, t) == 2 * t * t * 4 * (16 + 16) + linear

@@ -11,7 +11,8 @@ CPUs, which have no such figure, the peak is the matmul rate measured in the sam
 
 Model FLOPs (`training_flops_per_example`) follow Kaplan et al. / PaLM: 6 * N * T for the
 weight matmuls (forward 2, backward 4 per parameter per token) plus 12 * L * T * S * D for
-attention scores and values; embedding lookups count nothing, a tied output projection counts
+attention scores and values (decoders: latent attention's keys of Hn + Hr, Gated DeltaNet
+layers linear in T); embedding lookups count nothing, a tied output projection counts
 as a matmul. N counts the parameters a token uses: of a mixture of experts' expert kernels,
 top_k / num_experts (`tfjax.nn.moe.active_parameters`). MFU is model FLOPs per second over
 `peak_flops`.
@@ -209,11 +210,33 @@ def training_flops_per_example(model, params, example: dict) -> float:
         else:
             out = (_count(params["pooler"]) + _count(params["classifier"])) / t
         dense = layer_params * t + out * t
+        if kind == "Decoder":
+            return 3.0 * (2.0 * dense + _decoder_mixing_flops(model, t))
         attention = layers * t * t * d_attention
     else:
         raise ValueError(f"no FLOP count for model type {kind}")
     # forward: 2 per weight and token; attention: Q K^T and weights V, 2 * T * S * N * H each.
     return 3.0 * (2.0 * dense + 4.0 * attention)
+
+
+def _decoder_mixing_flops(model, t: int) -> float:
+    """A decoder's forward FLOPs of token mixing beyond its weights for T tokens: full attention
+    layers 2 * T^2 * N * (Hqk + Hv) (scores and weighted values; latent attention's keys are
+    Hn + Hr wide, its values Hv), Gated DeltaNet layers 6 * T * Nv * Hk * Hv (the recurrent form:
+    the state read by the key, its update and its read by the query)."""
+    types = model.layer_types or ("full_attention",) * model.num_layers
+    full = types.count("full_attention")
+    linear = types.count("linear_attention")
+    h = model.head_dim or model.width // model.num_heads
+    if model.kv_lora_rank is not None:
+        h_qk, h_v = h + model.qk_rope_head_dim, model.v_head_dim or h
+    else:
+        h_qk = h_v = h
+    flops = 2.0 * full * t * t * model.num_heads * (h_qk + h_v)
+    if linear:
+        heads, hk = model.linear_num_value_heads, model.linear_key_head_dim
+        flops += 6.0 * linear * t * heads * hk * model.linear_value_head_dim
+    return flops
 
 
 @functools.lru_cache(maxsize=8)
