@@ -278,6 +278,17 @@ SIZES = (
 LLAMA_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 
 
+# Gemma's attention and embedding options as a decoder without them has them: the families
+# that fix them (a model that sets any exports as Gemma, or not at all).
+NO_GEMMA_OPTIONS = {
+    "local_rope_base": None,
+    "attention_scalar": None,
+    "attention_softcap": None,
+    "final_logit_softcap": None,
+    "scale_embeddings": False,
+}
+
+
 def llama_family(
     architecture,
     model_type,

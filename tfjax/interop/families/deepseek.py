@@ -47,6 +47,7 @@ import numpy as np
 
 from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
+    NO_GEMMA_OPTIONS,
     SIZES,
     layer_paths,
     rope_field,
@@ -304,11 +305,7 @@ DEEPSEEK_V3 = Family(
         "shared_expert_gate": False,
         "attention_pattern": None,
         "sliding_window": None,
-        "local_rope_base": None,
-        "attention_scalar": None,
-        "attention_softcap": None,
-        "final_logit_softcap": None,
-        "scale_embeddings": False,
+        **NO_GEMMA_OPTIONS,
     },
     defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
     ignore=("*rotary_emb.inv_freq",),

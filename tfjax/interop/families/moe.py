@@ -66,6 +66,7 @@ import math
 
 from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
+    NO_GEMMA_OPTIONS,
     SIZES,
     layer_types_field,
     llama_family,
@@ -400,11 +401,7 @@ GPT_OSS = Family(
         "shared_expert_dim": 0,
         "shared_expert_gate": False,
         "first_dense_layers": 0,
-        "local_rope_base": None,
-        "attention_scalar": None,
-        "attention_softcap": None,
-        "final_logit_softcap": None,
-        "scale_embeddings": False,
+        **NO_GEMMA_OPTIONS,
     },
     defaults={"rope_base": 150_000.0, "dropout_rate": 0.0},
     ignore=("*rotary_emb.inv_freq",),

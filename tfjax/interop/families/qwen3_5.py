@@ -38,7 +38,13 @@ import jax.numpy as jnp
 
 from tfjax.interop.core import convert
 from tfjax.interop.core import linear_attention as la_convert
-from tfjax.interop.core.decoders import SIZES, rope_scaling_of, spelled_out, tied_head
+from tfjax.interop.core.decoders import (
+    NO_GEMMA_OPTIONS,
+    SIZES,
+    rope_scaling_of,
+    spelled_out,
+    tied_head,
+)
 from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.rules import (
     Rule,
@@ -225,10 +231,7 @@ _ATTENTION = dict(  # the model fields Qwen3.5's layers fix
     attention_sinks=False,
     attention_pattern=None,
     sliding_window=None,
-    attention_scalar=None,
-    attention_softcap=None,
-    final_logit_softcap=None,
-    scale_embeddings=False,
+    **NO_GEMMA_OPTIONS,
 )
 
 
