@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 LETTERS = "abcdefgh"
-FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3")
+FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3", "qwen3_5")
 
 # Per family: special tokens (bos may be None), the eos ids generation stops at, and a chat
 # template of the family's shape.
@@ -58,6 +58,7 @@ _SPECIAL = {
     ),
 }
 _SPECIAL["qwen3_moe"] = _SPECIAL["qwen3"]  # Qwen3-MoE's tokenizer is Qwen 3's
+_SPECIAL["qwen3_5"] = _SPECIAL["qwen3"]  # Qwen3.5's special tokens and turns are Qwen 3's
 # DeepSeek-V3's: its full-width bars and "▁" in the special tokens, a system prompt untagged
 _SPECIAL["deepseek_v3"] = dict(
     bos="<｜begin▁of▁sentence｜>",
@@ -178,6 +179,28 @@ def _model(family: str, vocab_size: int, ids: dict):
             tie_word_embeddings=False,
         )
         return transformers.DeepseekV3ForCausalLM(config)
+    if family == "qwen3_5":
+        # Qwen3.5's shape, small: Gated DeltaNet (linear attention: 2 key heads, 4 value heads,
+        # a convolution of 4) around one gated full-attention layer, RoPE on a quarter of each
+        # head (partial_rotary_factor).
+        sizes["num_hidden_layers"] = 3
+        config = transformers.Qwen3_5TextConfig(
+            **sizes,
+            head_dim=16,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=False,
+        )
+        config.rope_parameters = {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        }
+        return transformers.Qwen3_5ForCausalLM(config)
     config = transformers.Gemma3TextConfig(
         **sizes, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
     )

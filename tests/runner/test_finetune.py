@@ -84,10 +84,13 @@ def read_weights(directory) -> dict[str, np.ndarray]:
 
 
 # The kernels LoRA adapts by default, as Hugging Face names them (DeepSeek-V3's latent
-# attention: q_a_proj, q_b_proj, kv_a_proj_with_mqa and kv_b_proj, its key_up and value_up).
+# attention: q_a_proj, q_b_proj, kv_a_proj_with_mqa and kv_b_proj, its key_up and value_up;
+# Qwen3.5's Gated DeltaNet: in_proj_qkv, its query, key and value, in_proj_z, in_proj_b,
+# in_proj_a and out_proj, its gate, beta, dt and out kernels, not its conv1d).
 ADAPTED = (
     *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     *("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"),
+    *("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
 )
 EXPORT = os.path.join(ROOT, "experiments", "export.py")
 

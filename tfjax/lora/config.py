@@ -10,14 +10,16 @@ import flax
 import flax.linen as nn
 
 # The attention projections (self- and cross-attention: query, key, value, output; latent
-# attention's query_down, query_up, kv_down, key_up, value_up, tfjax.ops.mla) and the MLP kernels
-# (wi, or wi_0 and wi_1 when gated; wo) of tfjax's blocks, unrolled or scanned, a mixture's
-# shared experts' among them (mlp/shared: a dense MLP every token passes). Not the embeddings,
-# the output head, the norms, nor a mixture's router or routed experts (mlp/router/kernel;
-# mlp/experts/wi_0, which cannot be adapted).
+# attention's query_down, query_up, kv_down, key_up, value_up, tfjax.ops.mla; a gated
+# attention's gate; Gated DeltaNet's gate, beta and dt, tfjax.ops.linear_attention) and the MLP
+# kernels (wi, or wi_0 and wi_1 when gated; wo) of tfjax's blocks, unrolled or scanned, a
+# mixture's shared experts' among them (mlp/shared: a dense MLP every token passes). Not the
+# embeddings, the output head, the norms, Gated DeltaNet's convolutions (*_conv: no matmul), nor
+# a mixture's router or routed experts (mlp/router/kernel; mlp/experts/wi_0, which cannot be
+# adapted).
 DEFAULT_TARGETS = (
     r".*/(self_attention|cross_attention)/"
-    r"(query|key|value|out|query_down|query_up|kv_down|key_up|value_up)_kernel"
+    r"(query|key|value|out|gate|beta|dt|query_down|query_up|kv_down|key_up|value_up)_kernel"
     r"|.*/mlp/(shared/)?(wi|wi_0|wi_1|wo)/kernel"
 )
 BASE_DTYPES = (None, "int8", "nf4")  # LoraConfig.base_dtype's values

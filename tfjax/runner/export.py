@@ -466,12 +466,13 @@ def adapter_layers(model, params, family) -> tuple[list[PeftLayer], list[str]]:
                 f"--adapters_only: the adapted kernel {'/'.join(kernel_path)} has no key in the "
                 f"{family.architecture} converter"
             )
-        groups.setdefault(id(rule), (rule, []))[1].append(kernel_path)
+        key = _key_of(rule, kernel_path, flat)
+        groups.setdefault((id(rule), key), (rule, key, []))[2].append(kernel_path)
     if not adapted:
         raise ValueError("the params hold no LoRA adapters")
-    _refuse_expert_names([(rule, paths) for rule, paths in groups.values()], rules)
+    _refuse_expert_names([(rule.keys[k], paths) for rule, k, paths in groups.values()], rules)
     layers = sorted(
-        (_peft_layer(rule, paths, flat, adapted) for rule, paths in groups.values()),
+        (_peft_layer(rule, k, paths, flat, adapted) for rule, k, paths in groups.values()),
         key=lambda layer: layer.module,
     )
     modules = [layer.module for layer in layers]
@@ -498,8 +499,8 @@ def _refuse_expert_names(groups, rules) -> None:
                 experts.add(parts[-2] if parts[-1] == "weight" else parts[-1])
     if "gate_up_proj" in experts:  # transformers 5's fused experts: peft maps both halves there
         experts |= {"gate_proj", "up_proj"}
-    for rule, paths in groups:
-        module = rule.keys[0].removesuffix(".weight")
+    for key, paths in groups:
+        module = key.removesuffix(".weight")
         name = module.rsplit(".", 1)[-1]
         if ".experts." not in module and name in experts:
             raise ValueError(
@@ -511,17 +512,38 @@ def _refuse_expert_names(groups, rules) -> None:
             )
 
 
-def _peft_layer(rule, paths, flat, adapted) -> PeftLayer:
-    """The layer `rule` writes the adapted kernels `paths` into (with the rule's other
-    kernels, adapted or not), its lora_A and lora_B: see PeftLayer."""
+def _probes(rule, flat, numbered=None) -> list[np.ndarray]:
+    """Index arrays shaped as the rule's params: each element of the params `numbered` (their
+    indices in rule.paths; all when None) its own index, in order; the others' -1."""
+    probes, start = [], 0
+    for j, path in enumerate(rule.paths):
+        shape = flat[path].shape
+        if numbered is None or j in numbered:
+            size = math.prod(shape)
+            probes.append(np.arange(start, start + size, dtype=np.int64).reshape(shape))
+            start += size
+        else:
+            probes.append(np.full(shape, -1, np.int64))
+    return probes
+
+
+def _key_of(rule, path, flat) -> int:
+    """The index of the key of `rule` that holds the kernel `path` (its first element): a rule
+    may write several layers (Qwen3.5's Gated DeltaNet: in_proj_qkv, in_proj_z, out_proj, ...)."""
+    probes = _probes(rule, flat)
+    first = probes[rule.paths.index(path)].flat[0]
+    written = rule.to_torch(*probes)
+    return next(k for k, w in enumerate(written) if (np.asarray(w) == first).any())
+
+
+def _peft_layer(rule, k: int, paths, flat, adapted) -> PeftLayer:
+    """The layer `rule` writes the adapted kernels `paths` into as its key k (with the rule's
+    other kernels there, adapted or not), its lora_A and lora_B: see PeftLayer."""
     where = f"--adapters_only: the adapted kernel {'/'.join(paths[0])}"
     instead = "export without the flag (adapters merged) or leave it out of lora.targets"
-    if len(rule.keys) != 1 or not rule.keys[0].endswith(".weight"):
-        raise ValueError(
-            f"{where} is written as {', '.join(rule.keys)}: no one layer weight for peft's "
-            f"LoRA; {instead}"
-        )
-    (key,) = rule.keys
+    key = rule.keys[k]
+    if not key.endswith(".weight"):
+        raise ValueError(f"{where} is written as {key}: no layer weight for peft's LoRA; {instead}")
     fan_in = None
     for path in paths:
         a, b = adapted[path]
@@ -534,29 +556,28 @@ def _peft_layer(rule, paths, flat, adapted) -> PeftLayer:
             )
     if len({math.prod(adapted[p][0].shape[:-1]) for p in paths}) != 1:
         raise ValueError(f"{where} shares {key} with kernels of other inputs; {instead}")
-    probes, start = [], 0
-    for path in rule.paths:  # each element its own index
-        size = math.prod(flat[path].shape)
-        probes.append(np.arange(start, start + size, dtype=np.int64).reshape(flat[path].shape))
-        start += size
-    (written,) = rule.to_torch(*probes)
-    written = np.asarray(written)
-    found = _columns(written, probes, fan_in)
+    probes = _probes(rule, flat)
+    first = np.asarray(rule.to_torch(*probes)[k])
+    inside = [j for j, p in enumerate(probes) if np.isin(p.flat[0], first)]  # written there
+    probes = _probes(rule, flat, inside)
+    written = np.asarray(rule.to_torch(*probes)[k])
+    found = _columns(written, [probes[j] for j in inside], fan_in)
     if found is None:
         raise ValueError(
             f"{where} is written as {key} {written.shape}, neither a Linear weight [out, in] nor "
             f"a Conv1D [in, out] of its matmul's {fan_in} inputs (the kernels of "
-            f"{', '.join('/'.join(p) for p in rule.paths)} side by side); {instead}"
+            f"{', '.join('/'.join(rule.paths[j]) for j in inside)} side by side); {instead}"
         )
     conv1d, owner, column = found
-    ordered = [p for p in rule.paths if p in paths]  # the rule's order
+    here = [rule.paths[j] for j in inside]  # owner indexes these
+    ordered = [p for p in here if p in paths]  # the rule's order
     rank = adapted[ordered[0]][0].shape[-1]
     dtype = np.result_type(*(adapted[p][1] for p in ordered))
     a_parts, b_all = [], np.zeros((len(owner), rank * len(ordered)), dtype)
     for t, path in enumerate(ordered):
         a, b = adapted[path]
         a_parts.append(a.reshape(fan_in, rank).T)
-        mine = np.flatnonzero(owner == rule.paths.index(path))
+        mine = np.flatnonzero(owner == here.index(path))
         b_all[mine, t * rank : (t + 1) * rank] = b.reshape(rank, -1).T[column[mine]]
     return PeftLayer(key[: -len(".weight")], np.concatenate(a_parts), b_all, len(ordered), conv1d)
 
