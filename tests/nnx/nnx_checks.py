@@ -72,3 +72,33 @@ def assert_same_function(lm, model, params, *args, method=None, **kwargs):
     unreached = [path for path, g in grads.items() if not np.abs(g).max() > 0]
     assert not unreached, f"no gradient reaches {unreached}"
     return got
+
+
+def assert_same_packed_logits_and_gradients(lm, model, params, tokens, vocab: int):
+    """`tokens` [2, 9] as packed rows (segments of 5 and 4, then one of 9) through the Linen
+    model `lm` (its `params`) and the NNX `model` (loaded with them): the same logits, loss and
+    gradients, compiled (op by op, experts' dispatch takes longer than compiling). Returns
+    (Linen's logits, the NNX gradients and Linen's, each flattened by path)."""
+    models.load_params(model, params)
+    segment_ids = jnp.asarray([[1] * 5 + [2] * 4, [1] * 9])
+    positions = jnp.asarray([list(range(5)) + list(range(4)), list(range(9))])
+    call = dict(segment_ids=segment_ids, positions=positions)
+    w = jax.random.normal(jax.random.key(3), (2, 9, vocab))
+
+    def linen_loss(p):
+        logits, _ = lm.apply({"params": p}, tokens, **call)
+        return jnp.sum(logits * w), logits
+
+    def nnx_loss(m):
+        logits, _ = m(tokens, **call)
+        return jnp.sum(logits * w), logits
+
+    (want_loss, want), want_grads = jax.jit(jax.value_and_grad(linen_loss, has_aux=True))(params)
+    (got_loss, got), grads = nnx.jit(nnx.value_and_grad(nnx_loss, has_aux=True))(model)
+    close(got, want)
+    close(got_loss, want_loss)
+    grads, want_grads = flatten_dict(nnx.to_pure_dict(grads)), flatten_dict(want_grads)
+    assert grads.keys() == want_grads.keys()
+    for path in grads:
+        close(grads[path], want_grads[path])
+    return want, grads, want_grads

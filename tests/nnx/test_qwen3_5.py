@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
-from nnx_checks import assert_same_tree, close
+from nnx_checks import assert_same_packed_logits_and_gradients, assert_same_tree, close
 
 from tfjax import decode
 from tfjax.models import decoder
@@ -51,29 +51,9 @@ def test_linen_and_nnx_give_the_same_logits_and_gradients():
     tokens = _tokens()
     boxed, params = _params(lm, tokens)
     assert_same_tree(boxed, model)
-    models.load_params(model, params)
-    segment_ids = jnp.asarray([[1] * 5 + [2] * 4, [1] * 9])
-    positions = jnp.asarray([list(range(5)) + list(range(4)), list(range(9))])
-    call = dict(segment_ids=segment_ids, positions=positions)
-    w = jax.random.normal(jax.random.key(3), (2, 9, VOCAB))
-
-    def linen_loss(p):
-        logits, _ = lm.apply({"params": p}, tokens, **call)
-        return jnp.sum(logits * w), logits
-
-    def nnx_loss(m):
-        logits, _ = m(tokens, **call)
-        return jnp.sum(logits * w), logits
-
-    (want_loss, want), want_grads = jax.jit(jax.value_and_grad(linen_loss, has_aux=True))(params)
-    (got_loss, got), grads = nnx.jit(nnx.value_and_grad(nnx_loss, has_aux=True))(model)
-    close(got, want)
-    close(got_loss, want_loss)
-    grads, want_grads = flatten_dict(nnx.to_pure_dict(grads)), flatten_dict(want_grads)
-    assert grads.keys() == want_grads.keys()
+    want, grads, _ = assert_same_packed_logits_and_gradients(lm, model, params, tokens, VOCAB)
     assert any(p[-1] == "gate_kernel" and "decoder_1" in p for p in grads)  # the gated query's
     for path in grads:
-        close(grads[path], want_grads[path])
         assert np.abs(grads[path]).max() > 0, path
     # each packed segment as its own row: the recurrent state restarts at a segment
     alone = lm.apply({"params": params}, tokens[:1, 5:])[0]
