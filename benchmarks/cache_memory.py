@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from tfjax.specs import decoder
 
-PRESETS = ("deepseek-v3", "llama-3.1-8b", "qwen3-8b")
-TINY = ("deepseek-tiny", "modern-tiny")
+PRESETS = ("deepseek-v3", "qwen3.5-35b-a3b", "qwen3-30b-a3b", "llama-3.1-8b")
+TINY = ("deepseek-tiny", "qwen3.5-tiny", "modern-tiny")
 
 
 def cache_bytes(spec, length: int) -> dict[str, int]:

@@ -189,10 +189,16 @@ def test_delta_rule_tiny(tmp_path):
 def test_cache_memory_tiny(tmp_path):
     """Latent attention's cache grows by the latent and the shared rotated key a token and layer
     (deepseek-tiny: 3 layers of 16 + 4 in bfloat16), far less than the same heads' keys and
-    values; a grouped-query cache by its kv heads' keys and values."""
+    values; a grouped-query cache by its kv heads' keys and values; a linear-attention state
+    not at all."""
     out, result = _run("cache_memory.py", tmp_path / "cache_memory.json")
     rows = {row["preset"]: row for row in result["rows"]}
     assert rows["deepseek-tiny"]["kinds"]["latent"]["bytes_per_token"] == 3 * (16 + 4) * 2
     assert rows["deepseek-tiny"]["per_head_bytes_per_token"] == 3 * 4 * (8 + 4 + 6) * 2
     assert rows["modern-tiny"]["kinds"]["kv"]["bytes_per_token"] == 2 * 2 * 2 * 8 * 2
+    # qwen3.5-tiny: the 3 Gated DeltaNet layers' states do not grow; its one full-attention
+    # layer caches 2 kv heads of 16
+    qwen = rows["qwen3.5-tiny"]["kinds"]
+    assert qwen["recurrent"]["bytes_per_token"] == 0 and qwen["recurrent"]["constant_bytes"] > 0
+    assert qwen["kv"]["bytes_per_token"] == 1 * 2 * 2 * 16 * 2
     assert "ratio deepseek-tiny latent/per_head = 0.2778" in out
