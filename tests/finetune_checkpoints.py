@@ -287,6 +287,36 @@ def build(family: str, directory, *, steps: int = 150, seed: int = 0) -> str:
     return os.fspath(directory)
 
 
+def build_image_text(text_checkpoint, directory) -> str:
+    """A Qwen3_5ForConditionalGeneration whose text model is the Qwen3.5 checkpoint in
+    `text_checkpoint` (its weights, tokenizer and generation config) beside a 1-layer vision
+    tower (random): what the image-text checkpoints hold for a text fine-tune."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    text = transformers.Qwen3_5ForCausalLM.from_pretrained(text_checkpoint, dtype=torch.float32)
+    vision = transformers.Qwen3_5VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=24,
+        num_heads=2,
+        out_hidden_size=text.config.hidden_size,
+    )
+    config = transformers.Qwen3_5Config(
+        text_config=text.config.to_dict(),
+        vision_config=vision.to_dict(),
+        tie_word_embeddings=text.config.tie_word_embeddings,
+    )
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
+    model.generation_config = text.generation_config
+    model.save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(text_checkpoint).save_pretrained(directory)
+    return os.fspath(directory)
+
+
 def hf_generate(directory, prompts, max_new_tokens=8) -> list[str]:
     """transformers' greedy continuations of `prompts` by the checkpoint in `directory`, up to
     its first stop id (the generation config's), as text without special tokens. The prompts

@@ -115,10 +115,11 @@ def hf_logits(model, tokenizer, rows) -> list[np.ndarray]:
         ]
 
 
-def check_adapters(workdir, merged, base, rows, output):
+def check_adapters(workdir, merged, base, rows, output, names_from=None):
     """export_run(adapters_only=True) of a LoRA run: peft loads it onto its base (the adapter
     config's base_model_name_or_path) and computes the merged export's logits; the file holds
-    lora_A and lora_B of each adapted Linear layer and nothing else."""
+    lora_A and lora_B of each adapted Linear layer and nothing else, named as in `names_from`
+    (the checkpoint AutoModelForCausalLM loads from base: a wrapper's text model) or base."""
     import peft
     import torch
     import transformers
@@ -128,13 +129,14 @@ def check_adapters(workdir, merged, base, rows, output):
         config = json.load(f)
     assert config["base_model_name_or_path"] == base
     assert (config["r"], config["lora_alpha"]) == (16, 32.0)  # the lora preset's
-    layers = adapted_layers(base)
+    names_from = names_from or base
+    layers = adapted_layers(names_from)
     # the layers' last names, unless those name others too (DeepSeek-V3's experts' gate_proj
     # beside its dense layer's and shared experts'): then their full names
     names = {m.rsplit(".", 1)[-1] for m in layers}
     others = [
         k
-        for k in read_weights(base)
+        for k in read_weights(names_from)
         if k.split(".")[-2] in names and k.removesuffix(".weight") not in layers
     ]
     assert sorted(config["target_modules"]) == sorted(layers if others else names)
@@ -257,6 +259,34 @@ def test_finetune_starts_at_the_checkpoints_loss_and_exports_what_it_trained(
         assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
         assert "--adapters_only: the run has no LoRA adapters" in lines[0]
         assert not output.exists()
+
+
+def test_lora_finetunes_the_text_model_of_qwen3_5s_image_text_checkpoint(
+    checkpoints, task, tmp_path
+):
+    """init_from a Qwen3_5ForConditionalGeneration (the qwen3_5 checkpoint's text model beside a
+    vision tower, skipped by name): the step-0 eval loss is transformers' text loss, the eval
+    loss falls, and the export is a text-only Qwen3_5ForCausalLM that transformers reads back
+    with the last eval loss, differing from the text model in the adapted kernels only."""
+    import transformers
+
+    base = fc.build_image_text(checkpoints["qwen3_5"], tmp_path / "image_text")
+    workdir = tmp_path / "run"
+    finetune(base, task, workdir, "lora,tiny")
+    losses = eval_losses(workdir)
+    assert losses[0] == pytest.approx(fc.hf_loss(base, task[2]), rel=0.02)
+    last = losses[max(losses)]
+    assert last < 0.8 * losses[0]
+    out = export.export_run(str(workdir), str(tmp_path / "hf"))
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert config.architectures == ["Qwen3_5ForCausalLM"]
+    assert fc.hf_loss(out, task[2]) == pytest.approx(last, rel=0.02)
+    text, tuned = read_weights(checkpoints["qwen3_5"]), read_weights(out)
+    assert text.keys() == tuned.keys()
+    changed = {k for k in text if not np.array_equal(text[k], tuned[k])}
+    assert changed == {f"{layer}.weight" for layer in adapted_layers(checkpoints["qwen3_5"])}
+    # peft's layers named as AutoModelForCausalLM loads the wrapper: its text model's
+    check_adapters(workdir, out, base, task[2], tmp_path / "adapters", checkpoints["qwen3_5"])
 
 
 def copy_with_init_from(workdir, copy, init_from):

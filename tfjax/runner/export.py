@@ -156,7 +156,7 @@ def export_run(
         if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
             model = linen_of(model.spec)
         if adapters_only:
-            layers, targets = adapter_layers(model, params, family_of(base)[0])
+            layers, targets = adapter_layers(model, params, _peft_family(family_of(base)[0]))
             state = _state(layers)
             adapter_config = _adapter_config(config, base, targets, layers)
         else:
@@ -407,6 +407,19 @@ def _adapter_base(config, kept: str) -> str:
             "CAUSAL_LM) only"
         )
     return base
+
+
+def _peft_family(family):
+    """The family whose key names peft's modules take: AutoModelForCausalLM loads a multimodal
+    wrapper's checkpoint (Qwen3_5ForConditionalGeneration) as its text model, whose layers are
+    named as the text family's (model.layers.i..., not model.language_model.layers.i...)."""
+    from tfjax.interop import ARCHITECTURES
+    from tfjax.interop.core import multimodal
+
+    for wrapper in multimodal.WRAPPERS:
+        if wrapper.architecture == family.architecture:
+            return ARCHITECTURES[wrapper.text].family
+    return family
 
 
 @dataclasses.dataclass(frozen=True)
