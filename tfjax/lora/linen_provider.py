@@ -206,8 +206,10 @@ class Provider(qwix.LoraProvider):
         path = "/".join((*module.path, name))
         if isinstance(module, _moe.Experts) and not name.endswith("_bias"):
             self._refuse_experts(path)
-        if name.endswith("kernel") and self._targets.fullmatch(path):
-            self._read.add(path)  # refused at the call's end unless a matmul adapts it
+        # kernels and Gated DeltaNet's convolution weights (*_conv, multiplied elementwise):
+        # refused at the call's end unless a matmul adapts them
+        if name.endswith(("kernel", "_conv")) and self._targets.fullmatch(path):
+            self._read.add(path)
         self._record(value, (tuple(module.path), name))
         return value
 
