@@ -19,10 +19,14 @@ benchmarks/results/cache_memory.json (or --out) and a Markdown table on stdout.
 import collections
 
 import harness
-import jax
-import jax.numpy as jnp
 
-from tfjax.specs import decoder
+from tfjax.runner import startup
+
+startup.choose_platform()  # before JAX starts: no plugin errors on a CPU host
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tfjax.specs import decoder  # noqa: E402
 
 PRESETS = ("deepseek-v3", "qwen3.5-35b-a3b", "qwen3-30b-a3b", "llama-3.1-8b")
 TINY = ("deepseek-tiny", "qwen3.5-tiny", "modern-tiny")

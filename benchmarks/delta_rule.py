@@ -16,6 +16,10 @@ benchmarks/results/delta_rule.json.
 
 import harness
 
+from tfjax.runner import startup
+
+startup.choose_platform()  # before JAX starts: no plugin errors on a CPU host
+
 SHAPE = dict(B=1, N=4, H=64, lengths=(512, 1024, 2048, 4096, 8192), chunk=64)
 TINY = dict(B=1, N=2, H=16, lengths=(64, 96), chunk=32)
 
