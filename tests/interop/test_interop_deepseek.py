@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from interop_references import V, torch, transformers
+from safetensors import safe_open
 
 from tfjax import interop
 from tfjax.interop import pretrained
@@ -207,3 +208,20 @@ def test_a_run_streams_the_loaded_params(deepseek_q_latent):
     assert streamed.keys() == want.keys()
     for key, value in want.items():
         assert np.array_equal(streamed[key], value), key
+
+
+def test_the_multi_token_prediction_layer_is_skipped_by_name(deepseek_q_latent, tmp_path, caplog):
+    """The published files' model.layers.61 (the multi-token-prediction module, which the model
+    does not hold) is skipped and counted, as transformers skips it; the logits are the same."""
+    ref, path = deepseek_q_latent
+    with safe_open(f"{path}/model.safetensors", "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open's API)
+    state["model.layers.61.eh_proj.weight"] = torch.zeros(32, 64)
+    state["model.layers.61.enorm.weight"] = torch.ones(32)
+    interop.write_safetensors(state, str(tmp_path), interop.read_config(path))
+    with caplog.at_level("INFO"):
+        model, params = interop.load(str(tmp_path))
+    assert "model.layers.61.* (2)" in " ".join(r.getMessage() for r in caplog.records)
+    want_model, want = interop.load(path)
+    assert model == want_model
+    jax.tree.map(np.testing.assert_array_equal, params, want)

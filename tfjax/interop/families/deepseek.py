@@ -37,9 +37,9 @@ tie_word_embeddings, rms_norm_eps (the latents' norms: 1e-6, as DeepSeek's). Ref
 before any tensor is read: attention_bias, rope_interleave=false, a rope type tfjax lacks,
 num_key_value_heads other than the heads, scoring_func / topk_method of DeepSeek's own code
 other than sigmoid / noaux_tc, moe_layer_freq other than 1, quantization_config (the Hub's FP8
-files). The multi-token-prediction layers (num_nextn_predict_layers) are not part of the model:
-a state dict that holds them (the published files' model.layers.61) is refused as having
-unexpected keys.
+files). The multi-token-prediction layer (num_nextn_predict_layers) is not part of the model: the
+published files' model.layers.61 is skipped by name (and counted in a log line), as
+transformers skips it.
 """
 
 import jax.numpy as jnp
@@ -309,6 +309,10 @@ DEEPSEEK_V3 = Family(
     },
     defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
     ignore=("*rotary_emb.inv_freq",),
+    # The published files' multi-token-prediction layer (num_nextn_predict_layers: one, after
+    # the 61 layers), which the model does not hold; transformers skips the same keys. Only
+    # keys no rule reads are skipped: a model of more layers reads its own layer 61.
+    skip=("model.layers.61.*",),
     tied=tied_head("embed_tokens.weight"),
     layout=_layout,
     read=_read,
