@@ -2,13 +2,17 @@
 each projection a matmul multiplies, not the convolutions; a target naming a convolution is
 refused by name."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from flax.traverse_util import flatten_dict
 
 from tfjax import lora
 from tfjax.interop import pretrained as hf_pretrained
+from tfjax.nnx.models import decoder as nnx_decoder
 
 TOKENS = np.array([[1, 5, 9, 2, 30, 7, 7, 0]], np.int32)
 
@@ -76,3 +80,16 @@ def test_a_target_naming_a_convolution_is_refused_by_name(qwen3_5):
         ValueError, match=r"matches decoder_0/layers_0/self_attention/query_conv: kernel\(s\)"
     ):
         lora.init_params(adapted, params, jax.random.key(0), TOKENS)
+    # the NNX model's: refused when the adapters are made
+    fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+    fields = {k: v for k, v in fields.items() if k not in ("parent", "name")}
+    with pytest.raises(
+        ValueError,
+        match=r"matches decoder_0/layers_0/self_attention/query_conv: convolution weights",
+    ):
+        lora.apply_lora(
+            nnx_decoder.Model(**fields, rngs=nnx.Rngs(0)),
+            lora.LoraConfig(rank=2, targets=targets),
+            TOKENS,
+            rngs=nnx.Rngs(1),
+        )

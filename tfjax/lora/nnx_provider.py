@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 import zlib
 from collections.abc import Sequence
 
@@ -254,6 +255,7 @@ def apply_lora_nnx(model, config: LoraConfig, args, kwargs, rngs):
         wants = provider.wants
     finally:
         provider.wants = None
+    _refuse_convolutions(out, config)
     rule = provider._rules[0]
     for (path, name), want in sorted(wants.items()):
         module = _flax_util.get_value_from_path(out, path)
@@ -271,6 +273,26 @@ def apply_lora_nnx(model, config: LoraConfig, args, kwargs, rngs):
             setattr(module, name, _quantized(kernel, want, provider.hows[(path, name)]))
     provider.hows = {}
     return out
+
+
+def _refuse_convolutions(model, config: LoraConfig) -> None:
+    """Gated DeltaNet's convolution weights (*_conv) are multiplied elementwise, by no matmul
+    Qwix intercepts: a target naming one would leave it without adapters, so it is refused by
+    name (as the Linen provider refuses a kernel no matmul multiplies)."""
+    targets = re.compile(config.targets)
+    flat = flax.traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    named = sorted(
+        path
+        for path in ("/".join(map(str, k)) for k in flat)
+        if path.endswith("_conv") and targets.fullmatch(path)
+    )
+    if named:
+        raise ValueError(
+            f"LoraConfig.targets={config.targets!r} matches {', '.join(named[:4])}"
+            f"{f', and {len(named) - 4} more' if len(named) > 4 else ''}: convolution weights "
+            "the model multiplies elementwise, by no einsum, dot_general or convolution (what "
+            "Qwix's LoRA intercepts), so they would get no adapters; leave them out of targets"
+        )
 
 
 def _intercept_other_methods(model, provider):
