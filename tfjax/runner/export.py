@@ -156,7 +156,7 @@ def export_run(
         if isinstance(model, Functional):  # model.api="nnx": the Linen model of the same params
             model = linen_of(model.spec)
         if adapters_only:
-            layers, targets = adapter_layers(model, params, _peft_family(family_of(base)[0]))
+            layers, targets = adapter_layers(model, params, _peft_family(*family_of(base)))
             state = _state(layers)
             adapter_config = _adapter_config(config, base, targets, layers)
         else:
@@ -409,15 +409,19 @@ def _adapter_base(config, kept: str) -> str:
     return base
 
 
-def _peft_family(family):
-    """The family whose key names peft's modules take: AutoModelForCausalLM loads a multimodal
-    wrapper's checkpoint (Qwen3_5ForConditionalGeneration) as its text model, whose layers are
-    named as the text family's (model.layers.i..., not model.language_model.layers.i...)."""
+def _peft_family(family, config: dict):
+    """The family whose key names peft's modules take: the checkpoint's, unless
+    AutoModelForCausalLM loads the multimodal wrapper as its text model (transformers 5: a
+    Qwen3_5ForConditionalGeneration as a Qwen3_5ForCausalLM, whose layers are model.layers.i...,
+    not model.language_model.layers.i...; a Gemma 3 one stays itself)."""
+    from transformers.models.auto import modeling_auto
+
     from tfjax.interop import ARCHITECTURES
     from tfjax.interop.core import multimodal
 
+    causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
     for wrapper in multimodal.WRAPPERS:
-        if wrapper.architecture == family.architecture:
+        if wrapper.architecture == family.architecture and causal == wrapper.text:
             return ARCHITECTURES[wrapper.text].family
     return family
 
