@@ -1,5 +1,6 @@
-r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral, and the mixtures of
-experts Qwen3-MoE, Mixtral and DeepSeek-V3) on your own files.
+r"""Fine-tuning a published decoder checkpoint (Llama, Qwen, Gemma, Mistral, Qwen3.5 (the text
+model of its image-text checkpoints too), and the mixtures of experts Qwen3-MoE, Mixtral and
+DeepSeek-V3) on your own files.
 
     python experiments/run.py --config=configs/finetune.py --workdir=W \
         --config.init_from=CHECKPOINT_DIR \
@@ -21,7 +22,8 @@ over the trained tokens; the first evaluation is the checkpoint's own (step 0).
 Presets (comma-separated, applied in order): "full" (the default: every parameter trains),
 "lora" (adapters of rank 16 on the attention and MLP kernels, the base frozen; in a mixture of
 experts the attention and any dense layers' and shared experts', not the routed experts';
-DeepSeek's latent attention's five projections: tfjax.lora), "tiny" (tests),
+DeepSeek's latent attention's five projections; Qwen3.5's Gated DeltaNet projections, not its
+convolutions: tfjax.lora), "tiny" (tests),
 and the sized ones below, each compiled for its target with experiments/compile.py (sizes only,
 no weights needed; figures in docs/finetuning.md).
 
@@ -177,6 +179,14 @@ _PRESETS = {
     # and shared MLPs (not the routed experts), the base sharded over the 128 chips (FSDP)
     "deepseek-v3-lora-v5p": lambda c: _lora(
         _sized(c, "deepseek-v3", batch_size=128, seq_len=2048, mesh=dict(data=1, fsdp=-1), chunks=8)
+    ),
+    # v5p:2x2x2: LoRA on Qwen3.5-35B-A3B's text model (its image-text checkpoint's too): adapters
+    # on the Gated DeltaNet and gated attention projections and the shared experts (not the
+    # routed experts nor the convolutions), the base sharded over the 8 chips (FSDP)
+    "qwen3.5-35b-a3b-lora-v5p": lambda c: _lora(
+        _sized(
+            c, "qwen3.5-35b-a3b", batch_size=16, seq_len=2048, mesh=dict(data=1, fsdp=-1), chunks=8
+        )
     ),
     # v5p:2x2x2: QLoRA on Llama 3.1 70B, the NF4 base sharded over the 8 chips (FSDP)
     "llama-3.1-70b-qlora-v5p": lambda c: _lora(
