@@ -73,6 +73,18 @@ def layer_paths(model: decoder.Decoder) -> list[tuple[str, str]]:
     ]
 
 
+def ends_rules(model: decoder.Decoder, prefix="model.", last_stack: str = "decoder") -> list[Rule]:
+    """The keys around a Llama-named decoder's layers: the token embedding, the final norm (in
+    the `last_stack`) and, untied, the head."""
+    rules = [
+        identity(f"{prefix}embed_tokens.weight", ("embed", "embedding")),
+        identity(f"{prefix}norm.weight", (last_stack, "final_norm", "scale")),
+    ]
+    if not model.tie_embeddings:
+        rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
+    return rules
+
+
 def llama_rules(
     model: decoder.Decoder, prefix="model.", *, experts: Callable | None = None
 ) -> list[Rule]:
@@ -80,12 +92,7 @@ def llama_rules(
     of a mixture-of-experts layer by `experts(layer i's key prefix, its FFN's path)`."""
     norms = LAYER_NORMS[model.norm_position]
     qkv_bias = model.use_bias if model.qkv_bias is None else model.qkv_bias
-    rules = [
-        identity(f"{prefix}embed_tokens.weight", ("embed", "embedding")),
-        identity(f"{prefix}norm.weight", ("decoder", "final_norm", "scale")),
-    ]
-    if not model.tie_embeddings:
-        rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
+    rules = ends_rules(model, prefix)
     for i, layer in enumerate(layer_paths(model)):
         h = f"{prefix}layers.{i}."
         att = (*layer, "self_attention")

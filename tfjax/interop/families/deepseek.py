@@ -49,6 +49,7 @@ from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
     NO_GEMMA_OPTIONS,
     SIZES,
+    ends_rules,
     layer_paths,
     rope_field,
     spelled_out,
@@ -167,12 +168,7 @@ def _experts(model, h: str, path: tuple, fused: bool) -> list[Rule]:
 
 def deepseek_v3_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -> list[Rule]:
     """DeepSeek-V3's state-dict keys (see the module docstring)."""
-    rules = [
-        identity(f"{prefix}embed_tokens.weight", ("embed", "embedding")),
-        identity(f"{prefix}norm.weight", ("decoder", "final_norm", "scale")),
-    ]
-    if not model.tie_embeddings:
-        rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
+    rules = ends_rules(model, prefix)
     for i, layer in enumerate(layer_paths(model)):
         h = f"{prefix}layers.{i}."
         rules += [

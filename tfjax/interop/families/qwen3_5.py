@@ -41,6 +41,7 @@ from tfjax.interop.core import linear_attention as la_convert
 from tfjax.interop.core.decoders import (
     NO_GEMMA_OPTIONS,
     SIZES,
+    ends_rules,
     rope_scaling_of,
     spelled_out,
     tied_head,
@@ -142,12 +143,7 @@ def qwen3_5_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -> li
     """Qwen3.5's state-dict keys (see the module docstring); with experts, Qwen3.5-MoE's (the
     export writes one tensor per expert, as transformers' save_pretrained and the Hub do)."""
     last = model.stacks()[-1][0]
-    rules = [
-        identity(f"{prefix}embed_tokens.weight", ("embed", "embedding")),
-        identity(f"{prefix}norm.weight", (last, "final_norm", "scale")),
-    ]
-    if not model.tie_embeddings:
-        rules.append(linear("lm_head.weight", ("output_proj", "kernel")))
+    rules = ends_rules(model, prefix, last)
     types = model.layer_types or ("full_attention",) * model.num_layers
     for i, layer in enumerate(layer_paths(model)):
         h, att = f"{prefix}layers.{i}.", (*layer, "self_attention")
