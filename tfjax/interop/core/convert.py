@@ -3,7 +3,8 @@ rules, and back.
 
 `from_hf` reads the config through the family's table (`tables.build`) and the weights through
 its rules (`import_params`); `to_hf` writes both back. `converters` makes the public pair
-`from_x` / `to_x` of a family that needs nothing else.
+`from_x` / `to_x` of a family that needs nothing else, `exporter` the export of a module whose
+families a model chooses among (Llama, Mistral, Qwen).
 """
 
 import fnmatch
@@ -137,6 +138,16 @@ def to_hf(family: Family, model, params, *, rules=None):
     config = hf_config(family, model)
     rules = family.rules(model, family.prefix) if rules is None else rules
     return export_state(unrolled(model, params), rules), config
+
+
+def exporter(family: Callable, written: Callable = lambda model: model) -> Callable:
+    """An export (model, params) -> `to_hf` of the family `family(model)` chooses (a module
+    of several families), writing `written(model)`."""
+
+    def export(model, params):
+        return to_hf(family(model), written(model), params)
+
+    return export
 
 
 def converters(family: Family, name: str, written: Callable = lambda model: model):

@@ -13,17 +13,27 @@ Mistral, Qwen and Gemma keep (Gemma with four norms a layer, `LAYER_NORMS["sandw
   layers.i.{input,post_attention}_layernorm -> self_attention_norm, mlp_norm
   embed_tokens, norm, lm_head              -> embed, decoder/final_norm, output_proj
 A layer past a model's first_dense_layers is a mixture of experts, whose FFN keys the family's
-`experts` rules give (`families.moe`); layer i's params are under `layer_paths(model)[i]`. The
-configs' sizes (`SIZES`), per-layer attention kinds (`layer_types_field`: layer_types <->
-attention_pattern), RoPE parameters (`rope_field`: rope_parameters or the older rope_scaling <->
-`tfjax.nn.position.RopeScaling`) and the table of a Llama-shaped family (`llama_family`: Llama,
-Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
+`experts` rules give (`families.moe`; `expert_rules`: the experts fused or one tensor each);
+layer i's params are under `layer_paths(model)[i]`. The configs' sizes (`SIZES`), per-layer
+attention kinds (`layer_types_field`: layer_types <-> attention_pattern), RoPE parameters
+(`rope_field`: rope_parameters or the older rope_scaling <-> `tfjax.nn.position.RopeScaling`;
+`LLAMA_ROPE`, Llama's keys), the keys after them (`training_fields`), the Family of a decoder
+under Llama's key names (`decoder_family`: Gemma, DeepSeek-V3, GPT-OSS, Qwen3.5) and of a
+Llama-shaped one (`llama_family`: Llama, Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
 """
 
 import math
 from collections.abc import Callable
 
-from tfjax.interop.core.rules import Rule, attention, identity, linear
+from tfjax.interop.core.rules import (
+    Rule,
+    attention,
+    fused_expert_halves,
+    fused_experts,
+    identity,
+    linear,
+    per_expert,
+)
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
 from tfjax.nn import position
@@ -85,6 +95,53 @@ def ends_rules(model: decoder.Decoder, prefix="model.", last_stack: str = "decod
     return rules
 
 
+def gated_mlp(m: str, path: tuple, *, bias: bool = False) -> list[Rule]:
+    """A gated FFN's keys `m`{gate,up,down}_proj (with `bias`, their biases too) <-> path/wi_0,
+    wi_1, wo (a dense layer's FFN, or a mixture's shared expert)."""
+    rules = []
+    for theirs, ours in _MLP.items():
+        rules.append(linear(f"{m}{theirs}.weight", (*path, ours, "kernel")))
+        if bias:
+            rules.append(identity(f"{m}{theirs}.bias", (*path, ours, "bias")))
+    return rules
+
+
+def expert_rules(
+    m: str, path: tuple, num_experts: int, *, fused: bool, names: tuple = tuple(_MLP)
+) -> list[Rule]:
+    """A mixture's experts under `m` (".experts." ends it) <-> path/experts/wi_0, wi_1, wo [E,
+    ...]: transformers 5's fused tensors (gate_up_proj, down_proj), or the Hub's one tensor an
+    expert (j.<names>.weight, the gate, up and down projections' names)."""
+    kernels = [(*path, "experts", k) for k in _MLP.values()]
+    if fused:
+        return [
+            fused_expert_halves(f"{m}gate_up_proj", kernels[:2]),
+            fused_experts(f"{m}down_proj", kernels[2]),
+        ]
+    return [
+        per_expert([f"{m}{j}.{name}.weight" for j in range(num_experts)], kernel)
+        for name, kernel in zip(names, kernels, strict=True)
+    ]
+
+
+def fused_layout(state) -> dict:
+    """A mixture's rules' layout: transformers 5's fused experts when the checkpoint holds
+    them, else the Hub's one tensor an expert."""
+    return {"fused": any(k.endswith(".experts.gate_up_proj") for k in state)}
+
+
+def refuse_quantized(family: Family, c: dict, advice: str):
+    """A ValueError naming a config's quantization_config (the Hub's FP8 / MXFP4 files), before
+    any tensor is read: tfjax loads float weights; `advice` follows, how to get them."""
+    quantized = c.get("quantization_config")
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        raise ValueError(
+            f"{family.architecture}: quantization_config (quant_method={method!r}) is not "
+            f"supported: tfjax loads float weights{advice}"
+        )
+
+
 def llama_rules(
     model: decoder.Decoder, prefix="model.", *, experts: Callable | None = None
 ) -> list[Rule]:
@@ -104,10 +161,7 @@ def llama_rules(
                 raise ValueError(f"no key rules for the {model.num_experts} experts of layer {i}")
             rules += experts(h, (*layer, "mlp"))
         else:
-            for theirs, ours in _MLP.items():
-                rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
-                if model.use_bias:
-                    rules.append(identity(f"{h}mlp.{theirs}.bias", (*layer, "mlp", ours, "bias")))
+            rules += gated_mlp(f"{h}mlp.", (*layer, "mlp"), bias=model.use_bias)
         if model.qk_norm:  # Qwen 3: one [H] scale for every query head, one for every key head
             rules += [
                 identity(f"{h}self_attn.q_norm.weight", (*att, "query_norm", "scale")),
@@ -280,6 +334,24 @@ SIZES = (
     Field("num_attention_heads", "num_heads"),
     Field("num_key_value_heads", "num_kv_heads", lambda f: f["num_heads"]),
 )
+# Llama's RoPE keys: transformers 5 writes rope_parameters (the scaling first: it writes the
+# whole dict); older configs, and older readers, rope_theta and rope_scaling.
+LLAMA_ROPE = (
+    rope_field("rope_parameters", "rope_scaling"),
+    rope_field("rope_scaling", "rope_scaling", write=False),
+    Field("rope_parameters.rope_theta", "rope_base", None),
+    Field("rope_theta", "rope_base", None),
+)
+
+
+def training_fields(tie: bool = False) -> tuple[Field, ...]:
+    """The keys every Llama-shaped config names alike after its sizes and positions: attention
+    dropout, tied embeddings (`tie` when the key is absent) and the init scale."""
+    return (
+        Field("attention_dropout", "attention_dropout_rate", 0.0),
+        Field("tie_word_embeddings", "tie_embeddings", tie),
+        Field("initializer_range", "init_stddev", 0.02),
+    )
 
 
 LLAMA_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
@@ -294,6 +366,37 @@ NO_GEMMA_OPTIONS = {
     "final_logit_softcap": None,
     "scale_embeddings": False,
 }
+
+
+def decoder_family(
+    architecture,
+    model_type,
+    config,
+    *,
+    rules,
+    requires,
+    defaults=None,
+    ignore=("*rotary_emb.inv_freq",),
+    **options,
+) -> Family:
+    """A decoder family under Llama's key names: "model." before them (a bare base model's keys
+    start "layers."), the head tied to embed_tokens when tied, no dropout unless the config says
+    so; `defaults` adds model fields its config does not hold, `ignore` the buffers' keys,
+    `options` other Family fields."""
+    return Family(
+        architecture=architecture,
+        model_type=model_type,
+        model=decoder.Model,
+        config=config,
+        rules=rules,
+        prefix="model.",
+        bare="layers.",
+        requires=requires,
+        defaults={"dropout_rate": 0.0, **(defaults or {})},
+        ignore=ignore,
+        tied=tied_head("embed_tokens.weight"),
+        **options,
+    )
 
 
 def llama_family(
@@ -311,34 +414,22 @@ def llama_family(
     names; `config` adds the family's own entries, `requires` its fixed model fields; `eps`,
     `max_len` and `rope_base` are what its config class means when the key is absent;
     `options` other Family fields (a mixture of experts' `rules`, `layout`, `read`, `write`)."""
-    return Family(
-        architecture=architecture,
-        model_type=model_type,
-        model=decoder.Model,
-        config=(
+    return decoder_family(
+        architecture,
+        model_type,
+        (
             *SIZES,
             Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
             Field("intermediate_size", "mlp_dim"),
             Field("max_position_embeddings", "max_len", max_len),
             Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
             Field("rms_norm_eps", "norm_eps", eps),
-            # transformers 5 writes rope_parameters (the scaling first: it writes the whole
-            # dict); older configs, and older readers, rope_theta and rope_scaling.
-            rope_field("rope_parameters", "rope_scaling"),
-            rope_field("rope_scaling", "rope_scaling", write=False),
-            Field("rope_parameters.rope_theta", "rope_base", None),
-            Field("rope_theta", "rope_base", None),
-            Field("attention_dropout", "attention_dropout_rate", 0.0),
-            Field("tie_word_embeddings", "tie_embeddings", False),
-            Field("initializer_range", "init_stddev", 0.02),
+            *LLAMA_ROPE,
+            *training_fields(),
             *config,
         ),
         rules=rules,
-        prefix="model.",
-        bare="layers.",
         requires={"position": "rope", "norm": "rms", "attention_sinks": False, **(requires or {})},
-        defaults={"rope_base": rope_base, "dropout_rate": 0.0},
-        ignore=("*rotary_emb.inv_freq",),
-        tied=tied_head("embed_tokens.weight"),
+        defaults={"rope_base": rope_base},
         **options,
     )

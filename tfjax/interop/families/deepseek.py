@@ -47,31 +47,25 @@ import numpy as np
 
 from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
+    LLAMA_ROPE,
     NO_GEMMA_OPTIONS,
     SIZES,
+    decoder_family,
     ends_rules,
+    expert_rules,
+    fused_layout,
+    gated_mlp,
     layer_paths,
-    rope_field,
+    refuse_quantized,
     spelled_out,
-    tied_head,
+    training_fields,
 )
 from tfjax.interop.core.registry import Converts, Exporter, Row
-from tfjax.interop.core.rules import (
-    Rule,
-    fused_expert_halves,
-    fused_experts,
-    identity,
-    linear,
-    linear_out,
-    per_expert,
-)
+from tfjax.interop.core.rules import Rule, identity, linear, linear_out
 from tfjax.interop.core.tables import Family, Field, Fixed, table_config, table_fields
 from tfjax.models import decoder
 
 __all__ = ["from_deepseek_v3", "to_deepseek_v3"]
-
-_MLP = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
-_EXPERT_KERNELS = ("wi_0", "wi_1", "wo")
 
 
 def _rope_rows(x, head: int, rope: int, *, back: bool = False):
@@ -144,25 +138,13 @@ def _attention(model: decoder.Decoder, a: str, att: tuple) -> list[Rule]:
 
 def _experts(model, h: str, path: tuple, fused: bool) -> list[Rule]:
     m = f"{h}mlp."
-    kernels = [(*path, "experts", k) for k in _EXPERT_KERNELS]
     rules = [
         linear(f"{m}gate.weight", (*path, "router", "kernel")),
         identity(f"{m}gate.e_score_correction_bias", (*path, "router_score_bias")),
+        *expert_rules(f"{m}experts.", path, model.num_experts, fused=fused),
     ]
-    if fused:
-        rules += [
-            fused_expert_halves(f"{m}experts.gate_up_proj", kernels[:2]),
-            fused_experts(f"{m}experts.down_proj", kernels[2]),
-        ]
-    else:
-        for name, kernel in zip(_MLP, kernels, strict=True):
-            keys = [f"{m}experts.{j}.{name}.weight" for j in range(model.num_experts)]
-            rules.append(per_expert(keys, kernel))
     if model.shared_expert_dim:
-        for theirs, ours in _MLP.items():
-            rules.append(
-                linear(f"{m}shared_experts.{theirs}.weight", (*path, "shared", ours, "kernel"))
-            )
+        rules += gated_mlp(f"{m}shared_experts.", (*path, "shared"))
     return rules
 
 
@@ -179,26 +161,14 @@ def deepseek_v3_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -
         if i >= model.first_dense_layers:
             rules += _experts(model, h, (*layer, "mlp"), fused)
         else:
-            for theirs, ours in _MLP.items():
-                rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
+            rules += gated_mlp(f"{h}mlp.", (*layer, "mlp"))
     return rules
-
-
-def _layout(state) -> dict:
-    """transformers 5's fused experts when the checkpoint holds them, else the Hub's."""
-    return {"fused": any(k.endswith(".experts.gate_up_proj") for k in state)}
 
 
 def _read(family: Family, c: dict) -> dict:
     """The table's fields, with n_shared_experts as the shared experts' width; quantized
     weights (the Hub's FP8 files) refused before any is read."""
-    quantized = c.get("quantization_config")
-    if quantized is not None:
-        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
-        raise ValueError(
-            f"{family.architecture}: quantization_config (quant_method={method!r}) is not "
-            "supported: tfjax loads float weights (dequantize the checkpoint to bfloat16 first)"
-        )
+    refuse_quantized(family, c, " (dequantize the checkpoint to bfloat16 first)")
     fields = table_fields(family, c)
     shared = c.get("n_shared_experts")
     shared = 1 if shared is None else shared
@@ -239,11 +209,10 @@ def _some(key: str, least: int = 1):
     return check
 
 
-DEEPSEEK_V3 = Family(
-    architecture="DeepseekV3ForCausalLM",
-    model_type="deepseek_v3",
-    model=decoder.Model,
-    config=(
+DEEPSEEK_V3 = decoder_family(
+    "DeepseekV3ForCausalLM",
+    "deepseek_v3",
+    (
         *SIZES,
         Field("intermediate_size", "mlp_dim"),
         Field("moe_intermediate_size", "expert_mlp_dim", 2048),
@@ -267,13 +236,8 @@ DEEPSEEK_V3 = Family(
         Field("max_position_embeddings", "max_len", 4096),
         Field("hidden_act", "activation", "silu", values={"silu": "swiglu"}),
         Field("rms_norm_eps", "norm_eps", 1e-6),
-        rope_field("rope_parameters", "rope_scaling"),
-        rope_field("rope_scaling", "rope_scaling", write=False),
-        Field("rope_parameters.rope_theta", "rope_base", None),
-        Field("rope_theta", "rope_base", None),
-        Field("attention_dropout", "attention_dropout_rate", 0.0),
-        Field("tie_word_embeddings", "tie_embeddings", False),
-        Field("initializer_range", "init_stddev", 0.02),
+        *LLAMA_ROPE,
+        *training_fields(),
         Fixed("attention_bias", False, why="tfjax's latent attention has no biases"),
         Fixed(
             "rope_interleave",
@@ -285,8 +249,6 @@ DEEPSEEK_V3 = Family(
         Fixed("moe_layer_freq", 1, why="every layer after the dense ones has experts"),
     ),
     rules=deepseek_v3_rules,
-    prefix="model.",
-    bare="layers.",
     requires={
         "position": "rope",
         "norm": "rms",
@@ -303,14 +265,12 @@ DEEPSEEK_V3 = Family(
         "sliding_window": None,
         **NO_GEMMA_OPTIONS,
     },
-    defaults={"rope_base": 10_000.0, "dropout_rate": 0.0},
-    ignore=("*rotary_emb.inv_freq",),
+    defaults={"rope_base": 10_000.0},
     # The published files' multi-token-prediction layer (num_nextn_predict_layers: one, after
     # the 61 layers), which the model does not hold; transformers skips the same keys. Only
     # keys no rule reads are skipped: a model of more layers reads its own layer 61.
     skip=("model.layers.61.*",),
-    tied=tied_head("embed_tokens.weight"),
-    layout=_layout,
+    layout=fused_layout,
     read=_read,
     write=_write,
 )
@@ -323,10 +283,6 @@ def _written(model: decoder.Decoder) -> decoder.Decoder:
 
 
 from_deepseek_v3, to_deepseek_v3 = convert.converters(DEEPSEEK_V3, "deepseek_v3", _written)
-
-
-def _export(model: decoder.Decoder, params):
-    return convert.to_hf(DEEPSEEK_V3, _written(model), params)
 
 
 CONVERTS = Converts(
@@ -348,7 +304,7 @@ CONVERTS = Converts(
         Exporter(
             decoder.Decoder,
             when=lambda m: m.kv_lora_rank is not None,
-            export=_export,
+            export=to_deepseek_v3,
             family=lambda model: DEEPSEEK_V3,
             needs="DeepSeek-V3: multi-head latent attention (kv_lora_rank) with a mixture of "
             "experts",

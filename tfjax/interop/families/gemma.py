@@ -32,12 +32,13 @@ from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
     SIZES,
     attention_pattern_of,
+    decoder_family,
     every_nth_global,
     layer_types_field,
     llama_rules,
     rope_field,
     spelled_out,
-    tied_head,
+    training_fields,
 )
 from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.tables import Family, Field, Fixed
@@ -61,11 +62,10 @@ def _head_dim(fields) -> int:
 
 def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> Family:
     """A Gemma family: the entries all share, `config` the family's own (read in between)."""
-    return Family(
-        architecture=architecture,
-        model_type=model_type,
-        model=decoder.Model,
-        config=(
+    return decoder_family(
+        architecture,
+        model_type,
+        (
             *SIZES,
             Field("head_dim", "head_dim", 256),
             Field("intermediate_size", "mlp_dim"),
@@ -84,15 +84,11 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> Fa
             Field("sliding_window", "sliding_window", None),
             *config,
             Field("final_logit_softcapping", "final_logit_softcap", None),
-            Field("attention_dropout", "attention_dropout_rate", 0.0),
-            Field("tie_word_embeddings", "tie_embeddings", True),
-            Field("initializer_range", "init_stddev", 0.02),
+            *training_fields(tie=True),
             Fixed("attention_bias", False, why="tfjax's Gemma has no attention biases"),
             Fixed("use_bidirectional_attention", False, why="tfjax's decoder is causal"),
         ),
         rules=llama_rules,
-        prefix="model.",
-        bare="layers.",
         requires={
             "position": "rope",
             "norm": "rms_plus_one",
@@ -103,9 +99,8 @@ def _gemma(architecture, model_type, *config, requires, defaults, max_len) -> Fa
             "attention_sinks": False,
             **requires,
         },
-        defaults={"dropout_rate": 0.0, **defaults},
+        defaults=defaults,
         ignore=("*rotary_emb.*inv_freq", "*embed_scale"),
-        tied=tied_head("embed_tokens.weight"),
     )
 
 
@@ -167,10 +162,6 @@ def export_family(model: decoder.Decoder) -> Family:
     return GEMMA3 if model.qk_norm else GEMMA2
 
 
-def _export(model: decoder.Decoder, params):
-    return convert.to_hf(export_family(model), spelled_out(model), params)
-
-
 CONVERTS = Converts(
     rows=(
         Row(
@@ -197,7 +188,7 @@ CONVERTS = Converts(
             when=lambda m: (
                 m.norm_position == "sandwich" and not m.num_experts and m.kv_lora_rank is None
             ),
-            export=_export,
+            export=convert.exporter(export_family, spelled_out),
             family=export_family,
             needs="Gemma 2 / 3: a norm before and after each sub-layer (norm_position='sandwich') "
             "and a dense FFN",

@@ -98,10 +98,6 @@ def export_family(model: decoder.Decoder) -> Family:
     return LLAMA
 
 
-def _export(model: decoder.Decoder, params):
-    return convert.to_hf(export_family(model), spelled_out(model), params)
-
-
 CONVERTS = Converts(
     rows=(
         Row(
@@ -145,7 +141,7 @@ CONVERTS = Converts(
                 and m.layer_types is None  # Qwen3.5's layers: families.qwen3_5
                 and not m.attention_output_gate
             ),
-            export=_export,
+            export=convert.exporter(export_family, spelled_out),
             family=export_family,
             needs="Llama, Mistral, Qwen: positions other than learned ones and one norm before "
             "each sub-layer, a dense FFN (mixtures of experts are not exported yet)",

@@ -39,23 +39,20 @@ import jax.numpy as jnp
 from tfjax.interop.core import convert
 from tfjax.interop.core import linear_attention as la_convert
 from tfjax.interop.core.decoders import (
+    LAYER_NORMS,
     NO_GEMMA_OPTIONS,
     SIZES,
+    decoder_family,
     ends_rules,
+    expert_rules,
+    fused_layout,
+    gated_mlp,
     rope_scaling_of,
     spelled_out,
-    tied_head,
+    training_fields,
 )
 from tfjax.interop.core.registry import Converts, Exporter, Row
-from tfjax.interop.core.rules import (
-    Rule,
-    fused_expert_halves,
-    fused_experts,
-    identity,
-    linear,
-    linear_out,
-    per_expert,
-)
+from tfjax.interop.core.rules import Rule, identity, linear, linear_out
 from tfjax.interop.core.tables import Family, Field, Fixed, table_fields
 from tfjax.models import decoder
 from tfjax.ops import linear_attention as la
@@ -63,8 +60,6 @@ from tfjax.specs.decoder import LAYER_TYPES, LINEAR_ONLY
 
 __all__ = ["from_qwen3_5", "from_qwen3_5_moe", "to_qwen3_5", "to_qwen3_5_moe"]
 
-_MLP = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
-_NORMS = {"input_layernorm": "self_attention_norm", "post_attention_layernorm": "mlp_norm"}
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")  # the same positions on each text stream
 
 
@@ -121,22 +116,13 @@ def _linear_attention(a: str, att: tuple, config: la.LinearAttentionConfig) -> R
 def _experts(h: str, path: tuple, num_experts: int, fused: bool) -> list[Rule]:
     """Qwen3.5-MoE's FFN of layer i (keys under `h`, params under `path`): the router, the
     experts (transformers' fused tensors or one per expert), the gated shared expert."""
-    m, kernels = f"{h}mlp.", [(*path, "experts", k) for k in _MLP.values()]
-    rules = [linear(f"{m}gate.weight", (*path, "router", "kernel"))]
-    if fused:
-        rules += [
-            fused_expert_halves(f"{m}experts.gate_up_proj", kernels[:2]),
-            fused_experts(f"{m}experts.down_proj", kernels[2]),
-        ]
-    else:
-        for name, kernel in zip(_MLP, kernels, strict=True):
-            keys = [f"{m}experts.{j}.{name}.weight" for j in range(num_experts)]
-            rules.append(per_expert(keys, kernel))
-    rules += [
-        linear(f"{m}shared_expert.{theirs}.weight", (*path, "shared", ours, "kernel"))
-        for theirs, ours in _MLP.items()
+    m = f"{h}mlp."
+    return [
+        linear(f"{m}gate.weight", (*path, "router", "kernel")),
+        *expert_rules(f"{m}experts.", path, num_experts, fused=fused),
+        *gated_mlp(f"{m}shared_expert.", (*path, "shared")),
+        linear(f"{m}shared_expert_gate.weight", (*path, "shared_gate", "kernel")),
     ]
-    return [*rules, linear(f"{m}shared_expert_gate.weight", (*path, "shared_gate", "kernel"))]
 
 
 def qwen3_5_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -> list[Rule]:
@@ -147,7 +133,8 @@ def qwen3_5_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -> li
     types = model.layer_types or ("full_attention",) * model.num_layers
     for i, layer in enumerate(layer_paths(model)):
         h, att = f"{prefix}layers.{i}.", (*layer, "self_attention")
-        rules += [identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in _NORMS.items()]
+        norms = LAYER_NORMS["pre"].items()
+        rules += [identity(f"{h}{k}.weight", (*layer, v, "scale")) for k, v in norms]
         if types[i] == "linear_attention":
             rules.append(
                 _linear_attention(f"{h}linear_attn.", att, model.spec.linear_attention_config())
@@ -165,9 +152,8 @@ def qwen3_5_rules(model: decoder.Decoder, prefix="model.", *, fused=False) -> li
             ]
         if model.num_experts:
             rules += _experts(h, (*layer, "mlp"), model.num_experts, fused)
-            continue
-        for theirs, ours in _MLP.items():
-            rules.append(linear(f"{h}mlp.{theirs}.weight", (*layer, "mlp", ours, "kernel")))
+        else:
+            rules += gated_mlp(f"{h}mlp.", (*layer, "mlp"))
     return rules
 
 
@@ -233,22 +219,16 @@ _ATTENTION = dict(  # the model fields Qwen3.5's layers fix
 
 def _family(architecture: str, model_type: str, *ffn, requires: dict) -> Family:
     """Qwen3.5's table with the FFN's entries `ffn` (a dense MLP's or the experts')."""
-    return Family(
-        architecture=architecture,
-        model_type=model_type,
-        model=decoder.Model,
-        config=(*_CONFIG, *ffn),
+    return decoder_family(
+        architecture,
+        model_type,
+        (*_CONFIG, *ffn),
         rules=qwen3_5_rules,
-        prefix="model.",
-        bare="layers.",
         requires={**_ATTENTION, **requires},
-        defaults={"dropout_rate": 0.0},
-        ignore=("*rotary_emb.inv_freq",),
         # The published files hold a multi-token-prediction head (mtp.*), which transformers'
         # model does not load either: skipped by name, counted in the log.
         skip=("mtp.*",),
-        tied=tied_head("embed_tokens.weight"),
-        layout=lambda state: {"fused": any(k.endswith(".experts.gate_up_proj") for k in state)},
+        layout=fused_layout,
         read=_read,
     )
 
@@ -274,9 +254,7 @@ _CONFIG = (
     ),
     Field("rope_parameters.rope_theta", "rope_base", 10_000.0),
     Field("rope_parameters.partial_rotary_factor", "partial_rotary_factor", 0.25),
-    Field("attention_dropout", "attention_dropout_rate", 0.0),
-    Field("tie_word_embeddings", "tie_embeddings", False),
-    Field("initializer_range", "init_stddev", 0.02),
+    *training_fields(),
     Fixed("attention_bias", False, why="tfjax's Qwen3.5 layers have no biases"),
 )
 QWEN3_5 = _family(
@@ -321,10 +299,6 @@ from_qwen3_5, to_qwen3_5 = convert.converters(QWEN3_5, "qwen3_5", _written)
 from_qwen3_5_moe, to_qwen3_5_moe = convert.converters(QWEN3_5_MOE, "qwen3_5_moe", _written)
 
 
-def _exporter(family: Family):
-    return lambda model, params: convert.to_hf(family, _written(model), params)
-
-
 def is_qwen3_5(model) -> bool:
     """Qwen3.5's layers: layer_types or gated full attention (other exporters leave these)."""
     return model.layer_types is not None or model.attention_output_gate
@@ -354,14 +328,14 @@ CONVERTS = Converts(
         Exporter(
             decoder.Decoder,
             when=lambda m: is_qwen3_5(m) and not m.num_experts,
-            export=_exporter(QWEN3_5),
+            export=to_qwen3_5,
             family=lambda model: QWEN3_5,
             needs="Qwen3.5: layer_types or attention_output_gate, a dense FFN",
         ),
         Exporter(
             decoder.Decoder,
             when=lambda m: bool(is_qwen3_5(m) and m.num_experts and m.shared_expert_dim),
-            export=_exporter(QWEN3_5_MOE),
+            export=to_qwen3_5_moe,
             family=lambda model: QWEN3_5_MOE,
             needs="Qwen3.5-MoE: layer_types or attention_output_gate, experts and a shared one",
         ),
