@@ -119,92 +119,74 @@ ALLOWED = {
 }
 
 
-def _images(
-    size,
-    channels,
-    classes,
-    *,
-    crop="pad",
-    crop_padding,
-    random_flip,
-    eval_split="test",
-    embedded=None,
-):
-    """A catalog entry of labelled square images (train / eval splits, crops, flips)."""
+def _dataset(features, tasks, *, eval_split="test", embedded=None, **config):
+    """A catalog entry: which record fields hold what (`features`), the `tasks` it serves and
+    its config, the splits "train" and `eval_split` then `config`; built offline by the
+    tfjax.data.embedded `embedded` builder class (small: kept in memory), else a TFDS dataset."""
     entry = dict(
-        features=dict(image="image", label="label"),
-        tasks=("classification",),
-        config=dict(
-            train_split="train",
-            eval_split=eval_split,
-            image_size=size,
-            num_channels=channels,
-            num_classes=classes,
-            crop=crop,
-            crop_padding=crop_padding,
-            random_flip=random_flip,
-        ),
+        features=features,
+        tasks=tasks,
+        config=dict(train_split="train", eval_split=eval_split, **config),
     )
-    return _embedded(entry, embedded)
-
-
-def _embedded(entry, builder):
-    """`entry` built offline by the tfjax.data.embedded `builder` class (small: kept in memory),
-    or as it is (a TFDS dataset) when `builder` is None."""
-    if builder:
-        entry.update(embedded=builder)
+    if embedded:
+        entry.update(embedded=embedded)
         entry["config"]["cache"] = True
     return entry
+
+
+def _images(size, channels, classes, *, crop="pad", crop_padding, random_flip, **options):
+    """A catalog entry of labelled square images (train / eval splits, crops, flips)."""
+    return _dataset(
+        dict(image="image", label="label"),
+        ("classification",),
+        image_size=size,
+        num_channels=channels,
+        num_classes=classes,
+        crop=crop,
+        crop_padding=crop_padding,
+        random_flip=random_flip,
+        **options,
+    )
 
 
 def _documents(tokenizer, vocab_size, *, embedded=None):
     """A catalog entry of text documents for language modelling (causal and masked): packed
     rows of 128 tokens, longer documents split over rows."""
-    entry = dict(
-        features=dict(text="text"),
-        tasks=("lm", "mlm"),
-        config=dict(
-            train_split="train",
-            eval_split="test",
-            tokenizer=tokenizer,
-            vocab_size=vocab_size,
-            seq_len=128,
-            packing=True,
-            long_examples="split",
-            mlm_probability=0.15,
-        ),
+    return _dataset(
+        dict(text="text"),
+        ("lm", "mlm"),
+        embedded=embedded,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        seq_len=128,
+        packing=True,
+        long_examples="split",
+        mlm_probability=0.15,
     )
-    return _embedded(entry, embedded)
 
 
-def _translation(source_lang, target_lang, vocab_size, seq_len, *, embedded=None, **config):
+def _translation(source_lang, target_lang, vocab_size, seq_len, **config):
     """A catalog entry of sentence pairs for translation, with one SentencePiece vocabulary
     shared by both languages."""
-    entry = dict(
-        features=dict(),
-        tasks=("translation",),
-        config=dict(
-            train_split="train",
-            eval_split="test",
-            tokenizer="sentencepiece",
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            **config,
-        ),
+    return _dataset(
+        dict(),
+        ("translation",),
+        tokenizer="sentencepiece",
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        **config,
     )
-    return _embedded(entry, embedded)
 
 
 def _files():
     """The catalog entry of the user's own text files (`tfjax.data.files`)."""
     return dict(
         files=True,
-        features=dict(text="text"),
-        tasks=("lm",),
-        config=dict(
-            train_split="train",
+        **_dataset(
+            dict(text="text"),
+            ("lm",),
             eval_split="eval",
             train_files="",
             mixture="",
@@ -222,10 +204,9 @@ def _image_folders():
     """The catalog entry of the user's images in class folders (`tfjax.data.image_folders`)."""
     return dict(
         image_folders=True,
-        features=dict(image="image", label="label"),
-        tasks=("classification",),
-        config=dict(
-            train_split="train",
+        **_dataset(
+            dict(image="image", label="label"),
+            ("classification",),
             eval_split="eval",
             train_files="",
             eval_files="",
@@ -267,11 +248,9 @@ CATALOG: dict[str, dict] = {
         module="tensorflow_datasets.translate.wmt14",
     ),
     "glue/sst2": dict(
-        module="tensorflow_datasets.text.glue",
-        features=dict(text="sentence", label="label"),
-        tasks=("classification",),
-        config=dict(
-            train_split="train",
+        _dataset(
+            dict(text="sentence", label="label"),
+            ("classification",),
             eval_split="validation",
             tokenizer="sentencepiece",
             vocab_size=8000,
@@ -279,6 +258,7 @@ CATALOG: dict[str, dict] = {
             **_TEXT,
             num_classes=2,
         ),
+        module="tensorflow_datasets.text.glue",
     ),
     "files": _files(),
     "image_folders": _image_folders(),
