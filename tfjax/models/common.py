@@ -87,6 +87,20 @@ def stack(model, config: BlockConfig, name: str, num_layers=None, **options) -> 
     )
 
 
+def embed(model, vocab_size: int, name: str | None, **options) -> tnn.Embed:
+    """A family's [vocab_size, D] embedding table `name` (None: named by the setup attribute)
+    of the Linen `model`'s width and dtypes; `options`: the Embed's others (init_stddev,
+    scale_by_sqrt_width, ...)."""
+    return tnn.Embed(
+        vocab_size,
+        model.width,
+        dtype=model.dtype,
+        param_dtype=model.param_dtype,
+        name=name,
+        **options,
+    )
+
+
 def learned_positions(model) -> tnn.LearnedPositions:
     """A family's learned position table, "pos_embed" (of the Linen `model`'s max_len, width,
     init_stddev and dtypes); made inside the model's compact method."""

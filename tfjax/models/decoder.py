@@ -82,13 +82,7 @@ class Decoder(common.FromSpec, nn.Module):
     def setup(self):
         # The modules the output head shares with __call__, here so that `logits` can be
         # applied on its own; everything else is declared inline in __call__.
-        self.embed = tnn.Embed(
-            self.vocab_size,
-            self.width,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            **self.spec.embed_options(),
-        )
+        self.embed = common.embed(self, self.vocab_size, None, **self.spec.embed_options())
         if not self.tie_embeddings:
             self.output_proj = tnn.ffn.dense(
                 self.vocab_size,

@@ -47,13 +47,7 @@ class Encoder(common.FromSpec, nn.Module):
     def setup(self):
         # What the masked-LM projection shares with __call__, here so that `logits` can be
         # applied on its own; everything else is declared inline in __call__.
-        self.embed = tnn.Embed(
-            self.vocab_size,
-            self.width,
-            init_stddev=self.init_stddev,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
+        self.embed = common.embed(self, self.vocab_size, None, init_stddev=self.init_stddev)
         if self.head == "mlm":
             self.mlm_bias = self.param(
                 "mlm_bias",
@@ -119,14 +113,10 @@ class Encoder(common.FromSpec, nn.Module):
         x = embed(tokens) + common.learned_positions(self)(positions)
         if self.type_vocab_size:
             types = jnp.zeros_like(tokens) if token_types is None else token_types
-            x = x + tnn.Embed(
-                self.type_vocab_size,
-                self.width,
-                init_stddev=self.init_stddev,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name="type_embed",
-            )(types)
+            type_embed = common.embed(
+                self, self.type_vocab_size, "type_embed", init_stddev=self.init_stddev
+            )
+            x = x + type_embed(types)
         x = self._norm("embed_norm")(x)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
         # without ids, padding (id 0) attends to nothing and is never attended

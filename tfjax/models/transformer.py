@@ -72,13 +72,8 @@ class Transformer(common.FromSpec, nn.Module):
 
     def setup(self):
         def embed(name):
-            return tnn.Embed(
-                self.vocab_size,
-                self.width,
-                scale_by_sqrt_width=self.scale_embeddings,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name=name,
+            return common.embed(
+                self, self.vocab_size, name, scale_by_sqrt_width=self.scale_embeddings
             )
 
         def stack(config, name):

@@ -117,13 +117,7 @@ class Block(nn.Module):
         # The identity, named for the remat policies that save the layer's input by name.
         x = checkpoint_name(x, LAYER_INPUT)
         if self.config.linear_attention is not None:  # Qwen3.5's Gated DeltaNet layers
-            attend = GatedDeltaNet(
-                self.config.linear_attention,
-                kernel_init=self.kernel_init,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name="self_attention",
-            )
+            attend = self._sublayer(GatedDeltaNet, self.config.linear_attention, "self_attention")
         else:
             attend = self._attention("self_attention", self.config.attention)
 
@@ -172,13 +166,7 @@ class Block(nn.Module):
                 train,
             )
         ffn = MoeMlp if isinstance(self.config.mlp, MoeConfig) else make_mlp
-        mlp = ffn(
-            self.config.mlp,
-            kernel_init=self.kernel_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="mlp",
-        )
+        mlp = self._sublayer(ffn, self.config.mlp, "mlp")
         x = self._residual(x, lambda y: mlp(y, train=train), "mlp", train)
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.ACT_EMBED))
         return x if cache is None else (x, cache)
@@ -186,6 +174,11 @@ class Block(nn.Module):
     def _attention(self, name, config):
         # DeepSeek's multi-head latent attention (self-attention only)
         kind = LatentAttention if config.latent is not None else MultiHeadAttention
+        return self._sublayer(kind, config, name)
+
+    def _sublayer(self, kind, config, name):
+        """The sub-layer module `kind` of `config`, named `name`, with the block's kernel init
+        and dtypes."""
         return kind(
             config,
             kernel_init=self.kernel_init,

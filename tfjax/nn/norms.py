@@ -39,23 +39,13 @@ def make_norm(kind: str, *, eps: float, dtype, param_dtype, name: str, axis_name
 
     `axis_name` is the parameters' logical axis (a per-head norm over H uses axes.HEAD_DIM).
     """
+    options = dict(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name)
     scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axis_name,))
     if kind == "layer":
         bias_init = nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,))
-        return nn.LayerNorm(
-            epsilon=eps,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            name=name,
-            scale_init=scale_init,
-            bias_init=bias_init,
-        )
+        return nn.LayerNorm(scale_init=scale_init, bias_init=bias_init, **options)
     if kind == "rms":
-        return nn.RMSNorm(
-            epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=scale_init
-        )
+        return nn.RMSNorm(scale_init=scale_init, **options)
     if kind == "rms_plus_one":
-        return RMSNormPlusOne(
-            epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, axis_name=axis_name
-        )
+        return RMSNormPlusOne(axis_name=axis_name, **options)
     raise ValueError(f"norm={kind!r} is unknown; allowed: {NORMS}")
