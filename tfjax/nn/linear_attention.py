@@ -8,6 +8,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from tfjax.nn.params import table_params
 from tfjax.ops import linear_attention as la
 from tfjax.ops.config import default_kernel_init
 
@@ -24,12 +25,6 @@ class GatedDeltaNet(nn.Module):
     @nn.compact
     def __call__(self, x, *, segment_ids=None, cache: la.RecurrentState | None = None):
         """x [B, T, D] -> (y [B, T, D], the RecurrentState after x, or None without `cache`)."""
-        inits = la.initializers(self.kernel_init)
-        p = {}
-        for name, (shape, names, kind) in la.parameter_shapes(self.config, x.shape[-1]).items():
-            init = nn.with_logical_partitioning(inits[kind], names)
-            p[name] = self.param(name, init, shape, self.param_dtype)
-        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
-        x, *values = nn.dtypes.promote_dtype(x, *p.values(), dtype=self.dtype)
-        p = dict(zip(p, values, strict=True))
+        shapes = la.parameter_shapes(self.config, x.shape[-1])
+        x, p = table_params(self, shapes, la.initializers(self.kernel_init), x)
         return la.gated_deltanet(x, p, self.config, segment_ids=segment_ids, cache=cache)

@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfjax.nn import axes
+from tfjax.nn.params import table_params
 from tfjax.ops import mla
 from tfjax.ops.cache import LatentCache
 from tfjax.ops.config import AttentionConfig, default_kernel_init
@@ -50,15 +51,8 @@ class LatentAttention(nn.Module):
             )
         if cache is not None and not decode:
             raise ValueError("LatentAttention: a cache is for decode=True")
-        p = {}
-        for name, (shape, names, kind) in mla.parameter_shapes(self.config, x.shape[-1]).items():
-            init = self.kernel_init if kind == "kernel" else nn.initializers.ones
-            p[name] = self.param(
-                name, nn.with_logical_partitioning(init, names), shape, self.param_dtype
-            )
-        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
-        x, *values = nn.dtypes.promote_dtype(x, *p.values(), dtype=self.dtype)
-        p = dict(zip(p, values, strict=True))
+        shapes = mla.parameter_shapes(self.config, x.shape[-1])
+        x, p = table_params(self, shapes, mla.initializers(self.kernel_init), x)
         rate = self.config.dropout_rate if train and cache is None else 0.0
         options = {}
         if cache is None:

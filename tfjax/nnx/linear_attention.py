@@ -8,12 +8,12 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.nnx.params import param
+from tfjax.nnx.params import ParamTable
 from tfjax.ops import linear_attention as la
 from tfjax.ops.config import default_kernel_init
 
 
-class GatedDeltaNet(nnx.Module):
+class GatedDeltaNet(ParamTable):
     """A Gated DeltaNet layer (tfjax.ops.linear_attention.gated_deltanet) on inputs of `width`
     (the config's, or given)."""
 
@@ -27,17 +27,10 @@ class GatedDeltaNet(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        self.config, self.dtype = config, dtype
-        inits = la.initializers(kernel_init)
-        self.names = tuple(la.parameter_shapes(config, width))
-        for name, (shape, names, kind) in la.parameter_shapes(config, width).items():
-            setattr(self, name, param(rngs, inits[kind], shape, param_dtype, names))
+        shapes, inits = la.parameter_shapes(config, width), la.initializers(kernel_init)
+        super().__init__(config, shapes, inits, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x, *, segment_ids=None, cache: la.RecurrentState | None = None):
         """x [B, T, D] -> (y [B, T, D], the RecurrentState after x, or None without `cache`)."""
-        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
-        x, *values = nnx.nn.dtypes.promote_dtype(
-            (x, *(getattr(self, n)[...] for n in self.names)), dtype=self.dtype
-        )
-        p = dict(zip(self.names, values, strict=True))
+        x, p = self.promoted(x)
         return la.gated_deltanet(x, p, self.config, segment_ids=segment_ids, cache=cache)

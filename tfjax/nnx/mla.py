@@ -5,17 +5,16 @@ its maths that module's."""
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
 
-from tfjax.nnx.params import param
+from tfjax.nnx.params import ParamTable
 from tfjax.ops import axes, mla
 from tfjax.ops.cache import LatentCache
 from tfjax.ops.config import AttentionConfig, default_kernel_init
 
 
-class LatentAttention(nnx.Module):
+class LatentAttention(ParamTable):
     """Self-attention with `config.latent` (tfjax.ops.mla): the expanded form without a cache,
     the absorbed form over a tfjax.ops.LatentCache (`cache=`) when decoding."""
 
@@ -29,11 +28,8 @@ class LatentAttention(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        self.config, self.dtype = config, dtype
-        self.names = tuple(mla.parameter_shapes(config, width))
-        for name, (shape, names, kind) in mla.parameter_shapes(config, width).items():
-            init = kernel_init if kind == "kernel" else nn.initializers.ones
-            setattr(self, name, param(rngs, init, shape, param_dtype, names))
+        shapes, inits = mla.parameter_shapes(config, width), mla.initializers(kernel_init)
+        super().__init__(config, shapes, inits, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(
         self,
@@ -52,11 +48,7 @@ class LatentAttention(nnx.Module):
         Returns [B, T, D]; with `cache`, ([B, T, D], the updated cache)."""
         if bias is not None:
             raise ValueError("LatentAttention: takes no additive logit bias")
-        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
-        x, *values = nnx.nn.dtypes.promote_dtype(
-            (x, *(getattr(self, n)[...] for n in self.names)), dtype=self.dtype
-        )
-        p = dict(zip(self.names, values, strict=True))
+        x, p = self.promoted(x)
         rate = self.config.dropout_rate if dropout_rng is not None else 0.0
         options = (
             {} if cache is not None else dict(dropout_rate=rate, sharding=axes.attention_sharding())

@@ -1,5 +1,6 @@
 """NNX parameters with logical axis names: how tfjax.nnx's modules create them and place them on
-the mesh in context (the blocks, and multi-head latent attention, tfjax.nnx.mla)."""
+the mesh in context (the blocks; `ParamTable`: multi-head latent attention, tfjax.nnx.mla, and
+Gated DeltaNet, tfjax.nnx.linear_attention)."""
 
 from collections.abc import Callable
 
@@ -33,3 +34,24 @@ def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
     """An nnx.Param of `shape` and `dtype` from `init`, carrying its logical axis `names` (and
     placed by them under a mesh)."""
     return nnx.Param(place(init(rngs.params(), shape, dtype), names), **metadata(names))
+
+
+class ParamTable(nnx.Module):
+    """A layer whose parameters are a tfjax.ops `parameter_shapes` table ({name: (shape,
+    logical axes, initializer kind)}), each the attribute of its name, made from inits[kind]
+    (as Linen's tfjax.nn.params.table_params makes them); `promoted` hands them to the ops'
+    maths."""
+
+    def __init__(self, config, shapes: dict, inits: dict, *, dtype, param_dtype, rngs):
+        self.config, self.dtype = config, dtype
+        self.names = tuple(shapes)
+        for name, (shape, names, kind) in shapes.items():
+            setattr(self, name, param(rngs, inits[kind], shape, param_dtype, names))
+
+    def promoted(self, x):
+        """x and the parameters in the compute dtype: (x, {name: parameter})."""
+        # promote_dtype, not astype: LoRA (Qwix) follows a kernel through it to its matmuls
+        x, *values = nnx.nn.dtypes.promote_dtype(
+            (x, *(getattr(self, n)[...] for n in self.names)), dtype=self.dtype
+        )
+        return x, dict(zip(self.names, values, strict=True))

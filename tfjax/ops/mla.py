@@ -40,6 +40,12 @@ from tfjax.ops.cache import LatentCache, write_latent
 from tfjax.ops.norms import rms_norm
 
 
+def initializers(kernel_init) -> dict:
+    """{kind: init(key, shape, dtype)} of `parameter_shapes`' kinds: the projections'
+    `kernel_init`, ones for the norm scales."""
+    return {"kernel": kernel_init, "ones": jax.nn.initializers.ones}
+
+
 def parameter_shapes(config, width: int) -> dict:
     """{name: (shape, logical axes, initializer kind)} of a latent attention's parameters on
     inputs of `width`; kind "kernel" (the projections' initializer) or "ones" (norm scales)."""
