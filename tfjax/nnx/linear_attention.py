@@ -2,33 +2,15 @@
 tfjax.ops.linear_attention (names, shapes and logical axes from its `parameter_shapes`, as
 Linen's tfjax.nn.linear_attention.GatedDeltaNet), its maths that module's."""
 
-from collections.abc import Callable
-from typing import Any
-
-import jax.numpy as jnp
-from flax import nnx
-
 from tfjax.nnx.params import ParamTable
 from tfjax.ops import linear_attention as la
-from tfjax.ops.config import default_kernel_init
 
 
 class GatedDeltaNet(ParamTable):
     """A Gated DeltaNet layer (tfjax.ops.linear_attention.gated_deltanet) on inputs of `width`
     (the config's, or given)."""
 
-    def __init__(
-        self,
-        config: la.LinearAttentionConfig,
-        width: int,
-        *,
-        kernel_init: Callable = default_kernel_init,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ):
-        shapes, inits = la.parameter_shapes(config, width), la.initializers(kernel_init)
-        super().__init__(config, shapes, inits, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    OPS = la  # config: a LinearAttentionConfig
 
     def __call__(self, x, *, segment_ids=None, cache: la.RecurrentState | None = None):
         """x [B, T, D] -> (y [B, T, D], the RecurrentState after x, or None without `cache`)."""

@@ -2,34 +2,16 @@
 shapes and logical axes from `mla.parameter_shapes`, as Linen's tfjax.nn.mla.LatentAttention),
 its maths that module's."""
 
-from collections.abc import Callable
-from typing import Any
-
-import jax.numpy as jnp
-from flax import nnx
-
 from tfjax.nnx.params import ParamTable
 from tfjax.ops import axes, mla
 from tfjax.ops.cache import LatentCache
-from tfjax.ops.config import AttentionConfig, default_kernel_init
 
 
 class LatentAttention(ParamTable):
     """Self-attention with `config.latent` (tfjax.ops.mla): the expanded form without a cache,
     the absorbed form over a tfjax.ops.LatentCache (`cache=`) when decoding."""
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        width: int,
-        *,
-        kernel_init: Callable = default_kernel_init,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ):
-        shapes, inits = mla.parameter_shapes(config, width), mla.initializers(kernel_init)
-        super().__init__(config, shapes, inits, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    OPS = mla  # config: an AttentionConfig with `latent`
 
     def __call__(
         self,

@@ -3,10 +3,15 @@ the mesh in context (the blocks; `ParamTable`: multi-head latent attention, tfja
 Gated DeltaNet, tfjax.nnx.linear_attention)."""
 
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from flax import nnx
+
+from tfjax.ops.config import default_kernel_init
 
 
 def place(value, names):
@@ -37,13 +42,26 @@ def param(rngs: nnx.Rngs, init: Callable, shape, dtype, names) -> nnx.Param:
 
 
 class ParamTable(nnx.Module):
-    """A layer whose parameters are a tfjax.ops `parameter_shapes` table ({name: (shape,
-    logical axes, initializer kind)}), each the attribute of its name, made from inits[kind]
+    """A layer on inputs of `width` whose parameters are the table of its tfjax.ops module
+    `OPS` (`OPS.parameter_shapes(config, width)`: {name: (shape, logical axes, initializer
+    kind)}), each the attribute of its name, made from `OPS.initializers(kernel_init)[kind]`
     (as Linen's tfjax.nn.params.table_params makes them); `promoted` hands them to the ops'
     maths."""
 
-    def __init__(self, config, shapes: dict, inits: dict, *, dtype, param_dtype, rngs):
+    OPS: ModuleType  # the layer's tfjax.ops module (tfjax.ops.mla, tfjax.ops.linear_attention)
+
+    def __init__(
+        self,
+        config,
+        width: int,
+        *,
+        kernel_init: Callable = default_kernel_init,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         self.config, self.dtype = config, dtype
+        shapes, inits = self.OPS.parameter_shapes(config, width), self.OPS.initializers(kernel_init)
         self.names = tuple(shapes)
         for name, (shape, names, kind) in shapes.items():
             setattr(self, name, param(rngs, inits[kind], shape, param_dtype, names))
