@@ -53,12 +53,8 @@ class LatentAttention(nn.Module):
             raise ValueError("LatentAttention: a cache is for decode=True")
         shapes = mla.parameter_shapes(self.config, x.shape[-1])
         x, p = table_params(self, shapes, mla.initializers(self.kernel_init), x)
+        # The dropout and sharding options are the expanded form's: decoding takes none.
         rate = self.config.dropout_rate if train and cache is None else 0.0
-        options = {}
-        if cache is None:
-            options = dict(dropout_rate=rate, sharding=axes.attention_sharding())
-            if rate > 0.0:
-                options["dropout_rng"] = self.make_rng("dropout")
         return mla.latent_attention(
             x,
             p,
@@ -68,5 +64,7 @@ class LatentAttention(nn.Module):
             mask=mask,
             segment_ids=segment_ids,
             is_causal=is_causal,
-            **options,
+            dropout_rate=rate,
+            dropout_rng=self.make_rng("dropout") if rate > 0.0 else None,
+            sharding=axes.attention_sharding(),
         )

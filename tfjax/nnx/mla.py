@@ -31,12 +31,8 @@ class LatentAttention(ParamTable):
         if bias is not None:
             raise ValueError("LatentAttention: takes no additive logit bias")
         x, p = self.promoted(x)
-        rate = self.config.dropout_rate if dropout_rng is not None else 0.0
-        options = (
-            {} if cache is not None else dict(dropout_rate=rate, sharding=axes.attention_sharding())
-        )
-        if rate > 0.0 and cache is None:
-            options["dropout_rng"] = dropout_rng
+        # The dropout and sharding options are the expanded form's: decoding takes none.
+        rate = self.config.dropout_rate if dropout_rng is not None and cache is None else 0.0
         return mla.latent_attention(
             x,
             p,
@@ -46,5 +42,7 @@ class LatentAttention(ParamTable):
             mask=mask,
             segment_ids=segment_ids,
             is_causal=is_causal,
-            **options,
+            dropout_rate=rate,
+            dropout_rng=dropout_rng if rate > 0.0 else None,
+            sharding=axes.attention_sharding(),
         )
