@@ -75,6 +75,7 @@ class Experts(nn.Module):
             biases or None,
             activation=c.activation_fn(),
             num_experts=c.num_experts,
+            weigh_inputs=c.weigh_inputs,
             sharding=expert_sharding(names),
         )
 

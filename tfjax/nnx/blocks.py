@@ -349,6 +349,7 @@ class Experts(nnx.Module):
             biases,
             activation=c.activation_fn(),
             num_experts=c.num_experts,
+            weigh_inputs=c.weigh_inputs,
             sharding=expert_sharding(expert_names(c)),
         )
 

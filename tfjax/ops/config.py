@@ -58,14 +58,29 @@ def _check_swiglu(owner, config) -> None:
 @dataclasses.dataclass(frozen=True)
 class LayerAttention:
     """What may differ between the self-attention of a stack's layers while their parameters
-    have one shape: Gemma's local (sliding-window) and global layers, each with its RoPE."""
+    have one shape: Gemma's local (sliding-window) and global layers, each with its RoPE;
+    Llama 4's chunked RoPE layers and its NoPE layers (tfjax.ops.multihead.rotate)."""
 
     sliding_window: int | None = None  # keys within the last this many positions; all when None
     rope_base: float = 10_000.0  # RoPE wavelength base
     rope_scaling: RopeScaling | None = None  # RoPE past the training length (Llama 3.1)
+    chunk: int | None = None  # keys only in the query's own chunk of this many positions
+    # (masks.chunk_mask; Llama 4's attention_chunk_size); all when None
+    rope: bool = True  # False: no RoPE in these layers though the config's position is "rope"
+    # (Llama 4's NoPE layers)
+    unit_qk_norm: bool = False  # q and k divided by their RMS over H, no weight, after RoPE
+    # (Llama 4's use_qk_norm; the config's norm_eps)
+    temperature_floor: int | None = None  # q times 1 + temperature_scale * log(1 + floor((p +
+    # 1) / this)) at position p (Llama 4's NoPE layers: floor_scale); none when None
+    temperature_scale: float = 0.1  # (Llama 4's attn_scale)
 
     def __post_init__(self):
         check_window(self.sliding_window, "sliding_window")
+        check_window(self.chunk, "chunk")
+        check_window(self.temperature_floor, "temperature_floor")
+        scale = self.temperature_scale
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale >= 0:
+            raise ValueError(f"LayerAttention: temperature_scale must be >= 0, got {scale!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +273,8 @@ class MoeConfig:
     which is the same (renormalized), with a router bias, expert biases and "swiglu_clamped".
     DeepSeek-V3: sigmoid scores with a correction bias for choosing (score_bias), experts
     chosen from the best groups only (groups, groups_kept), renormalized, scaled (scale), a
-    shared expert.
+    shared expert. Llama 4: sigmoid scores, not renormalised, that scale the experts' inputs
+    (weigh_inputs), a shared expert.
     """
 
     num_experts: int  # E
@@ -284,6 +300,8 @@ class MoeConfig:
     shared_dim: int = 0  # F of the always-on shared experts, one MLP (DeepSeek: the number of
     # shared experts times their width; Qwen2-MoE's shared_expert_intermediate_size); 0: none
     shared_gate: bool = False  # the shared experts' output times sigmoid(x w) (Qwen2-MoE)
+    weigh_inputs: bool = False  # the router's weights scale each chosen expert's input, not
+    # its output: sum_j expert_j(w_j x) (Llama 4)
     load_balance_weight: float = 0.0  # weight of the load-balancing loss in the objective
     router_z_weight: float = 0.0  # weight of the router z-loss in the objective
 

@@ -46,6 +46,20 @@ def block_mask(
     return combine_masks(causal, near, same)
 
 
+def chunk_mask(query_positions, key_positions, chunk: int):
+    """[B|1, 1, T, S] mask of chunked attention (Llama 4's RoPE layers): a query at position p
+    attends only to keys in its own chunk, positions c * chunk .. (c + 1) * chunk - 1 for
+    c = p // chunk (with a causal mask, those up to p).
+
+    Args:
+      query_positions: [T] or [B, T] the queries' positions (a packed row's restart at each
+        segment, so the chunks do too); key_positions: [S] or [B, S] the keys'.
+    """
+    q, k = (jnp.asarray(p) // chunk for p in (query_positions, key_positions))
+    q, k = (p if p.ndim == 2 else p[None] for p in (q, k))
+    return (q[:, :, None] == k[:, None, :])[:, None]
+
+
 def causal_mask(length: int, *, offset=0) -> jnp.ndarray:
     """[1, 1, T, T] lower-triangular mask: query t attends to keys 0..t (+ offset)."""
     return block_mask(jnp.arange(length) + offset, jnp.arange(length), is_causal=True)

@@ -250,8 +250,10 @@ def experts_ffn(
     activation,
     num_experts: int,
     first_expert=0,
+    weigh_inputs: bool = False,
 ):
-    """sum_j weights[n, j] * expert_{experts[n, j]}(x[n]) for tokens x [N, D] -> [N, D].
+    """sum_j weights[n, j] * expert_{experts[n, j]}(x[n]) for tokens x [N, D] -> [N, D]; with
+    `weigh_inputs`, sum_j expert_{experts[n, j]}(weights[n, j] * x[n]) (Llama 4).
 
     `kernels` (and `biases`, see expert_mlp) hold experts first_expert .. first_expert + E_l - 1
     of the num_experts: their leading axis, E_l, is num_experts on one device, E / P on each of P
@@ -267,6 +269,9 @@ def experts_ffn(
     group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local]  # [E_l]
     # [R, D]: the rows, grouped by expert
     rows = jnp.take(x, order // k, axis=0)
+    if weigh_inputs:  # each row times its pair's weight, and the outputs summed as they are
+        rows = rows * jnp.take(weights.reshape(-1), order)[:, None].astype(rows.dtype)
+        weights = jnp.ones_like(weights)
     out = expert_mlp(rows, group_sizes, key[order], kernels, biases, activation)
     if num_local < num_experts:  # the rows past the local groups are not defined by ragged_dot
         routed_here = jnp.arange(n * k) < jnp.sum(group_sizes)
@@ -309,13 +314,14 @@ def sharded_experts_ffn(
     activation,
     num_experts: int,
     sharding: ExpertSharding | None = None,
+    weigh_inputs: bool = False,
 ):
-    """`experts_ffn` on the mesh in context, each device computing its experts (see the module
-    docstring); without a mesh or a `sharding`, or when the tokens do not split evenly over
-    their mesh axes (decoding fewer rows than devices), the plain function under the
-    compiler's partitioning."""
+    """`experts_ffn` (`weigh_inputs` as there) on the mesh in context, each device computing its
+    experts (see the module docstring); without a mesh or a `sharding`, or when the tokens do
+    not split evenly over their mesh axes (decoding fewer rows than devices), the plain
+    function under the compiler's partitioning."""
     mesh = jax.sharding.get_abstract_mesh()
-    plain = dict(activation=activation, num_experts=num_experts)
+    plain = dict(activation=activation, num_experts=num_experts, weigh_inputs=weigh_inputs)
     if sharding is None or mesh.empty:
         return experts_ffn(x, weights, experts, kernels, biases, **plain)
     split = sharding.tokens + sharding.experts

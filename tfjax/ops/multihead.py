@@ -1,7 +1,7 @@
 """Multi-head attention for an AttentionConfig, given its parameters: the projections, RoPE on
-the heads, the per-layer variants (Gemma's local and global layers), ALiBi, the decoding mask,
-then dot_product_attention. A module system holds the parameters (tfjax.nn.MultiHeadAttention
-in Linen, tfjax.nnx.Attention in NNX).
+the heads, the per-layer variants (Gemma's local and global layers, Llama 4's chunked and NoPE
+ones), ALiBi, the decoding mask, then dot_product_attention. A module system holds the
+parameters (tfjax.nn.MultiHeadAttention in Linen, tfjax.nnx.Attention in NNX).
 
 Letters: B batch, T query length, S key/value length, N query heads, K key/value heads, H head
 dim.
@@ -12,7 +12,7 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from tfjax.ops import masks, position
+from tfjax.ops import masks, norms, position
 from tfjax.ops.attention import attention_weights, dot_product_attention
 
 
@@ -62,10 +62,14 @@ def check_variant(config, variant) -> None:
 
 
 def rotate(q, k, positions, config, variant=None):
-    """Self-attention's q [B, T, N, H] and k [B, T, K, H], rotated by RoPE at `positions` ([B, T]
-    or [T]) when config.position is "rope" (with the variant's base and scaling; only the first
-    config.rotary_dim(H) channels of each head)."""
-    if config.position != "rope":
+    """Self-attention's q [B, T, N, H] and k [B, T, K, H] made ready as the variant says (see
+    LayerAttention): rotated by RoPE at `positions` ([B, T] or [T]) when config.position is
+    "rope" and the variant rotates (with its base and scaling; only the first
+    config.rotary_dim(H) channels of each head); then divided by their RMS over H
+    (unit_qk_norm) and q scaled by the attention temperature at its position
+    (temperature_floor), as Llama 4's layers."""
+    variants = config.variants
+    if config.position != "rope" and not any(_after_rope(v) for v in variants):
         return q, k
 
     rotary = config.rotary_dim(q.shape[-1])
@@ -77,9 +81,23 @@ def rotate(q, k, positions, config, variant=None):
             )
             return y_rot if rotary == y.shape[-1] else jnp.concatenate([y_rot, y[..., rotary:]], -1)
 
-        return rope(q), rope(k)
+        q_, k_ = (rope(q), rope(k)) if config.position == "rope" and choice.rope else (q, k)
+        if choice.unit_qk_norm:
+            q_, k_ = (norms.unit_rms(y, eps=config.norm_eps) for y in (q_, k_))
+        if choice.temperature_floor is not None:
+            # [T] or [B, T]
+            scales = position.attention_temperature(
+                positions, choice.temperature_floor, choice.temperature_scale
+            )
+            q_ = (q_ * scales[..., None, None]).astype(q.dtype)
+        return q_, k_
 
-    return by_variant(variant, config.variants, one)
+    return by_variant(variant, variants, one)
+
+
+def _after_rope(choice) -> bool:
+    """Whether a variant changes q or k besides RoPE (Llama 4's norm and temperature)."""
+    return choice.unit_qk_norm or choice.temperature_floor is not None
 
 
 def ids_on_both_sides(segment_ids, kv_segment_ids, query_shape, key_shape):
@@ -126,7 +144,8 @@ def attend(
 
     Args:
       config: the AttentionConfig (position, variants, logit options, implementation).
-      positions: the queries' positions ([B, T] or [T]), for ALiBi.
+      positions: the queries' positions ([B, T] or [T]), for ALiBi and chunks (a variant's
+        `chunk`: the keys' are the same, or when decoding the cache's slots 0..S-1).
       self_attention: False for cross-attention: no ALiBi, no window.
       decode_offset: decoding: the position of q's first token; the keys are a whole cache at
         0..S-1, masked causally (and by the window) here.
@@ -142,6 +161,10 @@ def attend(
     def one(choice):
         window = choice.sliding_window if self_attention else None
         p = dict(pattern, window=window, **config.logit_options())
+        if self_attention and choice.chunk is not None:  # Llama 4: within the query's chunk
+            keys = positions if decode_offset is None else jnp.arange(k.shape[1])
+            chunks = masks.chunk_mask(positions, keys, choice.chunk)
+            p["mask"] = masks.combine_masks(p.get("mask"), chunks)
         if decode_offset is not None:  # the queries at offset.., the whole cache's keys at 0..
             causal = masks.block_mask(
                 decode_offset + jnp.arange(q.shape[1]),

@@ -276,3 +276,12 @@ def relative_position_bias(
     )
     # [B|1, T, S, N] -> [B|1, N, T, S]
     return jnp.take(table, buckets, axis=0).astype(jnp.float32).transpose(0, 3, 1, 2)
+
+
+def attention_temperature(positions, floor: int, scale: float):
+    """The query scale of attention temperature tuning at `positions` (any shape, ints):
+    1 + scale * log(1 + floor((p + 1) / floor)), float32 (Llama 4's NoPE layers: floor_scale,
+    attn_scale; arXiv 2501.19399): 1 for the first floor - 1 positions,
+    then growing with the log of the length."""
+    p = jnp.asarray(positions, jnp.float32)
+    return 1.0 + scale * jnp.log1p(jnp.floor((p + 1.0) / floor))
