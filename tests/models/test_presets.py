@@ -46,7 +46,8 @@ def test_published_presets_have_the_model_cards_parameter_counts(variant):
 
 def test_every_published_preset_is_counted():
     assert {v for v in PUBLISHED if not v.startswith("gemma-")} == set(CARDS)
-    assert {v for v in decoder.VARIANTS if v.startswith(MOE_FAMILIES)} == set(MOE_CARDS)
+    moe = set(MOE_CARDS) | set(LLAMA4_CARDS)
+    assert {v for v in decoder.VARIANTS if v.startswith(MOE_FAMILIES)} == moe
 
 
 # Mixtures of experts: (total parameters, active per token, as the cards count them), exact
@@ -54,7 +55,7 @@ def test_every_published_preset_is_counted():
 # Mixtral and Qwen count every parameter a token uses; OpenAI's GPT-OSS card leaves out the
 # embedding table ("active" 3.61B and 5.13B; its totals 20.91B and 116.83B) and counts the
 # attention sinks (64 a layer). DeepSeek's card rounds to whole billions.
-MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-", "deepseek-v3", "qwen3.5-35b")
+MOE_FAMILIES = ("mixtral-", "qwen3-30b", "gpt-oss-", "deepseek-v3", "qwen3.5-35b", "llama-4-")
 MOE_CARDS = {
     "mixtral-8x7b": (46_702_792_704, 12_879_925_248, (46.7, 12.9, 1)),
     "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704, (30.5, 3.3, 1)),
@@ -85,6 +86,63 @@ def test_mixture_of_experts_presets_have_the_cards_total_and_active_parameters(v
     assert abs(active / 1e9 - card_active) < 10**-decimals
 
 
+# Llama 4: Meta's model cards (meta-llama/Llama-4-Scout-17B-16E, -Maverick-17B-128E) give "17B
+# active, 109B total" and "17B active, 400B total", counting the whole
+# Llama4ForConditionalGeneration: the text model (the preset; a token uses one routed and the
+# shared expert a layer) and a vision tower with its projector, 871,932,416 more (transformers'
+# model of the published config, text_config the preset's export, on the meta device: below),
+# 108.64B and 401.58B in all, which the cards round (Maverick's to 0.4%). Exact: (text total,
+# text active); the cards: (total, active) in billions.
+LLAMA4_CARDS = {
+    "llama-4-scout-17b-16e": (107_769_861_120, 17_172_894_720, (109, 17)),
+    "llama-4-maverick-17b-128e": (400_711_848_960, 17_184_691_200, (400, 17)),
+}
+# The published checkpoints' vision_config (the two models share the tower).
+LLAMA4_VISION = dict(
+    hidden_size=1408,
+    intermediate_size=5632,
+    num_hidden_layers=34,
+    num_attention_heads=16,
+    image_size=336,
+    patch_size=14,
+    pixel_shuffle_ratio=0.5,
+    projector_input_dim=4096,
+    projector_output_dim=4096,
+    vision_output_dim=4096,
+)
+
+
+@pytest.mark.parametrize("variant", sorted(LLAMA4_CARDS))
+def test_llama4_presets_have_the_cards_parameters_with_the_vision_tower(variant):
+    """The text model's total and active counts exactly; transformers' whole model of the
+    preset's exported config (its language model as many parameters) within the cards'
+    rounding."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tfjax import interop
+    from tfjax.interop.core import tables
+    from tfjax.interop.core.decoders import spelled_out
+
+    total, active, (card_total, card_active) = LLAMA4_CARDS[variant]
+    model = decoder.Model(variant=variant, scan_layers=True)  # a layer of each stack traced
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+    assert sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"])) == total
+    used = moe.active_parameters(shapes["params"], model.experts_per_token, model.num_experts)
+    assert used == active
+    model = spelled_out(model.clone(scan_layers=False))
+    family = interop.REGISTRY.exporter(model).family(model)
+    text = tables.hf_config(family, model)
+    assert decoder.Model(**tables.model_fields(family, text)) == model
+    del text["architectures"]  # Llama4ForCausalLM's; here the text part of the whole model
+    config = transformers.Llama4Config(text_config=text, vision_config=LLAMA4_VISION)
+    with torch.device("meta"):
+        reference = transformers.Llama4ForConditionalGeneration(config)
+    assert sum(p.numel() for p in reference.language_model.parameters()) == total
+    whole = sum(p.numel() for p in reference.parameters())
+    assert abs(whole / 1e9 / card_total - 1) < 0.005, whole
+    assert abs(active / 1e9 - card_active) < 1
+
+
 # Every published decoder preset with a converter (the Gemma cards are checked in
 # tests/interop/test_interop_gemma.py, the mixtures of experts in test_interop_moe.py).
 PUBLISHED = sorted(
@@ -92,6 +150,7 @@ PUBLISHED = sorted(
     for v in decoder.VARIANTS
     if v.startswith(("llama-", "mistral-", "qwen", "gemma-"))
     and v not in MOE_CARDS
+    and v not in LLAMA4_CARDS
     and not v.endswith("-tiny")  # test presets (qwen3.5-tiny)
 )
 

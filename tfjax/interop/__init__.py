@@ -33,6 +33,7 @@ from tfjax.interop.families.dinov2 import *  # noqa: F403
 from tfjax.interop.families.gemma import *  # noqa: F403
 from tfjax.interop.families.gpt2 import *  # noqa: F403
 from tfjax.interop.families.llama import *  # noqa: F403
+from tfjax.interop.families.llama4 import *  # noqa: F403
 from tfjax.interop.families.marian import *  # noqa: F403
 from tfjax.interop.families.moe import *  # noqa: F403
 from tfjax.interop.families.qwen3_5 import *  # noqa: F403

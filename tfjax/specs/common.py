@@ -61,6 +61,9 @@ ALLOWED = {
     "relative_buckets": integer(1),
     "relative_max_distance": integer(1),
     "sliding_window": integer(1),
+    "attention_chunk_size": integer(1),
+    "attention_temperature_floor": integer(1),
+    "attention_temperature_scale": number(0),
     "dropout_rate": FRACTION,
     "attention_dropout_rate": FRACTION,
     "mlp_dropout_rate": FRACTION,
@@ -90,6 +93,7 @@ ALLOWED = {
     "router_groups_kept": integer(1),
     "router_scale": number(above=0),
     "first_dense_layers": integer(0),
+    "moe_layer_step": integer(1),
     "load_balance_loss_weight": number(0),
     "router_z_loss_weight": number(0),
 }

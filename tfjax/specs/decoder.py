@@ -16,7 +16,11 @@ tfjax.ops.mla) and routes by sigmoid scores with a correction bias, within the b
 experts, scaled (router_score_bias, router_groups, router_groups_kept, router_scale). Qwen3.5
 mixes Gated DeltaNet linear-attention layers (tfjax.ops.linear_attention; a fixed-size
 recurrent state in the cache) with gated full-attention layers (attention_output_gate,
-partial_rotary_factor) by `layer_types`; each run of same-kind layers is its own stack. See
+partial_rotary_factor) by `layer_types`; each run of same-kind layers is its own stack. Llama 4
+attends within chunks on its RoPE ("local") layers (attention_chunk_size, qk_unit_norm), has no
+positions on its "global" ones (global_rope=False), whose queries it scales with the length
+(attention_temperature_floor), and routes by sigmoid scores that scale the chosen experts'
+inputs (router_weighs_inputs) in every moe_layer_step-th layer, the others dense. See
 tfjax.models.decoder for the model.
 
     spec = decoder.Model("gpt2-small", vocab_size=50257)   # a checked, frozen Decoder
@@ -61,6 +65,17 @@ MOE_ONLY = (  # the fields that shape a mixture of experts (the loss weights are
     "shared_expert_dim",
     "shared_expert_gate",
     "first_dense_layers",
+    "moe_layer_step",
+    "router_weighs_inputs",
+)
+LLAMA4_ONLY = (  # the fields of Llama 4's layers: its converter exports a model that sets any
+    "attention_chunk_size",
+    "global_rope",
+    "qk_unit_norm",
+    "attention_temperature_floor",
+    "attention_temperature_scale",
+    "moe_layer_step",
+    "router_weighs_inputs",
 )
 
 
@@ -91,6 +106,17 @@ class Decoder(common.FamilySpec):
     # rope_base when None (rope_base and rope_scaling are the "global" layers')
     local_rope_scaling: RopeScaling | None = None  # the "local" layers' RoPE
     # scaling; none when None
+    attention_chunk_size: int | None = None  # attend only within the query's own chunk of this
+    # many positions (Llama 4's attention_chunk_size; with attention_pattern, the "local"
+    # layers only, as sliding_window)
+    global_rope: bool = True  # False: attention_pattern's "global" layers have no positions
+    # (NoPE; Llama 4's no_rope_layers zeros)
+    qk_unit_norm: bool = False  # the RoPE layers' queries and keys divided by their RMS over
+    # H, no weight (Llama 4's use_qk_norm)
+    attention_temperature_floor: int | None = None  # the NoPE layers' queries times 1 +
+    # attention_temperature_scale * log(1 + floor((p + 1) / this)) at position p (Llama 4's
+    # floor_scale, with attn_temperature_tuning); none when None
+    attention_temperature_scale: float = 0.1  # (Llama 4's attn_scale)
     kv_lora_rank: int | None = None  # multi-head latent attention (DeepSeek; tfjax.ops.mla):
     # keys and values from one latent of this rank per token, which is what the cache holds;
     # head_dim is then each head's unrotated query and key part (qk_nope_head_dim)
@@ -151,6 +177,11 @@ class Decoder(common.FamilySpec):
     # (Qwen2-MoE)
     first_dense_layers: int = 0  # with experts: the first this many layers have a dense FFN
     # of width mlp_dim (DeepSeek's first_k_dense_replace)
+    moe_layer_step: int = 1  # with experts: only every this-many-th layer (layers step - 1,
+    # 2 step - 1, ...) has them, the others a dense FFN of width mlp_dim (Llama 4's
+    # interleave_moe_layer_step)
+    router_weighs_inputs: bool = False  # the router's weights scale each chosen expert's
+    # input, not its output (Llama 4)
     load_balance_loss_weight: float = 0.0  # weight of the layers' mean load-balancing loss in
     # the training objective (transformers' router_aux_loss_coef; Switch: 0.01)
     router_z_loss_weight: float = 0.0  # weight of the layers' mean router z-loss (ST-MoE: 0.001)
@@ -168,9 +199,13 @@ class Decoder(common.FamilySpec):
                 raise ValueError(
                     f"attention_pattern={pattern!r}: each entry must be one of {LAYER_KINDS}"
                 )
-            if "local" in pattern and self.sliding_window is None:
+            if "local" in pattern and (self.sliding_window, self.attention_chunk_size) == (
+                None,
+                None,
+            ):
                 raise ValueError(
-                    f"attention_pattern={pattern!r} has local layers, which need sliding_window"
+                    f"attention_pattern={pattern!r} has local layers, which need sliding_window "
+                    "or attention_chunk_size"
                 )
         elif (self.local_rope_base, self.local_rope_scaling) != (None, None):
             raise ValueError(
@@ -196,8 +231,7 @@ class Decoder(common.FamilySpec):
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0 (0: no experts), got {self.num_experts}")
         if not self.num_experts:  # a mixture's options are refused, not ignored, without one
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            moot = [name for name in MOE_ONLY if getattr(self, name) != defaults[name]]
+            moot = non_default(self, MOE_ONLY)
             if moot:
                 raise ValueError(
                     f"{', '.join(moot)} set, but num_experts=0: they apply to "
@@ -207,6 +241,34 @@ class Decoder(common.FamilySpec):
             raise ValueError(
                 f"first_dense_layers={self.first_dense_layers} must be in [0, num_layers="
                 f"{self.num_layers})"
+            )
+        self._check_llama4()
+
+    def _check_llama4(self) -> None:
+        """Llama 4's fields: NoPE global layers and the temperature need RoPE and global
+        layers; moe_layer_step alone among the ways to mix dense layers in."""
+        pattern = self.attention_pattern or ()
+        if not self.global_rope and (self.position != "rope" or "global" not in pattern):
+            raise ValueError(
+                "global_rope=False needs position='rope' and global layers in attention_pattern "
+                f"(got position={self.position!r}, attention_pattern={self.attention_pattern!r})"
+            )
+        if self.attention_temperature_floor is None:
+            if non_default(self, ("attention_temperature_scale",)):
+                raise ValueError(
+                    "attention_temperature_scale set, but attention_temperature_floor=None: it "
+                    "scales the temperature of NoPE layers (set attention_temperature_floor)"
+                )
+        elif self.global_rope:
+            raise ValueError(
+                "attention_temperature_floor applies to NoPE layers: set global_rope=False"
+            )
+        if self.qk_unit_norm and self.position != "rope":
+            raise ValueError(f"qk_unit_norm applies to RoPE layers, not position={self.position!r}")
+        if self.moe_layer_step > 1 and (self.first_dense_layers or self.linear_layers):
+            raise ValueError(
+                f"moe_layer_step={self.moe_layer_step} does not take first_dense_layers or "
+                "linear_attention layers (one way of placing dense layers at a time)"
             )
 
     def _check_layer_types(self) -> None:
@@ -260,17 +322,34 @@ class Decoder(common.FamilySpec):
     def layer_variants(self):
         """(the attention variants of the stack's blocks, each layer's index into them or None).
 
-        Without attention_pattern: one variant (sliding_window, rope_base, rope_scaling).
+        Without attention_pattern: one variant (sliding_window, attention_chunk_size,
+        rope_base, rope_scaling). The global layers attend to every position, with RoPE or
+        (global_rope=False) without, the temperature and the norm of the NoPE layers.
         """
-        everywhere = LayerAttention(self.sliding_window, self.rope_base, self.rope_scaling)
+        everywhere = LayerAttention(
+            self.sliding_window,
+            self.rope_base,
+            self.rope_scaling,
+            chunk=self.attention_chunk_size,
+            unit_qk_norm=self.qk_unit_norm,
+        )
         if self.attention_pattern is None:
             return (everywhere,), None
-        local = LayerAttention(
-            self.sliding_window,
-            self.rope_base if self.local_rope_base is None else self.local_rope_base,
-            self.local_rope_scaling,
+        local = dataclasses.replace(
+            everywhere,
+            rope_base=self.rope_base if self.local_rope_base is None else self.local_rope_base,
+            rope_scaling=self.local_rope_scaling,
         )
-        kinds = {"local": local, "global": dataclasses.replace(everywhere, sliding_window=None)}
+        nope = dict(rope=False, unit_qk_norm=False) if not self.global_rope else {}
+        glob = dataclasses.replace(
+            everywhere,
+            sliding_window=None,
+            chunk=None,
+            temperature_floor=self.attention_temperature_floor,
+            temperature_scale=self.attention_temperature_scale,
+            **nope,
+        )
+        kinds = {"local": local, "global": glob}
         pattern = self.attention_pattern
         per_layer = [kinds[pattern[i % len(pattern)]] for i in range(self.num_layers)]
         variants = tuple(dict.fromkeys(per_layer))  # the distinct ones, in order of first use
@@ -285,7 +364,9 @@ class Decoder(common.FamilySpec):
         mlp_dim = self.mlp_dim or 4 * self.width
         moe = None
         if self.num_experts and experts:
-            moe = dict(hidden_dim=self.expert_mlp_dim or mlp_dim)
+            moe = dict(
+                hidden_dim=self.expert_mlp_dim or mlp_dim, weigh_inputs=self.router_weighs_inputs
+            )
         return common.block_config(
             self,
             attention=dict(
@@ -317,26 +398,42 @@ class Decoder(common.FamilySpec):
             init_stddev=self.init_stddev,
         )
 
+    def moe_layer(self, i: int) -> bool:
+        """Whether layer i's FFN is a mixture of experts (num_experts, first_dense_layers,
+        moe_layer_step)."""
+        late = i >= self.first_dense_layers
+        return bool(self.num_experts) and late and (i + 1) % self.moe_layer_step == 0
+
     def stacks(self):
         """The layer stacks in order: (name, their config, first layer, number of layers); one,
         "decoder", unless first_dense_layers puts a "dense_decoder" before it, or layer_types
-        mixes linear and full attention (`_runs`)."""
+        mixes linear and full attention or moe_layer_step dense layers and experts (`_runs`)."""
         f = self.first_dense_layers
-        if self.linear_layers:
+        if self.linear_layers or self.moe_layer_step > 1:
             return self._runs()
         rest = ("decoder", self.block_config(), f, self.num_layers - f)
         return [("dense_decoder", self.block_config(experts=False), 0, f), rest] if f else [rest]
 
     def _runs(self):
-        """With linear layers, one stack per run of consecutive layers of one type (their
-        parameters differ): "decoder_0", "decoder_1", ... ("decoder" if only one)."""
-        full = self.block_config()
-        linear = dataclasses.replace(full, linear_attention=self.linear_attention_config())
+        """One stack per run of consecutive layers of one kind (their parameters differ: linear
+        or full attention, dense FFN or experts): "decoder_0", "decoder_1", ... ("decoder" if
+        only one)."""
+        blocks = {moe: self.block_config(experts=moe) for moe in (False, True)}
+        if self.linear_layers:
+            linear = self.linear_attention_config()
+            blocks |= {
+                (moe, "linear"): dataclasses.replace(b, linear_attention=linear)
+                for moe, b in blocks.items()
+            }
+        types = self.layer_types or ("full_attention",) * self.num_layers
+        kinds = [
+            (self.moe_layer(i), "linear") if t == "linear_attention" else self.moe_layer(i)
+            for i, t in enumerate(types)
+        ]
         runs, first = [], 0
         for i in range(1, self.num_layers + 1):
-            if i == self.num_layers or self.layer_types[i] != self.layer_types[first]:
-                kind = linear if self.layer_types[first] == "linear_attention" else full
-                runs.append([kind, first, i - first])
+            if i == self.num_layers or kinds[i] != kinds[first]:
+                runs.append([blocks[kinds[first]], first, i - first])
                 first = i
         names = ["decoder"] if len(runs) == 1 else [f"decoder_{k}" for k in range(len(runs))]
         return [(name, *run) for name, run in zip(names, runs, strict=True)]
@@ -394,6 +491,13 @@ class Decoder(common.FamilySpec):
             raise ValueError(
                 f"tokens are {length} long; max_len={self.max_len} (position='learned')"
             )
+
+
+def non_default(model, names) -> list[str]:
+    """The fields of `names` that `model` (a Decoder, or a model with its fields) sets to
+    other than their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Decoder)}
+    return [name for name in names if getattr(model, name) != defaults[name]]
 
 
 def Model(variant: str | None = None, **overrides) -> Decoder:  # noqa: N802 (a factory)

@@ -22,6 +22,36 @@ def _llama3_rope(factor):
     return RopeScaling("llama3", factor, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
 
 
+# Llama 4's text model (the text_config of meta-llama/Llama-4-Scout-17B-16E's and
+# -Maverick-17B-128E's config.json): 48 layers, three RoPE layers attending within chunks of
+# 8,192 positions to one NoPE layer over the whole context (no_rope_layer_interval 4) whose
+# queries grow with the length (floor_scale 8,192, attn_scale 0.1); experts of 8,192 (one a
+# token, by sigmoid scores that scale its input) beside a shared expert of 8,192, dense layers
+# of 16,384
+_LLAMA4 = dict(
+    _MODERN,
+    vocab_size=202048,
+    width=5120,
+    num_layers=48,
+    num_heads=40,
+    num_kv_heads=8,
+    head_dim=128,
+    mlp_dim=16384,
+    rope_base=500_000.0,
+    norm_eps=1e-5,
+    attention_pattern=("local",) * 3 + ("global",),
+    attention_chunk_size=8192,
+    global_rope=False,
+    attention_temperature_floor=8192,
+    attention_temperature_scale=0.1,
+    experts_per_token=1,
+    expert_mlp_dim=8192,
+    shared_expert_dim=8192,
+    router_score="sigmoid",
+    router_renormalize=False,
+    router_weighs_inputs=True,
+)
+
 _GEMMA = dict(
     position="rope",
     norm="rms_plus_one",
@@ -173,6 +203,29 @@ VARIANTS = {
         attention_output_gate=True,
         partial_rotary_factor=0.25,
     ),
+    # Llama 4's layers in miniature, for tests: chunked RoPE layers with unit q/k norms, then
+    # a NoPE layer with the temperature; experts (sigmoid scores scaling their inputs) every
+    # second layer beside a shared expert, dense layers between
+    "llama4-tiny": dict(
+        _LLAMA4,
+        vocab_size=256,
+        width=32,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        max_len=256,
+        attention_pattern=("local", "global"),
+        attention_chunk_size=8,
+        attention_temperature_floor=4,
+        qk_unit_norm=True,
+        num_experts=4,
+        experts_per_token=2,
+        expert_mlp_dim=16,
+        shared_expert_dim=16,
+        moe_layer_step=2,
+    ),
     "modern-small": dict(
         width=768,
         num_layers=12,
@@ -294,6 +347,19 @@ VARIANTS = {
         shared_expert_dim=512,
         shared_expert_gate=True,
     ),
+    # Llama 4 Scout: every layer 16 experts; its queries and keys normed on the RoPE layers,
+    # whose frequencies Llama 3.1's scaling stretches (factor 8 of 8,192 positions)
+    "llama-4-scout-17b-16e": dict(
+        _LLAMA4,
+        max_len=262144,
+        rope_scaling=_llama3_rope(8.0),
+        local_rope_scaling=_llama3_rope(8.0),  # the RoPE layers' (local ones')
+        qk_unit_norm=True,
+        num_experts=16,
+    ),
+    # Llama 4 Maverick: 128 experts in every second layer (interleave_moe_layer_step 2), the
+    # others dense; no q/k norm, plain RoPE
+    "llama-4-maverick-17b-128e": dict(_LLAMA4, max_len=1048576, num_experts=128, moe_layer_step=2),
     # DeepSeek-V3 (deepseek-ai/DeepSeek-V3's config.json; its multi-token-prediction layer is
     # not part of the model): multi-head latent attention with YaRN (40 x 4,096 positions),
     # three dense layers, then 256 experts (8 a token, from the best 4 of 8 groups) and one

@@ -74,13 +74,10 @@ _MLP = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
 
 
 def layer_paths(model: decoder.Decoder) -> list[tuple[str, str]]:
-    """Each layer's path in the unrolled params: the first_dense_layers under "dense_decoder",
-    the others (numbered from 0 again) under "decoder"."""
-    f = model.first_dense_layers
-    return [
-        ("dense_decoder", f"layers_{i}") if i < f else ("decoder", f"layers_{i - f}")
-        for i in range(model.num_layers)
-    ]
+    """Each layer's path in the unrolled params: (its stack, layers_j) by `model.stacks()` (the
+    first_dense_layers under "dense_decoder", the others numbered from 0 again under "decoder";
+    runs of one kind under "decoder_0", "decoder_1", ...)."""
+    return [(name, f"layers_{j}") for name, _, _, n in model.stacks() for j in range(n)]
 
 
 def ends_rules(model: decoder.Decoder, prefix="model.", last_stack: str = "decoder") -> list[Rule]:

@@ -105,6 +105,15 @@ WRAPPERS = (
         ("visual", "mtp"),
         top={"tie_word_embeddings": False},
     ),
+    # Llama 4 Scout and Maverick as published (Llama4Config: untied unless it says so); the
+    # language model's keys under "language_model." (transformers 5 keeps that name).
+    Wrapper(
+        "Llama4ForConditionalGeneration",
+        "Llama4ForCausalLM",
+        "Llama 4 Scout / Maverick (image-text), text part",
+        ("vision_model", "multi_modal_projector"),
+        top={"tie_word_embeddings": False},
+    ),
 )
 
 

@@ -7,6 +7,7 @@ table of what converts (docs/interop.md) with their loaders, and its exporters. 
   llama     Llama, Mistral, Qwen 2 / 3       marian    Marian / Opus-MT
   moe       Mixtral, Qwen3-MoE, GPT-OSS      vit       Hugging Face's and timm's ViT
   deepseek  DeepSeek-V3 (latent attention)
+  llama4    Llama 4 (chunked and NoPE attention, experts scaling their inputs)
   qwen3_5   Qwen3.5 (linear and gated attention)
   gemma     Gemma 2, Gemma 3 (text)          dinov2    DINOv2, with registers, classifiers
   bert      BERT (MLM, classifier)           clip      CLIP's and SigLIP's vision towers
@@ -27,6 +28,7 @@ from tfjax.interop.families import (
     gemma,
     gpt2,
     llama,
+    llama4,
     marian,
     moe,
     qwen3_5,
@@ -40,6 +42,7 @@ ALL = (
     llama,
     moe,
     deepseek,
+    llama4,
     qwen3_5,
     gemma,
     bert,

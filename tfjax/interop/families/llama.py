@@ -24,6 +24,7 @@ from tfjax.interop.core.decoders import llama_family, spelled_out
 from tfjax.interop.core.registry import Converts, Exporter, Row
 from tfjax.interop.core.tables import Family, Field, Fixed
 from tfjax.models import decoder
+from tfjax.specs.decoder import LLAMA4_ONLY, non_default
 
 __all__ = [
     "from_llama",
@@ -98,6 +99,10 @@ def export_family(model: decoder.Decoder) -> Family:
     return LLAMA
 
 
+def _export(model: decoder.Decoder, params):
+    return convert.to_hf(export_family(model), spelled_out(model), params)
+
+
 CONVERTS = Converts(
     rows=(
         Row(
@@ -140,8 +145,9 @@ CONVERTS = Converts(
                 and m.kv_lora_rank is None
                 and m.layer_types is None  # Qwen3.5's layers: families.qwen3_5
                 and not m.attention_output_gate
+                and not non_default(m, LLAMA4_ONLY)  # Llama 4's layers: families.llama4
             ),
-            export=convert.exporter(export_family, spelled_out),
+            export=_export,
             family=export_family,
             needs="Llama, Mistral, Qwen: positions other than learned ones and one norm before "
             "each sub-layer, a dense FFN (mixtures of experts are not exported yet)",

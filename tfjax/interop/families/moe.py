@@ -68,22 +68,27 @@ from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
     NO_GEMMA_OPTIONS,
     SIZES,
-    decoder_family,
-    expert_rules,
-    fused_layout,
     layer_types_field,
     llama_family,
     llama_rules,
-    refuse_quantized,
     rope_field,
     spelled_out,
-    training_fields,
+    tied_head,
 )
 from tfjax.interop.core.registry import Converts, Exporter, Row
-from tfjax.interop.core.rules import dense, identity, interleaved, linear
+from tfjax.interop.core.rules import (
+    dense,
+    fused_expert_halves,
+    fused_experts,
+    identity,
+    interleaved,
+    linear,
+    per_expert,
+)
 from tfjax.interop.core.tables import Family, Field, Fixed, table_config, table_fields
 from tfjax.models import decoder
 from tfjax.ops.activations import SWIGLU_ALPHA, SWIGLU_LIMIT
+from tfjax.specs.decoder import LLAMA4_ONLY, non_default
 
 __all__ = [
     "from_gpt_oss",
@@ -105,6 +110,7 @@ _ROUTER = {
     "shared_expert_gate": False,
     "attention_pattern": None,
 }
+_EXPERT_KERNELS = ("wi_0", "wi_1", "wo")  # the gate, up and down projections
 
 
 def _experts(module: str, names: tuple[str, str, str], num_experts: int, fused: bool):
@@ -112,11 +118,19 @@ def _experts(module: str, names: tuple[str, str, str], num_experts: int, fused: 
     layout (`module`.gate, `module`.experts.j.<names>), or transformers 5's fused one."""
 
     def rules(h, path):
-        m = f"{h}mlp." if fused else f"{h}{module}."
-        return [
-            linear(f"{m}gate.weight", (*path, "router", "kernel")),
-            *expert_rules(f"{m}experts.", path, num_experts, fused=fused, names=names),
-        ]
+        kernels = [(*path, "experts", k) for k in _EXPERT_KERNELS]
+        if fused:
+            return [
+                linear(f"{h}mlp.gate.weight", (*path, "router", "kernel")),
+                fused_expert_halves(f"{h}mlp.experts.gate_up_proj", kernels[:2]),
+                fused_experts(f"{h}mlp.experts.down_proj", kernels[2]),
+            ]
+        m = f"{h}{module}."
+        out = [linear(f"{m}gate.weight", (*path, "router", "kernel"))]
+        for name, kernel in zip(names, kernels, strict=True):
+            keys = [f"{m}experts.{j}.{name}.weight" for j in range(num_experts)]
+            out.append(per_expert(keys, kernel))
+        return out
 
     return rules
 
@@ -131,6 +145,11 @@ def qwen3_moe_rules(model: decoder.Decoder, prefix="model.", *, fused=False):
     """Qwen3-MoE's keys: Qwen 3's, and mlp's gate and experts' gate, up and down projections."""
     names = ("gate_proj", "up_proj", "down_proj")
     return llama_rules(model, prefix, experts=_experts("mlp", names, model.num_experts, fused))
+
+
+def _layout(state) -> dict:
+    """transformers 5's fused experts when the checkpoint holds them, else the Hub's."""
+    return {"fused": any(k.endswith(".experts.gate_up_proj") for k in state)}
 
 
 def _some_experts(key: str):
@@ -227,7 +246,7 @@ MIXTRAL = llama_family(
     Fixed("router_jitter_noise", 0.0, why="tfjax's router does not jitter its input"),
     requires={**_ROUTER, "qk_norm": False, "first_dense_layers": 0, "router_renormalize": True},
     rules=mixtral_rules,
-    layout=fused_layout,
+    layout=_layout,
     read=_read,
     write=_write,
     eps=1e-5,
@@ -274,7 +293,7 @@ QWEN3_MOE = llama_family(
     ),
     requires={**_ROUTER, "qk_norm": True, "sliding_window": None},
     rules=qwen3_moe_rules,
-    layout=fused_layout,
+    layout=_layout,
     read=_read,
     write=_write,
     max_len=32768,
@@ -312,13 +331,16 @@ _GPT_OSS_ROPE = {
 def _read_gpt_oss(family: Family, c: dict) -> dict:
     """`_read`, after refusing quantized weights (before any is read) and filling in
     GptOssConfig's YaRN where the config names no RoPE."""
-    refuse_quantized(
-        family,
-        c,
-        ". Dequantize with transformers first: GptOssForCausalLM.from_pretrained(path, "
-        "quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16)"
-        ".save_pretrained(new_path), then load new_path",
-    )
+    quantized = c.get("quantization_config")
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        raise ValueError(
+            f"{family.architecture}: quantization_config (quant_method={method!r}) is not "
+            "supported: tfjax loads float weights. Dequantize with transformers first: "
+            "GptOssForCausalLM.from_pretrained(path, quantization_config=Mxfp4Config("
+            "dequantize=True), dtype=torch.bfloat16).save_pretrained(new_path), then load "
+            "new_path"
+        )
     if c.get("rope_parameters") is None and c.get("rope_scaling") is None:
         c = {**c, "rope_scaling": _GPT_OSS_ROPE}
     return _read(family, c)
@@ -326,10 +348,11 @@ def _read_gpt_oss(family: Family, c: dict) -> dict:
 
 # GPT-OSS: biases everywhere, attention sinks, alternating sliding and full layers, every layer
 # a mixture of experts (the clamped SwiGLU) behind a biased router.
-GPT_OSS = decoder_family(
-    "GptOssForCausalLM",
-    "gpt_oss",
-    (
+GPT_OSS = Family(
+    architecture="GptOssForCausalLM",
+    model_type="gpt_oss",
+    model=decoder.Model,
+    config=(
         *SIZES,
         Field("head_dim", "head_dim", 64),
         Field("intermediate_size", "mlp_dim"),  # no layer is dense: the experts' width
@@ -346,7 +369,9 @@ GPT_OSS = decoder_family(
         Field("rope_theta", "rope_base", None),
         Field("sliding_window", "sliding_window", 128),
         *layer_types_field(2),
-        *training_fields(),
+        Field("attention_dropout", "attention_dropout_rate", 0.0),
+        Field("tie_word_embeddings", "tie_embeddings", False),
+        Field("initializer_range", "init_stddev", 0.02),
         Field("num_local_experts", "num_experts", 128, to_model=_some_experts("num_local_experts")),
         _top_k_field(4),
         Field("swiglu_alpha", "swiglu_alpha", SWIGLU_ALPHA, to_model=_positive("swiglu_alpha")),
@@ -360,6 +385,8 @@ GPT_OSS = decoder_family(
         Fixed("hidden_act", "silu", read=False),  # written for readers; the experts ignore it
     ),
     rules=gpt_oss_rules,
+    prefix="model.",
+    bare="layers.",
     requires={
         "position": "rope",
         "norm": "rms",
@@ -377,7 +404,9 @@ GPT_OSS = decoder_family(
         "first_dense_layers": 0,
         **NO_GEMMA_OPTIONS,
     },
-    defaults={"rope_base": 150_000.0},
+    defaults={"rope_base": 150_000.0, "dropout_rate": 0.0},
+    ignore=("*rotary_emb.inv_freq",),
+    tied=tied_head("embed_tokens.weight"),
     read=_read_gpt_oss,
     write=_write,
 )
@@ -410,7 +439,10 @@ def _written(model: decoder.Decoder) -> decoder.Decoder:
 from_mixtral, to_mixtral = convert.converters(MIXTRAL, "mixtral", _written)
 from_qwen3_moe, to_qwen3_moe = convert.converters(QWEN3_MOE, "qwen3_moe", _written)
 from_gpt_oss, to_gpt_oss = convert.converters(GPT_OSS, "gpt_oss", _written)
-_export = convert.exporter(export_family, _written)
+
+
+def _export(model: decoder.Decoder, params):
+    return convert.to_hf(export_family(model), _written(model), params)
 
 
 def _is_moe(m) -> bool:
@@ -424,11 +456,13 @@ def _is_moe(m) -> bool:
         and not m.use_bias
         and not m.attention_sinks
         and m.kv_lora_rank is None
+        and not non_default(m, LLAMA4_ONLY)  # Llama 4's layers: families.llama4
     )
 
 
 def _is_gpt_oss(m) -> bool:
-    return bool(m.num_experts and m.attention_sinks and m.kv_lora_rank is None)
+    llama4 = non_default(m, LLAMA4_ONLY)
+    return bool(m.num_experts and m.attention_sinks and m.kv_lora_rank is None and not llama4)
 
 
 CONVERTS = Converts(
