@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 LETTERS = "abcdefgh"
-FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3", "qwen3_5")
+FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3", "qwen3_5", "llama4")
 
 # Per family: special tokens (bos may be None), the eos ids generation stops at, and a chat
 # template of the family's shape.
@@ -57,6 +57,18 @@ _SPECIAL = {
         ),
     ),
 }
+# Llama 4's: its header and end-of-turn tokens
+_SPECIAL["llama4"] = dict(
+    bos="<|begin_of_text|>",
+    eos="<|end_of_text|>",
+    extra=("<|eot|>", "<|header_start|>", "<|header_end|>"),
+    stop=("<|end_of_text|>", "<|eot|>"),
+    template=(
+        "{{ bos_token }}{% for m in messages %}<|header_start|>{{ m['role'] }}<|header_end|>"
+        "\n\n{{ m['content'] }}<|eot|>{% endfor %}{% if add_generation_prompt %}"
+        "<|header_start|>assistant<|header_end|>\n\n{% endif %}"
+    ),
+)
 _SPECIAL["qwen3_moe"] = _SPECIAL["qwen3"]  # Qwen3-MoE's tokenizer is Qwen 3's
 _SPECIAL["qwen3_5"] = _SPECIAL["qwen3"]  # Qwen3.5's special tokens and turns are Qwen 3's
 # DeepSeek-V3's: its full-width bars and "▁" in the special tokens, a system prompt untagged
@@ -201,6 +213,25 @@ def _model(family: str, vocab_size: int, ids: dict):
             "partial_rotary_factor": 0.25,
         }
         return transformers.Qwen3_5ForCausalLM(config)
+    if family == "llama4":
+        # Llama 4's shape, small: a dense layer (of intermediate_size_mlp), then a layer of 4
+        # experts (one a token, its sigmoid score scaling its input) and a shared expert; the
+        # first layer RoPE attending within chunks of 8, the second NoPE with the temperature
+        # from position 7 on (floor_scale 8)
+        sizes["intermediate_size"] = 32
+        config = transformers.Llama4TextConfig(
+            **sizes,
+            head_dim=16,
+            intermediate_size_mlp=128,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            no_rope_layer_interval=2,
+            attention_chunk_size=8,
+            floor_scale=8,
+            tie_word_embeddings=False,
+        )
+        return transformers.Llama4ForCausalLM(config)
     config = transformers.Gemma3TextConfig(
         **sizes, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
     )
