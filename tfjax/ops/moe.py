@@ -311,17 +311,14 @@ def sharded_experts_ffn(
     kernels: dict,
     biases: dict | None = None,
     *,
-    activation,
-    num_experts: int,
     sharding: ExpertSharding | None = None,
-    weigh_inputs: bool = False,
+    **plain,
 ):
-    """`experts_ffn` (`weigh_inputs` as there) on the mesh in context, each device computing its
-    experts (see the module docstring); without a mesh or a `sharding`, or when the tokens do
-    not split evenly over their mesh axes (decoding fewer rows than devices), the plain
-    function under the compiler's partitioning."""
+    """`experts_ffn` (its keyword arguments `plain`: activation, num_experts, weigh_inputs) on
+    the mesh in context, each device computing its experts (see the module docstring); without
+    a mesh or a `sharding`, or when the tokens do not split evenly over their mesh axes
+    (decoding fewer rows than devices), the plain function under the compiler's partitioning."""
     mesh = jax.sharding.get_abstract_mesh()
-    plain = dict(activation=activation, num_experts=num_experts, weigh_inputs=weigh_inputs)
     if sharding is None or mesh.empty:
         return experts_ffn(x, weights, experts, kernels, biases, **plain)
     split = sharding.tokens + sharding.experts
