@@ -354,6 +354,17 @@ def training_fields(tie: bool = False) -> tuple[Field, ...]:
 LLAMA_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 
 
+# The plain layers of a Llama-shaped decoder: RoPE, RMSNorm before each sub-layer, no biases,
+# no per-head norms, no attention sinks (the families that fix them: DeepSeek-V3, Llama 4).
+PLAIN_LAYERS = {
+    "position": "rope",
+    "norm": "rms",
+    "norm_position": "pre",
+    "use_bias": False,
+    "qkv_bias": None,
+    "qk_norm": False,
+    "attention_sinks": False,
+}
 # Gemma's attention and embedding options as a decoder without them has them: the families
 # that fix them (a model that sets any exports as Gemma, or not at all).
 NO_GEMMA_OPTIONS = {

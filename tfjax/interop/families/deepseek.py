@@ -49,6 +49,7 @@ from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
     LLAMA_ROPE,
     NO_GEMMA_OPTIONS,
+    PLAIN_LAYERS,
     SIZES,
     decoder_family,
     ends_rules,
@@ -250,13 +251,7 @@ DEEPSEEK_V3 = decoder_family(
     ),
     rules=deepseek_v3_rules,
     requires={
-        "position": "rope",
-        "norm": "rms",
-        "norm_position": "pre",
-        "use_bias": False,
-        "qkv_bias": None,
-        "qk_norm": False,
-        "attention_sinks": False,
+        **PLAIN_LAYERS,
         "router_score": "sigmoid",
         "router_score_bias": True,
         "router_bias": False,
