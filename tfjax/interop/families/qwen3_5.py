@@ -47,6 +47,7 @@ from tfjax.interop.core.decoders import (
     expert_rules,
     fused_layout,
     gated_mlp,
+    layer_paths,
     rope_scaling_of,
     spelled_out,
     training_fields,
@@ -61,11 +62,6 @@ from tfjax.specs.decoder import LAYER_TYPES, LINEAR_ONLY
 __all__ = ["from_qwen3_5", "from_qwen3_5_moe", "to_qwen3_5", "to_qwen3_5_moe"]
 
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")  # the same positions on each text stream
-
-
-def layer_paths(model: decoder.Decoder) -> list[tuple[str, str]]:
-    """Each layer's path in the unrolled params: (its stack, layers_j) by `model.stacks()`."""
-    return [(name, f"layers_{j}") for name, _, _, n in model.stacks() for j in range(n)]
 
 
 def _gated_query(key: str, paths, num_heads: int, head_dim: int) -> Rule:
