@@ -196,6 +196,30 @@ def fused_experts(key, path) -> Rule:
     )
 
 
+def rotate_half_rows(x, head: int, rope: int, *, back: bool = False):
+    """x [M * head, ...] with the last `rope` rows of each of its M blocks of `head` rows
+    permuted: RoPE's interleaved pairs (DeepSeek, Llama 4) -> the even rows, then the odd ones
+    (tfjax's rotate-half); `back`: the inverse."""
+    order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+    if back:
+        order = np.argsort(order)
+    rows = np.concatenate([np.arange(head - rope), head - rope + order])
+    blocks = x.reshape(-1, head, *x.shape[1:])
+    return blocks[:, rows].reshape(x.shape)
+
+
+def interleaved_rope(key, path, head: int, rope: int) -> Rule:
+    """A torch.nn.Linear weight [M * head, in] whose blocks of `head` rows end in `rope` rows of
+    interleaved RoPE pairs (a query or key projection) <-> a kernel [in, M, head] or [in, M *
+    head] with them in rotate-half order (`rotate_half_rows`): the same attention."""
+    return Rule(
+        (key,),
+        (path,),
+        lambda x, shapes: (rotate_half_rows(x, head, rope).T.reshape(shapes[0]),),
+        lambda y: (rotate_half_rows(y.reshape(y.shape[0], -1).T, head, rope, back=True),),
+    )
+
+
 def fused_expert_halves(key, paths) -> Rule:
     """transformers 5's gate_up_proj [E, 2F, in] (the gate's F rows, then the up projection's)
     <-> two stacked kernels [E, in, F]."""

@@ -43,7 +43,6 @@ transformers skips it.
 """
 
 import jax.numpy as jnp
-import numpy as np
 
 from tfjax.interop.core import convert
 from tfjax.interop.core.decoders import (
@@ -62,43 +61,11 @@ from tfjax.interop.core.decoders import (
     training_fields,
 )
 from tfjax.interop.core.registry import Converts, Exporter, Row
-from tfjax.interop.core.rules import Rule, identity, linear, linear_out
+from tfjax.interop.core.rules import Rule, identity, interleaved_rope, linear, linear_out
 from tfjax.interop.core.tables import Family, Field, Fixed, table_config, table_fields
 from tfjax.models import decoder
 
 __all__ = ["from_deepseek_v3", "to_deepseek_v3"]
-
-
-def _rope_rows(x, head: int, rope: int, *, back: bool = False):
-    """x [M * head, ...] with the last `rope` rows of each of its M blocks of `head` rows
-    permuted: interleaved pairs (DeepSeek) -> the even rows then the odd ones (rotate-half);
-    `back`: the inverse."""
-    order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
-    if back:
-        order = np.argsort(order)
-    rows = np.concatenate([np.arange(head - rope), head - rope + order])
-    blocks = x.reshape(-1, head, *x.shape[1:])
-    return blocks[:, rows].reshape(x.shape)
-
-
-def _query(key, path, hq: int, hr: int) -> Rule:
-    """A query projection [N*Hq, in] (interleaved RoPE rows) <-> its kernel [in, N, Hq]."""
-    return Rule(
-        (key,),
-        (path,),
-        lambda x, shapes: (_rope_rows(x, hq, hr).T.reshape(shapes[0]),),
-        lambda y: (_rope_rows(y.reshape(y.shape[0], -1).T, hq, hr, back=True),),
-    )
-
-
-def _kv_down(key, path, rank: int, hr: int) -> Rule:
-    """kv_a_proj_with_mqa [R + Hr, D] (the shared key part's rows interleaved) <-> [D, R + Hr]."""
-    return Rule(
-        (key,),
-        (path,),
-        lambda x, shapes: (_rope_rows(x, rank + hr, hr).T,),
-        lambda y: (_rope_rows(y.T, rank + hr, hr, back=True),),
-    )
 
 
 def _kv_up(key, paths, hn: int) -> Rule:
@@ -122,15 +89,16 @@ def _attention(model: decoder.Decoder, a: str, att: tuple) -> list[Rule]:
     hn, hr, r = model.head_dim, model.qk_rope_head_dim, model.kv_lora_rank
     hq = hn + hr
     if model.q_lora_rank is None:
-        rules = [_query(f"{a}q_proj.weight", (*att, "query_kernel"), hq, hr)]
+        rules = [interleaved_rope(f"{a}q_proj.weight", (*att, "query_kernel"), hq, hr)]
     else:
         rules = [
             linear(f"{a}q_a_proj.weight", (*att, "query_down_kernel")),
             identity(f"{a}q_a_layernorm.weight", (*att, "query_latent_norm")),
-            _query(f"{a}q_b_proj.weight", (*att, "query_up_kernel"), hq, hr),
+            interleaved_rope(f"{a}q_b_proj.weight", (*att, "query_up_kernel"), hq, hr),
         ]
     return rules + [
-        _kv_down(f"{a}kv_a_proj_with_mqa.weight", (*att, "kv_down_kernel"), r, hr),
+        # the shared key part's rows [R + Hr, D], the last Hr interleaved
+        interleaved_rope(f"{a}kv_a_proj_with_mqa.weight", (*att, "kv_down_kernel"), r + hr, hr),
         identity(f"{a}kv_a_layernorm.weight", (*att, "kv_latent_norm")),
         _kv_up(f"{a}kv_b_proj.weight", [(*att, "key_up_kernel"), (*att, "value_up_kernel")], hn),
         linear_out(f"{a}o_proj.weight", (*att, "out_kernel")),

@@ -68,7 +68,7 @@ from tfjax.interop.core.decoders import (
     training_fields,
 )
 from tfjax.interop.core.registry import Converts, Exporter, Row
-from tfjax.interop.core.rules import Rule, identity, linear, linear_out
+from tfjax.interop.core.rules import Rule, identity, interleaved_rope, linear, linear_out
 from tfjax.interop.core.tables import Family, Field, Fixed, table_config, table_fields
 from tfjax.models import decoder
 from tfjax.specs.decoder import LLAMA4_ONLY, non_default
@@ -76,25 +76,6 @@ from tfjax.specs.decoder import LLAMA4_ONLY, non_default
 __all__ = ["from_llama4", "to_llama4"]
 
 _FLOOR_SCALE = 8192  # Llama4TextConfig's floor_scale, written when the temperature is off
-
-
-def _rotate_half_rows(x, head: int, *, back: bool = False):
-    """x [M * head, ...] with each block of `head` rows permuted: interleaved pairs -> the even
-    rows, then the odd ones (tfjax's rotate-half); `back`: the inverse."""
-    order = np.concatenate([np.arange(0, head, 2), np.arange(1, head, 2)])
-    if back:
-        order = np.argsort(order)
-    return x.reshape(-1, head, *x.shape[1:])[:, order].reshape(x.shape)
-
-
-def _rotated(key: str, path: tuple, head: int) -> Rule:
-    """A query or key projection [N*H, D] (interleaved pairs) <-> its kernel [D, N, H]."""
-    return Rule(
-        (key,),
-        (path,),
-        lambda x, shapes: (_rotate_half_rows(x, head).T.reshape(shapes[0]),),
-        lambda y: (_rotate_half_rows(y.reshape(y.shape[0], -1).T, head, back=True),),
-    )
 
 
 def _gate_up(key: str, paths) -> Rule:
@@ -130,8 +111,8 @@ def llama4_rules(model: decoder.Decoder, prefix="model.") -> list[Rule]:
         ]
         a = f"{at}self_attn."
         rules += [
-            _rotated(f"{a}q_proj.weight", (*att, "query_kernel"), h),
-            _rotated(f"{a}k_proj.weight", (*att, "key_kernel"), h),
+            interleaved_rope(f"{a}q_proj.weight", (*att, "query_kernel"), h, h),
+            interleaved_rope(f"{a}k_proj.weight", (*att, "key_kernel"), h, h),
             linear(f"{a}v_proj.weight", (*att, "value_kernel")),
             linear_out(f"{a}o_proj.weight", (*att, "out_kernel")),
         ]
