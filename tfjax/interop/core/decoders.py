@@ -17,9 +17,10 @@ A layer past a model's first_dense_layers is a mixture of experts, whose FFN key
 layer i's params are under `layer_paths(model)[i]`. The configs' sizes (`SIZES`), per-layer
 attention kinds (`layer_types_field`: layer_types <-> attention_pattern), RoPE parameters
 (`rope_field`: rope_parameters or the older rope_scaling <-> `tfjax.nn.position.RopeScaling`;
-`LLAMA_ROPE`, Llama's keys), the keys after them (`training_fields`), the Family of a decoder
-under Llama's key names (`decoder_family`: Gemma, DeepSeek-V3, GPT-OSS, Qwen3.5) and of a
-Llama-shaped one (`llama_family`: Llama, Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
+`LLAMA_ROPE`, Llama's keys), the keys before them (`layer_keys`) and after them
+(`training_fields`), the Family of a decoder under Llama's key names (`decoder_family`: Gemma,
+DeepSeek-V3, GPT-OSS, Qwen3.5, Llama 4) and of a Llama-shaped one (`llama_family`: Llama,
+Mistral, Qwen, Mixtral, Qwen3-MoE) are here too.
 """
 
 import math
@@ -341,6 +342,17 @@ LLAMA_ROPE = (
 )
 
 
+def layer_keys(max_len, eps: float, activations=None) -> tuple[Field, ...]:
+    """The context length, FFN activation and norm epsilon as Llama-shaped configs name them
+    (max_position_embeddings, hidden_act, rms_norm_eps); `max_len` and `eps` what a config
+    without them means, `activations` the hidden_act values taken (SiLU alone when None)."""
+    return (
+        Field("max_position_embeddings", "max_len", max_len),
+        Field("hidden_act", "activation", "silu", values=activations or {"silu": "swiglu"}),
+        Field("rms_norm_eps", "norm_eps", eps),
+    )
+
+
 def training_fields(tie: bool = False) -> tuple[Field, ...]:
     """The keys every Llama-shaped config names alike after its sizes and positions: attention
     dropout, tied embeddings (`tie` when the key is absent) and the init scale."""
@@ -429,9 +441,7 @@ def llama_family(
             *SIZES,
             Field("head_dim", "head_dim", lambda f: f["width"] // f["num_heads"]),
             Field("intermediate_size", "mlp_dim"),
-            Field("max_position_embeddings", "max_len", max_len),
-            Field("hidden_act", "activation", "silu", values=LLAMA_ACTIVATIONS),
-            Field("rms_norm_eps", "norm_eps", eps),
+            *layer_keys(max_len, eps, LLAMA_ACTIVATIONS),
             *LLAMA_ROPE,
             *training_fields(),
             *config,

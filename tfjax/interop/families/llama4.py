@@ -63,6 +63,7 @@ from tfjax.interop.core.decoders import (
     decoder_family,
     ends_rules,
     gated_mlp,
+    layer_keys,
     layer_paths,
     spelled_out,
     training_fields,
@@ -229,9 +230,7 @@ LLAMA4 = decoder_family(
         Field("num_local_experts", "num_experts", 16),
         Field("num_experts_per_tok", "experts_per_token", 1),
         Field("interleave_moe_layer_step", "moe_layer_step", 1),
-        Field("max_position_embeddings", "max_len", 131072),
-        Field("hidden_act", "activation", "silu", values={"silu": "swiglu"}),
-        Field("rms_norm_eps", "norm_eps", 1e-5),
+        *layer_keys(131072, 1e-5),
         *LLAMA_ROPE,  # the published files: rope_theta and rope_scaling (Scout's llama3)
         Field("attention_chunk_size", "attention_chunk_size", 8192, to_config=lambda c: c or 8192),
         Field("use_qk_norm", "qk_unit_norm", True, values={True: True, False: False}),

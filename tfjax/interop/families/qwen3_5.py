@@ -47,6 +47,7 @@ from tfjax.interop.core.decoders import (
     expert_rules,
     fused_layout,
     gated_mlp,
+    layer_keys,
     layer_paths,
     rope_scaling_of,
     spelled_out,
@@ -232,9 +233,7 @@ def _family(architecture: str, model_type: str, *ffn, requires: dict) -> Family:
 _CONFIG = (
     *SIZES,
     Field("head_dim", "head_dim", 256),
-    Field("max_position_embeddings", "max_len", 32768),
-    Field("hidden_act", "activation", "silu", values={"silu": "swiglu"}),
-    Field("rms_norm_eps", "norm_eps", 1e-6),
+    *layer_keys(32768, 1e-6),
     Field("layer_types", "layer_types", to_model=_layer_types, to_config=list),
     Field("linear_num_key_heads", "linear_num_key_heads", 16),
     Field("linear_num_value_heads", "linear_num_value_heads", 32),
