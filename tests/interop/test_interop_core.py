@@ -151,7 +151,7 @@ def test_export_refuses_models_the_architecture_cannot_hold(gpt2, bert_mlm, mari
 
 def test_load_reads_each_architecture_with_the_loader_its_family_declares():
     loaders = interop.ARCHITECTURES
-    assert len(loaders) == 30  # the two DINOv2 classifiers and three multimodal wrappers among them
+    assert len(loaders) == 32  # the two DINOv2 classifiers and four multimodal wrappers among them
     for family in interop.families.ALL:
         for architecture, loader in family.CONVERTS.loads.items():
             assert loaders[architecture] is loader, architecture
@@ -167,10 +167,10 @@ def test_the_table_of_what_converts_names_each_architecture_and_converter_once()
     named = [n for row in rows for n in re.findall(r"`((?:from|to)_\w+)`", row.converters)]
     exported = [n for n in interop.__all__ if re.fullmatch(r"(from|to)_\w+", n)]
     assert sorted(named) == sorted(exported)  # each once
-    assert len(exported) == 53 and all(callable(getattr(interop, n)) for n in exported)
+    assert len(exported) == 55 and all(callable(getattr(interop, n)) for n in exported)
     gpt2_cells = ("`GPT2LMHeadModel`", "GPT-2", "`from_gpt2` / `to_gpt2`")
     assert rows[0].cells == (*gpt2_cells, "`decoder` (learned positions)")
-    assert rows[16].cells[0] == "`BertForMaskedLM`, `BertForSequenceClassification`"
+    assert rows[18].cells[0] == "`BertForMaskedLM`, `BertForSequenceClassification`"
     assert [row.source for row in rows if not row.architectures] == [
         "`torch.nn.Transformer` with embeddings",
         "`torch.nn.MultiheadAttention`",
