@@ -29,17 +29,21 @@ def _shapes(tree) -> dict[str, tuple]:
 
 def stored_param_shapes(manager, step: int) -> dict[str, tuple]:
     """{"encoder/layers_0/mlp/wi/kernel": shape} of the parameters saved at `step`."""
-    return _stored_shapes(manager, step, "params")
+    return _stored_shapes(manager, step, "params")["params"]
 
 
-def _stored_shapes(manager, step: int, item: str) -> dict[str, tuple]:
+def _stored_shapes(manager, step: int, *items: str) -> dict[str, dict[str, tuple]]:
+    """{item: {path: shape}} of the step's `items`, from one read of its metadata (Orbax reads
+    every item's tree each time it is asked, a tenth of a second for a small model's state)."""
     try:
-        metadata = manager.item_metadata(step)[item]
+        metadata = manager.item_metadata(step)
+        trees = {item: metadata[item] for item in items}
     except Exception as e:  # noqa: BLE001 - any failure to read metadata makes the step unusable
         raise UnusableCheckpointError(
-            f"{manager.directory}/{step}: the metadata of its {item} cannot be read ({_short(e)})"
+            f"{manager.directory}/{step}: the metadata of its {' and '.join(items)} cannot be "
+            f"read ({_short(e)})"
         ) from e
-    return _shapes(getattr(metadata, "tree", metadata))
+    return {item: _shapes(getattr(tree, "tree", tree)) for item, tree in trees.items()}
 
 
 def check_params_fit(stored: dict[str, tuple], abstract_params, where: str) -> None:

@@ -66,8 +66,8 @@ def restore(
     with _permission_errors(_step_dir(manager, step)):
         metadata = _check_items(manager, step, ("params", "state"))
         written = _items_written(metadata, _step_dir(manager, step))
-        stored_params = stored_param_shapes(manager, step)
-        stored_state = _stored_shapes(manager, step, "state")
+        stored = _stored_shapes(manager, step, "params", "state")
+        stored_params, stored_state = stored["params"], stored["state"]
         check_params_fit(stored_params, abstract_params, where)
         stored_keys = {name.split("/")[0] for name in stored_state}
         abstract_state = {
