@@ -386,6 +386,7 @@ def test_model_flops_count_the_experts_a_token_uses():
 def test_model_flops_of_token_mixing_by_layer_kind():
     """Beyond the weights (6 FLOPs per parameter and token, training), full attention costs
     3 * 2 * T^2 * N * (Hqk + Hv) a layer: latent attention's queries and keys are Hn + Hr wide;
+    a layer attending within chunks (or a window) of C scores T * min(T, C) pairs, not T^2;
     Gated DeltaNet layers 3 * 6 * T * Nv * Hk * Hv, linear in T."""
     from tfjax.models import decoder
     from tfjax.runner import chips
@@ -407,3 +408,11 @@ def test_model_flops_of_token_mixing_by_layer_kind():
     model = decoder.Model("qwen3.5-tiny", vocab_size=64)
     linear = 6 * 3 * t * 4 * 8 * 8  # forward
     assert chips._decoder_mixing_flops(model, t) == 2 * t * t * 4 * (16 + 16) + linear
+    # llama4-tiny: 4 layers of 4 heads of 8, "local" ones (0 and 2) in chunks of 8, "global"
+    # ones (1 and 3) over every position
+    model = decoder.Model("llama4-tiny")
+    pairs = 2 * t * t + 2 * t * 8
+    assert chips._decoder_mixing_flops(model, t) == 2 * pairs * 4 * (8 + 8)
+    # a sliding window everywhere (Mistral's) bounds every layer alike
+    model = decoder.Model("tiny", vocab_size=64, sliding_window=4)
+    assert chips._decoder_mixing_flops(model, t) == 2 * model.num_layers * t * 4 * 4 * (8 + 8)

@@ -220,23 +220,36 @@ def training_flops_per_example(model, params, example: dict) -> float:
 
 
 def _decoder_mixing_flops(model, t: int) -> float:
-    """A decoder's forward FLOPs of token mixing beyond its weights for T tokens: full attention
-    layers 2 * T^2 * N * (Hqk + Hv) (scores and weighted values; latent attention's keys are
-    Hn + Hr wide, its values Hv), Gated DeltaNet layers 6 * T * Nv * Hk * Hv (the recurrent form:
-    the state read by the key, its update and its read by the query)."""
+    """A decoder's forward FLOPs of token mixing beyond its weights for T tokens: attention
+    layers 2 * T * S * N * (Hqk + Hv) (scores and weighted values; latent attention's keys are
+    Hn + Hr wide, its values Hv), where S, the keys a query is scored against, is T, or at most
+    the sliding window or the chunk (Llama 4) of the layers that have one; Gated DeltaNet layers
+    6 * T * Nv * Hk * Hv (the recurrent form: the state read by the key, its update and its
+    read by the query)."""
     types = model.layer_types or ("full_attention",) * model.num_layers
-    full = types.count("full_attention")
     linear = types.count("linear_attention")
     h = model.head_dim or model.width // model.num_heads
     if model.kv_lora_rank is not None:
         h_qk, h_v = h + model.qk_rope_head_dim, model.v_head_dim or h
     else:
         h_qk = h_v = h
-    flops = 2.0 * full * t * t * model.num_heads * (h_qk + h_v)
+    keys = sum(_keys_seen(model, i, t) for i, kind in enumerate(types) if kind == "full_attention")
+    flops = 2.0 * t * keys * model.num_heads * (h_qk + h_v)
     if linear:
         heads, hk = model.linear_num_value_heads, model.linear_key_head_dim
         flops += 6.0 * linear * t * heads * hk * model.linear_value_head_dim
     return flops
+
+
+def _keys_seen(model, layer: int, t: int) -> int:
+    """How many keys a query of attention layer `layer` is scored against, for T tokens: a
+    window or a chunk bounds it on the layers they apply to (with attention_pattern, its
+    "local" ones)."""
+    pattern = model.attention_pattern
+    if pattern is not None and pattern[layer % len(pattern)] == "global":
+        return t
+    spans = [s for s in (model.sliding_window, model.attention_chunk_size) if s is not None]
+    return min([t, *spans])
 
 
 @functools.lru_cache(maxsize=8)
