@@ -12,8 +12,8 @@ CPUs, which have no such figure, the peak is the matmul rate measured in the sam
 Model FLOPs (`training_flops_per_example`) follow Kaplan et al. / PaLM: 6 * N * T for the
 weight matmuls (forward 2, backward 4 per parameter per token) plus 12 * L * T * S * D for
 attention scores and values (decoders: S at most a layer's sliding window or chunk, latent
-attention's keys of Hn + Hr, Gated DeltaNet layers linear in T); embedding lookups count nothing, a tied output projection counts
-as a matmul. N counts the parameters a token uses: of a mixture of experts' expert kernels,
+attention's keys of Hn + Hr, Gated DeltaNet layers linear in T); embedding lookups count
+nothing, a tied output projection counts as a matmul. N counts the parameters a token uses: of a mixture of experts' expert kernels,
 top_k / num_experts (`tfjax.nn.moe.active_parameters`). MFU is model FLOPs per second over
 `peak_flops`.
 
