@@ -13,9 +13,9 @@ Model FLOPs (`training_flops_per_example`) follow Kaplan et al. / PaLM: 6 * N * 
 weight matmuls (forward 2, backward 4 per parameter per token) plus 12 * L * T * S * D for
 attention scores and values (decoders: S at most a layer's sliding window or chunk, latent
 attention's keys of Hn + Hr, Gated DeltaNet layers linear in T); embedding lookups count
-nothing, a tied output projection counts as a matmul. N counts the parameters a token uses: of a mixture of experts' expert kernels,
-top_k / num_experts (`tfjax.nn.moe.active_parameters`). MFU is model FLOPs per second over
-`peak_flops`.
+nothing, a tied output projection counts as a matmul. N counts the parameters a token uses:
+of a mixture of experts' expert kernels, top_k / num_experts
+(`tfjax.nn.moe.active_parameters`). MFU is model FLOPs per second over `peak_flops`.
 
 Sources: Google Cloud's TPU system-architecture pages (v4: 275 TFLOP/s bf16, 32 GiB HBM per
 chip, two TensorCores; v5e: 197 TFLOP/s, 16 GiB; v5p: 459 TFLOP/s, 95 GiB; v6e / Trillium:
