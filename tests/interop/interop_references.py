@@ -261,6 +261,20 @@ def check_seq2seq_logits(model, params, reference_logits, *, jit=True):
     np.testing.assert_allclose(got[mask], want[mask], atol=ATOL, rtol=0)
 
 
+def check_nnx_logits(path):
+    """interop.as_nnx of the checkpoint at `path` gives Linen's logits on a padded batch (the
+    NNX model compiled, as Linen's apply is); returns (model, params, nnx_model)."""
+    from flax import nnx
+
+    model, params = interop.load(path)
+    nnx_model = interop.as_nnx(model, params)
+    ids, _ = padded_batch()
+    want = apply(model, params, jnp.asarray(ids))
+    got = np.asarray(nnx.jit(lambda m, x: m(x)[0])(nnx_model, jnp.asarray(ids)))
+    np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+    return model, params, nnx_model
+
+
 def check_round_trip(path, scan_layers, tmp_path):
     """save then load gives the same model and params bit for bit, and the export holds exactly
     the reference file's tensors (bitwise), under the same keys."""

@@ -128,13 +128,7 @@ def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
 
 
 def test_nnx_gives_linens_logits(deepseek_q_latent):
-    _, path = deepseek_q_latent
-    model, params = interop.load(path)
-    nnx_model = interop.as_nnx(model, params)
-    ids, _ = references.padded_batch()
-    want = references.apply(model, params, jnp.asarray(ids))
-    got = np.asarray(nnx_model(jnp.asarray(ids))[0])
-    np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+    references.check_nnx_logits(deepseek_q_latent[1])
 
 
 def test_preset_exports_a_config_transformers_builds_with_the_same_count():

@@ -7,7 +7,6 @@ import interop_references as references
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from interop_references import V, torch, transformers
 from safetensors import safe_open
 
@@ -135,13 +134,7 @@ def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
 
 def test_nnx_gives_linens_logits_and_tokens(llama4_maverick):
     """interop.as_nnx: Linen's logits, and through tfjax.decode's KV cache Linen's tokens."""
-    _, path = llama4_maverick
-    model, params = interop.load(path)
-    nnx_model = interop.as_nnx(model, params)
-    ids, _ = references.padded_batch()
-    want = references.apply(model, params, jnp.asarray(ids))
-    got = np.asarray(nnx.jit(lambda m, x: m(x)[0])(nnx_model, jnp.asarray(ids)))  # both compiled
-    np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+    model, params, nnx_model = references.check_nnx_logits(llama4_maverick[1])
     prompts = references.tokens((2, 5), seed=5)
     linen, _ = decode.generate(model, params, prompts, max_new_tokens=8, eos_id=V - 1)
     tokens, _ = decode.generate(nnx_model, prompts, max_new_tokens=8, eos_id=V - 1)

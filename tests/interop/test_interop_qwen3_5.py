@@ -6,7 +6,6 @@ import interop_references as references
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from interop_references import V, torch, transformers
 from safetensors import safe_open
 
@@ -107,13 +106,7 @@ def test_exported_checkpoint_loads_in_transformers(family, request, tmp_path):
 
 
 def test_nnx_gives_linens_logits(qwen3_5_layer_types):
-    _, path = qwen3_5_layer_types
-    model, params = interop.load(path)
-    nnx_model = interop.as_nnx(model, params)
-    ids, _ = references.padded_batch()
-    want = references.apply(model, params, jnp.asarray(ids))
-    got = np.asarray(nnx.jit(lambda m, x: m(x)[0])(nnx_model, jnp.asarray(ids)))  # both compiled
-    np.testing.assert_allclose(got, want, atol=1e-6 * max(1.0, np.abs(want).max()), rtol=1e-6)
+    references.check_nnx_logits(qwen3_5_layer_types[1])
 
 
 @pytest.mark.parametrize(
